@@ -1,0 +1,243 @@
+//! Per-request measurement: turns timed network reads of one response into a
+//! [`RequestOutcome`].
+//!
+//! The worker feeds live reads (stamped when the read returned, before parsing) and the
+//! coordinator feeds recorded frames (stamped with their recorded offsets) through the same
+//! [`StreamMeter`], so the baseline and the replay are measured by one piece of code.
+
+use crate::formats::{Ending, Event, Family, StreamParser, Usage};
+
+/// Why a request failed. Failures enter no distribution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// Non-2xx HTTP status.
+    Status,
+    /// An error frame in the stream (even if a terminal marker followed).
+    ErrorFrame,
+    /// Connection refused/reset, broken framing, or a body the parser rejected.
+    Transport,
+    /// The request exceeded `--timeout`.
+    Timeout,
+    /// A complete response with no generated content.
+    Empty,
+}
+
+impl FailureKind {
+    /// Stable name used in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            FailureKind::Status => "status",
+            FailureKind::ErrorFrame => "error_frame",
+            FailureKind::Transport => "transport",
+            FailureKind::Timeout => "timeout",
+            FailureKind::Empty => "empty",
+        }
+    }
+}
+
+/// How a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutcomeKind {
+    /// The stream reached its family's terminal marker with content and no error frame.
+    Succeeded,
+    /// The stream ended (cleanly or not) without the terminal marker and without an error frame.
+    EndedEarly,
+    /// The request failed.
+    Failed(FailureKind),
+}
+
+/// The measurement of one request. Times are microseconds from `t0`, the instant just before
+/// the request was written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestOutcome {
+    pub kind: OutcomeKind,
+    pub ttft_us: Option<u64>,
+    pub ttst_us: Option<u64>,
+    /// Last content frame − t0.
+    pub latency_us: Option<u64>,
+    /// Number of frames that carried generated content.
+    pub content_frames: u64,
+    /// Output tokens from the server's (last) usage report, when there was one.
+    pub usage_output_tokens: Option<u64>,
+    /// Input tokens, from usage when reported (or an estimate supplied by the caller).
+    pub input_tokens: Option<u64>,
+    /// Actual send time − intended send time, for scheduled and rate modes.
+    pub schedule_lag_us: Option<u64>,
+    /// Wall-clock send time, microseconds since the Unix epoch (for throughput windows).
+    pub sent_unix_us: Option<u64>,
+}
+
+impl RequestOutcome {
+    /// A failure with no timing.
+    pub fn failed(kind: FailureKind) -> Self {
+        RequestOutcome {
+            kind: OutcomeKind::Failed(kind),
+            ttft_us: None,
+            ttst_us: None,
+            latency_us: None,
+            content_frames: 0,
+            usage_output_tokens: None,
+            input_tokens: None,
+            schedule_lag_us: None,
+            sent_unix_us: None,
+        }
+    }
+
+    /// Output tokens: the usage report's count when there was one, else the content frames.
+    pub fn output_tokens(&self) -> u64 {
+        self.usage_output_tokens.unwrap_or(self.content_frames)
+    }
+}
+
+/// Measures one response, read by read.
+pub struct StreamMeter {
+    parser: StreamParser,
+    state: MeterState,
+}
+
+#[derive(Default)]
+struct MeterState {
+    first_content_us: Option<u64>,
+    second_content_us: Option<u64>,
+    last_content_us: Option<u64>,
+    content_frames: u64,
+    usage: Usage,
+    usage_seen: bool,
+    terminal: bool,
+    error_frame: bool,
+    now_us: u64,
+}
+
+impl MeterState {
+    fn on_event(&mut self, event: Event<'_>) {
+        match event {
+            Event::Content { .. } => {
+                self.content_frames += 1;
+                match (self.first_content_us, self.second_content_us) {
+                    (None, _) => self.first_content_us = Some(self.now_us),
+                    (Some(_), None) => self.second_content_us = Some(self.now_us),
+                    _ => {}
+                }
+                self.last_content_us = Some(self.now_us);
+            }
+            Event::Usage(usage) => {
+                // Cumulative reports: the last one wins, field by field.
+                if usage.output_tokens.is_some() {
+                    self.usage.output_tokens = usage.output_tokens;
+                }
+                if usage.input_tokens.is_some() {
+                    self.usage.input_tokens = usage.input_tokens;
+                }
+                self.usage_seen = true;
+            }
+            Event::Terminal => self.terminal = true,
+            Event::Error { .. } => self.error_frame = true,
+        }
+    }
+}
+
+impl StreamMeter {
+    /// A meter for a response of `family`.
+    pub fn new(family: Family) -> Self {
+        StreamMeter {
+            parser: StreamParser::new(family),
+            state: MeterState::default(),
+        }
+    }
+
+    /// One network read that returned `t_us` microseconds after t0.
+    ///
+    /// Returns `Err` when the framing is broken beyond recovery; the caller then ends the
+    /// stream with [`StreamMeter::finish_broken`].
+    pub fn on_read(&mut self, t_us: u64, bytes: &[u8]) -> Result<(), crate::formats::FrameError> {
+        self.state.now_us = t_us;
+        let state = &mut self.state;
+        self.parser.feed(bytes, &mut |event| state.on_event(event))
+    }
+
+    /// Number of content frames seen so far.
+    pub fn content_frames(&self) -> u64 {
+        self.state.content_frames
+    }
+
+    /// True once the terminal marker arrived.
+    pub fn is_terminal(&self) -> bool {
+        self.state.terminal
+    }
+
+    /// The stream ended at `t_us` (EOF or a transport error when `transport_error`).
+    pub fn finish(mut self, t_us: u64, transport_error: bool) -> RequestOutcome {
+        self.state.now_us = t_us;
+        let state = &mut self.state;
+        let ending = self.parser.finish(&mut |event| state.on_event(event));
+        let state = &self.state;
+        let kind = if state.error_frame {
+            OutcomeKind::Failed(FailureKind::ErrorFrame)
+        } else if state.terminal && !transport_error {
+            if state.content_frames == 0 {
+                OutcomeKind::Failed(FailureKind::Empty)
+            } else {
+                OutcomeKind::Succeeded
+            }
+        } else if state.terminal && state.content_frames > 0 {
+            // The terminal marker arrived; a transport hiccup after it loses nothing.
+            OutcomeKind::Succeeded
+        } else if state.content_frames == 0 && (transport_error || ending != Ending::Clean) {
+            OutcomeKind::Failed(FailureKind::Transport)
+        } else {
+            OutcomeKind::EndedEarly
+        };
+        self.outcome(kind)
+    }
+
+    /// The framing broke (bad checksum, oversize frame): a transport failure if nothing was
+    /// generated yet, else an ended-early stream.
+    pub fn finish_broken(self) -> RequestOutcome {
+        let kind = if self.state.error_frame {
+            OutcomeKind::Failed(FailureKind::ErrorFrame)
+        } else if self.state.content_frames == 0 {
+            OutcomeKind::Failed(FailureKind::Transport)
+        } else {
+            OutcomeKind::EndedEarly
+        };
+        self.outcome(kind)
+    }
+
+    fn outcome(&self, kind: OutcomeKind) -> RequestOutcome {
+        let state = &self.state;
+        let ttft = state.first_content_us;
+        RequestOutcome {
+            kind,
+            ttft_us: ttft,
+            ttst_us: match (ttft, state.second_content_us) {
+                (Some(first), Some(second)) => Some(second.saturating_sub(first)),
+                _ => None,
+            },
+            latency_us: state.last_content_us,
+            content_frames: state.content_frames,
+            usage_output_tokens: state
+                .usage
+                .output_tokens
+                .filter(|n| *n > 0 || state.terminal),
+            input_tokens: state.usage.input_tokens,
+            schedule_lag_us: None,
+            sent_unix_us: None,
+        }
+    }
+}
+
+/// Measure a whole recorded response: frames with their offsets in microseconds.
+pub fn measure_frames<'a>(
+    family: Family,
+    frames: impl IntoIterator<Item = (u64, &'a [u8])>,
+) -> RequestOutcome {
+    let mut meter = StreamMeter::new(family);
+    let mut last_t = 0;
+    for (t_us, bytes) in frames {
+        last_t = t_us;
+        if meter.on_read(t_us, bytes).is_err() {
+            return meter.finish_broken();
+        }
+    }
+    meter.finish(last_t, false)
+}

@@ -1,0 +1,466 @@
+//! Mergeable run metrics: one HDR histogram per distribution plus counters.
+//!
+//! Every distribution is an HDR histogram with 3 significant digits. Times are stored in
+//! microseconds, token counts as counts and per-user token rates in milli-tokens per second, so
+//! that merging the metrics of many workers is exact: merging histograms from any split of a
+//! sample set gives the histogram of the whole set.
+
+use hdrhistogram::Histogram;
+use hdrhistogram::serialization::{Deserializer, Serializer, V2DeflateSerializer};
+
+use crate::measure::{FailureKind, OutcomeKind, RequestOutcome};
+
+/// Significant digits kept by every histogram.
+pub const SIGNIFICANT_DIGITS: u8 = 3;
+
+/// One distribution of the run report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Metric {
+    /// Time to first token (first content frame − request sent).
+    Ttft,
+    /// Time to second token (second content frame − first).
+    Ttst,
+    /// Inter-token latency: (latency − TTFT) / (output tokens − 1).
+    Itl,
+    /// Request latency: last content frame − request sent.
+    Latency,
+    /// Output tokens per second per user: 1 / ITL.
+    TokensPerSecondPerUser,
+    /// Input sequence length (tokens).
+    Isl,
+    /// Output sequence length (tokens).
+    Osl,
+    /// Schedule lag: actual send time − intended send time.
+    ScheduleLag,
+}
+
+/// How a metric's stored integer maps to its display unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    /// Stored in microseconds, displayed in milliseconds.
+    Milliseconds,
+    /// Stored and displayed as a count of tokens.
+    Tokens,
+    /// Stored in milli-tokens per second, displayed in tokens per second.
+    TokensPerSecond,
+}
+
+impl Unit {
+    /// Divide a stored value by this to get the display value.
+    pub fn scale(self) -> f64 {
+        match self {
+            Unit::Milliseconds => 1_000.0,
+            Unit::Tokens => 1.0,
+            Unit::TokensPerSecond => 1_000.0,
+        }
+    }
+}
+
+impl Metric {
+    /// Every metric, in report order.
+    pub const ALL: [Metric; 8] = [
+        Metric::Ttft,
+        Metric::Ttst,
+        Metric::Itl,
+        Metric::Latency,
+        Metric::TokensPerSecondPerUser,
+        Metric::Isl,
+        Metric::Osl,
+        Metric::ScheduleLag,
+    ];
+
+    /// The report-JSON key (`ttft_ms`, ...).
+    pub fn json_key(self) -> &'static str {
+        match self {
+            Metric::Ttft => "ttft_ms",
+            Metric::Ttst => "ttst_ms",
+            Metric::Itl => "itl_ms",
+            Metric::Latency => "latency_ms",
+            Metric::TokensPerSecondPerUser => "tokens_per_second_per_user",
+            Metric::Isl => "isl_tokens",
+            Metric::Osl => "osl_tokens",
+            Metric::ScheduleLag => "schedule_lag_ms",
+        }
+    }
+
+    /// The goal-expression name (`llm.ttft-p95` uses `ttft`).
+    pub fn goal_name(self) -> &'static str {
+        match self {
+            Metric::Ttft => "ttft",
+            Metric::Ttst => "ttst",
+            Metric::Itl => "itl",
+            Metric::Latency => "latency",
+            Metric::TokensPerSecondPerUser => "tokens-per-second",
+            Metric::Isl => "isl",
+            Metric::Osl => "osl",
+            Metric::ScheduleLag => "schedule-lag",
+        }
+    }
+
+    /// A human label for tables.
+    pub fn label(self) -> &'static str {
+        match self {
+            Metric::Ttft => "Time to first token (ms)",
+            Metric::Ttst => "Time to second token (ms)",
+            Metric::Itl => "Inter-token latency (ms)",
+            Metric::Latency => "Request latency (ms)",
+            Metric::TokensPerSecondPerUser => "Output tokens/s per user",
+            Metric::Isl => "Input sequence length (tokens)",
+            Metric::Osl => "Output sequence length (tokens)",
+            Metric::ScheduleLag => "Schedule lag (ms)",
+        }
+    }
+
+    /// The unit of stored values.
+    pub fn unit(self) -> Unit {
+        match self {
+            Metric::Ttft | Metric::Ttst | Metric::Itl | Metric::Latency | Metric::ScheduleLag => {
+                Unit::Milliseconds
+            }
+            Metric::Isl | Metric::Osl => Unit::Tokens,
+            Metric::TokensPerSecondPerUser => Unit::TokensPerSecond,
+        }
+    }
+
+    /// True when a larger value is better (token rates); false for latencies.
+    pub fn larger_is_better(self) -> bool {
+        matches!(self, Metric::TokensPerSecondPerUser)
+    }
+
+    fn index(self) -> usize {
+        Metric::ALL
+            .iter()
+            .position(|m| *m == self)
+            .expect("every metric is in ALL")
+    }
+}
+
+/// Summary statistics of one distribution, in display units.
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize, serde::Deserialize)]
+pub struct Stats {
+    pub avg: f64,
+    pub min: f64,
+    pub max: f64,
+    pub std: f64,
+    pub p50: f64,
+    pub p90: f64,
+    pub p95: f64,
+    pub p99: f64,
+    pub count: u64,
+}
+
+/// Request counters. `failed` is split by kind; every issued request lands in exactly one of
+/// succeeded, failed (one kind) or ended early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct Counters {
+    pub succeeded: u64,
+    pub ended_early: u64,
+    pub failed_status: u64,
+    pub failed_error_frame: u64,
+    pub failed_transport: u64,
+    pub failed_timeout: u64,
+    pub failed_empty: u64,
+    /// Succeeded or ended-early streams whose output tokens came from the server's usage.
+    pub usage_reported: u64,
+    /// Succeeded or ended-early streams whose output tokens were estimated from frames.
+    pub estimated: u64,
+    /// Output tokens of succeeded requests (for output-token throughput).
+    pub output_tokens: u64,
+    /// Requests measured during warm-up and left out of every number.
+    pub warmup: u64,
+}
+
+impl Counters {
+    /// All failures, whatever their kind.
+    pub fn failed(&self) -> u64 {
+        self.failed_status
+            + self.failed_error_frame
+            + self.failed_transport
+            + self.failed_timeout
+            + self.failed_empty
+    }
+
+    /// Requests that got an answer of any kind (succeeded + failed + ended early).
+    pub fn completed(&self) -> u64 {
+        self.succeeded + self.failed() + self.ended_early
+    }
+
+    fn add(&mut self, other: &Counters) {
+        self.succeeded += other.succeeded;
+        self.ended_early += other.ended_early;
+        self.failed_status += other.failed_status;
+        self.failed_error_frame += other.failed_error_frame;
+        self.failed_transport += other.failed_transport;
+        self.failed_timeout += other.failed_timeout;
+        self.failed_empty += other.failed_empty;
+        self.usage_reported += other.usage_reported;
+        self.estimated += other.estimated;
+        self.output_tokens += other.output_tokens;
+        self.warmup += other.warmup;
+    }
+}
+
+/// The measured window (wall clock, microseconds since the Unix epoch): first request sent to
+/// last content frame received, over measured (non-warm-up) requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub start_unix_us: u64,
+    pub end_unix_us: u64,
+}
+
+/// Error decoding serialized metrics.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsDecodeError {
+    #[error("histogram for {metric} is corrupt")]
+    Histogram {
+        metric: &'static str,
+        #[source]
+        source: hdrhistogram::serialization::DeserializeError,
+    },
+    #[error("expected {expected} histograms, got {got}")]
+    HistogramCount { expected: usize, got: usize },
+}
+
+/// The metrics of a run (or of one worker's share of it): mergeable.
+#[derive(Debug, Clone)]
+pub struct RunMetrics {
+    histograms: Vec<Histogram<u64>>,
+    pub counters: Counters,
+    pub window: Option<Window>,
+}
+
+impl Default for RunMetrics {
+    fn default() -> Self {
+        RunMetrics::new()
+    }
+}
+
+impl RunMetrics {
+    /// Empty metrics.
+    pub fn new() -> Self {
+        let histograms = Metric::ALL
+            .iter()
+            .map(|_| Histogram::new(SIGNIFICANT_DIGITS).expect("3 significant digits is valid"))
+            .collect();
+        RunMetrics {
+            histograms,
+            counters: Counters::default(),
+            window: None,
+        }
+    }
+
+    /// The histogram of `metric`.
+    pub fn histogram(&self, metric: Metric) -> &Histogram<u64> {
+        &self.histograms[metric.index()]
+    }
+
+    /// Record one raw value (in stored units) into `metric`.
+    pub fn record_value(&mut self, metric: Metric, value: u64) {
+        // Auto-resizing histograms cannot fail to record.
+        let _ = self.histograms[metric.index()].record(value);
+    }
+
+    /// Record the outcome of one measured request, following the rules of the metric
+    /// definitions: failures enter no distribution; ended-early streams count toward TTFT
+    /// only; output tokens come from usage when reported, else from the content-frame count.
+    pub fn record(&mut self, outcome: &RequestOutcome) {
+        if let Some(lag) = outcome.schedule_lag_us {
+            self.record_value(Metric::ScheduleLag, lag);
+        }
+        match outcome.kind {
+            OutcomeKind::Failed(kind) => {
+                match kind {
+                    FailureKind::Status => self.counters.failed_status += 1,
+                    FailureKind::ErrorFrame => self.counters.failed_error_frame += 1,
+                    FailureKind::Transport => self.counters.failed_transport += 1,
+                    FailureKind::Timeout => self.counters.failed_timeout += 1,
+                    FailureKind::Empty => self.counters.failed_empty += 1,
+                }
+                return;
+            }
+            OutcomeKind::EndedEarly => {
+                self.counters.ended_early += 1;
+                if let Some(ttft) = outcome.ttft_us {
+                    self.record_value(Metric::Ttft, ttft);
+                }
+                self.count_token_source(outcome);
+                return;
+            }
+            OutcomeKind::Succeeded => {}
+        }
+        self.counters.succeeded += 1;
+        self.count_token_source(outcome);
+        if let Some(ttft) = outcome.ttft_us {
+            self.record_value(Metric::Ttft, ttft);
+        }
+        if let Some(ttst) = outcome.ttst_us {
+            self.record_value(Metric::Ttst, ttst);
+        }
+        if let Some(latency) = outcome.latency_us {
+            self.record_value(Metric::Latency, latency);
+        }
+        let osl = outcome.output_tokens();
+        self.record_value(Metric::Osl, osl);
+        self.counters.output_tokens += osl;
+        if let Some(isl) = outcome.input_tokens {
+            self.record_value(Metric::Isl, isl);
+        }
+        if let (Some(ttft), Some(latency)) = (outcome.ttft_us, outcome.latency_us)
+            && osl >= 2
+        {
+            let decode_us = latency.saturating_sub(ttft) as f64;
+            let itl_us = decode_us / (osl - 1) as f64;
+            self.record_value(Metric::Itl, itl_us.round() as u64);
+            if itl_us > 0.0 {
+                let milli_tokens_per_s = 1e9 / itl_us;
+                self.record_value(
+                    Metric::TokensPerSecondPerUser,
+                    milli_tokens_per_s.round() as u64,
+                );
+            }
+        }
+        if let (Some(start), Some(latency)) = (outcome.sent_unix_us, outcome.latency_us) {
+            self.extend_window(Window {
+                start_unix_us: start,
+                end_unix_us: start + latency,
+            });
+        }
+    }
+
+    fn count_token_source(&mut self, outcome: &RequestOutcome) {
+        if outcome.usage_output_tokens.is_some() {
+            self.counters.usage_reported += 1;
+        } else {
+            self.counters.estimated += 1;
+        }
+    }
+
+    fn extend_window(&mut self, window: Window) {
+        self.window = Some(match self.window {
+            None => window,
+            Some(current) => Window {
+                start_unix_us: current.start_unix_us.min(window.start_unix_us),
+                end_unix_us: current.end_unix_us.max(window.end_unix_us),
+            },
+        });
+    }
+
+    /// Merge `other` into `self`: histograms add exactly, counters add, windows widen.
+    pub fn merge(&mut self, other: &RunMetrics) {
+        for (mine, theirs) in self.histograms.iter_mut().zip(&other.histograms) {
+            mine.add(theirs)
+                .expect("auto-resizing histograms of equal precision always add");
+        }
+        self.counters.add(&other.counters);
+        if let Some(window) = other.window {
+            self.extend_window(window);
+        }
+    }
+
+    /// Summary statistics of `metric` in display units; `None` when it has no samples.
+    pub fn stats(&self, metric: Metric) -> Option<Stats> {
+        stats_of(self.histogram(metric), metric.unit().scale())
+    }
+
+    /// Length of the measured window in seconds (0 when nothing was measured).
+    pub fn window_seconds(&self) -> f64 {
+        self.window
+            .map(|w| w.end_unix_us.saturating_sub(w.start_unix_us) as f64 / 1e6)
+            .unwrap_or(0.0)
+    }
+
+    /// Output tokens per second over the measured window.
+    pub fn output_tokens_per_second(&self) -> f64 {
+        let seconds = self.window_seconds();
+        if seconds > 0.0 {
+            self.counters.output_tokens as f64 / seconds
+        } else {
+            0.0
+        }
+    }
+
+    /// Succeeded requests per second over the measured window.
+    pub fn requests_per_second(&self) -> f64 {
+        let seconds = self.window_seconds();
+        if seconds > 0.0 {
+            self.counters.succeeded as f64 / seconds
+        } else {
+            0.0
+        }
+    }
+
+    /// Percent of streams whose output tokens were estimated rather than usage-reported.
+    pub fn estimated_token_share_pct(&self) -> f64 {
+        let total = self.counters.usage_reported + self.counters.estimated;
+        if total == 0 {
+            0.0
+        } else {
+            100.0 * self.counters.estimated as f64 / total as f64
+        }
+    }
+
+    /// Serialize every histogram as HDR V2+DEFLATE, in [`Metric::ALL`] order.
+    pub fn encode_histograms(&self) -> Vec<Vec<u8>> {
+        let mut serializer = V2DeflateSerializer::new();
+        self.histograms
+            .iter()
+            .map(|h| {
+                let mut out = Vec::new();
+                serializer
+                    .serialize(h, &mut out)
+                    .expect("serializing into a Vec cannot fail");
+                out
+            })
+            .collect()
+    }
+
+    /// Rebuild metrics from [`RunMetrics::encode_histograms`] output plus counters and window.
+    pub fn decode(
+        encoded: &[Vec<u8>],
+        counters: Counters,
+        window: Option<Window>,
+    ) -> Result<RunMetrics, MetricsDecodeError> {
+        if encoded.len() != Metric::ALL.len() {
+            return Err(MetricsDecodeError::HistogramCount {
+                expected: Metric::ALL.len(),
+                got: encoded.len(),
+            });
+        }
+        let mut deserializer = Deserializer::new();
+        let mut histograms = Vec::with_capacity(encoded.len());
+        for (bytes, metric) in encoded.iter().zip(Metric::ALL) {
+            let mut h: Histogram<u64> =
+                deserializer
+                    .deserialize(&mut bytes.as_slice())
+                    .map_err(|source| MetricsDecodeError::Histogram {
+                        metric: metric.json_key(),
+                        source,
+                    })?;
+            h.auto(true);
+            histograms.push(h);
+        }
+        Ok(RunMetrics {
+            histograms,
+            counters,
+            window,
+        })
+    }
+}
+
+/// Summary statistics of a histogram, each value divided by `scale`.
+pub fn stats_of(h: &Histogram<u64>, scale: f64) -> Option<Stats> {
+    if h.is_empty() {
+        return None;
+    }
+    Some(Stats {
+        avg: h.mean() / scale,
+        min: h.min() as f64 / scale,
+        max: h.max() as f64 / scale,
+        std: h.stdev() / scale,
+        p50: h.value_at_quantile(0.50) as f64 / scale,
+        p90: h.value_at_quantile(0.90) as f64 / scale,
+        p95: h.value_at_quantile(0.95) as f64 / scale,
+        p99: h.value_at_quantile(0.99) as f64 / scale,
+        count: h.len(),
+    })
+}

@@ -1,0 +1,2 @@
+//! llm-replay binary.
+fn main() {}

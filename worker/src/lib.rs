@@ -1,0 +1,1 @@
+//! Worker: replays a slice of a recording.

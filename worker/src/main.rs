@@ -1,0 +1,2 @@
+//! llm-replay-worker binary.
+fn main() {}
