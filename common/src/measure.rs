@@ -241,3 +241,31 @@ pub fn measure_frames<'a>(
     }
     meter.finish(last_t, false)
 }
+
+/// Estimate the input tokens of a request body when the server reports none: the characters
+/// of every prompt text (`messages[].content`, `prompt`, `system`, `input`, `instructions`,
+/// Bedrock `messages[].content[].text`) divided by four, the usual English-text ratio.
+/// `None` when the body is not JSON or holds no prompt text.
+pub fn estimate_input_tokens(body: &[u8]) -> Option<u64> {
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let mut chars = 0usize;
+    for key in ["messages", "prompt", "system", "input", "instructions", "contents"] {
+        if let Some(v) = value.get(key) {
+            chars += text_chars(v);
+        }
+    }
+    (chars > 0).then(|| chars.div_ceil(4) as u64)
+}
+
+fn text_chars(value: &serde_json::Value) -> usize {
+    match value {
+        serde_json::Value::String(s) => s.chars().count(),
+        serde_json::Value::Array(items) => items.iter().map(text_chars).sum(),
+        serde_json::Value::Object(map) => ["content", "text", "input_text"]
+            .iter()
+            .filter_map(|k| map.get(*k))
+            .map(text_chars)
+            .sum(),
+        _ => 0,
+    }
+}

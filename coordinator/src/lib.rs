@@ -1,1 +1,12 @@
-//! Coordinator library.
+//! The coordinator and user CLI of llm-replay: `run` (scan, shard, start workers, merge,
+//! report, goals), the embedded and stand-alone mock server, and report rendering.
+//!
+//! Only this crate renders reports and talks to the user.
+
+pub mod commands;
+pub mod config;
+pub mod duration;
+pub mod run;
+pub mod scan;
+pub mod server;
+pub mod shard;

@@ -1,2 +1,60 @@
-//! llm-replay binary.
-fn main() {}
+//! `llm-replay`: the coordinator and user CLI.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "llm-replay",
+    version,
+    about = "Replay recorded LLM traffic against model servers and measure TTFT, ITL, latency and tokens/s"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Replay a recording (with no --target, against an embedded mock at recorded timing).
+    Run(coordinator::config::RunArgs),
+    /// Run a worker that dials a coordinator (same as llm-replay-worker).
+    Worker(worker::cli::WorkerArgs),
+}
+
+fn init_tracing() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LLM_REPLAY_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            let code = if error.use_stderr() { 2 } else { 0 };
+            let _ = error.print();
+            return ExitCode::from(code);
+        }
+    };
+    init_tracing();
+    match cli.command {
+        // The worker builds its own runtimes (load and link apart).
+        Command::Worker(args) => worker::cli::run(args),
+        Command::Run(args) => {
+            let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+                Ok(runtime) => runtime,
+                Err(error) => {
+                    eprintln!("llm-replay: cannot start the runtime: {error}");
+                    return ExitCode::from(3);
+                }
+            };
+            runtime.block_on(coordinator::commands::run_command(args))
+        }
+    }
+}

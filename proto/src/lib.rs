@@ -10,3 +10,5 @@ pub const PROTOCOL_VERSION: u32 = 1;
 pub mod v1 {
     tonic::include_proto!("llm_replay.v1");
 }
+
+pub mod convert;

@@ -1,0 +1,322 @@
+//! The `run` command's options: clap arguments, an optional YAML/TOML config file, and the
+//! validated [`RunConfig`] the orchestrator runs (two-stage config: parse, then validate).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use serde::Deserialize;
+
+use crate::duration::parse_duration;
+
+/// `llm-replay run` arguments.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// Recording to replay (recording format v1, .jsonl or .jsonl.gz).
+    pub recording: PathBuf,
+
+    /// Target base URL (e.g. http://gpu-box:8000). Without it, an embedded mock serves the
+    /// recorded streams at their recorded timing.
+    #[arg(long)]
+    pub target: Option<String>,
+    /// `recorded` (send at the recorded arrival offsets) or `asap`. Default: recorded when the
+    /// recording has arrival times and neither --concurrency nor --rate is given.
+    #[arg(long, value_parser = ["recorded", "asap"])]
+    pub schedule: Option<String>,
+    /// Time scale of the recorded schedule (2 = twice as fast).
+    #[arg(long)]
+    pub speed: Option<f64>,
+    /// Closed-loop concurrency (in-flight requests across all workers).
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+    /// Open-loop arrival rate, requests per second across all workers.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Inter-arrival distribution for --rate.
+    #[arg(long, value_parser = ["constant", "poisson"])]
+    pub arrival: Option<String>,
+    /// Number of requests to send in all (the recording loops when shorter).
+    #[arg(long)]
+    pub requests: Option<u64>,
+    /// Stop issuing requests after this long (e.g. 90s, 5m).
+    #[arg(long)]
+    pub duration: Option<String>,
+    /// Leading requests measured as warm-up and left out of the report.
+    #[arg(long)]
+    pub warmup: Option<u64>,
+    /// Replay once per concurrency level (e.g. 1,2,5,10) into one report.
+    #[arg(long, value_delimiter = ',')]
+    pub sweep_concurrency: Vec<usize>,
+
+    /// Local worker processes.
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Extra header, `Name: value`; `${VAR}` expands from each worker's environment.
+    #[arg(long = "header")]
+    pub headers: Vec<String>,
+    /// Override a top-level JSON body field of every request, FIELD=VALUE (VALUE is JSON when
+    /// it parses as JSON, else a string).
+    #[arg(long = "set")]
+    pub sets: Vec<String>,
+    /// Per-request time limit (e.g. 60s).
+    #[arg(long)]
+    pub timeout: Option<String>,
+
+    /// Goal that fails the run (exit 1) when it holds, e.g. 'llm.ttft-p95 > 800'.
+    #[arg(long = "fail-if")]
+    pub fail_if: Vec<String>,
+    /// YAML or TOML file with goals and run options.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// `recorded` (default), `none`, or a saved report JSON to compare against.
+    #[arg(long)]
+    pub baseline: Option<String>,
+    /// Write the report as JSON.
+    #[arg(long)]
+    pub report_json: Option<PathBuf>,
+    /// Write the report as Markdown.
+    #[arg(long)]
+    pub report_md: Option<PathBuf>,
+    /// Write the report as a self-contained HTML page.
+    #[arg(long)]
+    pub report_html: Option<PathBuf>,
+    /// Write goals as JUnit XML.
+    #[arg(long)]
+    pub junit: Option<PathBuf>,
+    /// Silence after which a worker counts as lost (seconds).
+    #[arg(long, default_value_t = 5.0)]
+    pub heartbeat_timeout: f64,
+}
+
+/// Options a config file may carry; the command line wins over the file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct FileConfig {
+    #[serde(default)]
+    pub goals: Vec<String>,
+    pub target: Option<String>,
+    pub schedule: Option<String>,
+    pub speed: Option<f64>,
+    pub concurrency: Option<usize>,
+    pub rate: Option<f64>,
+    pub arrival: Option<String>,
+    pub requests: Option<u64>,
+    pub duration: Option<String>,
+    pub warmup: Option<u64>,
+    pub workers: Option<usize>,
+    #[serde(default)]
+    pub headers: Vec<String>,
+    #[serde(default)]
+    pub sets: Vec<String>,
+    pub timeout: Option<String>,
+    pub baseline: Option<String>,
+}
+
+impl FileConfig {
+    /// Read a YAML (`.yaml`/`.yml`) or TOML (`.toml`) file.
+    pub fn load(path: &Path) -> anyhow::Result<FileConfig> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("{}: cannot read config file", path.display()))?;
+        let ext = path
+            .extension()
+            .and_then(|e| e.to_str())
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        match ext.as_str() {
+            "toml" => toml::from_str(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display())),
+            "yaml" | "yml" => serde_yaml::from_str(&text).map_err(|e| {
+                let at = e
+                    .location()
+                    .map(|l| format!(":{}", l.line()))
+                    .unwrap_or_default();
+                anyhow::anyhow!("{}{at}: {e}", path.display())
+            }),
+            _ => bail!(
+                "{}: config files must end in .yaml, .yml or .toml",
+                path.display()
+            ),
+        }
+    }
+}
+
+/// Load model across all workers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GlobalLoad {
+    pub recorded_schedule: bool,
+    pub speed: f64,
+    pub concurrency: Option<usize>,
+    pub rate: Option<f64>,
+    pub poisson: bool,
+    pub requests: Option<u64>,
+    pub duration: Option<Duration>,
+    pub warmup: u64,
+}
+
+/// Where the baseline comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BaselineSource {
+    Recorded,
+    None,
+    Report(PathBuf),
+}
+
+/// The validated run configuration.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub recording: PathBuf,
+    pub target: Option<String>,
+    pub load: GlobalLoad,
+    pub sweep: Vec<usize>,
+    pub workers: usize,
+    pub headers: Vec<(String, String)>,
+    pub sets: Vec<(String, String)>,
+    pub timeout: Duration,
+    pub goals: Vec<String>,
+    pub baseline: BaselineSource,
+    pub report_json: Option<PathBuf>,
+    pub report_md: Option<PathBuf>,
+    pub report_html: Option<PathBuf>,
+    pub junit: Option<PathBuf>,
+    pub heartbeat_timeout: Duration,
+}
+
+fn split_header(text: &str) -> anyhow::Result<(String, String)> {
+    let Some((name, value)) = text.split_once(':') else {
+        bail!("--header {text:?}: expected 'Name: value'");
+    };
+    let name = name.trim();
+    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_graphic()) {
+        bail!("--header {text:?}: {name:?} is not a valid header name");
+    }
+    Ok((name.to_owned(), value.trim().to_owned()))
+}
+
+fn split_set(text: &str) -> anyhow::Result<(String, String)> {
+    let Some((field, value)) = text.split_once('=') else {
+        bail!("--set {text:?}: expected FIELD=VALUE");
+    };
+    if field.trim().is_empty() {
+        bail!("--set {text:?}: empty field name");
+    }
+    Ok((field.trim().to_owned(), value.to_owned()))
+}
+
+fn duration_arg(flag: &str, text: &str) -> anyhow::Result<Duration> {
+    parse_duration(text).map_err(|e| anyhow::anyhow!("{flag} {text:?}: {e}"))
+}
+
+impl RunArgs {
+    /// Merge with the config file (if any) and validate. `has_arrival_times` tells whether
+    /// the recording carries arrival offsets (it decides the default schedule).
+    pub fn into_config(self, has_arrival_times: bool) -> anyhow::Result<RunConfig> {
+        let file = match &self.config {
+            Some(path) => FileConfig::load(path)?,
+            None => FileConfig::default(),
+        };
+        let concurrency = self.concurrency.or(file.concurrency);
+        let rate = self.rate.or(file.rate);
+        let schedule = self.schedule.or(file.schedule);
+        let recorded_schedule = match schedule.as_deref() {
+            Some("recorded") => {
+                if !has_arrival_times {
+                    bail!("--schedule recorded: the recording has no arrival times (at_ms)");
+                }
+                true
+            }
+            Some("asap") => false,
+            Some(other) => bail!("--schedule {other:?}: expected recorded or asap"),
+            None => has_arrival_times && concurrency.is_none() && rate.is_none(),
+        };
+        if recorded_schedule && rate.is_some() {
+            bail!("--rate and --schedule recorded are exclusive: the rate sets the arrivals");
+        }
+        if concurrency == Some(0) {
+            bail!("--concurrency must be at least 1");
+        }
+        if let Some(rate) = rate
+            && !(rate.is_finite() && rate > 0.0)
+        {
+            bail!("--rate must be a positive number of requests per second");
+        }
+        let speed = self.speed.or(file.speed).unwrap_or(1.0);
+        if !(speed.is_finite() && speed > 0.0) {
+            bail!("--speed must be a positive number");
+        }
+        let arrival = self.arrival.or(file.arrival).unwrap_or_else(|| "poisson".into());
+        let duration = match self.duration.or(file.duration) {
+            Some(text) => Some(duration_arg("--duration", &text)?),
+            None => None,
+        };
+        let timeout = match self.timeout.or(file.timeout) {
+            Some(text) => duration_arg("--timeout", &text)?,
+            None => Duration::from_secs(600),
+        };
+        let mut workers = self.workers.or(file.workers).unwrap_or(1);
+        if workers == 0 {
+            bail!("--workers must be at least 1");
+        }
+        if !recorded_schedule
+            && rate.is_none()
+            && let Some(c) = concurrency
+            && c < workers
+        {
+            // A closed loop cannot give every worker at least one stream.
+            workers = c;
+        }
+        let mut headers = Vec::new();
+        for text in file.headers.iter().chain(&self.headers) {
+            headers.push(split_header(text)?);
+        }
+        let mut sets = Vec::new();
+        for text in file.sets.iter().chain(&self.sets) {
+            sets.push(split_set(text)?);
+        }
+        let mut goals = file.goals;
+        goals.extend(self.fail_if);
+        let baseline = match self.baseline.or(file.baseline).as_deref() {
+            None | Some("recorded") => BaselineSource::Recorded,
+            Some("none") => BaselineSource::None,
+            Some(path) => BaselineSource::Report(PathBuf::from(path)),
+        };
+        if self.sweep_concurrency.contains(&0) {
+            bail!("--sweep-concurrency levels must be at least 1");
+        }
+        Ok(RunConfig {
+            recording: self.recording,
+            target: self.target.or(file.target),
+            load: GlobalLoad {
+                recorded_schedule,
+                speed,
+                concurrency: if recorded_schedule || rate.is_some() {
+                    concurrency
+                } else {
+                    Some(concurrency.unwrap_or(1))
+                },
+                rate,
+                poisson: arrival == "poisson",
+                requests: self.requests.or(file.requests),
+                duration,
+                warmup: self.warmup.or(file.warmup).unwrap_or(0),
+            },
+            sweep: self.sweep_concurrency,
+            workers,
+            headers,
+            sets,
+            timeout,
+            goals,
+            baseline,
+            report_json: self.report_json,
+            report_md: self.report_md,
+            report_html: self.report_html,
+            junit: self.junit,
+            heartbeat_timeout: Duration::from_secs_f64(self.heartbeat_timeout.max(0.1)),
+        })
+    }
+}
+
+/// Split `total` into `parts` shares that differ by at most one (the first ones get more).
+pub fn split_evenly(total: u64, parts: usize, index: usize) -> u64 {
+    let parts = parts.max(1) as u64;
+    total / parts + u64::from((index as u64) < total % parts)
+}

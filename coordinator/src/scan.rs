@@ -1,0 +1,113 @@
+//! The pre-scan of a recording: validates every line (so bad input fails before any load is
+//! sent), counts exchanges and sessions, and measures the baseline from the recorded frames
+//! with the same [`common::measure`] code the workers use.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use common::formats;
+use common::measure::{FailureKind, OutcomeKind, RequestOutcome, estimate_input_tokens, measure_frames};
+use common::metrics::RunMetrics;
+use common::recording::{Exchange, RecordingError, RecordingReader};
+
+/// What the coordinator knows about a recording before replaying it.
+#[derive(Debug, Clone, Default)]
+pub struct RecordingScan {
+    pub exchanges: u64,
+    /// Exchanges with an arrival offset.
+    pub with_arrival: u64,
+    /// Largest arrival offset (ms).
+    pub max_at_ms: f64,
+    /// Distinct sessions.
+    pub sessions: u64,
+    /// Exchanges whose response frames all have timing (they make the baseline).
+    pub with_frame_timing: u64,
+    /// The recording's own metrics, measured from its frames; `None` without frame timing.
+    pub baseline: Option<RunMetrics>,
+    /// Families seen, by name.
+    pub families: BTreeMap<&'static str, u64>,
+    /// A torn last line that was skipped (reported, not fatal).
+    pub torn_last_line: Option<u64>,
+}
+
+/// Scan `path`. Any invalid line is an error naming file, line and field.
+pub fn scan(path: &Path) -> Result<RecordingScan, RecordingError> {
+    let mut out = RecordingScan::default();
+    let mut baseline = RunMetrics::new();
+    let mut sessions = std::collections::HashSet::new();
+    for item in RecordingReader::open(path)? {
+        let exchange = match item {
+            Ok((_, exchange)) => exchange,
+            Err(RecordingError::TornLastLine { line, .. }) => {
+                out.torn_last_line = Some(line);
+                break;
+            }
+            Err(error) => return Err(error),
+        };
+        out.exchanges += 1;
+        if let Some(at) = exchange.at_ms {
+            out.with_arrival += 1;
+            out.max_at_ms = out.max_at_ms.max(at);
+        }
+        if let Some(session) = &exchange.session
+            && !sessions.contains(session.as_str())
+        {
+            sessions.insert(session.clone());
+        }
+        if let Some(family) = family_of(&exchange) {
+            *out.families.entry(family.name()).or_default() += 1;
+        }
+        if let Some(outcome) = recorded_outcome(&exchange) {
+            out.with_frame_timing += 1;
+            baseline.record(&outcome);
+        }
+    }
+    out.sessions = sessions.len() as u64;
+    if out.with_frame_timing > 0 {
+        out.baseline = Some(baseline);
+    }
+    Ok(out)
+}
+
+fn family_of(exchange: &Exchange) -> Option<formats::Family> {
+    let response = exchange.response.as_ref();
+    let content_type = response.and_then(|r| r.header("content-type"));
+    let first = response
+        .and_then(|r| r.frames.first())
+        .map(|f| f.bytes().into_owned())
+        .unwrap_or_default();
+    formats::detect(&exchange.request.path, content_type, &first)
+}
+
+/// The outcome the recording itself shows for `exchange`, when its frames have timing.
+pub fn recorded_outcome(exchange: &Exchange) -> Option<RequestOutcome> {
+    let response = exchange.response.as_ref()?;
+    if !response.has_timing() {
+        return None;
+    }
+    let sent_unix_us = exchange.at_ms.map(|ms| (ms * 1000.0) as u64);
+    let input_estimate = estimate_input_tokens(&exchange.request.body_bytes());
+    let mut outcome = if !(200..300).contains(&response.status) {
+        RequestOutcome::failed(FailureKind::Status)
+    } else {
+        let family = family_of(exchange).unwrap_or(formats::Family::OpenAiChat);
+        let frames: Vec<(u64, Vec<u8>)> = response
+            .frames
+            .iter()
+            .map(|f| {
+                (
+                    (f.t_ms.unwrap_or(0.0) * 1000.0).round() as u64,
+                    f.bytes().into_owned(),
+                )
+            })
+            .collect();
+        measure_frames(family, frames.iter().map(|(t, b)| (*t, b.as_slice())))
+    };
+    if outcome.kind == OutcomeKind::Succeeded || outcome.kind == OutcomeKind::EndedEarly {
+        outcome.sent_unix_us = sent_unix_us;
+    }
+    if outcome.input_tokens.is_none() {
+        outcome.input_tokens = input_estimate;
+    }
+    Some(outcome)
+}

@@ -1,0 +1,221 @@
+//! The coordinator's gRPC service: workers dial in, join, receive their assignment and slice,
+//! and stream reports. Every event is forwarded to the run orchestrator over one bounded
+//! channel; the service itself decides only who may join.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use proto::v1;
+use proto::v1::coordinator_server::Coordinator;
+use tokio::sync::mpsc;
+use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+/// What the orchestrator hears from the service.
+#[derive(Debug)]
+pub enum WorkerEvent {
+    Joined {
+        index: usize,
+        id: String,
+        host: String,
+        control: mpsc::Sender<Result<v1::CoordinatorMessage, Status>>,
+        slice: mpsc::Sender<Result<v1::ExchangeChunk, Status>>,
+    },
+    Report {
+        index: usize,
+        report: v1::Report,
+    },
+    Heartbeat {
+        index: usize,
+    },
+    Failed {
+        index: usize,
+        reason: String,
+    },
+    Gone {
+        index: usize,
+        reason: String,
+    },
+}
+
+/// Builds each worker's assignment from its join index.
+pub type AssignmentFor = dyn Fn(usize) -> v1::Assignment + Send + Sync;
+
+/// Shared state of the service.
+pub struct ServiceState {
+    pub expected_workers: usize,
+    pub token: Option<String>,
+    pub assignment_for: Box<AssignmentFor>,
+    pub events: mpsc::Sender<WorkerEvent>,
+    joined: Mutex<Vec<String>>,
+    slices: Mutex<HashMap<String, mpsc::Receiver<Result<v1::ExchangeChunk, Status>>>>,
+}
+
+impl ServiceState {
+    pub fn new(
+        expected_workers: usize,
+        token: Option<String>,
+        assignment_for: Box<AssignmentFor>,
+        events: mpsc::Sender<WorkerEvent>,
+    ) -> Self {
+        ServiceState {
+            expected_workers,
+            token,
+            assignment_for,
+            events,
+            joined: Mutex::new(Vec::new()),
+            slices: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+/// The tonic service.
+#[derive(Clone)]
+pub struct CoordinatorService {
+    pub state: Arc<ServiceState>,
+}
+
+fn message(msg: v1::coordinator_message::Msg) -> Result<v1::CoordinatorMessage, Status> {
+    Ok(v1::CoordinatorMessage { msg: Some(msg) })
+}
+
+type JoinStream = Pin<Box<dyn Stream<Item = Result<v1::CoordinatorMessage, Status>> + Send>>;
+type SliceStream = Pin<Box<dyn Stream<Item = Result<v1::ExchangeChunk, Status>> + Send>>;
+
+fn token_matches(expected: &Option<String>, given: &str) -> bool {
+    match expected {
+        None => true,
+        Some(token) => {
+            // Constant-time comparison: do not leak the token's prefix through timing.
+            let a = token.as_bytes();
+            let b = given.as_bytes();
+            a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Coordinator for CoordinatorService {
+    type JoinStream = JoinStream;
+    type ExchangesStream = SliceStream;
+
+    async fn join(
+        &self,
+        request: Request<Streaming<v1::WorkerMessage>>,
+    ) -> Result<Response<Self::JoinStream>, Status> {
+        let mut inbound = request.into_inner();
+        let hello = match tokio::time::timeout(Duration::from_secs(10), inbound.message()).await {
+            Ok(Ok(Some(v1::WorkerMessage {
+                msg: Some(v1::worker_message::Msg::Hello(hello)),
+            }))) => hello,
+            _ => return Err(Status::invalid_argument("expected Hello as the first message")),
+        };
+        let (control_tx, control_rx) = mpsc::channel(64);
+        let refuse = |reason: String| -> Result<Response<Self::JoinStream>, Status> {
+            tracing::warn!(worker = hello.worker_id, reason, "refused a worker");
+            let (tx, rx) = mpsc::channel(1);
+            let _ = tx.try_send(message(v1::coordinator_message::Msg::Refused(v1::Refused {
+                reason,
+            })));
+            Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        };
+        if hello.protocol_version != proto::PROTOCOL_VERSION {
+            return refuse(format!(
+                "protocol version {} is not supported (this coordinator speaks {})",
+                hello.protocol_version,
+                proto::PROTOCOL_VERSION
+            ));
+        }
+        if !token_matches(&self.state.token, &hello.token) {
+            return refuse("wrong or missing token (--token / LLM_REPLAY_TOKEN)".to_owned());
+        }
+        let index = {
+            let mut joined = self.state.joined.lock().expect("join lock is never poisoned");
+            if joined.len() >= self.state.expected_workers {
+                drop(joined);
+                return refuse(format!(
+                    "this run already has its {} workers and is running; a worker cannot join a running run",
+                    self.state.expected_workers
+                ));
+            }
+            if joined.contains(&hello.worker_id) {
+                drop(joined);
+                return refuse(format!("worker id {:?} already joined", hello.worker_id));
+            }
+            joined.push(hello.worker_id.clone());
+            joined.len() - 1
+        };
+        let (slice_tx, slice_rx) = mpsc::channel(8);
+        self.state
+            .slices
+            .lock()
+            .expect("slice lock is never poisoned")
+            .insert(hello.worker_id.clone(), slice_rx);
+        let assignment = (self.state.assignment_for)(index);
+        let _ = control_tx
+            .send(message(v1::coordinator_message::Msg::Assignment(assignment)))
+            .await;
+        let events = self.state.events.clone();
+        let _ = events
+            .send(WorkerEvent::Joined {
+                index,
+                id: hello.worker_id.clone(),
+                host: hello.host.clone(),
+                control: control_tx,
+                slice: slice_tx,
+            })
+            .await;
+        tokio::spawn(async move {
+            loop {
+                let event = match inbound.message().await {
+                    Ok(Some(v1::WorkerMessage { msg: Some(msg) })) => match msg {
+                        v1::worker_message::Msg::Report(report) => {
+                            WorkerEvent::Report { index, report }
+                        }
+                        v1::worker_message::Msg::Heartbeat(_) => WorkerEvent::Heartbeat { index },
+                        v1::worker_message::Msg::Failed(failed) => WorkerEvent::Failed {
+                            index,
+                            reason: failed.reason,
+                        },
+                        v1::worker_message::Msg::Hello(_) => continue,
+                    },
+                    Ok(Some(_)) => continue,
+                    Ok(None) => WorkerEvent::Gone {
+                        index,
+                        reason: "its stream ended".to_owned(),
+                    },
+                    Err(status) => WorkerEvent::Gone {
+                        index,
+                        reason: format!("its stream broke: {}", status.message()),
+                    },
+                };
+                let gone = matches!(event, WorkerEvent::Gone { .. });
+                if events.send(event).await.is_err() || gone {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(control_rx))))
+    }
+
+    async fn exchanges(
+        &self,
+        request: Request<v1::SliceRequest>,
+    ) -> Result<Response<Self::ExchangesStream>, Status> {
+        let request = request.into_inner();
+        if !token_matches(&self.state.token, &request.token) {
+            return Err(Status::unauthenticated("wrong or missing token"));
+        }
+        let slice = self
+            .state
+            .slices
+            .lock()
+            .expect("slice lock is never poisoned")
+            .remove(&request.worker_id)
+            .ok_or_else(|| Status::not_found("no slice for this worker (join first)"))?;
+        Ok(Response::new(Box::pin(ReceiverStream::new(slice))))
+    }
+}

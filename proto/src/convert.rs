@@ -1,0 +1,96 @@
+//! Conversions between protocol messages and `common`'s domain types, at the boundary.
+
+use common::metrics::{Counters, MetricsDecodeError, RunMetrics, Window};
+
+use crate::v1;
+
+/// Worker-side totals that are not per-request metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SliceTotals {
+    pub issued: u64,
+    pub not_started: u64,
+    pub lost: u64,
+}
+
+/// Build a report message from a metrics snapshot.
+pub fn report_from_metrics(
+    seq: u64,
+    is_final: bool,
+    metrics: &RunMetrics,
+    totals: SliceTotals,
+    status_codes: &std::collections::BTreeMap<u16, u64>,
+    cpu_seconds: f64,
+) -> v1::Report {
+    let c = &metrics.counters;
+    v1::Report {
+        seq,
+        r#final: is_final,
+        histograms: metrics.encode_histograms(),
+        counters: Some(v1::Counters {
+            succeeded: c.succeeded,
+            ended_early: c.ended_early,
+            failed_status: c.failed_status,
+            failed_error_frame: c.failed_error_frame,
+            failed_transport: c.failed_transport,
+            failed_timeout: c.failed_timeout,
+            failed_empty: c.failed_empty,
+            usage_reported: c.usage_reported,
+            estimated: c.estimated,
+            output_tokens: c.output_tokens,
+            warmup: c.warmup,
+            not_started: totals.not_started,
+            lost: totals.lost,
+            issued: totals.issued,
+        }),
+        window_start_unix_us: metrics.window.map(|w| w.start_unix_us).unwrap_or(0),
+        window_end_unix_us: metrics.window.map(|w| w.end_unix_us).unwrap_or(0),
+        status_codes: status_codes
+            .iter()
+            .map(|(code, n)| (u32::from(*code), *n))
+            .collect(),
+        cpu_seconds,
+    }
+}
+
+/// Decode a report message into metrics, slice totals and status codes.
+pub fn metrics_from_report(
+    report: &v1::Report,
+) -> Result<
+    (
+        RunMetrics,
+        SliceTotals,
+        std::collections::BTreeMap<u16, u64>,
+    ),
+    MetricsDecodeError,
+> {
+    let c = report.counters.clone().unwrap_or_default();
+    let counters = Counters {
+        succeeded: c.succeeded,
+        ended_early: c.ended_early,
+        failed_status: c.failed_status,
+        failed_error_frame: c.failed_error_frame,
+        failed_transport: c.failed_transport,
+        failed_timeout: c.failed_timeout,
+        failed_empty: c.failed_empty,
+        usage_reported: c.usage_reported,
+        estimated: c.estimated,
+        output_tokens: c.output_tokens,
+        warmup: c.warmup,
+    };
+    let window = (report.window_end_unix_us > 0).then_some(Window {
+        start_unix_us: report.window_start_unix_us,
+        end_unix_us: report.window_end_unix_us,
+    });
+    let metrics = RunMetrics::decode(&report.histograms, counters, window)?;
+    let totals = SliceTotals {
+        issued: c.issued,
+        not_started: c.not_started,
+        lost: c.lost,
+    };
+    let codes = report
+        .status_codes
+        .iter()
+        .filter_map(|(code, n)| u16::try_from(*code).ok().map(|code| (code, *n)))
+        .collect();
+    Ok((metrics, totals, codes))
+}

@@ -1,0 +1,96 @@
+//! The worker command line, shared by `llm-replay-worker` and `llm-replay worker`.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use crate::link::{LinkError, LinkOptions, run_once};
+
+/// `llm-replay-worker` options.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WorkerArgs {
+    /// Coordinator address, HOST:PORT.
+    #[arg(long)]
+    pub coordinator: String,
+    /// This worker's id (default: HOST-PID).
+    #[arg(long)]
+    pub worker_id: Option<String>,
+    /// Shared secret the coordinator checks on join.
+    #[arg(long, env = "LLM_REPLAY_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Exit after one run (for Jobs); otherwise wait for the next run.
+    #[arg(long)]
+    pub once: bool,
+    /// Coordinator silence after which the worker stops and exits non-zero (seconds).
+    #[arg(long, default_value_t = 5.0)]
+    pub heartbeat_timeout: f64,
+    /// How long to keep trying to reach the coordinator (seconds).
+    #[arg(long, default_value_t = 60.0)]
+    pub connect_patience: f64,
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
+/// Run the worker: builds its two runtimes (one for the load, one for the coordinator link)
+/// and returns the process exit code.
+pub fn run(args: WorkerArgs) -> ExitCode {
+    let host = host_name();
+    let options = LinkOptions {
+        coordinator: args.coordinator.clone(),
+        worker_id: args
+            .worker_id
+            .clone()
+            .unwrap_or_else(|| format!("{host}-{}", std::process::id())),
+        host,
+        token: args.token.clone(),
+        connect_patience: Duration::from_secs_f64(args.connect_patience.max(0.1)),
+        heartbeat_timeout: Duration::from_secs_f64(args.heartbeat_timeout.max(0.1)),
+        report_interval: Duration::from_millis(1000),
+    };
+    let load = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("llm-replay-load")
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(error) => {
+            eprintln!("llm-replay-worker: cannot start the load runtime: {error}");
+            return ExitCode::from(3);
+        }
+    };
+    let link = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(error) => {
+            eprintln!("llm-replay-worker: cannot start the link runtime: {error}");
+            return ExitCode::from(3);
+        }
+    };
+    loop {
+        let mut on_joined = |run_id: &str| {
+            println!(
+                "llm-replay-worker ready: worker {} joined run {run_id} at {}",
+                options.worker_id, options.coordinator
+            );
+        };
+        let result = link.block_on(run_once(&options, load.handle().clone(), &mut on_joined));
+        match result {
+            Ok(()) if args.once => return ExitCode::SUCCESS,
+            Ok(()) => continue,
+            Err(error @ LinkError::Connect { .. }) if !args.once => {
+                eprintln!("llm-replay-worker: {error}; retrying");
+            }
+            Err(error) => {
+                eprintln!("llm-replay-worker: {error}");
+                return ExitCode::from(3);
+            }
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! Typed replay configuration, as the engine uses it (converted from the protocol at the link).
+
+use std::time::Duration;
+
+/// When requests are sent.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Schedule {
+    /// At the recorded arrival offsets, scaled by `speed` (2 = twice as fast).
+    Recorded { speed: f64 },
+    /// As soon as the load model allows (closed loop or open-loop rate).
+    Asap,
+}
+
+/// Inter-arrival distribution for open-loop rate mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arrival {
+    Constant,
+    Poisson,
+}
+
+/// The load model of one worker.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadModel {
+    pub schedule: Schedule,
+    /// Closed-loop concurrency, or a cap on in-flight requests in scheduled/rate modes.
+    pub concurrency: Option<usize>,
+    /// Open-loop requests per second.
+    pub rate: Option<f64>,
+    pub arrival: Arrival,
+    /// Stop issuing new requests after this long.
+    pub duration: Option<Duration>,
+    /// Leading requests measured as warm-up and left out of every number.
+    pub warmup: u64,
+    /// Seed for Poisson arrivals.
+    pub seed: u64,
+}
+
+/// Everything the engine needs to replay a slice.
+#[derive(Debug, Clone)]
+pub struct ReplayConfig {
+    /// Base URL of the target, e.g. `http://127.0.0.1:8080`; recorded paths are appended.
+    pub target: String,
+    pub load: LoadModel,
+    /// Extra headers, already expanded from the worker's environment.
+    pub headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    /// Top-level JSON body fields to override.
+    pub sets: Vec<(String, serde_json::Value)>,
+    /// Per-request time limit.
+    pub timeout: Duration,
+    /// Send `x-llm-replay-exchange: <index>` so the embedded mock matches exactly.
+    pub tag_requests: bool,
+}
+
+/// Header naming the recording index of a replayed exchange (embedded mock only).
+pub const EXCHANGE_HEADER: &str = "x-llm-replay-exchange";
+
+/// One exchange to replay.
+#[derive(Debug, Clone)]
+pub struct WorkItem {
+    /// The exchange's index in the recording (for tagging and accounting).
+    pub index: u64,
+    pub exchange: common::recording::Exchange,
+}

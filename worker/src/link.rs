@@ -1,0 +1,411 @@
+//! The worker's gRPC link to the coordinator: join, receive the assignment and the slice,
+//! start at the coordinator's instant, stream reports, obey aborts, and stop loading the
+//! target at once when the coordinator goes away.
+//!
+//! The link runs on its own runtime (see `cli`), apart from the load: heartbeats and aborts
+//! are never starved by thousands of open streams.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use proto::convert::{SliceTotals, report_from_metrics};
+use proto::v1;
+use proto::v1::coordinator_client::CoordinatorClient;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::config::{Arrival, LoadModel, ReplayConfig, Schedule, WorkItem};
+use crate::engine::{self, StartAt};
+use crate::metrics_actor::MetricsHandle;
+use crate::request::expand_headers;
+
+/// How the link behaves.
+#[derive(Debug, Clone)]
+pub struct LinkOptions {
+    /// `host:port` of the coordinator (or a full `http://` URL).
+    pub coordinator: String,
+    pub worker_id: String,
+    pub host: String,
+    pub token: Option<String>,
+    /// Give up connecting after this long.
+    pub connect_patience: Duration,
+    /// The coordinator is lost after this long without any message from it.
+    pub heartbeat_timeout: Duration,
+    /// Interval between reports (and heartbeats).
+    pub report_interval: Duration,
+}
+
+/// Why a run ended badly for this worker.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    #[error("could not reach the coordinator at {addr} within {patience:?}: {source}")]
+    Connect {
+        addr: String,
+        patience: Duration,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("invalid coordinator address {0:?}")]
+    Address(String),
+    #[error("the coordinator refused this worker: {0}")]
+    Refused(String),
+    #[error("the coordinator went away ({0}); stopped issuing requests")]
+    CoordinatorLost(String),
+    #[error("the coordinator aborted the run: {0}")]
+    Aborted(String),
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    #[error(transparent)]
+    Header(#[from] crate::request::HeaderTemplateError),
+    #[error("could not build the HTTP client: {0}")]
+    Client(#[source] reqwest::Error),
+}
+
+fn unix_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+fn endpoint_url(addr: &str) -> String {
+    if addr.starts_with("http://") || addr.starts_with("https://") {
+        addr.to_owned()
+    } else {
+        format!("http://{addr}")
+    }
+}
+
+async fn connect(options: &LinkOptions) -> Result<CoordinatorClient<tonic::transport::Channel>, LinkError> {
+    let url = endpoint_url(&options.coordinator);
+    let endpoint = tonic::transport::Endpoint::from_shared(url.clone())
+        .map_err(|_| LinkError::Address(options.coordinator.clone()))?
+        .tcp_nodelay(true)
+        .connect_timeout(Duration::from_secs(2));
+    let give_up = Instant::now() + options.connect_patience;
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match endpoint.connect().await {
+            Ok(channel) => {
+                return Ok(CoordinatorClient::new(channel)
+                    .max_decoding_message_size(64 * 1024 * 1024));
+            }
+            Err(source) if Instant::now() + backoff >= give_up => {
+                return Err(LinkError::Connect {
+                    addr: options.coordinator.clone(),
+                    patience: options.connect_patience,
+                    source,
+                });
+            }
+            Err(error) => {
+                tracing::debug!(%error, "coordinator not reachable yet; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+/// Convert the protocol's assignment into the engine's typed config.
+fn replay_config(
+    assignment: &v1::Assignment,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<ReplayConfig, LinkError> {
+    let load = assignment
+        .load
+        .clone()
+        .ok_or_else(|| LinkError::Protocol("assignment without a load model".into()))?;
+    let templates: Vec<(String, String)> = assignment
+        .headers
+        .iter()
+        .map(|h| (h.name.clone(), h.value.clone()))
+        .collect();
+    let headers = expand_headers(&templates, lookup)?;
+    let sets = assignment
+        .sets
+        .iter()
+        .map(|s| {
+            let value = serde_json::from_str(&s.value)
+                .unwrap_or_else(|_| serde_json::Value::String(s.value.clone()));
+            (s.field.clone(), value)
+        })
+        .collect();
+    Ok(ReplayConfig {
+        target: assignment.target.clone(),
+        load: LoadModel {
+            schedule: match load.schedule.as_str() {
+                "recorded" => Schedule::Recorded {
+                    speed: if load.speed > 0.0 { load.speed } else { 1.0 },
+                },
+                _ => Schedule::Asap,
+            },
+            concurrency: (load.concurrency > 0).then_some(load.concurrency as usize),
+            rate: (load.rate > 0.0).then_some(load.rate),
+            arrival: if load.arrival == "poisson" {
+                Arrival::Poisson
+            } else {
+                Arrival::Constant
+            },
+            duration: (load.duration_s > 0.0).then(|| Duration::from_secs_f64(load.duration_s)),
+            warmup: load.warmup,
+            seed: load.seed,
+        },
+        headers,
+        sets,
+        timeout: Duration::from_secs_f64(if assignment.timeout_s > 0.0 {
+            assignment.timeout_s
+        } else {
+            600.0
+        }),
+        tag_requests: assignment.tag_requests,
+    })
+}
+
+fn cpu_seconds() -> f64 {
+    // utime + stime of this process, in clock ticks (USER_HZ is 100 on Linux).
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|stat| {
+            let after = stat.rsplit_once(')')?.1;
+            let fields: Vec<&str> = after.split_whitespace().collect();
+            let utime: f64 = fields.get(11)?.parse().ok()?;
+            let stime: f64 = fields.get(12)?.parse().ok()?;
+            Some((utime + stime) / 100.0)
+        })
+        .unwrap_or(0.0)
+}
+
+/// Join the coordinator and take part in one run. `load` is the runtime that carries the
+/// load (the link itself runs on the caller's runtime). `on_joined` is called once the
+/// coordinator accepted the worker.
+pub async fn run_once(
+    options: &LinkOptions,
+    load: tokio::runtime::Handle,
+    on_joined: &mut dyn FnMut(&str),
+) -> Result<(), LinkError> {
+    let mut client = connect(options).await?;
+    let (out_tx, out_rx) = mpsc::channel::<v1::WorkerMessage>(64);
+    let send = |msg: v1::worker_message::Msg| v1::WorkerMessage { msg: Some(msg) };
+    out_tx
+        .send(send(v1::worker_message::Msg::Hello(v1::Hello {
+            protocol_version: proto::PROTOCOL_VERSION,
+            worker_id: options.worker_id.clone(),
+            host: options.host.clone(),
+            capacity: 0,
+            token: options.token.clone().unwrap_or_default(),
+        })))
+        .await
+        .map_err(|_| LinkError::Protocol("outbound stream closed".into()))?;
+    let mut inbound = client
+        .join(ReceiverStream::new(out_rx))
+        .await
+        .map_err(|status| LinkError::Refused(status.message().to_owned()))?
+        .into_inner();
+
+    let assignment = loop {
+        match inbound.message().await {
+            Ok(Some(v1::CoordinatorMessage {
+                msg: Some(v1::coordinator_message::Msg::Assignment(a)),
+            })) => break a,
+            Ok(Some(v1::CoordinatorMessage {
+                msg: Some(v1::coordinator_message::Msg::Refused(r)),
+            })) => return Err(LinkError::Refused(r.reason)),
+            Ok(Some(v1::CoordinatorMessage {
+                msg: Some(v1::coordinator_message::Msg::Heartbeat(_)),
+            })) => continue,
+            Ok(Some(other)) => {
+                return Err(LinkError::Protocol(format!(
+                    "expected an assignment, got {other:?}"
+                )));
+            }
+            Ok(None) => return Err(LinkError::CoordinatorLost("stream ended".into())),
+            Err(status) => return Err(LinkError::Refused(status.message().to_owned())),
+        }
+    };
+    let config = match replay_config(&assignment, &|var| std::env::var(var).ok()) {
+        Ok(config) => Arc::new(config),
+        Err(error) => {
+            let _ = out_tx
+                .send(send(v1::worker_message::Msg::Failed(v1::WorkerFailed {
+                    reason: error.to_string(),
+                })))
+                .await;
+            return Err(error);
+        }
+    };
+    on_joined(&assignment.run_id);
+
+    // The slice arrives on its own stream; the forwarder blocks on the bounded items channel
+    // when the engine is behind, which back-pressures the coordinator through HTTP/2.
+    let mut slice = client
+        .exchanges(v1::SliceRequest {
+            run_id: assignment.run_id.clone(),
+            worker_id: options.worker_id.clone(),
+            token: options.token.clone().unwrap_or_default(),
+        })
+        .await
+        .map_err(|status| LinkError::Protocol(format!("slice stream: {}", status.message())))?
+        .into_inner();
+    let (items_tx, items_rx) = mpsc::channel::<WorkItem>(2048);
+    let (slice_error_tx, mut slice_error_rx) = mpsc::channel::<String>(1);
+    load.spawn(async move {
+        loop {
+            match slice.message().await {
+                Ok(Some(chunk)) => {
+                    for exchange in chunk.exchanges {
+                        let item = match serde_json::from_slice(&exchange.json) {
+                            Ok(parsed) => WorkItem {
+                                index: exchange.index,
+                                exchange: parsed,
+                            },
+                            Err(error) => {
+                                let _ = slice_error_tx
+                                    .send(format!("exchange {}: {error}", exchange.index))
+                                    .await;
+                                return;
+                            }
+                        };
+                        if items_tx.send(item).await.is_err() {
+                            return;
+                        }
+                    }
+                    if chunk.last {
+                        return;
+                    }
+                }
+                Ok(None) => return,
+                Err(status) => {
+                    let _ = slice_error_tx.send(status.message().to_owned()).await;
+                    return;
+                }
+            }
+        }
+    });
+
+    let mut last_heard = Instant::now();
+    let start_unix_ns = loop {
+        tokio::select! {
+            message = inbound.message() => match message {
+                Ok(Some(v1::CoordinatorMessage { msg: Some(v1::coordinator_message::Msg::Start(start)) })) => break start.start_unix_ns,
+                Ok(Some(v1::CoordinatorMessage { msg: Some(v1::coordinator_message::Msg::Abort(abort)) })) => return Err(LinkError::Aborted(abort.reason)),
+                Ok(Some(_)) => last_heard = Instant::now(),
+                Ok(None) => return Err(LinkError::CoordinatorLost("stream ended before start".into())),
+                Err(status) => return Err(LinkError::CoordinatorLost(status.message().to_owned())),
+            },
+            _ = tokio::time::sleep_until((last_heard + options.heartbeat_timeout).into()) => {
+                return Err(LinkError::CoordinatorLost(format!("no message for {:?}", options.heartbeat_timeout)));
+            }
+        }
+    };
+    let now_ns = unix_ns();
+    let start = StartAt {
+        instant: Instant::now() + Duration::from_nanos(start_unix_ns.saturating_sub(now_ns)),
+    };
+
+    let client_http = engine::build_client().map_err(LinkError::Client)?;
+    let (abort_tx, abort_rx) = watch::channel(false);
+    let open_ended = assignment.exchange_count == 0;
+    let metrics = {
+        let _guard = load.enter();
+        MetricsHandle::spawn()
+    };
+    let engine_metrics = metrics.clone();
+    let mut engine_task = load.spawn(engine::replay(
+        config,
+        client_http,
+        items_rx,
+        start,
+        engine_metrics,
+        abort_rx,
+        open_ended,
+    ));
+
+    let mut seq = 0u64;
+    let mut ticker = tokio::time::interval(options.report_interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failure: Option<LinkError> = None;
+    let totals = loop {
+        tokio::select! {
+            finished = &mut engine_task => {
+                break finished.unwrap_or_default();
+            }
+            _ = ticker.tick() => {
+                let snapshot = metrics.snapshot().await;
+                seq += 1;
+                let report = report_from_metrics(seq, false, &snapshot.metrics, SliceTotals::default(), &snapshot.status_codes, cpu_seconds());
+                if out_tx.send(send(v1::worker_message::Msg::Report(report))).await.is_err() {
+                    failure.get_or_insert(LinkError::CoordinatorLost("report stream closed".into()));
+                    let _ = abort_tx.send(true);
+                }
+                let _ = out_tx.try_send(send(v1::worker_message::Msg::Heartbeat(v1::Heartbeat { unix_ns: unix_ns() })));
+            }
+            Some(reason) = slice_error_rx.recv() => {
+                failure.get_or_insert(LinkError::Protocol(format!("slice: {reason}")));
+                let _ = abort_tx.send(true);
+            }
+            message = inbound.message(), if failure.is_none() => match message {
+                Ok(Some(v1::CoordinatorMessage { msg: Some(v1::coordinator_message::Msg::Abort(abort)) })) => {
+                    tracing::warn!(reason = abort.reason, "run aborted by the coordinator");
+                    failure = Some(LinkError::Aborted(abort.reason));
+                    let _ = abort_tx.send(true);
+                }
+                Ok(Some(_)) => last_heard = Instant::now(),
+                Ok(None) => {
+                    failure = Some(LinkError::CoordinatorLost("stream ended".into()));
+                    let _ = abort_tx.send(true);
+                }
+                Err(status) => {
+                    failure = Some(LinkError::CoordinatorLost(status.message().to_owned()));
+                    let _ = abort_tx.send(true);
+                }
+            },
+            _ = tokio::time::sleep_until((last_heard + options.heartbeat_timeout).into()), if failure.is_none() => {
+                failure = Some(LinkError::CoordinatorLost(format!("no message for {:?}", options.heartbeat_timeout)));
+                let _ = abort_tx.send(true);
+            }
+        }
+    };
+
+    let snapshot = metrics.snapshot().await;
+    seq += 1;
+    let report = report_from_metrics(
+        seq,
+        true,
+        &snapshot.metrics,
+        SliceTotals {
+            issued: totals.issued,
+            not_started: totals.not_started,
+            lost: totals.lost,
+        },
+        &snapshot.status_codes,
+        cpu_seconds(),
+    );
+    if let Some(failure) = failure {
+        // Best effort: the coordinator may still be there (abort) and want the partial numbers.
+        let _ = tokio::time::timeout(
+            Duration::from_secs(1),
+            out_tx.send(send(v1::worker_message::Msg::Report(report))),
+        )
+        .await;
+        return Err(failure);
+    }
+    out_tx
+        .send(send(v1::worker_message::Msg::Report(report)))
+        .await
+        .map_err(|_| LinkError::CoordinatorLost("report stream closed".into()))?;
+    // Wait for the coordinator's Finish (or the end of the stream) so the report is delivered.
+    let wait = async {
+        loop {
+            match inbound.message().await {
+                Ok(Some(v1::CoordinatorMessage {
+                    msg: Some(v1::coordinator_message::Msg::Finish(_)),
+                }))
+                | Ok(None)
+                | Err(_) => return,
+                Ok(Some(_)) => {}
+            }
+        }
+    };
+    let _ = tokio::time::timeout(options.heartbeat_timeout, wait).await;
+    Ok(())
+}

@@ -1,0 +1,197 @@
+//! Builds the replayed HTTP request from a recorded one: the recorded method, path, body and
+//! non-credential headers, plus `--header` values and `--set` body overrides.
+
+use common::recording::{Exchange, is_credential_header};
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::config::{EXCHANGE_HEADER, ReplayConfig};
+
+/// Headers never copied from a recording: credentials, and those the HTTP client must set
+/// itself for the bytes it actually sends.
+fn is_dropped_header(name: &str) -> bool {
+    is_credential_header(name)
+        || [
+            "host",
+            "content-length",
+            "transfer-encoding",
+            "connection",
+            "keep-alive",
+            "accept-encoding",
+            "upgrade",
+            "te",
+            "trailer",
+            EXCHANGE_HEADER,
+        ]
+        .iter()
+        .any(|h| h.eq_ignore_ascii_case(name))
+}
+
+/// A problem expanding a `--header` template.
+#[derive(Debug, thiserror::Error)]
+pub enum HeaderTemplateError {
+    #[error("header {header:?}: ${{{var}}} is not set in this worker's environment")]
+    Unset { header: String, var: String },
+    #[error("header {header:?}: unterminated ${{ in {value:?}")]
+    Unterminated { header: String, value: String },
+    #[error("header {header:?}: not a valid header after expansion")]
+    Invalid { header: String },
+}
+
+/// Expand `${VAR}` in `value` with `lookup` (the worker's own environment in production).
+pub fn expand_template(
+    header: &str,
+    value: &str,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<String, HeaderTemplateError> {
+    let mut out = String::with_capacity(value.len());
+    let mut rest = value;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let Some(end) = after.find('}') else {
+            return Err(HeaderTemplateError::Unterminated {
+                header: header.to_owned(),
+                value: value.to_owned(),
+            });
+        };
+        let var = &after[..end];
+        let expanded = lookup(var).ok_or_else(|| HeaderTemplateError::Unset {
+            header: header.to_owned(),
+            var: var.to_owned(),
+        })?;
+        out.push_str(&expanded);
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// Parse `Name: value` header templates and expand them from `lookup`.
+pub fn expand_headers(
+    templates: &[(String, String)],
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<Vec<(HeaderName, HeaderValue)>, HeaderTemplateError> {
+    templates
+        .iter()
+        .map(|(name, value)| {
+            let expanded = expand_template(name, value, lookup)?;
+            let invalid = || HeaderTemplateError::Invalid {
+                header: name.clone(),
+            };
+            Ok((
+                HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| invalid())?,
+                HeaderValue::from_str(expanded.trim()).map_err(|_| invalid())?,
+            ))
+        })
+        .collect()
+}
+
+/// The body to send: the recorded body with `sets` applied to its top-level JSON object.
+/// A body that is not a JSON object is sent unchanged.
+pub fn replay_body(exchange: &Exchange, sets: &[(String, serde_json::Value)]) -> Vec<u8> {
+    let body = exchange.request.body_bytes();
+    if sets.is_empty() {
+        return body.into_owned();
+    }
+    match serde_json::from_slice::<serde_json::Value>(&body) {
+        Ok(serde_json::Value::Object(mut map)) => {
+            for (field, value) in sets {
+                map.insert(field.clone(), value.clone());
+            }
+            serde_json::to_vec(&map).unwrap_or_else(|_| body.into_owned())
+        }
+        _ => body.into_owned(),
+    }
+}
+
+/// The headers to send for `exchange`.
+pub fn replay_headers(exchange: &Exchange, config: &ReplayConfig, index: u64) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    for (name, value) in &exchange.request.headers {
+        if is_dropped_header(name) {
+            continue;
+        }
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(value),
+        ) {
+            headers.insert(name, value);
+        }
+    }
+    // Compression batches frames and ruins inter-token timing.
+    headers.insert(
+        http::header::ACCEPT_ENCODING,
+        HeaderValue::from_static("identity"),
+    );
+    for (name, value) in &config.headers {
+        headers.insert(name.clone(), value.clone());
+    }
+    if config.tag_requests {
+        headers.insert(
+            HeaderName::from_static(EXCHANGE_HEADER),
+            HeaderValue::from(index),
+        );
+    }
+    headers
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expands_from_lookup_and_names_unset_vars() {
+        let lookup = |v: &str| (v == "KEY").then(|| "sk-1".to_owned());
+        assert_eq!(
+            expand_template("Authorization", "Bearer ${KEY}", &lookup).expect("set"),
+            "Bearer sk-1"
+        );
+        let err = expand_template("Authorization", "Bearer ${NOPE}", &lookup).expect_err("unset");
+        assert!(err.to_string().contains("${NOPE} is not set"), "{err}");
+    }
+
+    #[test]
+    fn set_overrides_top_level_fields() {
+        let exchange: Exchange = serde_json::from_str(
+            r#"{"request":{"path":"/v1/chat/completions","body":"{\"model\":\"a\",\"stream\":true}"}}"#,
+        )
+        .expect("valid");
+        let body = replay_body(
+            &exchange,
+            &[("model".to_owned(), serde_json::json!("b"))],
+        );
+        let value: serde_json::Value = serde_json::from_slice(&body).expect("json");
+        assert_eq!(value["model"], "b");
+        assert_eq!(value["stream"], true);
+    }
+
+    #[test]
+    fn credentials_and_hop_headers_are_not_replayed() {
+        let exchange: Exchange = serde_json::from_str(
+            r#"{"request":{"path":"/v1/messages","headers":{"x-api-key":"k","Content-Length":"9","anthropic-version":"2023-06-01"}}}"#,
+        )
+        .expect("valid");
+        let config = ReplayConfig {
+            target: "http://127.0.0.1:1".into(),
+            load: crate::config::LoadModel {
+                schedule: crate::config::Schedule::Asap,
+                concurrency: Some(1),
+                rate: None,
+                arrival: crate::config::Arrival::Constant,
+                duration: None,
+                warmup: 0,
+                seed: 0,
+            },
+            headers: vec![],
+            sets: vec![],
+            timeout: std::time::Duration::from_secs(1),
+            tag_requests: true,
+        };
+        let headers = replay_headers(&exchange, &config, 7);
+        assert!(headers.get("x-api-key").is_none());
+        assert!(headers.get("content-length").is_none());
+        assert_eq!(headers["anthropic-version"], "2023-06-01");
+        assert_eq!(headers["accept-encoding"], "identity");
+        assert_eq!(headers[EXCHANGE_HEADER], "7");
+    }
+}
