@@ -49,7 +49,20 @@ pub fn report_from_metrics(
             .map(|(code, n)| (u32::from(*code), *n))
             .collect(),
         cpu_seconds,
+        peak_rss_bytes: peak_rss_bytes(),
     }
+}
+
+/// Peak resident set size of this process (Linux `VmHWM`), 0 where unknown.
+pub fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+            let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kb * 1024)
+        })
+        .unwrap_or(0)
 }
 
 /// Decode a report message into metrics, slice totals and status codes.

@@ -1,1 +1,204 @@
-//! Shared fixtures for the integration tests.
+//! Shared fixtures for the integration tests: locate the built binaries, start a real mock
+//! server process on 127.0.0.1:0, run `llm-replay` as a real process and read its JSON report.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// The workspace root (the folder holding `Cargo.toml` of the workspace).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ lives in the workspace root")
+        .to_path_buf()
+}
+
+/// `../shared/data/...` (read-only real data beside the repository).
+pub fn shared_data(relative: &str) -> PathBuf {
+    workspace_root().join("../shared/data").join(relative)
+}
+
+/// The profile the test binary was built with; the binaries under test use the same one.
+fn profile() -> &'static str {
+    if cfg!(debug_assertions) { "debug" } else { "release" }
+}
+
+/// Path of a workspace binary (`llm-replay`, `llm-replay-worker`), building it once if needed.
+pub fn bin(name: &str) -> PathBuf {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    if let Ok(path) = std::env::var("LLM_REPLAY_BIN")
+        && name == "llm-replay"
+    {
+        return PathBuf::from(path);
+    }
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| workspace_root().join("target"));
+    BUILT.get_or_init(|| {
+        // Make sure the binaries match the sources under test (cheap when up to date).
+        let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        cargo
+            .current_dir(workspace_root())
+            .args(["build", "--bins", "-p", "llm-replay-coordinator", "-p", "llm-replay-worker"]);
+        if profile() == "release" {
+            cargo.arg("--release");
+        }
+        let status = cargo.status().expect("cargo runs");
+        assert!(status.success(), "building the binaries failed");
+    });
+    target.join(profile()).join(name)
+}
+
+/// A temporary directory removed on drop.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!(
+            "llm-replay-test-{tag}-{}-{n}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        TempDir(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A `llm-replay mock` process, killed on drop.
+pub struct MockServer {
+    child: Child,
+    pub url: String,
+}
+
+impl MockServer {
+    /// Start `llm-replay mock --listen 127.0.0.1:0 ARGS...` and wait for its readiness line.
+    pub fn start(args: &[&str]) -> MockServer {
+        let mut child = Command::new(bin("llm-replay"))
+            .args(["mock", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("the mock starts");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("the mock prints a readiness line");
+        let url = line
+            .split_whitespace()
+            .find(|w| w.starts_with("http://"))
+            .unwrap_or_else(|| panic!("no URL in the mock's readiness line {line:?}"))
+            .to_owned();
+        MockServer { child, url }
+    }
+}
+
+impl Drop for MockServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The result of one `llm-replay` invocation.
+pub struct RunOutput {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+    pub report: Option<serde_json::Value>,
+}
+
+/// Run `llm-replay ARGS...`; when `report_json` is given, `--report-json` is added and read.
+pub fn llm_replay(args: &[&str], report_json: Option<&Path>) -> RunOutput {
+    let mut command = Command::new(bin("llm-replay"));
+    command.args(args);
+    if let Some(path) = report_json {
+        command.arg("--report-json").arg(path);
+    }
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = command.stdin(Stdio::null()).output().expect("llm-replay runs");
+    let report = report_json
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .and_then(|text| serde_json::from_str(&text).ok());
+    RunOutput {
+        code: status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&stderr).into_owned(),
+        report,
+    }
+}
+
+/// Read `report[path...]` as f64 (panics with the report when absent).
+pub fn num(report: &serde_json::Value, path: &[&str]) -> f64 {
+    let mut value = report;
+    for key in path {
+        value = &value[*key];
+    }
+    value
+        .as_f64()
+        .unwrap_or_else(|| panic!("report has no number at {path:?}: {report:#}"))
+}
+
+/// Write a recording of `n` OpenAI chat requests (streaming, asking for usage) with
+/// `max_tokens` each, optionally with arrival times `gap_ms` apart.
+pub fn write_chat_recording(path: &Path, n: usize, max_tokens: u32, gap_ms: Option<f64>) {
+    use std::io::Write;
+    let mut out = std::io::BufWriter::new(std::fs::File::create(path).expect("create recording"));
+    for i in 0..n {
+        let body = serde_json::json!({
+            "model": "mock-model",
+            "stream": true,
+            "stream_options": {"include_usage": true},
+            "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": format!("Question number {i}: how do tides work?")}],
+        });
+        let mut line = serde_json::json!({
+            "id": format!("ex-{i}"),
+            "request": {
+                "method": "POST",
+                "path": "/v1/chat/completions",
+                "headers": {"content-type": "application/json"},
+                "body": body.to_string(),
+            },
+        });
+        if let Some(gap) = gap_ms {
+            line["at_ms"] = serde_json::json!(i as f64 * gap);
+        }
+        writeln!(out, "{line}").expect("write recording");
+    }
+    out.flush().expect("flush recording");
+}
+
+/// Wait up to `patience` for `check` to hold, polling every 20 ms.
+pub fn eventually(patience: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + patience;
+    while std::time::Instant::now() < deadline {
+        if check() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    check()
+}

@@ -1,1 +1,9 @@
-//! Integration tests: one binary.
+//! Integration tests: real `llm-replay` processes (coordinator, workers, mock) talking over
+//! real sockets on loopback. One binary, shared fixtures in `fixtures`.
+
+mod example;
+mod faults;
+mod goals;
+mod memory;
+mod timing;
+mod usage;
