@@ -1,1 +1,4 @@
 //! Coordinator library.
+
+pub mod goals;
+pub mod report;
