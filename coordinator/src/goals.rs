@@ -489,3 +489,302 @@ fn edit_distance(a: &str, b: &str) -> usize {
     }
     previous[b.len()]
 }
+
+#[cfg(test)]
+mod tests {
+    use common::measure::{FailureKind, OutcomeKind, RequestOutcome};
+    use common::metrics::RunMetrics;
+
+    use super::*;
+    use crate::report::{Baseline, ReportInput, RequestTotals, RunInfo};
+
+    fn goal(expr: &str) -> Goal {
+        parse_goal(expr).unwrap_or_else(|e| panic!("{expr}: {e}"))
+    }
+
+    #[test]
+    fn spacing_is_optional() {
+        for expr in [
+            "llm.ttft-p95>800",
+            "llm.ttft-p95 > 800",
+            "  llm.ttft-p95   >800  ",
+            "llm.ttft-p95>  800",
+        ] {
+            let g = goal(expr);
+            assert_eq!(g.metric.name(), "llm.ttft-p95");
+            assert_eq!(g.op, Op::Gt);
+            assert_eq!(g.threshold, 800.0);
+            assert_eq!(g.expr, expr.trim());
+        }
+    }
+
+    #[test]
+    fn every_operator_parses() {
+        for (text, op) in [
+            (">", Op::Gt),
+            (">=", Op::Ge),
+            ("<", Op::Lt),
+            ("<=", Op::Le),
+            ("==", Op::Eq),
+            ("!=", Op::Ne),
+        ] {
+            for expr in [format!("llm.errors{text}3"), format!("llm.errors {text} 3")] {
+                let g = goal(&expr);
+                assert_eq!(g.op, op, "{expr}");
+                assert_eq!(g.op.symbol(), text);
+                assert_eq!(g.threshold, 3.0);
+            }
+        }
+    }
+
+    #[test]
+    fn numbers_may_be_negative_or_fractional() {
+        assert_eq!(goal("llm.ttft-p95.change < -12.5").threshold, -12.5);
+        assert_eq!(goal("llm.itl-avg>=-0.25").threshold, -0.25);
+        assert_eq!(goal("llm.error-rate > 1e-1").threshold, 0.1);
+    }
+
+    #[test]
+    fn operators_hold_as_written() {
+        assert!(Op::Gt.holds(2.0, 1.0) && !Op::Gt.holds(1.0, 1.0));
+        assert!(Op::Ge.holds(1.0, 1.0) && !Op::Ge.holds(0.5, 1.0));
+        assert!(Op::Lt.holds(0.5, 1.0) && !Op::Lt.holds(1.0, 1.0));
+        assert!(Op::Le.holds(1.0, 1.0) && !Op::Le.holds(1.5, 1.0));
+        assert!(Op::Eq.holds(1.0, 1.0) && !Op::Eq.holds(1.5, 1.0));
+        assert!(Op::Ne.holds(1.5, 1.0) && !Op::Ne.holds(1.0, 1.0));
+    }
+
+    #[test]
+    fn every_contract_name_is_valid() {
+        let names = valid_metric_names();
+        assert_eq!(names.len(), 8 * 7 + 8);
+        for family in [
+            "ttft",
+            "ttst",
+            "itl",
+            "latency",
+            "tokens-per-second",
+            "isl",
+            "osl",
+            "schedule-lag",
+        ] {
+            for stat in ["avg", "min", "max", "p50", "p90", "p95", "p99"] {
+                let name = format!("llm.{family}-{stat}");
+                assert!(names.contains(&name), "{name}");
+                assert_eq!(goal(&format!("{name} > 1")).metric.name(), name);
+                let change = goal(&format!("{name}.change > 1")).metric;
+                assert!(change.change);
+                assert_eq!(change.name(), format!("{name}.change"));
+            }
+        }
+        for name in [
+            "llm.output-throughput",
+            "llm.request-throughput",
+            "llm.streams-ended-early",
+            "llm.errors",
+            "llm.error-rate",
+            "llm.estimated-share",
+            "requests.total",
+            "requests.failed",
+        ] {
+            assert!(names.contains(&name.to_string()), "{name}");
+            assert!(goal(&format!("{name}.change>0")).metric.change);
+        }
+    }
+
+    #[test]
+    fn unknown_metric_lists_every_valid_name() {
+        let error = parse_goal("llm.ttft-p42 > 3").expect_err("unknown");
+        assert!(
+            matches!(error, GoalError::UnknownMetric { ref metric, .. } if metric == "llm.ttft-p42")
+        );
+        let message = error.to_string();
+        for name in valid_metric_names() {
+            assert!(message.contains(&name), "{name} missing from:\n{message}");
+        }
+        assert!(message.contains(".change"));
+        assert!(
+            message.contains("did you mean `llm.ttft-p50`")
+                || message.contains("did you mean `llm.ttft-p95`")
+                || message.contains("did you mean `llm.ttft-p99`"),
+            "{message}"
+        );
+
+        let error = parse_goal("llm.tfft-p95.change > 3").expect_err("unknown");
+        assert!(
+            error
+                .to_string()
+                .contains("did you mean `llm.ttft-p95.change`"),
+            "{error}"
+        );
+        let error = parse_goal("cpu.load > 3").expect_err("unknown");
+        assert!(!error.to_string().contains("did you mean"), "{error}");
+    }
+
+    #[test]
+    fn malformed_expressions_show_the_expected_form() {
+        for expr in [
+            "llm.ttft-p95",
+            "llm.ttft-p95 >",
+            "> 800",
+            "llm.ttft-p95 = 800",
+            "llm.ttft-p95 => 800",
+            "llm.ttft-p95 > fast",
+            "llm.ttft-p95 > inf",
+            "llm.ttft-p95 > 800ms",
+            "",
+        ] {
+            let error = parse_goal(expr).expect_err(expr);
+            assert!(
+                matches!(error, GoalError::Malformed { .. }),
+                "{expr}: {error}"
+            );
+            assert!(
+                error.to_string().contains("expected `METRIC OP NUMBER`"),
+                "{expr}: {error}"
+            );
+        }
+    }
+
+    fn outcome(ttft_us: u64, sent_s: u64) -> RequestOutcome {
+        RequestOutcome {
+            kind: OutcomeKind::Succeeded,
+            ttft_us: Some(ttft_us),
+            ttst_us: Some(1_000),
+            latency_us: Some(ttft_us + 9_000),
+            content_frames: 10,
+            usage_output_tokens: Some(10),
+            input_tokens: Some(100),
+            schedule_lag_us: None,
+            sent_unix_us: Some(1_000_000_000 + sent_s * 1_000_000),
+        }
+    }
+
+    fn run() -> RunInfo {
+        RunInfo {
+            id: "r".into(),
+            started_at: "2026-11-30T10:00:00.000Z".into(),
+            duration_s: 1.0,
+            target: "t".into(),
+            load: serde_json::Value::Null,
+            workers: Vec::new(),
+        }
+    }
+
+    /// 3 successes with TTFT 1, 2 and 2.04 ms (below 2048 µs, so stored exactly by the
+    /// histograms) and one status failure; baseline TTFT 1 ms.
+    fn report(with_baseline: bool) -> Report {
+        let mut m = RunMetrics::new();
+        for (i, ttft) in [1_000, 2_000, 2_040].into_iter().enumerate() {
+            m.record(&outcome(ttft, i as u64));
+        }
+        m.record(&RequestOutcome::failed(FailureKind::Status));
+        let mut b = RunMetrics::new();
+        b.record(&outcome(1_000, 0));
+        Report::build(ReportInput {
+            run: run(),
+            metrics: &m,
+            requests: RequestTotals {
+                lost: 1,
+                ..RequestTotals::default()
+            },
+            baseline: with_baseline.then(|| Baseline {
+                source: "recorded".into(),
+                metrics: &b,
+            }),
+            sweep: Vec::new(),
+            warnings: Vec::new(),
+        })
+    }
+
+    fn result(expr: &str, report: &Report) -> GoalResult {
+        evaluate(&[goal(expr)], report).remove(0)
+    }
+
+    #[test]
+    fn a_goal_fails_when_its_condition_holds() {
+        let report = report(true);
+        let max = result("llm.ttft-max > 2", &report);
+        assert_eq!(max.value, Some(2.04));
+        assert!(max.failed);
+        assert_eq!(max.metric, "llm.ttft-max");
+        assert_eq!(max.threshold, 2.0);
+        let held = result("llm.ttft-min > 1.5", &report);
+        assert_eq!(held.value, Some(1.0));
+        assert!(!held.failed);
+        assert!(held.note.is_none());
+
+        assert_eq!(result("requests.total != 5", &report).value, Some(5.0));
+        assert!(!result("requests.total != 5", &report).failed);
+        assert!(result("requests.failed == 1", &report).failed);
+        assert_eq!(result("llm.errors > 0", &report).value, Some(1.0));
+        // 1 failed of 4 answered; the lost request was never answered.
+        assert_eq!(result("llm.error-rate > 20", &report).value, Some(25.0));
+        assert_eq!(result("llm.estimated-share > 0", &report).value, Some(0.0));
+        assert_eq!(
+            result("llm.streams-ended-early > 0", &report).value,
+            Some(0.0)
+        );
+        // 3 requests in the window 0 s .. 2 s + 11.04 ms.
+        let rps = result("llm.request-throughput < 10", &report);
+        assert!((rps.value.expect("rps") - 3.0 / 2.01104).abs() < 1e-9);
+        let tps = result("llm.output-throughput < 10", &report);
+        assert!((tps.value.expect("tps") - 30.0 / 2.01104).abs() < 1e-9);
+    }
+
+    #[test]
+    fn change_goals_compare_with_the_baseline() {
+        let report = report(true);
+        // p50 TTFT 2 ms against 1 ms: +100 %.
+        let change = result("llm.ttft-p50.change > 10", &report);
+        assert_eq!(change.value, Some(100.0));
+        assert!(change.failed);
+        assert_eq!(change.metric, "llm.ttft-p50.change");
+        let min = result("llm.ttft-min.change > 10", &report);
+        assert_eq!(min.value, Some(0.0));
+        assert!(!min.failed);
+        // Counter changes use the baseline's counters: 3 requests + 1 lost vs 1.
+        assert_eq!(
+            result("requests.total.change > 0", &report).value,
+            Some(400.0)
+        );
+        // The baseline had no errors: a change from 0 is undefined, so the goal fails.
+        let errors = result("llm.errors.change > 1000", &report);
+        assert_eq!(errors.value, None);
+        assert!(errors.failed);
+        assert!(errors.note.as_deref().is_some_and(|n| n.contains("is 0")));
+    }
+
+    #[test]
+    fn missing_values_fail_with_a_note() {
+        let report = report(false);
+        let change = result("llm.ttft-p95.change > 10", &report);
+        assert_eq!(change.value, None);
+        assert!(change.failed, "a CI gate must not pass on missing data");
+        assert!(
+            change
+                .note
+                .as_deref()
+                .is_some_and(|n| n.contains("no baseline"))
+        );
+
+        let lag = result("llm.schedule-lag-p99 > 5", &report);
+        assert_eq!(lag.value, None);
+        assert!(lag.failed);
+        assert!(
+            lag.note
+                .as_deref()
+                .is_some_and(|n| n.contains("no samples"))
+        );
+
+        let with_baseline = self::report(true);
+        let lag_change = result("llm.schedule-lag-p99.change > 5", &with_baseline);
+        assert_eq!(lag_change.value, None);
+        assert!(lag_change.failed);
+
+        let serialized = serde_json::to_value(&lag).expect("json");
+        assert!(serialized["value"].is_null());
+        assert_eq!(serialized["op"], ">");
+        assert_eq!(serialized["failed"], true);
+    }
+}

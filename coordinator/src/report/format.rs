@@ -17,6 +17,11 @@ pub(super) const NO_VALUE: &str = "-";
 /// The marker of a highlighted (≥ 10 % worse) comparison, shown with or without color.
 pub(super) const WORSE_MARKER: &str = "▲ worse";
 
+/// Label of the output-token throughput (distinct from the per-user token rate).
+pub(super) const OUTPUT_THROUGHPUT_LABEL: &str = "Output throughput (tokens/s)";
+/// Label of the request throughput.
+pub(super) const REQUEST_THROUGHPUT_LABEL: &str = "Request throughput (requests/s)";
+
 /// The legend under the comparison table.
 pub(super) const HIGHLIGHT_NOTE: &str =
     "▲ worse: at least 10 % worse than the baseline (slower times, lower token rates)";
@@ -141,13 +146,13 @@ pub(super) fn comparison_rows(report: &Report) -> Vec<ComparisonRow> {
     }
     let rates = [
         (
-            "Output tokens/s",
+            OUTPUT_THROUGHPUT_LABEL,
             "output_tokens_per_second",
             baseline.llm.output_tokens_per_second,
             report.llm.output_tokens_per_second,
         ),
         (
-            "Requests/s",
+            REQUEST_THROUGHPUT_LABEL,
             "requests_per_second",
             baseline.llm.requests_per_second,
             report.llm.requests_per_second,

@@ -125,10 +125,13 @@ pub fn render_html(report: &Report) -> String {
     let _ = writeln!(out, "<h2>Throughput</h2>\n<table>");
     for (name, value) in [
         (
-            "Output tokens/s",
+            format::OUTPUT_THROUGHPUT_LABEL,
             format::rate(report.llm.output_tokens_per_second),
         ),
-        ("Requests/s", format::rate(report.llm.requests_per_second)),
+        (
+            format::REQUEST_THROUGHPUT_LABEL,
+            format::rate(report.llm.requests_per_second),
+        ),
         (
             "Measured window",
             report

@@ -64,7 +64,7 @@ pub fn render_junit(report: &Report) -> String {
             let detail = match (&goal.value, &goal.note) {
                 (None, Some(note)) => format!("{}: {note}", goal.metric),
                 _ => format!(
-                    "{} = {}, and the goal fails if {} {}",
+                    "{} = {} (the goal fails if {} {})",
                     goal.metric,
                     format::goal_number(goal.value),
                     goal.op,

@@ -78,12 +78,14 @@ pub fn render_markdown(report: &Report) -> String {
     let _ = writeln!(out, "| | |\n|---|--:|");
     let _ = writeln!(
         out,
-        "| Output tokens/s | {} |",
+        "| {} | {} |",
+        format::OUTPUT_THROUGHPUT_LABEL,
         format::rate(report.llm.output_tokens_per_second)
     );
     let _ = writeln!(
         out,
-        "| Requests/s | {} |",
+        "| {} | {} |",
+        format::REQUEST_THROUGHPUT_LABEL,
         format::rate(report.llm.requests_per_second)
     );
     let _ = writeln!(

@@ -29,6 +29,9 @@ pub const REPORT_SCHEMA: &str = "llm-replay.report/v1";
 /// A change at least this large (in percent) in the wrong direction is highlighted.
 pub const HIGHLIGHT_THRESHOLD_PCT: f64 = 10.0;
 
+/// Tolerance of the highlight rule against floating-point rounding (far below any shown digit).
+const HIGHLIGHT_EPSILON_PCT: f64 = 1e-9;
+
 /// The metrics compared against the baseline, in report order. Schedule lag is left out: a
 /// recording has no schedule to lag behind.
 pub const COMPARED_METRICS: [Metric; 7] = [
@@ -471,8 +474,11 @@ impl Change {
             Direction::HigherIsBetter => replayed < baseline,
             Direction::Neither => false,
         };
-        // An undefined change (baseline 0) in the wrong direction is as bad as it gets.
-        let large = change_pct.is_none_or(|pct| pct.abs() >= HIGHLIGHT_THRESHOLD_PCT);
+        // An undefined change (baseline 0) in the wrong direction is as bad as it gets. The
+        // epsilon keeps rounding in the division from turning an exact 10 % (0.9 / 1.0 gives
+        // -9.999999999999998) into "not highlighted".
+        let large = change_pct
+            .is_none_or(|pct| pct.abs() >= HIGHLIGHT_THRESHOLD_PCT - HIGHLIGHT_EPSILON_PCT);
         Change {
             baseline,
             replayed,
@@ -562,13 +568,13 @@ fn derived_warnings(requests: &RequestsSection) -> Vec<String> {
     }
     if requests.lost > 0 {
         warnings.push(format!(
-            "{} requests were lost with their workers and are in no distribution",
+            "requests lost with a worker: {} (left out of every distribution)",
             requests.lost
         ));
     }
     if requests.not_started > 0 {
         warnings.push(format!(
-            "{} requests were never started (the run stopped first)",
+            "requests never started: {} (the run stopped first)",
             requests.not_started
         ));
     }

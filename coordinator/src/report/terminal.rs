@@ -92,17 +92,17 @@ pub fn render_terminal(report: &Report, color: bool) -> String {
     title(&mut out, "Throughput");
     let _ = writeln!(
         out,
-        "  output tokens/s  {}",
+        "  output tokens/s   {}",
         format::rate(report.llm.output_tokens_per_second)
     );
     let _ = writeln!(
         out,
-        "  requests/s       {}",
+        "  requests/s        {}",
         format::rate(report.llm.requests_per_second)
     );
     let _ = writeln!(
         out,
-        "  measured window  {}",
+        "  measured window   {}",
         report
             .llm
             .measured_window_s
@@ -181,7 +181,7 @@ pub fn render_terminal(report: &Report, color: bool) -> String {
 
     if !report.goals.is_empty() {
         out.push('\n');
-        title(&mut out, "Goals (fail if)");
+        title(&mut out, "Goals (a goal fails when its condition holds)");
         let mut table = TextTable::new(
             &["result", "goal", "value", "threshold", "note"],
             &[0, 1, 4],
