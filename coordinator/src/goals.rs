@@ -333,6 +333,12 @@ pub fn parse_goal(expr: &str) -> Result<Goal, GoalError> {
     })
 }
 
+/// Parse several expressions (`--fail-if` repeated, or the config file's `goals:`), stopping at
+/// the first bad one.
+pub fn parse_goals<S: AsRef<str>>(exprs: &[S]) -> Result<Vec<Goal>, GoalError> {
+    exprs.iter().map(|e| parse_goal(e.as_ref())).collect()
+}
+
 /// Evaluate `goals` against the merged numbers of `report`.
 ///
 /// A goal fails when its condition holds (`--fail-if`). A goal whose metric has **no value**
@@ -535,6 +541,17 @@ mod tests {
                 assert_eq!(g.threshold, 3.0);
             }
         }
+    }
+
+    #[test]
+    fn parse_goals_stops_at_the_first_bad_expression() {
+        let goals = parse_goals(&["llm.errors > 0", "llm.itl-p99>=40"]).expect("valid");
+        assert_eq!(goals.len(), 2);
+        assert_eq!(goals[1].metric.name(), "llm.itl-p99");
+        let error = parse_goals(&["llm.errors > 0", "llm.bogus > 1"]).expect_err("bad");
+        assert!(
+            matches!(error, GoalError::UnknownMetric { ref metric, .. } if metric == "llm.bogus")
+        );
     }
 
     #[test]

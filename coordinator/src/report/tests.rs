@@ -518,6 +518,11 @@ fn junit_run_case_fails_when_nothing_succeeded() {
 }
 
 #[test]
+fn html_rendering_matches_golden() {
+    assert_snapshot("report.html", &render_html(&sample_report()));
+}
+
+#[test]
 fn html_is_self_contained_and_escaped() {
     let mut report = sample_report();
     report.run.target = "http://h/<script>alert(1)</script>".to_string();
