@@ -62,28 +62,41 @@ pub enum Quantity {
 /// A statistic goals can name. `std` and `count` are reported but are not goal statistics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stat {
+    /// Mean.
     Avg,
+    /// Smallest sample.
     Min,
+    /// Largest sample.
     Max,
+    /// Median.
     P50,
+    /// 90th percentile.
     P90,
+    /// 95th percentile.
     P95,
+    /// 99th percentile.
     P99,
 }
 
 /// A comparison operator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Op {
+    /// `>`
     #[serde(rename = ">")]
     Gt,
+    /// `>=`
     #[serde(rename = ">=")]
     Ge,
+    /// `<`
     #[serde(rename = "<")]
     Lt,
+    /// `<=`
     #[serde(rename = "<=")]
     Le,
+    /// `==` (exact float equality: mostly useful for counters)
     #[serde(rename = "==")]
     Eq,
+    /// `!=`
     #[serde(rename = "!=")]
     Ne,
 }

@@ -126,12 +126,15 @@ pub struct RequestTotals {
 pub struct RequestsSection {
     /// succeeded + failed + ended_early + lost + not_started.
     pub total: u64,
+    /// Streams that reached their terminal marker with content and no error.
     pub succeeded: u64,
     /// Failed requests of every kind (see `failed_by_kind`).
     pub failed: u64,
     /// Streams that ended without their terminal marker and without an error.
     pub ended_early: u64,
+    /// Requests lost with a worker (no outcome ever came back).
     pub lost: u64,
+    /// Requests never sent because the run stopped first.
     pub not_started: u64,
     /// Streams whose output tokens came from the server's usage report.
     pub usage_reported: u64,
@@ -167,13 +170,21 @@ pub struct FailedByKind {
 /// run-level rates.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct LlmSection {
+    /// Time to first token, ms (succeeded and ended-early streams).
     pub ttft_ms: Option<Stats>,
+    /// Time to second token, ms.
     pub ttst_ms: Option<Stats>,
+    /// Inter-token latency, ms.
     pub itl_ms: Option<Stats>,
+    /// Request latency (to the last content frame), ms.
     pub latency_ms: Option<Stats>,
+    /// Output tokens per second per user (1 / ITL).
     pub tokens_per_second_per_user: Option<Stats>,
+    /// Input sequence length, tokens.
     pub isl_tokens: Option<Stats>,
+    /// Output sequence length, tokens.
     pub osl_tokens: Option<Stats>,
+    /// Actual − intended send time, ms (scheduled and rate modes only).
     pub schedule_lag_ms: Option<Stats>,
     /// Output tokens of succeeded requests per second of the measured window; `null` when
     /// nothing was measured.
@@ -207,7 +218,9 @@ pub struct BaselineSection {
 /// One baseline-vs-replayed comparison.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Change {
+    /// The baseline's value.
     pub baseline: f64,
+    /// This run's value.
     pub replayed: f64,
     /// `(replayed − baseline) / baseline · 100`; `null` when the baseline is 0 and the
     /// replayed value is not.
@@ -222,16 +235,21 @@ pub struct Change {
 /// One level of a concurrency sweep.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SweepSection {
+    /// The closed-loop concurrency of this level.
     pub concurrency: u32,
+    /// This level's numbers.
     pub llm: LlmSection,
+    /// This level's counters.
     pub requests: RequestsSection,
 }
 
 /// Everything [`Report::build`] needs.
 pub struct ReportInput<'a> {
+    /// The `run` section, as is.
     pub run: RunInfo,
     /// The merged metrics of every worker (of the whole run when sweeping).
     pub metrics: &'a RunMetrics,
+    /// Lost / not-started requests and status codes of the whole run.
     pub requests: RequestTotals,
     /// `None` with `--baseline none` (or a recording without responses).
     pub baseline: Option<Baseline<'a>>,
@@ -245,13 +263,17 @@ pub struct ReportInput<'a> {
 pub struct Baseline<'a> {
     /// `recorded` or the report file it came from.
     pub source: String,
+    /// The baseline measured by the same meter as the replay.
     pub metrics: &'a RunMetrics,
 }
 
 /// One level of a concurrency sweep, as measured.
 pub struct SweepLevel {
+    /// The closed-loop concurrency of this level.
     pub concurrency: u32,
+    /// The merged metrics of this level.
     pub metrics: RunMetrics,
+    /// Lost / not-started requests and status codes of this level.
     pub requests: RequestTotals,
 }
 
