@@ -6,6 +6,8 @@
 pub mod commands;
 pub mod config;
 pub mod duration;
+pub mod goals;
+pub mod report;
 pub mod run;
 pub mod scan;
 pub mod server;

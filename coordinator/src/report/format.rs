@@ -1,0 +1,299 @@
+//! Number formatting and the row model shared by every renderer, so the terminal, Markdown and
+//! HTML reports always show the same digits.
+
+use common::metrics::{Metric, Stats, Unit};
+
+use super::{COMPARED_METRICS, Change, Report, change_key};
+use crate::goals::Stat;
+
+/// The statistic columns of the metrics table, in order.
+pub(super) const STAT_COLUMNS: [&str; 9] = [
+    "avg", "min", "max", "p50", "p90", "p95", "p99", "std", "count",
+];
+
+/// Shown where there is no value.
+pub(super) const NO_VALUE: &str = "-";
+
+/// The marker of a highlighted (≥ 10 % worse) comparison, shown with or without color.
+pub(super) const WORSE_MARKER: &str = "▲ worse";
+
+/// Label of the output-token throughput (distinct from the per-user token rate).
+pub(super) const OUTPUT_THROUGHPUT_LABEL: &str = "Output throughput (tokens/s)";
+/// Label of the request throughput.
+pub(super) const REQUEST_THROUGHPUT_LABEL: &str = "Request throughput (requests/s)";
+
+/// The legend under the comparison table.
+pub(super) const HIGHLIGHT_NOTE: &str =
+    "▲ worse: at least 10 % worse than the baseline (slower times, lower token rates)";
+
+/// Statistics shown per metric in the baseline comparison.
+pub(super) const COMPARED_STATS: [Stat; 3] = [Stat::P50, Stat::P95, Stat::P99];
+
+/// One value of `metric` in display units: ms with 2 decimals, token counts as integers
+/// (averages and std with 1 decimal), token rates with 1 decimal.
+pub(super) fn metric_value(metric: Metric, value: f64, fractional: bool) -> String {
+    match metric.unit() {
+        Unit::Milliseconds => format!("{value:.2}"),
+        Unit::Tokens if fractional => format!("{value:.1}"),
+        Unit::Tokens => format!("{value:.0}"),
+        Unit::TokensPerSecond => format!("{value:.1}"),
+    }
+}
+
+/// The nine statistic cells of one metric row (`-` everywhere when it had no samples).
+pub(super) fn stat_cells(metric: Metric, stats: Option<&Stats>) -> Vec<String> {
+    let Some(s) = stats else {
+        let mut cells = vec![NO_VALUE.to_string(); STAT_COLUMNS.len() - 1];
+        cells.push("0".to_string());
+        return cells;
+    };
+    vec![
+        metric_value(metric, s.avg, true),
+        metric_value(metric, s.min, false),
+        metric_value(metric, s.max, false),
+        metric_value(metric, s.p50, false),
+        metric_value(metric, s.p90, false),
+        metric_value(metric, s.p95, false),
+        metric_value(metric, s.p99, false),
+        metric_value(metric, s.std, true),
+        s.count.to_string(),
+    ]
+}
+
+/// A rate (per second) with 2 decimals, or `-`.
+pub(super) fn rate(value: Option<f64>) -> String {
+    value.map_or_else(|| NO_VALUE.to_string(), |v| format!("{v:.2}"))
+}
+
+/// A percentage with 1 decimal and a sign (`+12.0 %`), or `-`.
+pub(super) fn signed_pct(value: Option<f64>) -> String {
+    value.map_or_else(|| NO_VALUE.to_string(), |v| format!("{v:+.1} %"))
+}
+
+/// A goal value or threshold: integers without decimals, other numbers with 2.
+pub(super) fn goal_number(value: Option<f64>) -> String {
+    match value {
+        None => "null".to_string(),
+        Some(v) if v.fract() == 0.0 && v.abs() < 1e15 => format!("{v:.0}"),
+        Some(v) => format!("{v:.2}"),
+    }
+}
+
+/// One row of the baseline comparison.
+pub(super) struct ComparisonRow {
+    /// The metric label, on the first row of each metric only.
+    pub label: String,
+    /// `p95`, or empty for run-level rates.
+    pub stat: String,
+    pub baseline: String,
+    pub replayed: String,
+    pub change: String,
+    /// The recorded comparison, when both sides had a value.
+    pub compared: Option<Change>,
+}
+
+impl ComparisonRow {
+    /// True when the row is highlighted (≥ 10 % worse).
+    pub fn highlight(&self) -> bool {
+        self.compared.is_some_and(|c| c.highlight)
+    }
+
+    /// The textual marker column.
+    pub fn marker(&self) -> &'static str {
+        if self.highlight() { WORSE_MARKER } else { "" }
+    }
+}
+
+/// The baseline comparison rows of `report` (empty without a baseline): p50/p95/p99 of each
+/// timing metric and the per-user token rate, then the two throughputs.
+pub(super) fn comparison_rows(report: &Report) -> Vec<ComparisonRow> {
+    let Some(baseline) = &report.baseline else {
+        return Vec::new();
+    };
+    let mut rows = Vec::new();
+    // ISL and OSL are in `changes` but have no better direction; the table keeps to the
+    // numbers that can get worse.
+    for metric in COMPARED_METRICS
+        .into_iter()
+        .filter(|m| !matches!(m.unit(), Unit::Tokens))
+    {
+        let base = baseline.llm.stats(metric);
+        let replayed = report.llm.stats(metric);
+        if base.is_none() && replayed.is_none() {
+            continue;
+        }
+        for (i, stat) in COMPARED_STATS.into_iter().enumerate() {
+            let compared = baseline.changes.get(&change_key(metric, stat)).copied();
+            rows.push(ComparisonRow {
+                label: if i == 0 {
+                    metric.label().to_string()
+                } else {
+                    String::new()
+                },
+                stat: stat.name().to_string(),
+                baseline: base.map_or_else(
+                    || NO_VALUE.to_string(),
+                    |s| metric_value(metric, stat.of(&s), false),
+                ),
+                replayed: replayed.map_or_else(
+                    || NO_VALUE.to_string(),
+                    |s| metric_value(metric, stat.of(&s), false),
+                ),
+                change: compared.map_or_else(|| NO_VALUE.to_string(), |c| signed_pct(c.change_pct)),
+                compared,
+            });
+        }
+    }
+    let rates = [
+        (
+            OUTPUT_THROUGHPUT_LABEL,
+            "output_tokens_per_second",
+            baseline.llm.output_tokens_per_second,
+            report.llm.output_tokens_per_second,
+        ),
+        (
+            REQUEST_THROUGHPUT_LABEL,
+            "requests_per_second",
+            baseline.llm.requests_per_second,
+            report.llm.requests_per_second,
+        ),
+    ];
+    for (label, key, base, replayed) in rates {
+        let compared = baseline.changes.get(key).copied();
+        rows.push(ComparisonRow {
+            label: label.to_string(),
+            stat: String::new(),
+            baseline: rate(base),
+            replayed: rate(replayed),
+            change: compared.map_or_else(|| NO_VALUE.to_string(), |c| signed_pct(c.change_pct)),
+            compared,
+        });
+    }
+    rows
+}
+
+/// `status 1 · error frame 0 · ...` for the failure kinds.
+pub(super) fn failed_by_kind(report: &Report) -> String {
+    let k = &report.requests.failed_by_kind;
+    format!(
+        "status {} · error frame {} · transport {} · timeout {} · empty {}",
+        k.status, k.error_frame, k.transport, k.timeout, k.empty
+    )
+}
+
+/// `200 ×8 · 429 ×1`, or `-` when none were recorded.
+pub(super) fn status_codes(report: &Report) -> String {
+    if report.requests.status_codes.is_empty() {
+        return NO_VALUE.to_string();
+    }
+    report
+        .requests
+        .status_codes
+        .iter()
+        .map(|(code, n)| format!("{code} ×{n}"))
+        .collect::<Vec<_>>()
+        .join(" · ")
+}
+
+/// `usage-reported 6 · estimated 2 (25.0 % estimated)`.
+pub(super) fn token_sources(report: &Report) -> String {
+    let share = report
+        .llm
+        .estimated_token_share_pct
+        .map_or_else(|| NO_VALUE.to_string(), |p| format!("{p:.1} %"));
+    format!(
+        "usage-reported {} · estimated {} ({share} estimated)",
+        report.requests.usage_reported, report.requests.estimated
+    )
+}
+
+/// The total identity spelled out.
+pub(super) fn total_line(report: &Report) -> String {
+    let r = &report.requests;
+    format!(
+        "{} = succeeded {} + failed {} + ended early {} + lost {} + not started {}",
+        r.total, r.succeeded, r.failed, r.ended_early, r.lost, r.not_started
+    )
+}
+
+/// The load description as compact JSON.
+pub(super) fn load(report: &Report) -> String {
+    report.run.load.to_string()
+}
+
+/// A plain-text table: left-aligned first column, right-aligned others, optional per-row ANSI
+/// color applied after padding so escape codes never disturb the alignment.
+pub(super) struct TextTable {
+    header: Vec<String>,
+    rows: Vec<(Vec<String>, Option<&'static str>)>,
+    /// Columns (by index) that are left-aligned; the others are right-aligned.
+    left: Vec<usize>,
+}
+
+/// ANSI color of a failing or highlighted row.
+pub(super) const ANSI_RED: &str = "\x1b[31m";
+/// ANSI color of a passing goal.
+pub(super) const ANSI_GREEN: &str = "\x1b[32m";
+/// ANSI bold, for section titles.
+pub(super) const ANSI_BOLD: &str = "\x1b[1m";
+/// ANSI reset.
+pub(super) const ANSI_RESET: &str = "\x1b[0m";
+
+impl TextTable {
+    pub fn new(header: &[&str], left: &[usize]) -> TextTable {
+        TextTable {
+            header: header.iter().map(|h| h.to_string()).collect(),
+            rows: Vec::new(),
+            left: left.to_vec(),
+        }
+    }
+
+    pub fn row(&mut self, cells: Vec<String>, color: Option<&'static str>) {
+        self.rows.push((cells, color));
+    }
+
+    /// The table, every line indented by two spaces and right-trimmed.
+    pub fn render(&self, color: bool) -> String {
+        let columns = self.header.len();
+        let mut widths = vec![0; columns];
+        for cells in std::iter::once(&self.header).chain(self.rows.iter().map(|(c, _)| c)) {
+            for (i, cell) in cells.iter().enumerate().take(columns) {
+                widths[i] = widths[i].max(cell.chars().count());
+            }
+        }
+        let line = |cells: &[String]| {
+            let padded: Vec<String> = cells
+                .iter()
+                .enumerate()
+                .take(columns)
+                .map(|(i, cell)| {
+                    let pad = widths[i].saturating_sub(cell.chars().count());
+                    if self.left.contains(&i) {
+                        format!("{cell}{}", " ".repeat(pad))
+                    } else {
+                        format!("{}{cell}", " ".repeat(pad))
+                    }
+                })
+                .collect();
+            padded.join("  ").trim_end().to_string()
+        };
+        let mut out = String::new();
+        out.push_str("  ");
+        out.push_str(&line(&self.header));
+        out.push('\n');
+        for (cells, row_color) in &self.rows {
+            let text = line(cells);
+            out.push_str("  ");
+            match row_color {
+                Some(code) if color => {
+                    out.push_str(code);
+                    out.push_str(&text);
+                    out.push_str(ANSI_RESET);
+                }
+                _ => out.push_str(&text),
+            }
+            out.push('\n');
+        }
+        out
+    }
+}

@@ -1,0 +1,627 @@
+//! The run report: its JSON model (`llm-replay.report/v1`), how it is built from merged
+//! [`RunMetrics`], the baseline comparison, and its renderers (terminal, Markdown, HTML, JUnit).
+//!
+//! Only the coordinator renders reports; every renderer returns a `String` and the CLI decides
+//! where it goes. The JSON model is also read back (`llm-replay report FILE`), so every type
+//! here is `Serialize + Deserialize` and every extra key beyond the contract is optional on read.
+
+use std::collections::BTreeMap;
+
+use common::metrics::{Counters, Metric, RunMetrics, Stats, Unit};
+use serde::{Deserialize, Serialize};
+
+use crate::goals::{self, Goal, GoalResult, Stat};
+
+mod format;
+mod html;
+mod junit;
+mod markdown;
+mod terminal;
+
+pub use html::render_html;
+pub use junit::render_junit;
+pub use markdown::render_markdown;
+pub use terminal::render_terminal;
+
+/// The value of the report's `schema` key.
+pub const REPORT_SCHEMA: &str = "llm-replay.report/v1";
+
+/// A change at least this large (in percent) in the wrong direction is highlighted.
+pub const HIGHLIGHT_THRESHOLD_PCT: f64 = 10.0;
+
+/// Tolerance of the highlight rule against floating-point rounding (far below any shown digit).
+const HIGHLIGHT_EPSILON_PCT: f64 = 1e-9;
+
+/// The metrics compared against the baseline, in report order. Schedule lag is left out: a
+/// recording has no schedule to lag behind.
+pub const COMPARED_METRICS: [Metric; 7] = [
+    Metric::Ttft,
+    Metric::Ttst,
+    Metric::Itl,
+    Metric::Latency,
+    Metric::TokensPerSecondPerUser,
+    Metric::Isl,
+    Metric::Osl,
+];
+
+/// The whole run report, as written by `--report-json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// Always [`REPORT_SCHEMA`].
+    pub schema: String,
+    /// What ran, where, and how.
+    pub run: RunInfo,
+    /// Request counters; `total` = succeeded + failed + ended_early + lost + not_started.
+    pub requests: RequestsSection,
+    /// The merged distributions and throughputs.
+    pub llm: LlmSection,
+    /// The baseline and the changes against it; `null` with `--baseline none`.
+    pub baseline: Option<BaselineSection>,
+    /// Goal outcomes, in the order the goals were given.
+    #[serde(default)]
+    pub goals: Vec<GoalResult>,
+    /// One entry per concurrency level with `--sweep-concurrency`; absent otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sweep: Vec<SweepSection>,
+    /// Things the user should know to read the numbers right.
+    #[serde(default)]
+    pub warnings: Vec<String>,
+}
+
+/// The `run` section. Filled in by the coordinator; also the builder's input.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunInfo {
+    /// Run id (a UUID).
+    pub id: String,
+    /// Start time, RFC 3339 UTC (see [`rfc3339_utc`]).
+    pub started_at: String,
+    /// Wall-clock length of the run, seconds.
+    pub duration_s: f64,
+    /// The target URL, or `embedded mock` when none was given.
+    pub target: String,
+    /// Free-form description of the load model (`{"schedule":"recorded","speed":2}`).
+    pub load: serde_json::Value,
+    /// The workers that took part.
+    pub workers: Vec<WorkerInfo>,
+}
+
+/// One worker of the run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerInfo {
+    /// Worker id as it registered.
+    pub id: String,
+    /// Host name (or address) it reported.
+    pub host: String,
+    /// Requests assigned to it.
+    pub assigned: u64,
+    /// Requests it reported back with an outcome.
+    pub completed: u64,
+    /// Requests lost with it (assigned, never reported, not reassigned).
+    pub lost: u64,
+    /// Its clock's offset from the coordinator's, when measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock_offset_ms: Option<f64>,
+    /// True when the connection to it was lost during the run.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub disconnected: bool,
+    /// Its llm-replay version, when it reported one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+}
+
+/// What the coordinator knows about requests that [`RunMetrics`] cannot: requests that never
+/// produced an outcome, and the HTTP status codes seen.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RequestTotals {
+    /// Requests lost with a worker (no outcome ever came back).
+    pub lost: u64,
+    /// Requests never sent (the run stopped first: duration, interrupt, fatal error).
+    pub not_started: u64,
+    /// HTTP status code → number of responses with it (measured requests only).
+    pub status_codes: BTreeMap<u16, u64>,
+}
+
+/// The `requests` section.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct RequestsSection {
+    /// succeeded + failed + ended_early + lost + not_started.
+    pub total: u64,
+    /// Streams that reached their terminal marker with content and no error.
+    pub succeeded: u64,
+    /// Failed requests of every kind (see `failed_by_kind`).
+    pub failed: u64,
+    /// Streams that ended without their terminal marker and without an error.
+    pub ended_early: u64,
+    /// Requests lost with a worker (no outcome ever came back).
+    pub lost: u64,
+    /// Requests never sent because the run stopped first.
+    pub not_started: u64,
+    /// Streams whose output tokens came from the server's usage report.
+    pub usage_reported: u64,
+    /// Streams whose output tokens were estimated (one per content frame).
+    pub estimated: u64,
+    /// `failed` split by kind.
+    #[serde(default)]
+    pub failed_by_kind: FailedByKind,
+    /// HTTP status code → count.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub status_codes: BTreeMap<u16, u64>,
+    /// Warm-up requests, left out of every other number.
+    #[serde(default)]
+    pub warmup: u64,
+}
+
+/// Failures by kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct FailedByKind {
+    /// Non-2xx status.
+    pub status: u64,
+    /// An error frame in the stream.
+    pub error_frame: u64,
+    /// Connection or framing failure before any content.
+    pub transport: u64,
+    /// `--timeout` exceeded.
+    pub timeout: u64,
+    /// Complete response without content.
+    pub empty: u64,
+}
+
+/// The `llm` section: one summary per distribution (`null` when it has no samples) and the
+/// run-level rates.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct LlmSection {
+    /// Time to first token, ms (succeeded and ended-early streams).
+    pub ttft_ms: Option<Stats>,
+    /// Time to second token, ms.
+    pub ttst_ms: Option<Stats>,
+    /// Inter-token latency, ms.
+    pub itl_ms: Option<Stats>,
+    /// Request latency (to the last content frame), ms.
+    pub latency_ms: Option<Stats>,
+    /// Output tokens per second per user (1 / ITL).
+    pub tokens_per_second_per_user: Option<Stats>,
+    /// Input sequence length, tokens.
+    pub isl_tokens: Option<Stats>,
+    /// Output sequence length, tokens.
+    pub osl_tokens: Option<Stats>,
+    /// Actual − intended send time, ms (scheduled and rate modes only).
+    pub schedule_lag_ms: Option<Stats>,
+    /// Output tokens of succeeded requests per second of the measured window; `null` when
+    /// nothing was measured.
+    pub output_tokens_per_second: Option<f64>,
+    /// Succeeded requests per second of the measured window; `null` when nothing was measured.
+    pub requests_per_second: Option<f64>,
+    /// Percent of streams whose output tokens were estimated; `null` when there were none.
+    pub estimated_token_share_pct: Option<f64>,
+    /// Output tokens of succeeded requests.
+    #[serde(default)]
+    pub output_tokens: u64,
+    /// The measured window (first request sent → last content frame), seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured_window_s: Option<f64>,
+}
+
+/// The `baseline` section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BaselineSection {
+    /// Where the baseline came from: `recorded` or a report file name.
+    pub source: String,
+    /// The baseline's numbers, same shape as the run's.
+    pub llm: LlmSection,
+    /// The baseline's request counters, when known (used by `.change` goals on counters).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests: Option<RequestsSection>,
+    /// `"ttft_ms.p95"` → change, for every statistic both sides have.
+    pub changes: BTreeMap<String, Change>,
+}
+
+/// One baseline-vs-replayed comparison.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Change {
+    /// The baseline's value.
+    pub baseline: f64,
+    /// This run's value.
+    pub replayed: f64,
+    /// `(replayed − baseline) / baseline · 100`; `null` when the baseline is 0 and the
+    /// replayed value is not.
+    pub change_pct: Option<f64>,
+    /// Slower for times, lower for token rates; always false for token counts (ISL, OSL),
+    /// which have no better direction.
+    pub worse: bool,
+    /// `worse` and at least [`HIGHLIGHT_THRESHOLD_PCT`] percent away.
+    pub highlight: bool,
+}
+
+/// One level of a concurrency sweep.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SweepSection {
+    /// The closed-loop concurrency of this level.
+    pub concurrency: u32,
+    /// This level's numbers.
+    pub llm: LlmSection,
+    /// This level's counters.
+    pub requests: RequestsSection,
+}
+
+/// Everything [`Report::build`] needs.
+pub struct ReportInput<'a> {
+    /// The `run` section, as is.
+    pub run: RunInfo,
+    /// The merged metrics of every worker (of the whole run when sweeping).
+    pub metrics: &'a RunMetrics,
+    /// Lost / not-started requests and status codes of the whole run.
+    pub requests: RequestTotals,
+    /// `None` with `--baseline none` (or a recording without responses).
+    pub baseline: Option<Baseline<'a>>,
+    /// Empty unless sweeping.
+    pub sweep: Vec<SweepLevel>,
+    /// Warnings collected during the run; the builder adds its own after them.
+    pub warnings: Vec<String>,
+}
+
+/// The baseline as metrics: the recording measured by the same meter, or a previous run.
+pub struct Baseline<'a> {
+    /// `recorded` or the report file it came from.
+    pub source: String,
+    /// The baseline measured by the same meter as the replay.
+    pub metrics: &'a RunMetrics,
+}
+
+/// One level of a concurrency sweep, as measured.
+pub struct SweepLevel {
+    /// The closed-loop concurrency of this level.
+    pub concurrency: u32,
+    /// The merged metrics of this level.
+    pub metrics: RunMetrics,
+    /// Lost / not-started requests and status codes of this level.
+    pub requests: RequestTotals,
+}
+
+/// Reading a saved report failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportReadError {
+    /// Not JSON, or a field has the wrong type.
+    #[error("{path}: {source}")]
+    Json {
+        /// JSON path of the offending field (`llm.ttft_ms.p95`), `.` for the whole document.
+        path: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A JSON document of another schema.
+    #[error("schema: expected \"{REPORT_SCHEMA}\", found \"{found}\"")]
+    Schema { found: String },
+}
+
+/// Which direction is better for a compared quantity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    LowerIsBetter,
+    HigherIsBetter,
+    Neither,
+}
+
+impl Report {
+    /// Build the report from merged metrics. Goals are attached afterwards with
+    /// [`Report::with_goals`] (or `report.goals = goals::evaluate(..)`), because they read the
+    /// finished report.
+    pub fn build(input: ReportInput<'_>) -> Report {
+        let llm = LlmSection::from_metrics(input.metrics);
+        let requests = RequestsSection::new(&input.metrics.counters, &input.requests);
+        let mut warnings = input.warnings;
+        let baseline = input.baseline.map(|baseline| {
+            let baseline_llm = LlmSection::from_metrics(baseline.metrics);
+            if baseline_llm.ttft_ms.is_none() {
+                warnings.push(format!(
+                    "the baseline ({}) has no frame timing; only replayed values are shown",
+                    baseline.source
+                ));
+            }
+            BaselineSection {
+                source: baseline.source,
+                changes: compute_changes(&baseline_llm, &llm),
+                llm: baseline_llm,
+                requests: Some(RequestsSection::new(
+                    &baseline.metrics.counters,
+                    &RequestTotals::default(),
+                )),
+            }
+        });
+        warnings.extend(derived_warnings(&requests));
+        let sweep = input
+            .sweep
+            .iter()
+            .map(|level| SweepSection {
+                concurrency: level.concurrency,
+                llm: LlmSection::from_metrics(&level.metrics),
+                requests: RequestsSection::new(&level.metrics.counters, &level.requests),
+            })
+            .collect();
+        Report {
+            schema: REPORT_SCHEMA.to_string(),
+            run: input.run,
+            requests,
+            llm,
+            baseline,
+            goals: Vec::new(),
+            sweep,
+            warnings,
+        }
+    }
+
+    /// Evaluate `goals` on this report and attach the results.
+    pub fn with_goals(mut self, goals: &[Goal]) -> Report {
+        self.goals = goals::evaluate(goals, &self);
+        self
+    }
+
+    /// True when any goal failed (exit code 1).
+    pub fn any_goal_failed(&self) -> bool {
+        self.goals.iter().any(|g| g.failed)
+    }
+
+    /// The report as pretty-printed JSON (`--report-json`).
+    pub fn to_json_pretty(&self) -> String {
+        // Only strings, numbers, maps and `serde_json::Value` inside: serializing cannot fail
+        // (non-finite floats become `null`).
+        serde_json::to_string_pretty(self).expect("a report always serializes to JSON")
+    }
+
+    /// Read a saved report, naming the field that is wrong when it does not parse.
+    pub fn from_json(text: &str) -> Result<Report, ReportReadError> {
+        let deserializer = &mut serde_json::Deserializer::from_str(text);
+        let report: Report = serde_path_to_error::deserialize(deserializer).map_err(|error| {
+            let path = error.path().to_string();
+            ReportReadError::Json {
+                path,
+                source: error.into_inner(),
+            }
+        })?;
+        if report.schema != REPORT_SCHEMA {
+            return Err(ReportReadError::Schema {
+                found: report.schema,
+            });
+        }
+        Ok(report)
+    }
+}
+
+/// Re-render `current` against `baseline` (`llm-replay report FILE --baseline FILE2`): the
+/// baseline's `llm` and `requests` become `current`'s baseline under the name `source`, the
+/// changes are recomputed, and goals are re-evaluated from their expressions so `.change` goals
+/// test the new baseline.
+pub fn compare_reports(current: &Report, baseline: &Report, source: &str) -> Report {
+    let mut report = current.clone();
+    report.baseline = Some(BaselineSection {
+        source: source.to_string(),
+        changes: compute_changes(&baseline.llm, &current.llm),
+        llm: baseline.llm.clone(),
+        requests: Some(baseline.requests.clone()),
+    });
+    let parsed: Result<Vec<Goal>, _> = current
+        .goals
+        .iter()
+        .map(|g| goals::parse_goal(&g.expr))
+        .collect();
+    match parsed {
+        Ok(parsed) => report.goals = goals::evaluate(&parsed, &report),
+        Err(error) => report.warnings.push(format!(
+            "goals kept as saved, not re-evaluated against {source}: {error}"
+        )),
+    }
+    report
+}
+
+impl RequestsSection {
+    /// Counters from merged metrics plus what only the coordinator knows.
+    pub fn new(counters: &Counters, totals: &RequestTotals) -> RequestsSection {
+        let failed = counters.failed();
+        RequestsSection {
+            total: counters.succeeded
+                + failed
+                + counters.ended_early
+                + totals.lost
+                + totals.not_started,
+            succeeded: counters.succeeded,
+            failed,
+            ended_early: counters.ended_early,
+            lost: totals.lost,
+            not_started: totals.not_started,
+            usage_reported: counters.usage_reported,
+            estimated: counters.estimated,
+            failed_by_kind: FailedByKind {
+                status: counters.failed_status,
+                error_frame: counters.failed_error_frame,
+                transport: counters.failed_transport,
+                timeout: counters.failed_timeout,
+                empty: counters.failed_empty,
+            },
+            status_codes: totals.status_codes.clone(),
+            warmup: counters.warmup,
+        }
+    }
+
+    /// `100 · failed / (succeeded + failed + ended_early)`: the share of answered requests that
+    /// failed. `None` when nothing was answered.
+    pub fn error_rate_pct(&self) -> Option<f64> {
+        let answered = self.succeeded + self.failed + self.ended_early;
+        (answered > 0).then(|| 100.0 * self.failed as f64 / answered as f64)
+    }
+}
+
+impl LlmSection {
+    /// Summaries of merged metrics.
+    pub fn from_metrics(metrics: &RunMetrics) -> LlmSection {
+        let measured = metrics.window.is_some();
+        let token_sources = metrics.counters.usage_reported + metrics.counters.estimated;
+        LlmSection {
+            ttft_ms: metrics.stats(Metric::Ttft),
+            ttst_ms: metrics.stats(Metric::Ttst),
+            itl_ms: metrics.stats(Metric::Itl),
+            latency_ms: metrics.stats(Metric::Latency),
+            tokens_per_second_per_user: metrics.stats(Metric::TokensPerSecondPerUser),
+            isl_tokens: metrics.stats(Metric::Isl),
+            osl_tokens: metrics.stats(Metric::Osl),
+            schedule_lag_ms: metrics.stats(Metric::ScheduleLag),
+            output_tokens_per_second: measured.then(|| metrics.output_tokens_per_second()),
+            requests_per_second: measured.then(|| metrics.requests_per_second()),
+            estimated_token_share_pct: (token_sources > 0)
+                .then(|| metrics.estimated_token_share_pct()),
+            output_tokens: metrics.counters.output_tokens,
+            measured_window_s: measured.then(|| metrics.window_seconds()),
+        }
+    }
+
+    /// The summary of `metric`, `None` when it had no samples.
+    pub fn stats(&self, metric: Metric) -> Option<Stats> {
+        match metric {
+            Metric::Ttft => self.ttft_ms,
+            Metric::Ttst => self.ttst_ms,
+            Metric::Itl => self.itl_ms,
+            Metric::Latency => self.latency_ms,
+            Metric::TokensPerSecondPerUser => self.tokens_per_second_per_user,
+            Metric::Isl => self.isl_tokens,
+            Metric::Osl => self.osl_tokens,
+            Metric::ScheduleLag => self.schedule_lag_ms,
+        }
+    }
+}
+
+impl Change {
+    /// Compare `replayed` with `baseline` for a quantity whose better direction is `direction`.
+    fn new(baseline: f64, replayed: f64, direction: Direction) -> Change {
+        let change_pct = goals::change_pct(baseline, replayed);
+        let worse = match direction {
+            Direction::LowerIsBetter => replayed > baseline,
+            Direction::HigherIsBetter => replayed < baseline,
+            Direction::Neither => false,
+        };
+        // An undefined change (baseline 0) in the wrong direction is as bad as it gets. The
+        // epsilon keeps rounding in the division from turning an exact 10 % (0.9 / 1.0 gives
+        // -9.999999999999998) into "not highlighted".
+        let large = change_pct
+            .is_none_or(|pct| pct.abs() >= HIGHLIGHT_THRESHOLD_PCT - HIGHLIGHT_EPSILON_PCT);
+        Change {
+            baseline,
+            replayed,
+            change_pct,
+            worse,
+            highlight: worse && large,
+        }
+    }
+}
+
+/// Public for tests and for callers that compare single numbers: a change of a time
+/// (`lower_is_better`) or a rate.
+pub fn change_of(baseline: f64, replayed: f64, lower_is_better: bool) -> Change {
+    let direction = if lower_is_better {
+        Direction::LowerIsBetter
+    } else {
+        Direction::HigherIsBetter
+    };
+    Change::new(baseline, replayed, direction)
+}
+
+/// Every comparable statistic both sides have, keyed `"<json key>.<stat>"`, plus the two
+/// throughputs keyed by their JSON key.
+pub fn compute_changes(baseline: &LlmSection, replayed: &LlmSection) -> BTreeMap<String, Change> {
+    let mut changes = BTreeMap::new();
+    for metric in COMPARED_METRICS {
+        let (Some(b), Some(r)) = (baseline.stats(metric), replayed.stats(metric)) else {
+            continue;
+        };
+        let direction = metric_direction(metric);
+        for stat in Stat::ALL {
+            changes.insert(
+                change_key(metric, stat),
+                Change::new(stat.of(&b), stat.of(&r), direction),
+            );
+        }
+    }
+    let rates = [
+        (
+            "output_tokens_per_second",
+            baseline.output_tokens_per_second,
+            replayed.output_tokens_per_second,
+        ),
+        (
+            "requests_per_second",
+            baseline.requests_per_second,
+            replayed.requests_per_second,
+        ),
+    ];
+    for (key, b, r) in rates {
+        if let (Some(b), Some(r)) = (b, r) {
+            changes.insert(
+                key.to_string(),
+                Change::new(b, r, Direction::HigherIsBetter),
+            );
+        }
+    }
+    changes
+}
+
+/// The `baseline.changes` key of one statistic (`ttft_ms.p95`).
+pub fn change_key(metric: Metric, stat: Stat) -> String {
+    format!("{}.{}", metric.json_key(), stat.name())
+}
+
+fn metric_direction(metric: Metric) -> Direction {
+    match metric.unit() {
+        Unit::Milliseconds => Direction::LowerIsBetter,
+        Unit::TokensPerSecond => Direction::HigherIsBetter,
+        Unit::Tokens => Direction::Neither,
+    }
+}
+
+fn derived_warnings(requests: &RequestsSection) -> Vec<String> {
+    let mut warnings = Vec::new();
+    if requests.total > 0 && requests.succeeded == 0 {
+        warnings.push("no request succeeded: every distribution is empty".to_string());
+    }
+    if requests.estimated > 0 {
+        let streams = requests.usage_reported + requests.estimated;
+        warnings.push(format!(
+            "{} of {} streams ({:.1} %) reported no usage; their output tokens were estimated as one per content frame",
+            requests.estimated,
+            streams,
+            100.0 * requests.estimated as f64 / streams as f64
+        ));
+    }
+    if requests.lost > 0 {
+        warnings.push(format!(
+            "requests lost with a worker: {} (left out of every distribution)",
+            requests.lost
+        ));
+    }
+    if requests.not_started > 0 {
+        warnings.push(format!(
+            "requests never started: {} (the run stopped first)",
+            requests.not_started
+        ));
+    }
+    warnings
+}
+
+/// RFC 3339 UTC timestamp with milliseconds (`2026-11-30T11:05:40.123Z`) of a Unix time in
+/// microseconds, for [`RunInfo::started_at`].
+pub fn rfc3339_utc(unix_us: u64) -> String {
+    let total_ms = unix_us / 1_000;
+    let ms = total_ms % 1_000;
+    let total_s = total_ms / 1_000;
+    let (h, m, s) = (total_s / 3600 % 24, total_s / 60 % 60, total_s % 60);
+    // Howard Hinnant's days-to-civil algorithm (proleptic Gregorian calendar).
+    let z = (total_s / 86_400) as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{ms:03}Z")
+}
+
+#[cfg(test)]
+mod tests;

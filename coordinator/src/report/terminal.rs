@@ -1,0 +1,219 @@
+//! The terminal rendering of a report: plain aligned tables that read the same with or without
+//! color (highlighted rows carry a textual marker; color only adds emphasis).
+
+use std::fmt::Write as _;
+
+use common::metrics::Metric;
+
+use super::Report;
+use super::format::{
+    self, ANSI_BOLD, ANSI_GREEN, ANSI_RED, ANSI_RESET, HIGHLIGHT_NOTE, STAT_COLUMNS, TextTable,
+};
+
+/// Render `report` for a terminal; `color` adds ANSI colors (red for highlighted comparisons
+/// and failed goals, green for passed goals, bold titles).
+pub fn render_terminal(report: &Report, color: bool) -> String {
+    let mut out = String::new();
+    let title = |out: &mut String, text: &str| {
+        if color {
+            let _ = writeln!(out, "{ANSI_BOLD}{text}{ANSI_RESET}");
+        } else {
+            let _ = writeln!(out, "{text}");
+        }
+    };
+
+    title(&mut out, &format!("llm-replay run {}", report.run.id));
+    let _ = writeln!(out, "  started   {}", report.run.started_at);
+    let _ = writeln!(out, "  duration  {:.2} s", report.run.duration_s);
+    let _ = writeln!(out, "  target    {}", report.run.target);
+    let _ = writeln!(out, "  load      {}", format::load(report));
+    if !report.run.workers.is_empty() {
+        out.push('\n');
+        let mut workers = TextTable::new(
+            &[
+                "worker",
+                "host",
+                "assigned",
+                "completed",
+                "lost",
+                "clock offset ms",
+            ],
+            &[0, 1],
+        );
+        for w in &report.run.workers {
+            let lost = if w.disconnected {
+                format!("{} (disconnected)", w.lost)
+            } else {
+                w.lost.to_string()
+            };
+            workers.row(
+                vec![
+                    w.id.clone(),
+                    w.host.clone(),
+                    w.assigned.to_string(),
+                    w.completed.to_string(),
+                    lost,
+                    w.clock_offset_ms
+                        .map_or_else(|| format::NO_VALUE.to_string(), |o| format!("{o:.2}")),
+                ],
+                w.disconnected.then_some(ANSI_RED),
+            );
+        }
+        out.push_str(&workers.render(color));
+    }
+
+    out.push('\n');
+    title(&mut out, "LLM metrics");
+    let mut header = vec!["metric"];
+    header.extend(STAT_COLUMNS);
+    let mut metrics = TextTable::new(&header, &[0]);
+    for metric in Metric::ALL {
+        let mut cells = vec![metric.label().to_string()];
+        cells.extend(format::stat_cells(
+            metric,
+            report.llm.stats(metric).as_ref(),
+        ));
+        metrics.row(cells, None);
+    }
+    out.push_str(&metrics.render(color));
+
+    out.push('\n');
+    title(&mut out, "Requests");
+    let r = &report.requests;
+    let _ = writeln!(out, "  total            {}", format::total_line(report));
+    let _ = writeln!(out, "  failed by kind   {}", format::failed_by_kind(report));
+    let _ = writeln!(out, "  status codes     {}", format::status_codes(report));
+    let _ = writeln!(out, "  output tokens    {}", format::token_sources(report));
+    if r.warmup > 0 {
+        let _ = writeln!(out, "  warm-up          {} requests excluded", r.warmup);
+    }
+
+    out.push('\n');
+    title(&mut out, "Throughput");
+    let _ = writeln!(
+        out,
+        "  output tokens/s   {}",
+        format::rate(report.llm.output_tokens_per_second)
+    );
+    let _ = writeln!(
+        out,
+        "  requests/s        {}",
+        format::rate(report.llm.requests_per_second)
+    );
+    let _ = writeln!(
+        out,
+        "  measured window   {}",
+        report
+            .llm
+            .measured_window_s
+            .map_or_else(|| format::NO_VALUE.to_string(), |s| format!("{s:.2} s"))
+    );
+
+    if let Some(baseline) = &report.baseline {
+        out.push('\n');
+        title(
+            &mut out,
+            &format!("Baseline comparison ({})", baseline.source),
+        );
+        let mut table = TextTable::new(
+            &["metric", "stat", "baseline", "replayed", "change", ""],
+            &[0, 1, 5],
+        );
+        for row in format::comparison_rows(report) {
+            let highlight = row.highlight();
+            table.row(
+                vec![
+                    row.label.clone(),
+                    row.stat.clone(),
+                    row.baseline.clone(),
+                    row.replayed.clone(),
+                    row.change.clone(),
+                    row.marker().to_string(),
+                ],
+                highlight.then_some(ANSI_RED),
+            );
+        }
+        out.push_str(&table.render(color));
+        let _ = writeln!(out, "  {HIGHLIGHT_NOTE}");
+    }
+
+    if !report.sweep.is_empty() {
+        out.push('\n');
+        title(&mut out, "Concurrency sweep");
+        let mut table = TextTable::new(
+            &[
+                "concurrency",
+                "requests",
+                "failed",
+                "ttft p50 ms",
+                "ttft p95 ms",
+                "itl p50 ms",
+                "latency p95 ms",
+                "output tok/s",
+                "req/s",
+            ],
+            &[],
+        );
+        for level in &report.sweep {
+            let stat = |metric: Metric, pick: fn(&common::metrics::Stats) -> f64| {
+                level.llm.stats(metric).map_or_else(
+                    || format::NO_VALUE.to_string(),
+                    |s| format!("{:.2}", pick(&s)),
+                )
+            };
+            table.row(
+                vec![
+                    level.concurrency.to_string(),
+                    level.requests.total.to_string(),
+                    level.requests.failed.to_string(),
+                    stat(Metric::Ttft, |s| s.p50),
+                    stat(Metric::Ttft, |s| s.p95),
+                    stat(Metric::Itl, |s| s.p50),
+                    stat(Metric::Latency, |s| s.p95),
+                    format::rate(level.llm.output_tokens_per_second),
+                    format::rate(level.llm.requests_per_second),
+                ],
+                None,
+            );
+        }
+        out.push_str(&table.render(color));
+    }
+
+    if !report.goals.is_empty() {
+        out.push('\n');
+        title(&mut out, "Goals (a goal fails when its condition holds)");
+        let mut table = TextTable::new(
+            &["result", "goal", "value", "threshold", "note"],
+            &[0, 1, 4],
+        );
+        for goal in &report.goals {
+            let (status, code) = if goal.failed {
+                ("FAIL", ANSI_RED)
+            } else {
+                ("PASS", ANSI_GREEN)
+            };
+            table.row(
+                vec![
+                    status.to_string(),
+                    goal.expr.clone(),
+                    format::goal_number(goal.value),
+                    format::goal_number(Some(goal.threshold)),
+                    goal.note.clone().unwrap_or_default(),
+                ],
+                Some(code),
+            );
+        }
+        out.push_str(&table.render(color));
+        let failed = report.goals.iter().filter(|g| g.failed).count();
+        let _ = writeln!(out, "  {} goals, {} failed", report.goals.len(), failed);
+    }
+
+    if !report.warnings.is_empty() {
+        out.push('\n');
+        title(&mut out, "Warnings");
+        for warning in &report.warnings {
+            let _ = writeln!(out, "  - {warning}");
+        }
+    }
+    out
+}

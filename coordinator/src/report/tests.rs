@@ -1,0 +1,629 @@
+//! Tests of the report model, the baseline comparison and the renderers. Rendered reports are
+//! checked against golden files in `snapshots/`; `UPDATE_SNAPSHOTS=1 cargo test` rewrites them
+//! (review the diff before committing).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use common::measure::{FailureKind, OutcomeKind, RequestOutcome};
+use common::metrics::{Metric, RunMetrics};
+use serde_json::Value;
+
+use super::*;
+use crate::goals::{Goal, parse_goal};
+
+/// 2026-11-30T10:00:00Z in microseconds since the Unix epoch.
+const T0_US: u64 = 1_796_032_800_000_000;
+
+fn succeeded(
+    i: u64,
+    ttft_ms: u64,
+    decode_ms_per_token: u64,
+    osl: u64,
+    usage: bool,
+) -> RequestOutcome {
+    let ttft_us = ttft_ms * 1_000;
+    RequestOutcome {
+        kind: OutcomeKind::Succeeded,
+        ttft_us: Some(ttft_us),
+        ttst_us: Some(decode_ms_per_token * 1_000),
+        latency_us: Some(ttft_us + (osl - 1) * decode_ms_per_token * 1_000),
+        content_frames: osl,
+        usage_output_tokens: usage.then_some(osl),
+        input_tokens: Some(500 + 10 * i),
+        schedule_lag_us: Some(100 * i),
+        sent_unix_us: Some(T0_US + i * 500_000),
+    }
+}
+
+/// The replayed run: 8 succeeded (6 with usage), 1 ended early, 2 failed, 2 warm-up.
+fn replayed_metrics() -> RunMetrics {
+    let mut m = RunMetrics::new();
+    for i in 0..8 {
+        m.record(&succeeded(i, 120 + 10 * i, 25, 41, i < 6));
+    }
+    m.record(&RequestOutcome {
+        kind: OutcomeKind::EndedEarly,
+        ttft_us: Some(300_000),
+        ttst_us: None,
+        latency_us: Some(300_000),
+        content_frames: 1,
+        usage_output_tokens: None,
+        input_tokens: None,
+        schedule_lag_us: Some(50),
+        sent_unix_us: Some(T0_US + 100_000),
+    });
+    m.record(&RequestOutcome::failed(FailureKind::Status));
+    m.record(&RequestOutcome::failed(FailureKind::ErrorFrame));
+    m.counters.warmup = 2;
+    m
+}
+
+/// The recording measured as a baseline: faster first tokens, slower decode.
+fn baseline_metrics() -> RunMetrics {
+    let mut m = RunMetrics::new();
+    for i in 0..8 {
+        let mut outcome = succeeded(i, 100 + 10 * i, 22, 41, true);
+        outcome.schedule_lag_us = None;
+        m.record(&outcome);
+    }
+    m
+}
+
+fn run_info() -> RunInfo {
+    RunInfo {
+        id: "5f0c2a9e-run".to_string(),
+        started_at: rfc3339_utc(T0_US),
+        duration_s: 4.5,
+        target: "http://127.0.0.1:8080".to_string(),
+        load: serde_json::json!({"schedule": "recorded", "speed": 1.0}),
+        workers: vec![
+            WorkerInfo {
+                id: "w1".to_string(),
+                host: "gpu-a".to_string(),
+                assigned: 7,
+                completed: 6,
+                lost: 1,
+                clock_offset_ms: Some(0.42),
+                disconnected: true,
+                version: None,
+            },
+            WorkerInfo {
+                id: "w2".to_string(),
+                host: "gpu-b".to_string(),
+                assigned: 7,
+                completed: 5,
+                lost: 0,
+                clock_offset_ms: None,
+                disconnected: false,
+                version: Some("0.1.0".to_string()),
+            },
+        ],
+    }
+}
+
+fn totals() -> RequestTotals {
+    RequestTotals {
+        lost: 1,
+        not_started: 2,
+        status_codes: BTreeMap::from([(200, 10), (429, 1)]),
+    }
+}
+
+fn goals() -> Vec<Goal> {
+    [
+        "llm.ttft-p95 > 150",
+        "llm.ttft-p95.change>10",
+        "llm.error-rate >= 50",
+        "requests.total == 14",
+        "llm.schedule-lag-max < 0",
+    ]
+    .iter()
+    .map(|expr| parse_goal(expr).expect("valid goal"))
+    .collect()
+}
+
+/// The report every rendering test uses.
+fn sample_report() -> Report {
+    let replayed = replayed_metrics();
+    let baseline = baseline_metrics();
+    let mut sweep_metrics = RunMetrics::new();
+    sweep_metrics.record(&succeeded(0, 90, 20, 11, true));
+    Report::build(ReportInput {
+        run: run_info(),
+        metrics: &replayed,
+        requests: totals(),
+        baseline: Some(Baseline {
+            source: "recorded".to_string(),
+            metrics: &baseline,
+        }),
+        sweep: vec![SweepLevel {
+            concurrency: 1,
+            metrics: sweep_metrics,
+            requests: RequestTotals::default(),
+        }],
+        warnings: vec!["target answered 429 once".to_string()],
+    })
+    .with_goals(&goals())
+}
+
+fn assert_snapshot(name: &str, actual: &str) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("src/report/snapshots")
+        .join(name);
+    if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
+        std::fs::create_dir_all(path.parent().expect("snapshot dir")).expect("create dir");
+        std::fs::write(&path, actual).expect("write snapshot");
+        return;
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "cannot read snapshot {}: {e}; run with UPDATE_SNAPSHOTS=1",
+            path.display()
+        )
+    });
+    if expected != actual {
+        let line = expected
+            .lines()
+            .zip(actual.lines())
+            .position(|(e, a)| e != a)
+            .unwrap_or_else(|| expected.lines().count().min(actual.lines().count()));
+        panic!(
+            "snapshot {name} differs at line {}:\n expected: {:?}\n   actual: {:?}\n\
+             full output:\n{actual}\n(UPDATE_SNAPSHOTS=1 rewrites it)",
+            line + 1,
+            expected.lines().nth(line),
+            actual.lines().nth(line)
+        );
+    }
+}
+
+fn get<'v>(value: &'v Value, path: &str) -> &'v Value {
+    let mut current = value;
+    for part in path.split('/') {
+        current = match current {
+            Value::Array(items) => {
+                let index: usize = part.parse().expect("array index");
+                items
+                    .get(index)
+                    .unwrap_or_else(|| panic!("missing index {part} in {path}"))
+            }
+            Value::Object(map) => map
+                .get(part)
+                .unwrap_or_else(|| panic!("missing key {part} of {path}")),
+            other => panic!("{path}: {part} under a scalar {other}"),
+        };
+    }
+    current
+}
+
+#[test]
+fn json_has_every_contract_key() {
+    let report = sample_report();
+    let json: Value = serde_json::from_str(&report.to_json_pretty()).expect("valid JSON");
+    assert_eq!(get(&json, "schema"), "llm-replay.report/v1");
+    for key in [
+        "id",
+        "started_at",
+        "duration_s",
+        "target",
+        "load",
+        "workers",
+    ] {
+        get(&json, &format!("run/{key}"));
+    }
+    for key in ["id", "host", "assigned", "completed", "lost"] {
+        get(&json, &format!("run/workers/0/{key}"));
+        get(&json, &format!("run/workers/1/{key}"));
+    }
+    for key in [
+        "total",
+        "succeeded",
+        "failed",
+        "ended_early",
+        "lost",
+        "not_started",
+        "usage_reported",
+        "estimated",
+    ] {
+        assert!(get(&json, &format!("requests/{key}")).is_u64(), "{key}");
+    }
+    let stat_keys = [
+        "avg", "min", "max", "std", "p50", "p90", "p95", "p99", "count",
+    ];
+    for section in ["llm", "baseline/llm", "sweep/0/llm"] {
+        for metric in [
+            "ttft_ms",
+            "ttst_ms",
+            "itl_ms",
+            "latency_ms",
+            "tokens_per_second_per_user",
+            "isl_tokens",
+            "osl_tokens",
+        ] {
+            for stat in stat_keys {
+                assert!(
+                    get(&json, &format!("{section}/{metric}/{stat}")).is_number(),
+                    "{section}/{metric}/{stat}"
+                );
+            }
+        }
+        get(&json, &format!("{section}/schedule_lag_ms"));
+        for key in [
+            "output_tokens_per_second",
+            "requests_per_second",
+            "estimated_token_share_pct",
+        ] {
+            get(&json, &format!("{section}/{key}"));
+        }
+    }
+    for stat in stat_keys {
+        assert!(get(&json, &format!("llm/schedule_lag_ms/{stat}")).is_number());
+    }
+    assert_eq!(get(&json, "baseline/source"), "recorded");
+    let change = get(&json, "baseline/changes/ttft_ms.p95");
+    for key in ["baseline", "replayed", "change_pct", "worse", "highlight"] {
+        get(change, key);
+    }
+    for key in ["expr", "metric", "value", "threshold", "failed"] {
+        get(&json, &format!("goals/0/{key}"));
+    }
+    for key in ["concurrency", "llm", "requests"] {
+        get(&json, &format!("sweep/0/{key}"));
+    }
+    assert!(get(&json, "warnings").is_array());
+}
+
+#[test]
+fn total_is_the_sum_of_its_parts() {
+    let report = sample_report();
+    let r = &report.requests;
+    assert_eq!(
+        r.total,
+        r.succeeded + r.failed + r.ended_early + r.lost + r.not_started
+    );
+    assert_eq!(
+        (
+            r.total,
+            r.succeeded,
+            r.failed,
+            r.ended_early,
+            r.lost,
+            r.not_started
+        ),
+        (14, 8, 2, 1, 1, 2)
+    );
+    assert_eq!(
+        (r.failed_by_kind.status, r.failed_by_kind.error_frame),
+        (1, 1)
+    );
+    assert_eq!((r.usage_reported, r.estimated, r.warmup), (6, 3, 2));
+    let sweep = &report.sweep[0].requests;
+    assert_eq!(sweep.total, 1);
+}
+
+#[test]
+fn metric_without_samples_serializes_as_null() {
+    let empty = RunMetrics::new();
+    let report = Report::build(ReportInput {
+        run: run_info(),
+        metrics: &empty,
+        requests: RequestTotals::default(),
+        baseline: None,
+        sweep: Vec::new(),
+        warnings: Vec::new(),
+    });
+    let json: Value = serde_json::from_str(&report.to_json_pretty()).expect("valid JSON");
+    for key in [
+        "ttft_ms",
+        "itl_ms",
+        "schedule_lag_ms",
+        "output_tokens_per_second",
+        "requests_per_second",
+        "estimated_token_share_pct",
+    ] {
+        assert!(get(&json, &format!("llm/{key}")).is_null(), "{key}");
+    }
+    assert!(get(&json, "baseline").is_null());
+    assert!(json.get("sweep").is_none(), "sweep only when sweeping");
+}
+
+#[test]
+fn stats_come_from_the_merged_histograms() {
+    let report = sample_report();
+    let ttft = report.llm.ttft_ms.expect("ttft samples");
+    // 8 successes (120..190 ms) plus the ended-early stream (300 ms) count toward TTFT.
+    assert_eq!(ttft.count, 9);
+    assert!((ttft.min - 120.0).abs() < 0.1, "{}", ttft.min);
+    assert!((ttft.max - 300.0).abs() < 0.5, "{}", ttft.max);
+    let itl = report.llm.itl_ms.expect("itl samples");
+    assert_eq!(itl.count, 8);
+    assert!((itl.p50 - 25.0).abs() < 0.05, "{}", itl.p50);
+    let share = report.llm.estimated_token_share_pct.expect("share");
+    assert!((share - 100.0 / 3.0).abs() < 1e-9);
+    // Window: first send at T0, last content at T0 + 3.5 s + 190 ms + 1 s.
+    let window = report.llm.measured_window_s.expect("window");
+    assert!((window - 4.69).abs() < 1e-9, "{window}");
+    let tps = report.llm.output_tokens_per_second.expect("throughput");
+    assert!((tps - 8.0 * 41.0 / 4.69).abs() < 1e-9, "{tps}");
+}
+
+#[test]
+fn change_of_highlights_ten_percent_worse_only() {
+    let ten_worse = change_of(100.0, 110.0, true);
+    assert!(ten_worse.worse && ten_worse.highlight);
+    assert_eq!(ten_worse.change_pct, Some(10.0));
+
+    let almost = change_of(100.0, 109.9, true);
+    assert!(almost.worse && !almost.highlight);
+
+    let better = change_of(100.0, 80.0, true);
+    assert!(!better.worse && !better.highlight);
+    assert_eq!(better.change_pct, Some(-20.0));
+
+    // Token rates: lower is worse.
+    let slower_rate = change_of(100.0, 90.0, false);
+    assert!(slower_rate.worse && slower_rate.highlight);
+    let faster_rate = change_of(100.0, 120.0, false);
+    assert!(!faster_rate.worse && !faster_rate.highlight);
+
+    let from_zero = change_of(0.0, 5.0, true);
+    assert_eq!(from_zero.change_pct, None);
+    assert!(from_zero.highlight);
+    assert_eq!(change_of(0.0, 0.0, true).change_pct, Some(0.0));
+}
+
+/// Metrics whose every TTFT is `ttft_us` and whose every per-user rate is `rate_milli`.
+fn single_valued(ttft_us: u64, rate_milli: u64, isl: u64) -> RunMetrics {
+    let mut m = RunMetrics::new();
+    m.record_value(Metric::Ttft, ttft_us);
+    m.record_value(Metric::TokensPerSecondPerUser, rate_milli);
+    m.record_value(Metric::Isl, isl);
+    m
+}
+
+fn changes_between(baseline: &RunMetrics, replayed: &RunMetrics) -> BTreeMap<String, Change> {
+    compute_changes(
+        &LlmSection::from_metrics(baseline),
+        &LlmSection::from_metrics(replayed),
+    )
+}
+
+#[test]
+fn changes_follow_the_highlight_rule_on_every_stat() {
+    // Values below 2048 are stored exactly by a 3-digit HDR histogram.
+    let baseline = single_valued(1_000, 1_000, 100);
+    let ten_worse = changes_between(&baseline, &single_valued(1_100, 900, 50));
+    for stat in Stat::ALL {
+        let ttft = ten_worse[&change_key(Metric::Ttft, stat)];
+        assert!(ttft.highlight, "ttft {stat:?}: {ttft:?}");
+        let rate = ten_worse[&change_key(Metric::TokensPerSecondPerUser, stat)];
+        assert!(rate.highlight, "rate {stat:?}: {rate:?}");
+        // Token counts have no worse direction.
+        let isl = ten_worse[&change_key(Metric::Isl, stat)];
+        assert!(!isl.worse && !isl.highlight);
+        assert_eq!(isl.change_pct, Some(-50.0));
+    }
+
+    let almost = changes_between(&baseline, &single_valued(1_099, 901, 100));
+    let ttft = almost["ttft_ms.p95"];
+    assert!(ttft.worse && !ttft.highlight, "{ttft:?}");
+    let rate = almost["tokens_per_second_per_user.p50"];
+    assert!(rate.worse && !rate.highlight, "{rate:?}");
+
+    let better = changes_between(&baseline, &single_valued(800, 1_200, 100));
+    let ttft = better["ttft_ms.p99"];
+    assert!(
+        (ttft.change_pct.expect("defined") + 20.0).abs() < 1e-9,
+        "{ttft:?}"
+    );
+    assert!(!ttft.worse && !ttft.highlight);
+    assert!(!better["tokens_per_second_per_user.avg"].worse);
+
+    // A metric only one side has is not compared.
+    assert!(!better.contains_key("itl_ms.p50"));
+    assert!(!better.contains_key("output_tokens_per_second"));
+}
+
+#[test]
+fn sample_report_highlights_slower_first_tokens() {
+    let report = sample_report();
+    let changes = &report.baseline.as_ref().expect("baseline").changes;
+    let ttft = changes["ttft_ms.p50"];
+    assert!(ttft.worse && ttft.highlight, "{ttft:?}");
+    let itl = changes["itl_ms.p50"];
+    assert!(itl.worse && itl.highlight, "25 ms vs 22 ms: {itl:?}");
+    let rate = changes["tokens_per_second_per_user.p50"];
+    assert!(rate.worse && rate.highlight, "{rate:?}");
+    assert!(changes.contains_key("output_tokens_per_second"));
+    assert!(!changes.keys().any(|k| k.starts_with("schedule_lag_ms")));
+}
+
+#[test]
+fn terminal_rendering_matches_golden() {
+    assert_snapshot("terminal.txt", &render_terminal(&sample_report(), false));
+}
+
+#[test]
+fn terminal_color_marks_highlighted_rows_and_goals() {
+    let plain = render_terminal(&sample_report(), false);
+    assert!(!plain.contains('\x1b'), "no ANSI without color");
+    let colored = render_terminal(&sample_report(), true);
+    let highlighted = colored
+        .lines()
+        .find(|l| l.contains("Time to first token") && l.contains("p50") && l.contains("▲ worse"))
+        .expect("highlighted TTFT row");
+    assert!(highlighted.contains("\x1b[31m") && highlighted.ends_with("\x1b[0m"));
+    let failed_goal = colored
+        .lines()
+        .find(|l| l.contains("FAIL") && l.contains("llm.ttft-p95 > 150"))
+        .expect("failed goal row");
+    assert!(failed_goal.contains("\x1b[31m"));
+    let passed_goal = colored
+        .lines()
+        .find(|l| l.contains("PASS"))
+        .expect("passed goal row");
+    assert!(passed_goal.contains("\x1b[32m"));
+    // Stripping the escape codes gives back the plain rendering.
+    let stripped = colored
+        .replace("\x1b[31m", "")
+        .replace("\x1b[32m", "")
+        .replace("\x1b[1m", "")
+        .replace("\x1b[0m", "");
+    assert_eq!(stripped, plain);
+}
+
+#[test]
+fn markdown_rendering_matches_golden() {
+    assert_snapshot("report.md", &render_markdown(&sample_report()));
+}
+
+#[test]
+fn junit_rendering_matches_golden() {
+    let junit = render_junit(&sample_report());
+    assert_snapshot("junit.xml", &junit);
+    let failed_goals = sample_report().goals.iter().filter(|g| g.failed).count();
+    assert!(failed_goals > 0);
+    assert_eq!(
+        junit.matches("<failure type=\"goal\"").count(),
+        failed_goals
+    );
+    assert!(junit.contains(&format!("tests=\"{}\"", 1 + sample_report().goals.len())));
+}
+
+#[test]
+fn junit_run_case_fails_when_nothing_succeeded() {
+    let mut m = RunMetrics::new();
+    m.record(&RequestOutcome::failed(FailureKind::Transport));
+    let report = Report::build(ReportInput {
+        run: run_info(),
+        metrics: &m,
+        requests: RequestTotals::default(),
+        baseline: None,
+        sweep: Vec::new(),
+        warnings: Vec::new(),
+    });
+    let junit = render_junit(&report);
+    assert!(junit.contains("<failure type=\"run\""), "{junit}");
+    assert!(junit.contains("tests=\"1\" failures=\"1\""), "{junit}");
+    assert!(
+        report
+            .warnings
+            .iter()
+            .any(|w| w.contains("no request succeeded"))
+    );
+
+    let ok = render_junit(&sample_report());
+    assert!(!ok.contains("<failure type=\"run\""));
+}
+
+#[test]
+fn html_rendering_matches_golden() {
+    assert_snapshot("report.html", &render_html(&sample_report()));
+}
+
+#[test]
+fn html_is_self_contained_and_escaped() {
+    let mut report = sample_report();
+    report.run.target = "http://h/<script>alert(1)</script>".to_string();
+    let html = render_html(&report);
+    assert!(html.starts_with("<!DOCTYPE html>"));
+    assert!(html.contains("<style>") && !html.contains("<script"));
+    assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+    assert!(
+        !html.contains("src=") && !html.contains("<link"),
+        "no external resources"
+    );
+    let worse_rows = html.matches("<tr class=\"worse\">").count();
+    let highlighted = format::comparison_rows(&report)
+        .iter()
+        .filter(|r| r.highlight())
+        .count();
+    assert!(highlighted > 0);
+    assert_eq!(worse_rows, highlighted);
+    assert_eq!(
+        html.matches("<tr class=\"fail\"><td>FAIL").count(),
+        report.goals.iter().filter(|g| g.failed).count()
+    );
+    assert!(html.trim_end().ends_with("</html>"));
+}
+
+#[test]
+fn saved_report_reads_back() {
+    let report = sample_report();
+    let read = Report::from_json(&report.to_json_pretty()).expect("reads back");
+    assert_eq!(read.goals, report.goals);
+    assert_eq!(read.requests, report.requests);
+    assert_eq!(read.run, report.run);
+    assert_eq!(
+        render_terminal(&read, false),
+        render_terminal(&report, false)
+    );
+    assert_eq!(render_markdown(&read), render_markdown(&report));
+}
+
+#[test]
+fn reading_a_bad_report_names_the_field() {
+    let mut json: Value = serde_json::from_str(&sample_report().to_json_pretty()).expect("json");
+    json["llm"]["ttft_ms"]["p95"] = Value::String("fast".into());
+    let error = Report::from_json(&json.to_string()).expect_err("bad field");
+    assert!(error.to_string().starts_with("llm.ttft_ms.p95:"), "{error}");
+
+    json["llm"]["ttft_ms"]["p95"] = Value::from(1.0);
+    json["schema"] = Value::String("aiperf/1.4".into());
+    let error = Report::from_json(&json.to_string()).expect_err("bad schema");
+    assert!(matches!(error, ReportReadError::Schema { .. }), "{error}");
+}
+
+#[test]
+fn compare_reports_uses_the_other_report_as_baseline() {
+    let replayed = replayed_metrics();
+    let no_baseline = Report::build(ReportInput {
+        run: run_info(),
+        metrics: &replayed,
+        requests: totals(),
+        baseline: None,
+        sweep: Vec::new(),
+        warnings: Vec::new(),
+    })
+    .with_goals(&[parse_goal("llm.ttft-p50.change > 5").expect("goal")]);
+    assert_eq!(no_baseline.goals[0].value, None);
+    assert!(no_baseline.goals[0].failed);
+
+    let older_metrics = baseline_metrics();
+    let older = Report::build(ReportInput {
+        run: run_info(),
+        metrics: &older_metrics,
+        requests: RequestTotals::default(),
+        baseline: None,
+        sweep: Vec::new(),
+        warnings: Vec::new(),
+    });
+    let compared = compare_reports(&no_baseline, &older, "yesterday.json");
+    let baseline = compared.baseline.as_ref().expect("baseline");
+    assert_eq!(baseline.source, "yesterday.json");
+    assert_eq!(baseline.llm, older.llm);
+    let ttft = baseline.changes["ttft_ms.p50"];
+    let expected_pct = (no_baseline.llm.ttft_ms.expect("ttft").p50
+        - older.llm.ttft_ms.expect("ttft").p50)
+        / older.llm.ttft_ms.expect("ttft").p50
+        * 100.0;
+    assert_eq!(ttft.change_pct, Some(expected_pct));
+    // The `.change` goal now has a value and is re-evaluated.
+    assert_eq!(compared.goals[0].value, Some(expected_pct));
+    assert_eq!(compared.goals[0].failed, expected_pct > 5.0);
+    assert!(compared.goals[0].note.is_none());
+    // The current run's own numbers are untouched.
+    assert_eq!(compared.llm, no_baseline.llm);
+}
+
+#[test]
+fn rfc3339_formats_known_instants() {
+    assert_eq!(rfc3339_utc(0), "1970-01-01T00:00:00.000Z");
+    assert_eq!(rfc3339_utc(T0_US), "2026-11-30T10:00:00.000Z");
+    assert_eq!(rfc3339_utc(951_782_400_123_456), "2000-02-29T00:00:00.123Z");
+    assert_eq!(
+        rfc3339_utc(4_107_542_399_999_000),
+        "2100-02-28T23:59:59.999Z"
+    );
+}
