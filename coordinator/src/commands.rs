@@ -1,22 +1,41 @@
-//! The `run` and `report` commands: turn options into a replay, a report and an exit code.
+//! The `run` and `report` commands: turn options into replays, a report, files and an exit
+//! code. All user-facing output of these commands is written here.
 
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use crate::config::{BaselineSource, RunArgs};
-use crate::run::{ReplaySetup, RunError, replay};
-use crate::scan::scan;
+use common::metrics::RunMetrics;
+
+use crate::config::{BaselineSource, RunArgs, RunConfig};
+use crate::goals::{Goal, parse_goals};
+use crate::report::{
+    Baseline, Report, ReportInput, RequestTotals, RunInfo, SweepLevel, WorkerInfo,
+    compare_reports, render_html, render_junit, render_markdown, render_terminal, rfc3339_utc,
+};
+use crate::run::{ReplayResult, ReplaySetup, RunError, replay};
+use crate::scan::{RecordingScan, scan};
 
 /// Exit codes of the contract.
 pub mod exit {
+    /// Ran and every goal held.
     pub const OK: u8 = 0;
+    /// A goal failed.
     pub const GOAL_FAILED: u8 = 1;
+    /// Bad usage or bad input.
     pub const USAGE: u8 = 2;
+    /// The run could not complete.
     pub const RUN_FAILED: u8 = 3;
 }
 
 fn fail(code: u8, message: impl std::fmt::Display) -> ExitCode {
     eprintln!("llm-replay: {message}");
     ExitCode::from(code)
+}
+
+fn write_file(path: &Path, text: &str) -> Result<(), ExitCode> {
+    std::fs::write(path, text)
+        .map_err(|e| fail(exit::RUN_FAILED, format!("{}: cannot write: {e}", path.display())))
 }
 
 /// `llm-replay run`.
@@ -31,44 +50,276 @@ pub async fn run_command(args: RunArgs) -> ExitCode {
         }
     };
     if scanned.exchanges == 0 {
-        return fail(exit::USAGE, format!("{}: the recording has no exchanges", recording.display()));
+        return fail(
+            exit::USAGE,
+            format!("{}: the recording has no exchanges", recording.display()),
+        );
     }
     let config = match args.into_config(scanned.with_arrival > 0) {
         Ok(config) => config,
         Err(error) => return fail(exit::USAGE, format!("{error:#}")),
     };
-    let target = match &config.target {
-        Some(target) => target.clone(),
-        None => return fail(exit::USAGE, "no --target (embedded mock not wired yet)"),
+    let goals = match parse_goals(&config.goals) {
+        Ok(goals) => goals,
+        Err(error) => return fail(exit::USAGE, error),
+    };
+    let saved_baseline = match &config.baseline {
+        BaselineSource::Report(path) => match read_report(path) {
+            Ok(report) => Some((path.clone(), report)),
+            Err(code) => return code,
+        },
+        _ => None,
+    };
+    let mut warnings = Vec::new();
+    if let Some(line) = scanned.torn_last_line {
+        warnings.push(format!(
+            "{}:{line}: torn last line (the recorder stopped mid-line); it was not replayed",
+            recording.display()
+        ));
+    }
+
+    // With no target, an embedded mock serves the recorded streams at their recorded timing.
+    let (target, embedded) = match &config.target {
+        Some(target) => (target.clone(), None),
+        None => match crate::mock::start_embedded(&config.recording).await {
+            Ok(mock) => (mock.url.clone(), Some(mock)),
+            Err(error) => return fail(exit::RUN_FAILED, format!("embedded mock: {error:#}")),
+        },
     };
     let pass_span_ms = if scanned.exchanges > 1 {
         scanned.max_at_ms * scanned.exchanges as f64 / (scanned.exchanges - 1) as f64
     } else {
         scanned.max_at_ms + 1000.0
     };
-    let setup = ReplaySetup {
-        config: &config,
-        load: config.load.clone(),
-        target,
-        tag_requests: config.target.is_none(),
-        exchanges: scanned.exchanges,
-        pass_span_ms,
+    let levels: Vec<Option<usize>> = if config.sweep.is_empty() {
+        vec![None]
+    } else {
+        config.sweep.iter().copied().map(Some).collect()
     };
-    let result = match replay(setup).await {
-        Ok(result) => result,
-        Err(RunError::Input(message)) => return fail(exit::USAGE, message),
-        Err(RunError::Failed(message)) => return fail(exit::RUN_FAILED, message),
-    };
-    let _ = BaselineSource::None;
-    let m = &result.metrics;
-    for metric in common::metrics::Metric::ALL {
-        if let Some(s) = m.stats(metric) {
-            println!("{:<34} p50 {:>10.3} p95 {:>10.3} avg {:>10.3} n {}", metric.label(), s.p50, s.p95, s.avg, s.count);
+    let mut results = Vec::new();
+    for level in &levels {
+        let mut load = config.load.clone();
+        let mut level_config = config.clone();
+        if let Some(concurrency) = level {
+            load.concurrency = Some(*concurrency);
+            load.recorded_schedule = false;
+            load.rate = None;
+            level_config.workers = config.workers.min(*concurrency);
+        }
+        let setup = ReplaySetup {
+            config: &level_config,
+            load,
+            target: target.clone(),
+            tag_requests: embedded.is_some(),
+            exchanges: scanned.exchanges,
+            pass_span_ms,
+        };
+        match replay(setup).await {
+            Ok(result) => {
+                let aborted = result.aborted;
+                results.push((level_config.workers, *level, result));
+                if aborted {
+                    break;
+                }
+            }
+            Err(RunError::Input(message)) => return fail(exit::USAGE, message),
+            Err(RunError::Failed(message)) => return fail(exit::RUN_FAILED, message),
         }
     }
-    println!("counters {:?} assigned {} not_started {} lost {}", m.counters, result.assigned, result.not_started, result.lost);
-    if result.aborted {
-        return ExitCode::from(exit::RUN_FAILED);
+    if let Some(mock) = embedded {
+        mock.stop().await;
+    }
+
+    let (_, _, main) = results.last().expect("at least one level ran");
+    let sweep: Vec<SweepLevel> = if config.sweep.is_empty() {
+        Vec::new()
+    } else {
+        results
+            .iter()
+            .map(|(_, level, result)| SweepLevel {
+                concurrency: level.unwrap_or(0) as u32,
+                metrics: result.metrics.clone(),
+                requests: request_totals(result),
+            })
+            .collect()
+    };
+    let report = build_report(&config, &scanned, main, sweep, warnings, &goals, saved_baseline);
+    let color = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    print!("{}", render_terminal(&report, color));
+    for (path, render) in [
+        (&config.report_json, Report::to_json_pretty as fn(&Report) -> String),
+        (&config.report_md, render_markdown),
+        (&config.report_html, render_html),
+        (&config.junit, render_junit),
+    ] {
+        if let Some(path) = path
+            && let Err(code) = write_file(path, &render(&report))
+        {
+            return code;
+        }
+    }
+
+    if main.aborted {
+        return fail(exit::RUN_FAILED, "the run was aborted: a worker was lost (partial report above)");
+    }
+    if unreachable(&main.metrics) {
+        return fail(
+            exit::RUN_FAILED,
+            format!("the target {target} was unreachable: no request got a response"),
+        );
+    }
+    if report.any_goal_failed() {
+        return ExitCode::from(exit::GOAL_FAILED);
     }
     ExitCode::from(exit::OK)
+}
+
+/// Every request failed before any response arrived (connection refused, DNS, ...).
+fn unreachable(metrics: &RunMetrics) -> bool {
+    let c = &metrics.counters;
+    c.failed_transport > 0 && c.completed() == c.failed_transport && c.warmup == 0
+}
+
+fn request_totals(result: &ReplayResult) -> RequestTotals {
+    RequestTotals {
+        lost: result.lost,
+        not_started: result.not_started,
+        status_codes: result.status_codes.clone(),
+    }
+}
+
+fn build_report(
+    config: &RunConfig,
+    scanned: &RecordingScan,
+    result: &ReplayResult,
+    sweep: Vec<SweepLevel>,
+    warnings: Vec<String>,
+    goals: &[Goal],
+    saved_baseline: Option<(PathBuf, Report)>,
+) -> Report {
+    let started_us = result
+        .started_at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0);
+    let workers = result
+        .workers
+        .iter()
+        .map(|w| WorkerInfo {
+            id: w.id.clone(),
+            host: w.host.clone(),
+            assigned: w.assigned,
+            completed: w.metrics.counters.completed(),
+            lost: w.totals.lost,
+            clock_offset_ms: None,
+            disconnected: w.lost,
+            version: None,
+            peak_rss_mb: (w.peak_rss_bytes > 0).then(|| w.peak_rss_bytes as f64 / 1_048_576.0),
+            cpu_seconds: Some(w.cpu_seconds),
+        })
+        .collect();
+    let mut all_warnings = result.warnings.clone();
+    all_warnings.extend(warnings);
+    let recorded_baseline = match (&config.baseline, &scanned.baseline) {
+        (BaselineSource::Recorded, Some(metrics)) => Some(Baseline {
+            source: format!("recording {}", config.recording.display()),
+            metrics,
+        }),
+        _ => None,
+    };
+    let report = Report::build(ReportInput {
+        run: RunInfo {
+            id: result.run_id.clone(),
+            started_at: rfc3339_utc(started_us),
+            duration_s: result.duration.as_secs_f64(),
+            target: if config.target.is_some() {
+                result.target.clone()
+            } else {
+                format!("embedded mock ({}) at recorded timing", result.target)
+            },
+            load: result.load.clone(),
+            workers,
+        },
+        metrics: &result.metrics,
+        requests: request_totals(result),
+        baseline: recorded_baseline,
+        sweep,
+        warnings: all_warnings,
+    });
+    let report = match saved_baseline {
+        Some((path, saved)) => compare_reports(&report, &saved, &path.display().to_string()),
+        None => report,
+    };
+    report.with_goals(goals)
+}
+
+fn read_report(path: &Path) -> Result<Report, ExitCode> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| fail(exit::USAGE, format!("{}: {e}", path.display())))?;
+    Report::from_json(&text).map_err(|e| fail(exit::USAGE, format!("{}: {e}", path.display())))
+}
+
+/// `llm-replay report` arguments.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ReportArgs {
+    /// A saved report (`--report-json` output).
+    pub file: PathBuf,
+    /// Another saved report to compare against (shown as the baseline).
+    #[arg(long)]
+    pub baseline: Option<PathBuf>,
+    /// Goals to evaluate again on the saved report.
+    #[arg(long = "fail-if")]
+    pub fail_if: Vec<String>,
+    /// Write the (re-rendered) report as JSON.
+    #[arg(long)]
+    pub report_json: Option<PathBuf>,
+    /// Write the report as Markdown.
+    #[arg(long)]
+    pub report_md: Option<PathBuf>,
+    /// Write the report as HTML.
+    #[arg(long)]
+    pub report_html: Option<PathBuf>,
+}
+
+/// `llm-replay report FILE [--baseline FILE]`.
+pub fn report_command(args: ReportArgs) -> ExitCode {
+    let goals = match parse_goals(&args.fail_if) {
+        Ok(goals) => goals,
+        Err(error) => return fail(exit::USAGE, error),
+    };
+    let current = match read_report(&args.file) {
+        Ok(report) => report,
+        Err(code) => return code,
+    };
+    let mut report = match &args.baseline {
+        Some(path) => match read_report(path) {
+            Ok(baseline) => compare_reports(&current, &baseline, &path.display().to_string()),
+            Err(code) => return code,
+        },
+        None => current,
+    };
+    if !goals.is_empty() {
+        let mut evaluated = report.clone().with_goals(&goals);
+        let mut kept = report.goals.clone();
+        kept.append(&mut evaluated.goals);
+        report.goals = kept;
+    }
+    let color = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    print!("{}", render_terminal(&report, color));
+    for (path, render) in [
+        (&args.report_json, Report::to_json_pretty as fn(&Report) -> String),
+        (&args.report_md, render_markdown),
+        (&args.report_html, render_html),
+    ] {
+        if let Some(path) = path
+            && let Err(code) = write_file(path, &render(&report))
+        {
+            return code;
+        }
+    }
+    if report.any_goal_failed() {
+        ExitCode::from(exit::GOAL_FAILED)
+    } else {
+        ExitCode::from(exit::OK)
+    }
 }

@@ -37,6 +37,7 @@ pub struct WorkerOutcome {
     pub lost: bool,
     pub loss_reason: Option<String>,
     pub cpu_seconds: f64,
+    pub peak_rss_bytes: u64,
 }
 
 /// The merged result of one replay.
@@ -466,6 +467,7 @@ async fn collect(
             lost: slot.lost.is_some(),
             loss_reason: slot.lost.clone(),
             cpu_seconds: slot.latest.as_ref().map(|r| r.cpu_seconds).unwrap_or(0.0),
+            peak_rss_bytes: slot.latest.as_ref().map(|r| r.peak_rss_bytes).unwrap_or(0),
         });
     }
     Ok(ReplayResult {

@@ -107,6 +107,12 @@ pub struct WorkerInfo {
     /// Its llm-replay version, when it reported one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
+    /// Peak resident memory of the worker process (MB), when it reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_rss_mb: Option<f64>,
+    /// CPU time the worker process used (seconds), when it reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_seconds: Option<f64>,
 }
 
 /// What the coordinator knows about requests that [`RunMetrics`] cannot: requests that never

@@ -87,6 +87,8 @@ fn run_info() -> RunInfo {
                 clock_offset_ms: Some(0.42),
                 disconnected: true,
                 version: None,
+                peak_rss_mb: None,
+                cpu_seconds: None,
             },
             WorkerInfo {
                 id: "w2".to_string(),
@@ -97,6 +99,8 @@ fn run_info() -> RunInfo {
                 clock_offset_ms: None,
                 disconnected: false,
                 version: Some("0.1.0".to_string()),
+                peak_rss_mb: None,
+                cpu_seconds: None,
             },
         ],
     }
