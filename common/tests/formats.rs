@@ -812,6 +812,13 @@ fn bedrock_converse_usage_arrives_in_metadata_after_message_stop() {
         OutcomeKind::EndedEarly
     );
 
+    // metadata without messageStop does not prove the message finished.
+    let mut no_stop = Vec::new();
+    no_stop.extend(bedrock_event("contentBlockDelta", r#"{"delta":{"text":"a"}}"#));
+    no_stop.extend(bedrock_event("metadata", r#"{"usage":{"inputTokens":1,"outputTokens":1}}"#));
+    let (events, _) = parse_all_splits(Family::BedrockConverse, &no_stop);
+    assert_eq!(events, vec![text("a"), Ev::Usage(Some(1), Some(1))]);
+
     // A metadata frame cut mid-way is a trailing partial frame.
     let cut = &stream[..stream.len() - 10];
     let (events, ending) = parse_reads(Family::BedrockConverse, [cut]).expect("valid so far");

@@ -239,6 +239,14 @@ mod tests {
     }
 
     #[test]
+    fn crlf_split_inside_a_multi_line_event() {
+        // `\r` | `\n`: the `\n` must not be taken for a blank line, which would dispatch
+        // `a` alone and lose the event name.
+        let (events, _) = decode(&[b"event: e\r", b"\ndata: a\r", b"\ndata: b\r\n\r\n"]);
+        assert_eq!(events, vec![(Some("e".to_owned()), "a\nb".to_owned())]);
+    }
+
+    #[test]
     fn bom_comments_event_names_and_fieldless_blocks() {
         let (events, ending) = decode(&[
             b"\xEF\xBB",
