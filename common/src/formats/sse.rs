@@ -250,10 +250,11 @@ mod tests {
     fn bom_comments_event_names_and_fieldless_blocks() {
         let (events, ending) = decode(&[
             b"\xEF\xBB",
-            b"\xBF: OPENROUTER PROCESSING\n\n:\n\nevent: ping\n\nevent: x\ndata\nid: 7\nretry: 10\nfoo: bar\n\n",
+            b"\xBFdata: first\n\n: OPENROUTER PROCESSING\n\n:\n\nevent: ping\n\nevent: x\ndata\nid: 7\nretry: 10\nfoo: bar\n\n",
         ]);
-        // `event: ping` without data is not dispatched; `data` without colon is empty data.
-        assert_eq!(events, vec![(Some("x".to_owned()), String::new())]);
+        // The BOM is dropped; `event: ping` without data is not dispatched; `data` without a
+        // colon is empty data.
+        assert_eq!(events, vec![one("first"), (Some("x".to_owned()), String::new())]);
         assert_eq!(ending, Ending::Clean);
     }
 
