@@ -185,8 +185,10 @@ fn openai_tool_call_deltas() {
 
 #[test]
 fn openai_legacy_completions_literal_stream() {
-    let (events, ending) =
-        parse_all_splits(Family::OpenAiCompletions, &fixture("openai_completions.sse"));
+    let (events, ending) = parse_all_splits(
+        Family::OpenAiCompletions,
+        &fixture("openai_completions.sse"),
+    );
     assert_eq!(
         events,
         vec![
@@ -259,7 +261,8 @@ fn openai_error_variants_of_compatible_servers() {
         );
     }
     // A falsy `error` member is not an error (the SDK's test is truthiness).
-    let stream = "data: {\"error\":null,\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n";
+    let stream =
+        "data: {\"error\":null,\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n";
     let (events, _) = parse_reads(Family::OpenAiChat, [stream.as_bytes()]).expect("valid");
     assert_eq!(events, vec![text("a"), Ev::Terminal]);
 }
@@ -363,7 +366,11 @@ fn azure_prompt_filter_preamble_is_not_content() {
     let (events, _) = parse_all_splits(Family::OpenAiChat, stream.as_bytes());
     assert_eq!(events, vec![text("Hi"), Ev::Terminal]);
     assert_eq!(
-        detect("/unknown/gateway", Some("text/event-stream"), stream.as_bytes()),
+        detect(
+            "/unknown/gateway",
+            Some("text/event-stream"),
+            stream.as_bytes()
+        ),
         Some(Family::OpenAiChat)
     );
 }
@@ -428,8 +435,11 @@ fn crlf_and_lone_cr_line_endings() {
     // An explicit `\r` | `\n` split at the blank line of the last event.
     let crlf = lf.replace('\n', "\r\n");
     let at = crlf.len() - 1;
-    let split = parse_reads(Family::OpenAiChat, [&crlf.as_bytes()[..at], &crlf.as_bytes()[at..]])
-        .expect("valid");
+    let split = parse_reads(
+        Family::OpenAiChat,
+        [&crlf.as_bytes()[..at], &crlf.as_bytes()[at..]],
+    )
+    .expect("valid");
     assert_eq!(split, expected);
 }
 
@@ -458,7 +468,13 @@ fn escaped_text_is_unescaped() {
 fn non_json_data_is_a_malformed_frame() {
     let result = parse_reads(Family::OpenAiChat, [&b"data: {\"choices\":[\n\n"[..]]);
     assert!(
-        matches!(result, Err(FrameError::Malformed { family: "openai-chat", .. })),
+        matches!(
+            result,
+            Err(FrameError::Malformed {
+                family: "openai-chat",
+                ..
+            })
+        ),
         "{result:?}"
     );
 }
@@ -605,7 +621,8 @@ fn anthropic_error_event_and_missing_message_stop() {
         OutcomeKind::Failed(FailureKind::ErrorFrame)
     );
 
-    let without_stop = &bytes[..bytes.len() - "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n".len()];
+    let without_stop =
+        &bytes[..bytes.len() - "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n".len()];
     let (events, ending) = parse_all_splits(Family::Anthropic, without_stop);
     assert!(!events.contains(&Ev::Terminal));
     assert_eq!(ending, Ending::Clean);
@@ -653,7 +670,8 @@ fn ollama_mid_stream_error_and_missing_done() {
         .copied()
         .collect();
     let mut with_error = first_two.clone();
-    with_error.extend_from_slice(b"{\"error\":\"an error was encountered while running the model\"}\n");
+    with_error
+        .extend_from_slice(b"{\"error\":\"an error was encountered while running the model\"}\n");
     let (events, ending) = parse_all_splits(Family::Ollama, &with_error);
     assert_eq!(
         events,
@@ -672,7 +690,10 @@ fn ollama_mid_stream_error_and_missing_done() {
     let (events, ending) = parse_all_splits(Family::Ollama, &first_two);
     assert!(!events.contains(&Ev::Terminal));
     assert_eq!(ending, Ending::Clean);
-    assert_eq!(measure(Family::Ollama, &first_two).kind, OutcomeKind::EndedEarly);
+    assert_eq!(
+        measure(Family::Ollama, &first_two).kind,
+        OutcomeKind::EndedEarly
+    );
 
     // A line cut mid-way.
     let cut = &bytes[..first_two.len() + 40];
@@ -744,7 +765,10 @@ fn bedrock_literal_exception_frame() {
 
 fn converse_stream(with_metadata: bool) -> Vec<u8> {
     let mut stream = Vec::new();
-    stream.extend(bedrock_event("messageStart", r#"{"p":"abcdefg","role":"assistant"}"#));
+    stream.extend(bedrock_event(
+        "messageStart",
+        r#"{"p":"abcdefg","role":"assistant"}"#,
+    ));
     stream.extend(bedrock_event(
         "contentBlockDelta",
         r#"{"contentBlockIndex":0,"delta":{"reasoningContent":{"text":"Hmm"}}}"#,
@@ -753,7 +777,10 @@ fn converse_stream(with_metadata: bool) -> Vec<u8> {
         "contentBlockDelta",
         r#"{"contentBlockIndex":0,"delta":{"reasoningContent":{"signature":"c2ln"}}}"#,
     ));
-    stream.extend(bedrock_event("contentBlockStop", r#"{"contentBlockIndex":0,"p":"abcde"}"#));
+    stream.extend(bedrock_event(
+        "contentBlockStop",
+        r#"{"contentBlockIndex":0,"p":"abcde"}"#,
+    ));
     stream.extend(bedrock_event(
         "contentBlockDelta",
         r#"{"contentBlockIndex":1,"delta":{"text":"Hello"},"p":"abcdefghijklmnopqrst"}"#,
@@ -762,7 +789,10 @@ fn converse_stream(with_metadata: bool) -> Vec<u8> {
         "contentBlockDelta",
         r#"{"contentBlockIndex":1,"delta":{"text":" world"},"p":"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123"}"#,
     ));
-    stream.extend(bedrock_event("contentBlockStop", r#"{"contentBlockIndex":1,"p":"abcdefghijklmnopqrstuvwxyzABCDE"}"#));
+    stream.extend(bedrock_event(
+        "contentBlockStop",
+        r#"{"contentBlockIndex":1,"p":"abcdefghijklmnopqrstuvwxyzABCDE"}"#,
+    ));
     stream.extend(bedrock_event(
         "contentBlockStart",
         r#"{"contentBlockIndex":2,"start":{"toolUse":{"toolUseId":"tooluse_abc","name":"get_weather"}}}"#,
@@ -771,8 +801,14 @@ fn converse_stream(with_metadata: bool) -> Vec<u8> {
         "contentBlockDelta",
         r#"{"contentBlockIndex":2,"delta":{"toolUse":{"input":"{\"location\":"}}}"#,
     ));
-    stream.extend(bedrock_event("contentBlockStop", r#"{"contentBlockIndex":2}"#));
-    stream.extend(bedrock_event("messageStop", r#"{"p":"abcdefghijkl","stopReason":"tool_use"}"#));
+    stream.extend(bedrock_event(
+        "contentBlockStop",
+        r#"{"contentBlockIndex":2}"#,
+    ));
+    stream.extend(bedrock_event(
+        "messageStop",
+        r#"{"p":"abcdefghijkl","stopReason":"tool_use"}"#,
+    ));
     if with_metadata {
         stream.extend(bedrock_event(
             "metadata",
@@ -814,8 +850,14 @@ fn bedrock_converse_usage_arrives_in_metadata_after_message_stop() {
 
     // metadata without messageStop does not prove the message finished.
     let mut no_stop = Vec::new();
-    no_stop.extend(bedrock_event("contentBlockDelta", r#"{"delta":{"text":"a"}}"#));
-    no_stop.extend(bedrock_event("metadata", r#"{"usage":{"inputTokens":1,"outputTokens":1}}"#));
+    no_stop.extend(bedrock_event(
+        "contentBlockDelta",
+        r#"{"delta":{"text":"a"}}"#,
+    ));
+    no_stop.extend(bedrock_event(
+        "metadata",
+        r#"{"usage":{"inputTokens":1,"outputTokens":1}}"#,
+    ));
     let (events, _) = parse_all_splits(Family::BedrockConverse, &no_stop);
     assert_eq!(events, vec![text("a"), Ev::Usage(Some(1), Some(1))]);
 
@@ -835,7 +877,9 @@ fn bedrock_invoke_literal_chunk_frame() {
     );
     assert_eq!(
         frame[..12],
-        [0x00, 0x00, 0x00, 0xe6, 0x00, 0x00, 0x00, 0x4b, 0x23, 0xb8, 0x75, 0x0e]
+        [
+            0x00, 0x00, 0x00, 0xe6, 0x00, 0x00, 0x00, 0x4b, 0x23, 0xb8, 0x75, 0x0e
+        ]
     );
     assert_eq!(frame[frame.len() - 4..], [0x8e, 0xc5, 0x6a, 0xe9]);
     let (events, _) = parse_all_splits(Family::BedrockInvoke, &frame);
@@ -932,11 +976,21 @@ fn content_frame_counts_of_every_literal_stream() {
     let cases: [(&str, Family, usize, Option<u64>); 9] = [
         ("openai_chat.sse", Family::OpenAiChat, 2, Some(2)),
         ("openai_tool_calls.sse", Family::OpenAiChat, 3, None),
-        ("openai_completions.sse", Family::OpenAiCompletions, 2, Some(2)),
+        (
+            "openai_completions.sse",
+            Family::OpenAiCompletions,
+            2,
+            Some(2),
+        ),
         ("openai_error.sse", Family::OpenAiChat, 0, None),
         ("openai_responses.sse", Family::OpenAiResponses, 2, Some(2)),
         ("anthropic.sse", Family::Anthropic, 2, Some(15)),
-        ("anthropic_thinking_tool.sse", Family::Anthropic, 2, Some(89)),
+        (
+            "anthropic_thinking_tool.sse",
+            Family::Anthropic,
+            2,
+            Some(89),
+        ),
         ("ollama_chat.ndjson", Family::Ollama, 2, Some(18)),
         ("ollama_generate.ndjson", Family::Ollama, 1, Some(18)),
     ];
@@ -975,9 +1029,16 @@ fn several_events_in_one_read_share_its_timestamp() {
 fn detect_from_path_content_type_and_first_bytes() {
     let sse = Some("text/event-stream; charset=utf-8");
     // The path wins.
-    assert_eq!(detect("/v1/chat/completions", sse, b""), Some(Family::OpenAiChat));
     assert_eq!(
-        detect("/openai/deployments/x/chat/completions?api-version=2024-10-21", None, b""),
+        detect("/v1/chat/completions", sse, b""),
+        Some(Family::OpenAiChat)
+    );
+    assert_eq!(
+        detect(
+            "/openai/deployments/x/chat/completions?api-version=2024-10-21",
+            None,
+            b""
+        ),
         Some(Family::OpenAiChat)
     );
     assert_eq!(detect("/api/generate", None, b""), Some(Family::Ollama));
@@ -985,27 +1046,68 @@ fn detect_from_path_content_type_and_first_bytes() {
     let gateway = "/gateway/route-7";
     let cases: [(&str, Option<&str>, Vec<u8>, Family); 9] = [
         ("chat", sse, fixture("openai_chat.sse"), Family::OpenAiChat),
-        ("completions", sse, fixture("openai_completions.sse"), Family::OpenAiCompletions),
-        ("responses", sse, fixture("openai_responses.sse"), Family::OpenAiResponses),
-        ("anthropic", sse, fixture("anthropic.sse"), Family::Anthropic),
-        ("ollama", Some("application/x-ndjson"), fixture("ollama_chat.ndjson"), Family::Ollama),
-        ("ollama, no type", None, fixture("ollama_generate.ndjson"), Family::Ollama),
+        (
+            "completions",
+            sse,
+            fixture("openai_completions.sse"),
+            Family::OpenAiCompletions,
+        ),
+        (
+            "responses",
+            sse,
+            fixture("openai_responses.sse"),
+            Family::OpenAiResponses,
+        ),
+        (
+            "anthropic",
+            sse,
+            fixture("anthropic.sse"),
+            Family::Anthropic,
+        ),
+        (
+            "ollama",
+            Some("application/x-ndjson"),
+            fixture("ollama_chat.ndjson"),
+            Family::Ollama,
+        ),
+        (
+            "ollama, no type",
+            None,
+            fixture("ollama_generate.ndjson"),
+            Family::Ollama,
+        ),
         (
             "converse",
             Some("application/vnd.amazon.eventstream"),
             hex_fixture("bedrock_converse_delta.hex"),
             Family::BedrockConverse,
         ),
-        ("invoke, no type", None, invoke_chunk("{}", "p"), Family::BedrockInvoke),
-        ("chat, no type", None, b"data:{\"object\":\"chat.completion.chunk\"".to_vec(), Family::OpenAiChat),
+        (
+            "invoke, no type",
+            None,
+            invoke_chunk("{}", "p"),
+            Family::BedrockInvoke,
+        ),
+        (
+            "chat, no type",
+            None,
+            b"data:{\"object\":\"chat.completion.chunk\"".to_vec(),
+            Family::OpenAiChat,
+        ),
     ];
     for (what, content_type, bytes, family) in cases {
         let first = &bytes[..bytes.len().min(120)];
         assert_eq!(detect(gateway, content_type, first), Some(family), "{what}");
     }
     assert_eq!(detect(gateway, sse, b""), None);
-    assert_eq!(detect(gateway, Some("application/json"), b"{\"id\":1}"), None);
-    assert_eq!(family_for_path("/model/m/invoke-with-response-stream"), Some(Family::BedrockInvoke));
+    assert_eq!(
+        detect(gateway, Some("application/json"), b"{\"id\":1}"),
+        None
+    );
+    assert_eq!(
+        family_for_path("/model/m/invoke-with-response-stream"),
+        Some(Family::BedrockInvoke)
+    );
 }
 
 #[test]
@@ -1023,12 +1125,24 @@ fn unstreamed_bodies() {
         }
     );
     let body = br#"{"choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]}}]}"#;
-    assert!(unstreamed(Family::OpenAiChat, body).expect("JSON").has_content);
-    let body = br#"{"choices":[{"text":"","index":0}],"usage":{"prompt_tokens":1,"completion_tokens":0}}"#;
-    assert!(!unstreamed(Family::OpenAiCompletions, body).expect("JSON").has_content);
+    assert!(
+        unstreamed(Family::OpenAiChat, body)
+            .expect("JSON")
+            .has_content
+    );
+    let body =
+        br#"{"choices":[{"text":"","index":0}],"usage":{"prompt_tokens":1,"completion_tokens":0}}"#;
+    assert!(
+        !unstreamed(Family::OpenAiCompletions, body)
+            .expect("JSON")
+            .has_content
+    );
     let body = br#"{"error":{"message":"bad key","type":"invalid_request_error"}}"#;
     assert_eq!(
-        unstreamed(Family::OpenAiChat, body).expect("JSON").error.as_deref(),
+        unstreamed(Family::OpenAiChat, body)
+            .expect("JSON")
+            .error
+            .as_deref(),
         Some("bad key")
     );
 
@@ -1047,7 +1161,10 @@ fn unstreamed_bodies() {
     );
     let body = br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
     assert_eq!(
-        unstreamed(Family::Anthropic, body).expect("JSON").error.as_deref(),
+        unstreamed(Family::Anthropic, body)
+            .expect("JSON")
+            .error
+            .as_deref(),
         Some("Overloaded")
     );
 
@@ -1064,14 +1181,24 @@ fn unstreamed_bodies() {
         }
     );
     let body = br#"{"error":"model \"x\" not found, try pulling it first"}"#;
-    assert!(unstreamed(Family::Ollama, body).expect("JSON").error.is_some());
+    assert!(
+        unstreamed(Family::Ollama, body)
+            .expect("JSON")
+            .error
+            .is_some()
+    );
 
     let body = br#"{"output":{"message":{"role":"assistant","content":[{"text":"Hi"}]}},"stopReason":"end_turn","usage":{"inputTokens":9,"outputTokens":2,"totalTokens":11},"metrics":{"latencyMs":100}}"#;
     let read = unstreamed(Family::BedrockConverse, body).expect("JSON");
     assert!(read.has_content && read.error.is_none());
     assert_eq!(read.usage.and_then(|u| u.output_tokens), Some(2));
     let body = br#"{"message":"The security token included in the request is invalid."}"#;
-    assert!(unstreamed(Family::BedrockConverse, body).expect("JSON").error.is_some());
+    assert!(
+        unstreamed(Family::BedrockConverse, body)
+            .expect("JSON")
+            .error
+            .is_some()
+    );
 
     assert!(matches!(
         unstreamed(Family::OpenAiChat, b"<html>502</html>"),

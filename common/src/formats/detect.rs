@@ -133,10 +133,10 @@ fn sniff_sse(bytes: &[u8]) -> Option<Family> {
             ) {
                 return Some(Family::Anthropic);
             }
-        } else if let Some(data) = line.strip_prefix(b"data:") {
-            if let Some(family) = sniff_sse_data(data) {
-                return Some(family);
-            }
+        } else if let Some(data) = line.strip_prefix(b"data:")
+            && let Some(family) = sniff_sse_data(data)
+        {
+            return Some(family);
         }
     }
     None

@@ -247,9 +247,7 @@ impl ParserImpl {
             Family::OpenAiChat | Family::OpenAiCompletions => sse(SseSemantics::Chat(
                 openai::ChatSemantics::new(family.name()),
             )),
-            Family::OpenAiResponses => sse(SseSemantics::Responses(
-                openai::ResponsesSemantics::default(),
-            )),
+            Family::OpenAiResponses => sse(SseSemantics::Responses(openai::ResponsesSemantics)),
             Family::Anthropic => sse(SseSemantics::Anthropic(
                 anthropic::AnthropicSemantics::default(),
             )),

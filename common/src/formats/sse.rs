@@ -254,7 +254,10 @@ mod tests {
         ]);
         // The BOM is dropped; `event: ping` without data is not dispatched; `data` without a
         // colon is empty data.
-        assert_eq!(events, vec![one("first"), (Some("x".to_owned()), String::new())]);
+        assert_eq!(
+            events,
+            vec![one("first"), (Some("x".to_owned()), String::new())]
+        );
         assert_eq!(ending, Ending::Clean);
     }
 
