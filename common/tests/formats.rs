@@ -1205,3 +1205,45 @@ fn unstreamed_bodies() {
         Err(FrameError::Malformed { .. })
     ));
 }
+
+#[test]
+fn unescaped_content_text_is_borrowed_not_copied() {
+    // The hot path hands out text borrowed from the framing buffers; an owned string would
+    // mean an allocation per frame.
+    let mut invoke = Vec::new();
+    for inner in sse_data_lines(&fixture("anthropic.sse")) {
+        invoke.extend(invoke_chunk(&inner, "abc"));
+    }
+    let cases: [(Family, Vec<u8>); 7] = [
+        (Family::OpenAiChat, fixture("openai_chat.sse")),
+        (Family::OpenAiCompletions, fixture("openai_completions.sse")),
+        (Family::OpenAiResponses, fixture("openai_responses.sse")),
+        (Family::Anthropic, fixture("anthropic.sse")),
+        (Family::Ollama, fixture("ollama_chat.ndjson")),
+        (Family::BedrockConverse, converse_stream(true)),
+        (Family::BedrockInvoke, invoke),
+    ];
+    for (family, bytes) in cases {
+        for reads in [bytes.chunks(bytes.len()), bytes.chunks(7)] {
+            let mut parser = StreamParser::new(family);
+            let (mut borrowed, mut owned) = (0, 0);
+            let mut count = |event: Event<'_>| match event {
+                Event::Content {
+                    text: std::borrow::Cow::Borrowed(_),
+                    ..
+                } => borrowed += 1,
+                // Only text that needed JSON escapes (like the tool input `{\"location\":`)
+                // may be owned.
+                Event::Content { text, .. } if !text.contains(['"', '\\', '\n']) => owned += 1,
+                Event::Content { .. } => {}
+                _ => {}
+            };
+            for read in reads {
+                parser.feed(read, &mut count).expect("valid stream");
+            }
+            parser.finish(&mut count);
+            assert!(borrowed >= 2, "{family:?}: {borrowed} borrowed");
+            assert_eq!(owned, 0, "{family:?}");
+        }
+    }
+}

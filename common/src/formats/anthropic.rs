@@ -31,7 +31,9 @@ impl AnthropicSemantics {
         on_event: &mut dyn FnMut(Event<'_>),
     ) -> Result<(), FrameError> {
         let json = trim(json);
-        if json.is_empty() {
+        // Anthropic sends no `[DONE]`, but OpenAI-minded proxies append one; it is not JSON
+        // and must not break the stream.
+        if json.is_empty() || json == b"[DONE]" {
             return Ok(());
         }
         let event: AnthropicEvent<'_> = parse(family, json)?;
@@ -253,6 +255,12 @@ mod tests {
             seen,
             vec!["Usage(Usage { input_tokens: Some(126), output_tokens: Some(30) })"]
         );
+    }
+
+    #[test]
+    fn a_proxy_done_sentinel_is_ignored() {
+        let mut semantics = AnthropicSemantics::default();
+        assert!(run(&mut semantics, "[DONE]").is_empty());
     }
 
     #[test]
