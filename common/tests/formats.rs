@@ -1247,3 +1247,61 @@ fn unescaped_content_text_is_borrowed_not_copied() {
         }
     }
 }
+
+#[test]
+fn corrupted_streams_never_panic() {
+    // Deterministic xorshift: flip bytes of every fixture, cut it at random places, feed the
+    // pieces to every family's parser. Errors are fine; panics are not.
+    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut sources = vec![
+        fixture("openai_chat.sse"),
+        fixture("openai_responses.sse"),
+        fixture("anthropic_thinking_tool.sse"),
+        fixture("ollama_chat.ndjson"),
+        converse_stream(true),
+        invoke_chunk(r#"{"type":"message_stop"}"#, "p"),
+    ];
+    sources.push(sources.concat());
+    let families = [
+        Family::OpenAiChat,
+        Family::OpenAiCompletions,
+        Family::OpenAiResponses,
+        Family::Anthropic,
+        Family::Ollama,
+        Family::BedrockConverse,
+        Family::BedrockInvoke,
+    ];
+    let mut errors = 0;
+    for source in &sources {
+        for _ in 0..40 {
+            let mut bytes = source.clone();
+            for _ in 0..(next() % 4) {
+                let at = (next() as usize) % bytes.len();
+                bytes[at] = next() as u8;
+            }
+            for family in families {
+                let mut parser = StreamParser::new(family);
+                let mut rest = &bytes[..];
+                while !rest.is_empty() {
+                    let take = 1 + (next() as usize) % rest.len().min(64);
+                    if parser.feed(&rest[..take], &mut |_| {}).is_err() {
+                        errors += 1;
+                        break;
+                    }
+                    rest = &rest[take..];
+                }
+                parser.finish(&mut |_| {});
+                let _ = detect("/x", None, &bytes);
+                let _ = unstreamed(family, &bytes);
+            }
+        }
+    }
+    // Feeding a stream to the wrong family's parser must be refused, not silently accepted.
+    assert!(errors > 0);
+}
