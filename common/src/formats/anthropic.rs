@@ -79,14 +79,17 @@ impl AnthropicSemantics {
             "message_delta" => {
                 if let Some(usage) = event.usage {
                     let repeats_input = self.merge_input(&usage);
-                    on_event(Event::Usage(Usage {
-                        input_tokens: if repeats_input {
-                            self.total_input()
-                        } else {
-                            None
+                    super::emit_usage(
+                        Usage {
+                            input_tokens: if repeats_input {
+                                self.total_input()
+                            } else {
+                                None
+                            },
+                            output_tokens: usage.output_tokens.0,
                         },
-                        output_tokens: usage.output_tokens.0,
-                    }));
+                        on_event,
+                    );
                 }
             }
             "message_stop" => {
@@ -255,6 +258,16 @@ mod tests {
             seen,
             vec!["Usage(Usage { input_tokens: Some(126), output_tokens: Some(30) })"]
         );
+    }
+
+    #[test]
+    fn a_usage_without_counts_is_not_reported() {
+        let mut semantics = AnthropicSemantics::default();
+        let seen = run(
+            &mut semantics,
+            r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{}}"#,
+        );
+        assert!(seen.is_empty(), "{seen:?}");
     }
 
     #[test]

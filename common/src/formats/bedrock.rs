@@ -99,10 +99,13 @@ impl ConverseSemantics {
             Some("metadata") => {
                 let payload: MetadataPayload = parse(CONVERSE, frame.payload)?;
                 if let Some(usage) = payload.usage {
-                    on_event(Event::Usage(Usage {
-                        input_tokens: usage.input_tokens.0,
-                        output_tokens: usage.output_tokens.0,
-                    }));
+                    super::emit_usage(
+                        Usage {
+                            input_tokens: usage.input_tokens.0,
+                            output_tokens: usage.output_tokens.0,
+                        },
+                        on_event,
+                    );
                 }
                 // Normal completion is `messageStop` *then* `metadata` (§7); metadata alone
                 // does not prove the message finished.

@@ -143,13 +143,18 @@ fn sniff_sse(bytes: &[u8]) -> Option<Family> {
 }
 
 fn sniff_sse_data(data: &[u8]) -> Option<Family> {
-    let typed = |value: &str| {
-        contains(data, format!("\"type\":\"{value}").as_bytes())
-            || contains(data, format!("\"type\": \"{value}").as_bytes())
+    // `"type":"<value>` with or without a space after the colon (Python's `json.dumps`).
+    let typed = |value: &[u8]| {
+        [&b"\"type\":\""[..], &b"\"type\": \""[..]]
+            .iter()
+            .any(|key| {
+                data.windows(key.len() + value.len())
+                    .any(|window| window.starts_with(key) && window.ends_with(value))
+            })
     };
-    if typed("response.") {
+    if typed(b"response.") {
         Some(Family::OpenAiResponses)
-    } else if typed("message_start") || typed("content_block_") || typed("message_") {
+    } else if typed(b"message_") || typed(b"content_block_") {
         Some(Family::Anthropic)
     } else if contains(data, b"chat.completion.chunk") {
         Some(Family::OpenAiChat)

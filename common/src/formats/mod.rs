@@ -171,6 +171,14 @@ pub use detect::{family_for_path, is_streaming_content_type};
 pub use eventstream::MAX_EVENT_STREAM_FRAME_BYTES;
 pub use unstreamed::{Unstreamed, unstreamed};
 
+/// Report a usage that says something: a report with neither count would only tell the meter
+/// "usage seen" without a number.
+fn emit_usage(usage: Usage, on_event: &mut dyn FnMut(Event<'_>)) {
+    if usage.input_tokens.is_some() || usage.output_tokens.is_some() {
+        on_event(Event::Usage(usage));
+    }
+}
+
 fn detect_impl(path: &str, content_type: Option<&str>, first_bytes: &[u8]) -> Option<Family> {
     detect::detect(path, content_type, first_bytes)
 }

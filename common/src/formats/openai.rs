@@ -333,10 +333,13 @@ impl ResponsesSemantics {
             "response.completed" | "response.incomplete" | "response.failed" => {
                 let response = event.response.unwrap_or_default();
                 if let Some(usage) = response.usage {
-                    on_event(Event::Usage(Usage {
-                        input_tokens: usage.input_tokens.0,
-                        output_tokens: usage.output_tokens.0,
-                    }));
+                    super::emit_usage(
+                        Usage {
+                            input_tokens: usage.input_tokens.0,
+                            output_tokens: usage.output_tokens.0,
+                        },
+                        on_event,
+                    );
                 }
                 if kind == "response.failed" {
                     let message = response
