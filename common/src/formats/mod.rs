@@ -161,26 +161,166 @@ impl StreamParser {
 
 // --- placeholder implementation, replaced by the per-family parsers ---
 
-fn detect_impl(_path: &str, _content_type: Option<&str>, _first_bytes: &[u8]) -> Option<Family> {
-    None
+// The per-family parsers. Declared here (not with the other `mod` lines above) because this
+// section is the one the formats work owns.
+mod detect;
+mod json;
+mod unstreamed;
+
+pub use detect::{family_for_path, is_streaming_content_type};
+pub use eventstream::MAX_EVENT_STREAM_FRAME_BYTES;
+pub use unstreamed::{Unstreamed, unstreamed};
+
+/// Report a usage that says something: a report with neither count would only tell the meter
+/// "usage seen" without a number.
+fn emit_usage(usage: Usage, on_event: &mut dyn FnMut(Event<'_>)) {
+    if usage.input_tokens.is_some() || usage.output_tokens.is_some() {
+        on_event(Event::Usage(usage));
+    }
 }
 
-struct ParserImpl;
+fn detect_impl(path: &str, content_type: Option<&str>, first_bytes: &[u8]) -> Option<Family> {
+    detect::detect(path, content_type, first_bytes)
+}
+
+/// A framing layer and the family semantics on top of it. The two live in separate fields so
+/// the semantics can read the framing layer's borrowed buffers while both are borrowed.
+enum ParserImpl {
+    Sse {
+        decoder: sse::SseDecoder,
+        semantics: SseSemantics,
+    },
+    Ndjson {
+        decoder: ndjson::NdjsonDecoder,
+        semantics: ollama::OllamaSemantics,
+    },
+    EventStream {
+        decoder: eventstream::EventStreamDecoder,
+        semantics: EventStreamSemantics,
+    },
+}
+
+enum SseSemantics {
+    /// Chat and legacy completions (one parser, the family name differs in errors).
+    Chat(openai::ChatSemantics),
+    Responses(openai::ResponsesSemantics),
+    Anthropic(anthropic::AnthropicSemantics),
+}
+
+enum EventStreamSemantics {
+    Converse(bedrock::ConverseSemantics),
+    Invoke(bedrock::InvokeSemantics),
+}
+
+impl SseSemantics {
+    fn on_sse(
+        &mut self,
+        event: sse::SseEvent<'_>,
+        on_event: &mut dyn FnMut(Event<'_>),
+    ) -> Result<(), FrameError> {
+        match self {
+            SseSemantics::Chat(semantics) => semantics.on_sse(event, on_event),
+            SseSemantics::Responses(semantics) => semantics.on_sse(event, on_event),
+            SseSemantics::Anthropic(semantics) => {
+                semantics.on_json(Family::Anthropic.name(), event.event, event.data, on_event)
+            }
+        }
+    }
+}
+
+impl EventStreamSemantics {
+    fn on_frame(
+        &mut self,
+        frame: eventstream::EsFrame<'_>,
+        on_event: &mut dyn FnMut(Event<'_>),
+    ) -> Result<(), FrameError> {
+        match self {
+            EventStreamSemantics::Converse(semantics) => semantics.on_frame(frame, on_event),
+            EventStreamSemantics::Invoke(semantics) => semantics.on_frame(frame, on_event),
+        }
+    }
+}
 
 impl ParserImpl {
-    fn new(_family: Family) -> Self {
-        ParserImpl
+    fn new(family: Family) -> Self {
+        let sse = |semantics| ParserImpl::Sse {
+            decoder: sse::SseDecoder::default(),
+            semantics,
+        };
+        let event_stream = |semantics| ParserImpl::EventStream {
+            decoder: eventstream::EventStreamDecoder::default(),
+            semantics,
+        };
+        match family {
+            Family::OpenAiChat | Family::OpenAiCompletions => sse(SseSemantics::Chat(
+                openai::ChatSemantics::new(family.name()),
+            )),
+            Family::OpenAiResponses => sse(SseSemantics::Responses(openai::ResponsesSemantics)),
+            Family::Anthropic => sse(SseSemantics::Anthropic(
+                anthropic::AnthropicSemantics::default(),
+            )),
+            Family::Ollama => ParserImpl::Ndjson {
+                decoder: ndjson::NdjsonDecoder::default(),
+                semantics: ollama::OllamaSemantics,
+            },
+            Family::BedrockConverse => event_stream(EventStreamSemantics::Converse(
+                bedrock::ConverseSemantics::default(),
+            )),
+            Family::BedrockInvoke => event_stream(EventStreamSemantics::Invoke(
+                bedrock::InvokeSemantics::default(),
+            )),
+        }
     }
 
     fn feed(
         &mut self,
-        _bytes: &[u8],
-        _on_event: &mut dyn FnMut(Event<'_>),
+        bytes: &[u8],
+        on_event: &mut dyn FnMut(Event<'_>),
     ) -> Result<(), FrameError> {
-        Ok(())
+        match self {
+            ParserImpl::Sse { decoder, semantics } => {
+                decoder.feed(bytes, &mut |event| semantics.on_sse(event, on_event))
+            }
+            ParserImpl::Ndjson { decoder, semantics } => {
+                decoder.feed(bytes, &mut |line| semantics.on_line(line, on_event))
+            }
+            ParserImpl::EventStream { decoder, semantics } => {
+                decoder.feed(bytes, &mut |frame| semantics.on_frame(frame, on_event))
+            }
+        }
     }
 
-    fn finish(&mut self, _on_event: &mut dyn FnMut(Event<'_>)) -> Ending {
-        Ending::Clean
+    fn finish(&mut self, on_event: &mut dyn FnMut(Event<'_>)) -> Ending {
+        match self {
+            ParserImpl::Sse { decoder, .. } => decoder.finish(),
+            ParserImpl::Ndjson { decoder, semantics } => {
+                let ending = match decoder.leftover() {
+                    // Go's `c.JSON` (Ollama's `load`/`unload` replies) writes one object with
+                    // no trailing newline, and the Python client parses an unterminated last
+                    // line; a leftover that is a whole JSON value is therefore a frame, not a
+                    // cut one.
+                    ndjson::Leftover::Line(line)
+                        if serde_json::from_slice::<serde::de::IgnoredAny>(line).is_ok() =>
+                    {
+                        match semantics.on_line(line, on_event) {
+                            Ok(()) => Ending::Clean,
+                            Err(_) => Ending::TrailingPartialFrame,
+                        }
+                    }
+                    leftover => leftover.ending(),
+                };
+                decoder.clear();
+                ending
+            }
+            ParserImpl::EventStream { decoder, .. } => {
+                let ending = if decoder.has_partial_frame() {
+                    Ending::TrailingPartialFrame
+                } else {
+                    Ending::Clean
+                };
+                decoder.clear();
+                ending
+            }
+        }
     }
 }
