@@ -249,7 +249,14 @@ pub fn measure_frames<'a>(
 pub fn estimate_input_tokens(body: &[u8]) -> Option<u64> {
     let value: serde_json::Value = serde_json::from_slice(body).ok()?;
     let mut chars = 0usize;
-    for key in ["messages", "prompt", "system", "input", "instructions", "contents"] {
+    for key in [
+        "messages",
+        "prompt",
+        "system",
+        "input",
+        "instructions",
+        "contents",
+    ] {
         if let Some(v) = value.get(key) {
             chars += text_chars(v);
         }

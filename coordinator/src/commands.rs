@@ -10,8 +10,8 @@ use common::metrics::RunMetrics;
 use crate::config::{BaselineSource, RunArgs, RunConfig};
 use crate::goals::{Goal, parse_goals};
 use crate::report::{
-    Baseline, Report, ReportInput, RequestTotals, RunInfo, SweepLevel, WorkerInfo,
-    compare_reports, render_html, render_junit, render_markdown, render_terminal, rfc3339_utc,
+    Baseline, Report, ReportInput, RequestTotals, RunInfo, SweepLevel, WorkerInfo, compare_reports,
+    render_html, render_junit, render_markdown, render_terminal, rfc3339_utc,
 };
 use crate::run::{ReplayResult, ReplaySetup, RunError, replay};
 use crate::scan::{RecordingScan, scan};
@@ -34,8 +34,12 @@ fn fail(code: u8, message: impl std::fmt::Display) -> ExitCode {
 }
 
 fn write_file(path: &Path, text: &str) -> Result<(), ExitCode> {
-    std::fs::write(path, text)
-        .map_err(|e| fail(exit::RUN_FAILED, format!("{}: cannot write: {e}", path.display())))
+    std::fs::write(path, text).map_err(|e| {
+        fail(
+            exit::RUN_FAILED,
+            format!("{}: cannot write: {e}", path.display()),
+        )
+    })
 }
 
 /// `llm-replay run`.
@@ -81,7 +85,7 @@ pub async fn run_command(args: RunArgs) -> ExitCode {
     // With no target, an embedded mock serves the recorded streams at their recorded timing.
     let (target, embedded) = match &config.target {
         Some(target) => (target.clone(), None),
-        None => match crate::mock::start_embedded(&config.recording).await {
+        None => match crate::embedded::start_embedded(&config.recording).await {
             Ok(mock) => (mock.url.clone(), Some(mock)),
             Err(error) => return fail(exit::RUN_FAILED, format!("embedded mock: {error:#}")),
         },
@@ -143,11 +147,22 @@ pub async fn run_command(args: RunArgs) -> ExitCode {
             })
             .collect()
     };
-    let report = build_report(&config, &scanned, main, sweep, warnings, &goals, saved_baseline);
+    let report = build_report(
+        &config,
+        &scanned,
+        main,
+        sweep,
+        warnings,
+        &goals,
+        saved_baseline,
+    );
     let color = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     print!("{}", render_terminal(&report, color));
     for (path, render) in [
-        (&config.report_json, Report::to_json_pretty as fn(&Report) -> String),
+        (
+            &config.report_json,
+            Report::to_json_pretty as fn(&Report) -> String,
+        ),
         (&config.report_md, render_markdown),
         (&config.report_html, render_html),
         (&config.junit, render_junit),
@@ -160,7 +175,10 @@ pub async fn run_command(args: RunArgs) -> ExitCode {
     }
 
     if main.aborted {
-        return fail(exit::RUN_FAILED, "the run was aborted: a worker was lost (partial report above)");
+        return fail(
+            exit::RUN_FAILED,
+            "the run was aborted: a worker was lost (partial report above)",
+        );
     }
     if unreachable(&main.metrics) {
         return fail(
@@ -307,7 +325,10 @@ pub fn report_command(args: ReportArgs) -> ExitCode {
     let color = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     print!("{}", render_terminal(&report, color));
     for (path, render) in [
-        (&args.report_json, Report::to_json_pretty as fn(&Report) -> String),
+        (
+            &args.report_json,
+            Report::to_json_pretty as fn(&Report) -> String,
+        ),
         (&args.report_md, render_markdown),
         (&args.report_html, render_html),
     ] {

@@ -123,8 +123,7 @@ impl FileConfig {
             .unwrap_or("")
             .to_ascii_lowercase();
         match ext.as_str() {
-            "toml" => toml::from_str(&text)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display())),
+            "toml" => toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display())),
             "yaml" | "yml" => serde_yaml::from_str(&text).map_err(|e| {
                 let at = e
                     .location()
@@ -243,7 +242,10 @@ impl RunArgs {
         if !(speed.is_finite() && speed > 0.0) {
             bail!("--speed must be a positive number");
         }
-        let arrival = self.arrival.or(file.arrival).unwrap_or_else(|| "poisson".into());
+        let arrival = self
+            .arrival
+            .or(file.arrival)
+            .unwrap_or_else(|| "poisson".into());
         let duration = match self.duration.or(file.duration) {
             Some(text) => Some(duration_arg("--duration", &text)?),
             None => None,

@@ -6,6 +6,7 @@
 pub mod commands;
 pub mod config;
 pub mod duration;
+pub mod embedded;
 pub mod goals;
 pub mod report;
 pub mod run;

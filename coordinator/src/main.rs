@@ -18,9 +18,11 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Replay a recording (with no --target, against an embedded mock at recorded timing).
-    Run(coordinator::config::RunArgs),
+    Run(Box<coordinator::config::RunArgs>),
     /// Run a worker that dials a coordinator (same as llm-replay-worker).
     Worker(worker::cli::WorkerArgs),
+    /// Re-render a saved JSON report, or compare it with another.
+    Report(coordinator::commands::ReportArgs),
 }
 
 fn init_tracing() {
@@ -46,15 +48,19 @@ fn main() -> ExitCode {
     match cli.command {
         // The worker builds its own runtimes (load and link apart).
         Command::Worker(args) => worker::cli::run(args),
+        Command::Report(args) => coordinator::commands::report_command(args),
         Command::Run(args) => {
-            let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
                 Ok(runtime) => runtime,
                 Err(error) => {
                     eprintln!("llm-replay: cannot start the runtime: {error}");
                     return ExitCode::from(3);
                 }
             };
-            runtime.block_on(coordinator::commands::run_command(args))
+            runtime.block_on(coordinator::commands::run_command(*args))
         }
     }
 }

@@ -80,53 +80,68 @@ pub fn describe_load(load: &GlobalLoad, workers: usize) -> serde_json::Value {
     })
 }
 
-fn assignment_for(
-    run_id: &str,
-    target: &str,
-    config: &RunConfig,
-    load: &GlobalLoad,
+/// Everything a worker's assignment is made of; one per replay.
+#[derive(Clone)]
+struct AssignmentPlan {
+    run_id: String,
+    target: String,
+    config: RunConfig,
+    load: GlobalLoad,
     workers: usize,
     tag_requests: bool,
-    index: usize,
     open_ended: bool,
-) -> v1::Assignment {
-    let share = |total: u64| split_evenly(total, workers, index);
-    v1::Assignment {
-        run_id: run_id.to_owned(),
-        target: target.to_owned(),
-        load: Some(v1::LoadModel {
-            schedule: if load.recorded_schedule { "recorded" } else { "asap" }.to_owned(),
-            speed: load.speed,
-            concurrency: load
-                .concurrency
-                .map(|c| share(c as u64).max(1) as u32)
-                .unwrap_or(0),
-            rate: load.rate.map(|r| r / workers as f64).unwrap_or(0.0),
-            arrival: if load.poisson { "poisson" } else { "constant" }.to_owned(),
-            duration_s: load.duration.map(|d| d.as_secs_f64()).unwrap_or(0.0),
-            warmup: share(load.warmup),
-            seed: 0x5eed_0000 + index as u64,
-        }),
-        headers: config
-            .headers
-            .iter()
-            .map(|(name, value)| v1::Header {
-                name: name.clone(),
-                value: value.clone(),
-            })
-            .collect(),
-        sets: config
-            .sets
-            .iter()
-            .map(|(field, value)| v1::SetField {
-                field: field.clone(),
-                value: value.clone(),
-            })
-            .collect(),
-        exchange_count: if open_ended { 0 } else { 1 },
-        timeout_s: config.timeout.as_secs_f64(),
-        tag_requests,
-        worker_index: index as u32,
+}
+
+impl AssignmentPlan {
+    /// The assignment of worker `index`: its share of the global concurrency, rate and
+    /// warm-up (shares differ by at most one), and the run-wide target and request options.
+    fn for_worker(&self, index: usize) -> v1::Assignment {
+        let share = |total: u64| split_evenly(total, self.workers, index);
+        let load = &self.load;
+        v1::Assignment {
+            run_id: self.run_id.clone(),
+            target: self.target.clone(),
+            load: Some(v1::LoadModel {
+                schedule: if load.recorded_schedule {
+                    "recorded"
+                } else {
+                    "asap"
+                }
+                .to_owned(),
+                speed: load.speed,
+                concurrency: load
+                    .concurrency
+                    .map(|c| share(c as u64).max(1) as u32)
+                    .unwrap_or(0),
+                rate: load.rate.map(|r| r / self.workers as f64).unwrap_or(0.0),
+                arrival: if load.poisson { "poisson" } else { "constant" }.to_owned(),
+                duration_s: load.duration.map(|d| d.as_secs_f64()).unwrap_or(0.0),
+                warmup: share(load.warmup),
+                seed: 0x5eed_0000 + index as u64,
+            }),
+            headers: self
+                .config
+                .headers
+                .iter()
+                .map(|(name, value)| v1::Header {
+                    name: name.clone(),
+                    value: value.clone(),
+                })
+                .collect(),
+            sets: self
+                .config
+                .sets
+                .iter()
+                .map(|(field, value)| v1::SetField {
+                    field: field.clone(),
+                    value: value.clone(),
+                })
+                .collect(),
+            exchange_count: if self.open_ended { 0 } else { 1 },
+            timeout_s: self.config.timeout.as_secs_f64(),
+            tag_requests: self.tag_requests,
+            worker_index: index as u32,
+        }
     }
 }
 
@@ -168,20 +183,19 @@ pub async fn replay(setup: ReplaySetup<'_>) -> Result<ReplayResult, RunError> {
     };
 
     let (events_tx, mut events) = mpsc::channel::<WorkerEvent>(1024);
-    let assignment = {
-        let run_id = run_id.clone();
-        let target = setup.target.clone();
-        let config = config.clone();
-        let load = load.clone();
-        let tag = setup.tag_requests;
-        move |index: usize| {
-            assignment_for(&run_id, &target, &config, &load, workers, tag, index, open_ended)
-        }
+    let assignment = AssignmentPlan {
+        run_id: run_id.clone(),
+        target: setup.target.clone(),
+        config: config.clone(),
+        load: load.clone(),
+        workers,
+        tag_requests: setup.tag_requests,
+        open_ended,
     };
     let state = Arc::new(ServiceState::new(
         workers,
         None,
-        Box::new(assignment),
+        Box::new(move |index| assignment.for_worker(index)),
         events_tx,
     ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -235,12 +249,24 @@ pub async fn replay(setup: ReplaySetup<'_>) -> Result<ReplayResult, RunError> {
         children.push(child);
     }
 
-    let result = collect(config, &plan, &run_id, &setup.target, &load, workers, &mut events).await;
+    let result = collect(
+        config,
+        &plan,
+        &run_id,
+        &setup.target,
+        &load,
+        workers,
+        &mut events,
+    )
+    .await;
 
     let _ = stop_server.send(());
     let _ = server.await;
     for mut child in children {
-        if tokio::time::timeout(Duration::from_secs(5), child.wait()).await.is_err() {
+        if tokio::time::timeout(Duration::from_secs(5), child.wait())
+            .await
+            .is_err()
+        {
             let _ = child.kill().await;
         }
     }
@@ -291,10 +317,14 @@ async fn collect(
                 joined += 1;
             }
             WorkerEvent::Failed { reason, .. } => {
-                return Err(RunError::Input(format!("a worker could not start: {reason}")));
+                return Err(RunError::Input(format!(
+                    "a worker could not start: {reason}"
+                )));
             }
             WorkerEvent::Gone { reason, .. } => {
-                return Err(RunError::Failed(format!("a worker left before the start: {reason}")));
+                return Err(RunError::Failed(format!(
+                    "a worker left before the start: {reason}"
+                )));
             }
             _ => {}
         }

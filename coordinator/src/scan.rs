@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use common::formats;
-use common::measure::{FailureKind, OutcomeKind, RequestOutcome, estimate_input_tokens, measure_frames};
+use common::measure::{
+    FailureKind, OutcomeKind, RequestOutcome, estimate_input_tokens, measure_frames,
+};
 use common::metrics::RunMetrics;
 use common::recording::{Exchange, RecordingError, RecordingReader};
 

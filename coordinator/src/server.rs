@@ -111,15 +111,19 @@ impl Coordinator for CoordinatorService {
             Ok(Ok(Some(v1::WorkerMessage {
                 msg: Some(v1::worker_message::Msg::Hello(hello)),
             }))) => hello,
-            _ => return Err(Status::invalid_argument("expected Hello as the first message")),
+            _ => {
+                return Err(Status::invalid_argument(
+                    "expected Hello as the first message",
+                ));
+            }
         };
         let (control_tx, control_rx) = mpsc::channel(64);
         let refuse = |reason: String| -> Result<Response<Self::JoinStream>, Status> {
             tracing::warn!(worker = hello.worker_id, reason, "refused a worker");
             let (tx, rx) = mpsc::channel(1);
-            let _ = tx.try_send(message(v1::coordinator_message::Msg::Refused(v1::Refused {
-                reason,
-            })));
+            let _ = tx.try_send(message(v1::coordinator_message::Msg::Refused(
+                v1::Refused { reason },
+            )));
             Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
         };
         if hello.protocol_version != proto::PROTOCOL_VERSION {
@@ -133,7 +137,11 @@ impl Coordinator for CoordinatorService {
             return refuse("wrong or missing token (--token / LLM_REPLAY_TOKEN)".to_owned());
         }
         let index = {
-            let mut joined = self.state.joined.lock().expect("join lock is never poisoned");
+            let mut joined = self
+                .state
+                .joined
+                .lock()
+                .expect("join lock is never poisoned");
             if joined.len() >= self.state.expected_workers {
                 drop(joined);
                 return refuse(format!(
@@ -156,7 +164,9 @@ impl Coordinator for CoordinatorService {
             .insert(hello.worker_id.clone(), slice_rx);
         let assignment = (self.state.assignment_for)(index);
         let _ = control_tx
-            .send(message(v1::coordinator_message::Msg::Assignment(assignment)))
+            .send(message(v1::coordinator_message::Msg::Assignment(
+                assignment,
+            )))
             .await;
         let events = self.state.events.clone();
         let _ = events

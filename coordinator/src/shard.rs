@@ -77,7 +77,11 @@ pub fn feed_slice(
             sequence += 1;
             index += 1;
             let session = exchange.session.clone().map(|s| {
-                if pass == 0 { s } else { format!("{s}#pass{pass}") }
+                if pass == 0 {
+                    s
+                } else {
+                    format!("{s}#pass{pass}")
+                }
             });
             if worker_for(this, session.as_deref(), plan.workers) != worker {
                 continue;
@@ -85,7 +89,9 @@ pub fn feed_slice(
             exchange.response = None;
             exchange.session = session;
             if pass > 0 {
-                exchange.at_ms = exchange.at_ms.map(|at| at + pass as f64 * plan.pass_span_ms);
+                exchange.at_ms = exchange
+                    .at_ms
+                    .map(|at| at + pass as f64 * plan.pass_span_ms);
             }
             let json = serde_json::to_vec(&exchange).expect("an exchange always serializes");
             chunk.push(v1::Exchange {
@@ -126,7 +132,10 @@ mod tests {
 
     #[test]
     fn sessions_stay_whole_and_stripes_cover_every_worker() {
-        assert_eq!(worker_for(5, Some("conv-1"), 4), worker_for(9, Some("conv-1"), 4));
+        assert_eq!(
+            worker_for(5, Some("conv-1"), 4),
+            worker_for(9, Some("conv-1"), 4)
+        );
         let mut per_worker = [0u64; 4];
         for seq in 0..400 {
             per_worker[worker_for(seq, None, 4)] += 1;

@@ -76,7 +76,7 @@ pub fn metrics_from_report(
     ),
     MetricsDecodeError,
 > {
-    let c = report.counters.clone().unwrap_or_default();
+    let c = report.counters.unwrap_or_default();
     let counters = Counters {
         succeeded: c.succeeded,
         ended_early: c.ended_early,

@@ -22,7 +22,11 @@ pub fn shared_data(relative: &str) -> PathBuf {
 
 /// The profile the test binary was built with; the binaries under test use the same one.
 fn profile() -> &'static str {
-    if cfg!(debug_assertions) { "debug" } else { "release" }
+    if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    }
 }
 
 /// Path of a workspace binary (`llm-replay`, `llm-replay-worker`), building it once if needed.
@@ -39,9 +43,14 @@ pub fn bin(name: &str) -> PathBuf {
     BUILT.get_or_init(|| {
         // Make sure the binaries match the sources under test (cheap when up to date).
         let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-        cargo
-            .current_dir(workspace_root())
-            .args(["build", "--bins", "-p", "llm-replay-coordinator", "-p", "llm-replay-worker"]);
+        cargo.current_dir(workspace_root()).args([
+            "build",
+            "--bins",
+            "-p",
+            "llm-replay-coordinator",
+            "-p",
+            "llm-replay-worker",
+        ]);
         if profile() == "release" {
             cargo.arg("--release");
         }
@@ -58,10 +67,8 @@ impl TempDir {
     pub fn new(tag: &str) -> TempDir {
         static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!(
-            "llm-replay-test-{tag}-{}-{n}",
-            std::process::id()
-        ));
+        let dir =
+            std::env::temp_dir().join(format!("llm-replay-test-{tag}-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         TempDir(dir)
     }
@@ -138,7 +145,10 @@ pub fn llm_replay(args: &[&str], report_json: Option<&Path>) -> RunOutput {
         status,
         stdout,
         stderr,
-    } = command.stdin(Stdio::null()).output().expect("llm-replay runs");
+    } = command
+        .stdin(Stdio::null())
+        .output()
+        .expect("llm-replay runs");
     let report = report_json
         .and_then(|p| std::fs::read_to_string(p).ok())
         .and_then(|text| serde_json::from_str(&text).ok());

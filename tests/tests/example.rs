@@ -12,12 +12,19 @@ fn example_replays_against_embedded_mock() {
         &["run", example.to_str().expect("utf-8 path")],
         Some(&report_path),
     );
-    assert_eq!(out.code, 0, "stdout:\n{}\nstderr:\n{}", out.stdout, out.stderr);
+    assert_eq!(
+        out.code, 0,
+        "stdout:\n{}\nstderr:\n{}",
+        out.stdout, out.stderr
+    );
     assert!(out.stdout.contains("Baseline"), "{}", out.stdout);
     let report = out.report.expect("report JSON");
     let replayed = num(&report, &["llm", "ttft_ms", "p50"]);
     let baseline = num(&report, &["baseline", "llm", "ttft_ms", "p50"]);
     let change = (replayed - baseline).abs() / baseline * 100.0;
-    assert!(change <= 5.0, "baseline {baseline} ms, replayed {replayed} ms ({change:.1} %)");
+    assert!(
+        change <= 5.0,
+        "baseline {baseline} ms, replayed {replayed} ms ({change:.1} %)"
+    );
     assert_eq!(num(&report, &["requests", "failed"]), 0.0);
 }

@@ -7,8 +7,18 @@ use fixtures::{MockServer, TempDir, llm_replay, num, write_chat_recording};
 #[test]
 fn injected_faults_are_counted_not_hidden() {
     let mock = MockServer::start(&[
-        "--ttft", "2ms", "--itl", "1ms", "--tokens", "10", "--drop-rate", "0.1", "--fail-rate",
-        "0.1", "--seed", "7",
+        "--ttft",
+        "2ms",
+        "--itl",
+        "1ms",
+        "--tokens",
+        "10",
+        "--drop-rate",
+        "0.1",
+        "--fail-rate",
+        "0.1",
+        "--seed",
+        "7",
     ]);
     let dir = TempDir::new("faults");
     let recording = dir.join("rec.jsonl");
@@ -27,7 +37,11 @@ fn injected_faults_are_counted_not_hidden() {
         ],
         Some(&report_path),
     );
-    assert_eq!(out.code, 0, "stdout:\n{}\nstderr:\n{}", out.stdout, out.stderr);
+    assert_eq!(
+        out.code, 0,
+        "stdout:\n{}\nstderr:\n{}",
+        out.stdout, out.stderr
+    );
     let report = out.report.expect("report JSON");
     let total = num(&report, &["requests", "total"]);
     let succeeded = num(&report, &["requests", "succeeded"]);
@@ -41,10 +55,19 @@ fn injected_faults_are_counted_not_hidden() {
     let pct = |n: f64| 100.0 * n / total;
     assert!((pct(failed) - 10.0).abs() <= 4.0, "failed {failed}");
     // Drops are injected on the requests that did not fail with a 500.
-    assert!((pct(ended_early) - 9.0).abs() <= 4.0, "ended early {ended_early}");
-    assert_eq!(num(&report, &["requests", "failed_by_kind", "status"]), failed);
+    assert!(
+        (pct(ended_early) - 9.0).abs() <= 4.0,
+        "ended early {ended_early}"
+    );
+    assert_eq!(
+        num(&report, &["requests", "failed_by_kind", "status"]),
+        failed
+    );
     // Ended-early streams count toward TTFT only.
     assert_eq!(num(&report, &["llm", "latency_ms", "count"]), succeeded);
     assert_eq!(num(&report, &["llm", "itl_ms", "count"]), succeeded);
-    assert_eq!(num(&report, &["llm", "ttft_ms", "count"]), succeeded + ended_early);
+    assert_eq!(
+        num(&report, &["llm", "ttft_ms", "count"]),
+        succeeded + ended_early
+    );
 }

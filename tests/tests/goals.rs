@@ -24,14 +24,22 @@ fn quick_run(extra: &[&str]) -> fixtures::RunOutput {
 #[test]
 fn goal_that_holds_fails_the_run() {
     let out = quick_run(&["--fail-if", "llm.ttft-p95 > 1"]);
-    assert_eq!(out.code, 1, "stdout:\n{}\nstderr:\n{}", out.stdout, out.stderr);
+    assert_eq!(
+        out.code, 1,
+        "stdout:\n{}\nstderr:\n{}",
+        out.stdout, out.stderr
+    );
     assert!(out.stdout.contains("FAIL"), "{}", out.stdout);
 }
 
 #[test]
 fn goal_that_does_not_hold_passes() {
     let out = quick_run(&["--fail-if", "llm.ttft-p95 < 100000"]);
-    assert_eq!(out.code, 0, "stdout:\n{}\nstderr:\n{}", out.stdout, out.stderr);
+    assert_eq!(
+        out.code, 0,
+        "stdout:\n{}\nstderr:\n{}",
+        out.stdout, out.stderr
+    );
 }
 
 #[test]
@@ -39,7 +47,11 @@ fn unknown_metric_is_a_usage_error_listing_names() {
     let out = quick_run(&["--fail-if", "llm.nope > 1"]);
     assert_eq!(out.code, 2, "stderr:\n{}", out.stderr);
     assert!(out.stderr.contains("llm.nope"), "{}", out.stderr);
-    assert!(out.stderr.contains("llm.ttft-p95"), "valid names are listed: {}", out.stderr);
+    assert!(
+        out.stderr.contains("llm.ttft-p95"),
+        "valid names are listed: {}",
+        out.stderr
+    );
 }
 
 #[test]
@@ -52,7 +64,12 @@ fn malformed_recording_line_names_file_and_line() {
     lines[2] = r#"{"request":{"path":"/v1/chat/completions","body":{"not":"a string"}}}"#;
     std::fs::write(&recording, lines.join("\n") + "\n").expect("write");
     let out = llm_replay(
-        &["run", recording.to_str().expect("utf-8 path"), "--target", "http://127.0.0.1:9"],
+        &[
+            "run",
+            recording.to_str().expect("utf-8 path"),
+            "--target",
+            "http://127.0.0.1:9",
+        ],
         None,
     );
     assert_eq!(out.code, 2, "stderr:\n{}", out.stderr);
@@ -66,5 +83,9 @@ fn goals_from_a_config_file() {
     let config = dir.join("goals.yaml");
     std::fs::write(&config, "goals:\n  - 'llm.ttft-p50 > 1'\n").expect("write config");
     let out = quick_run(&["--config", config.to_str().expect("utf-8 path")]);
-    assert_eq!(out.code, 1, "stdout:\n{}\nstderr:\n{}", out.stdout, out.stderr);
+    assert_eq!(
+        out.code, 1,
+        "stdout:\n{}\nstderr:\n{}",
+        out.stdout, out.stderr
+    );
 }

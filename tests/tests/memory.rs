@@ -21,13 +21,20 @@ fn hundred_thousand_exchanges_stay_under_200_mb() {
         ],
         Some(&report_path),
     );
-    assert_eq!(out.code, 0, "stdout:\n{}\nstderr:\n{}", out.stdout, out.stderr);
+    assert_eq!(
+        out.code, 0,
+        "stdout:\n{}\nstderr:\n{}",
+        out.stdout, out.stderr
+    );
     let report = out.report.expect("report JSON");
     assert_eq!(num(&report, &["requests", "total"]), 100_000.0);
     assert_eq!(num(&report, &["requests", "succeeded"]), 100_000.0);
     let workers = report["run"]["workers"].as_array().expect("workers");
     for worker in workers {
         let peak_mb = num(worker, &["peak_rss_mb"]);
-        assert!(peak_mb > 1.0 && peak_mb < 200.0, "worker peak RSS {peak_mb} MB");
+        assert!(
+            peak_mb > 1.0 && peak_mb < 200.0,
+            "worker peak RSS {peak_mb} MB"
+        );
     }
 }

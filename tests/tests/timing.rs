@@ -33,14 +33,28 @@ fn check_level(concurrency: usize) {
         ],
         Some(&report_path),
     );
-    assert_eq!(out.code, 0, "stdout:\n{}\nstderr:\n{}", out.stdout, out.stderr);
+    assert_eq!(
+        out.code, 0,
+        "stdout:\n{}\nstderr:\n{}",
+        out.stdout, out.stderr
+    );
     let report = out.report.expect("report JSON");
-    assert_eq!(num(&report, &["requests", "succeeded"]), 400.0, "{report:#}");
+    assert_eq!(
+        num(&report, &["requests", "succeeded"]),
+        400.0,
+        "{report:#}"
+    );
     let ttft = num(&report, &["llm", "ttft_ms", "p50"]);
     let itl = num(&report, &["llm", "itl_ms", "p50"]);
     let latency = num(&report, &["llm", "latency_ms", "p50"]);
-    assert!((ttft - 200.0).abs() <= 2.0, "concurrency {concurrency}: TTFT p50 {ttft} ms");
-    assert!((itl - 10.0).abs() <= 0.5, "concurrency {concurrency}: ITL p50 {itl} ms");
+    assert!(
+        (ttft - 200.0).abs() <= 2.0,
+        "concurrency {concurrency}: TTFT p50 {ttft} ms"
+    );
+    assert!(
+        (itl - 10.0).abs() <= 0.5,
+        "concurrency {concurrency}: ITL p50 {itl} ms"
+    );
     assert!(
         (latency - 1190.0).abs() <= 3.0,
         "concurrency {concurrency}: latency p50 {latency} ms"

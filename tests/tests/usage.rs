@@ -23,7 +23,11 @@ fn run_against(usage: &str) -> serde_json::Value {
         ],
         Some(&report_path),
     );
-    assert_eq!(out.code, 0, "stdout:\n{}\nstderr:\n{}", out.stdout, out.stderr);
+    assert_eq!(
+        out.code, 0,
+        "stdout:\n{}\nstderr:\n{}",
+        out.stdout, out.stderr
+    );
     out.report.expect("report JSON")
 }
 

@@ -12,8 +12,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::formats::{self, Family};
-
-use crate::compat;
 use common::measure::{FailureKind, RequestOutcome, StreamMeter, estimate_input_tokens};
 use rand::{Rng, SeedableRng};
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
@@ -76,7 +74,13 @@ pub async fn replay(
     let mut aborted = false;
     let mut seq: u64 = 0;
 
-    'items: loop {
+    // Every worker starts at the coordinator's one instant, whatever the load model.
+    tokio::select! {
+        _ = tokio::time::sleep_until(start.instant.into()) => {}
+        _ = abort.wait_for(|a| *a) => aborted = true,
+    }
+
+    'items: while !aborted {
         let item = tokio::select! {
             biased;
             _ = abort.wait_for(|a| *a) => { aborted = true; break 'items; }
@@ -164,7 +168,8 @@ pub async fn replay(
         // Reap finished tasks and forget finished sessions so both stay small.
         while tasks.try_join_next().is_some() {}
         if seq.is_multiple_of(4096) {
-            sessions.retain(|_, rx| matches!(rx.try_recv(), Err(oneshot::error::TryRecvError::Empty)));
+            sessions
+                .retain(|_, rx| matches!(rx.try_recv(), Err(oneshot::error::TryRecvError::Empty)));
         }
     }
 
@@ -280,7 +285,7 @@ async fn send_one(
     let path = exchange.request.path.as_str();
     let streamed = content_type
         .as_deref()
-        .is_some_and(compat::is_streaming_content_type);
+        .is_some_and(formats::is_streaming_content_type);
 
     if !streamed {
         // One JSON body: it is one content frame, stamped when the whole body has arrived.
@@ -343,17 +348,20 @@ async fn send_one(
 }
 
 fn unstreamed_outcome(family: Option<Family>, body: &[u8], t_us: u64) -> RequestOutcome {
-    let parsed = family.map(|f| compat::unstreamed(f, body));
+    let parsed = family.map(|f| formats::unstreamed(f, body));
     let mut outcome = RequestOutcome::failed(FailureKind::Empty);
-    match parsed {
-        Some(p) if p.error => outcome.kind = common::measure::OutcomeKind::Failed(FailureKind::ErrorFrame),
-        Some(p) if !p.content => {}
+    match &parsed {
+        Some(Err(_)) => outcome.kind = common::measure::OutcomeKind::Failed(FailureKind::Transport),
+        Some(Ok(p)) if p.error.is_some() => {
+            outcome.kind = common::measure::OutcomeKind::Failed(FailureKind::ErrorFrame)
+        }
+        Some(Ok(p)) if !p.has_content => {}
         _ => {
             outcome.kind = common::measure::OutcomeKind::Succeeded;
             outcome.ttft_us = Some(t_us);
             outcome.latency_us = Some(t_us);
             outcome.content_frames = 1;
-            if let Some(usage) = parsed.and_then(|p| p.usage) {
+            if let Some(usage) = parsed.and_then(|p| p.ok()).and_then(|p| p.usage) {
                 outcome.usage_output_tokens = usage.output_tokens;
                 outcome.input_tokens = usage.input_tokens;
             }

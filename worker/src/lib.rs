@@ -12,4 +12,3 @@ pub mod engine;
 pub mod link;
 pub mod metrics_actor;
 pub mod request;
-mod compat;

@@ -76,7 +76,9 @@ fn endpoint_url(addr: &str) -> String {
     }
 }
 
-async fn connect(options: &LinkOptions) -> Result<CoordinatorClient<tonic::transport::Channel>, LinkError> {
+async fn connect(
+    options: &LinkOptions,
+) -> Result<CoordinatorClient<tonic::transport::Channel>, LinkError> {
     let url = endpoint_url(&options.coordinator);
     let endpoint = tonic::transport::Endpoint::from_shared(url.clone())
         .map_err(|_| LinkError::Address(options.coordinator.clone()))?
@@ -87,8 +89,9 @@ async fn connect(options: &LinkOptions) -> Result<CoordinatorClient<tonic::trans
     loop {
         match endpoint.connect().await {
             Ok(channel) => {
-                return Ok(CoordinatorClient::new(channel)
-                    .max_decoding_message_size(64 * 1024 * 1024));
+                return Ok(
+                    CoordinatorClient::new(channel).max_decoding_message_size(64 * 1024 * 1024)
+                );
             }
             Err(source) if Instant::now() + backoff >= give_up => {
                 return Err(LinkError::Connect {

@@ -5,7 +5,11 @@ use std::process::ExitCode;
 use clap::Parser;
 
 #[derive(Parser)]
-#[command(name = "llm-replay-worker", version, about = "llm-replay worker: dials the coordinator and replays its slice")]
+#[command(
+    name = "llm-replay-worker",
+    version,
+    about = "llm-replay worker: dials the coordinator and replays its slice"
+)]
 struct Cli {
     #[command(flatten)]
     args: worker::cli::WorkerArgs,

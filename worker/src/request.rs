@@ -156,10 +156,7 @@ mod tests {
             r#"{"request":{"path":"/v1/chat/completions","body":"{\"model\":\"a\",\"stream\":true}"}}"#,
         )
         .expect("valid");
-        let body = replay_body(
-            &exchange,
-            &[("model".to_owned(), serde_json::json!("b"))],
-        );
+        let body = replay_body(&exchange, &[("model".to_owned(), serde_json::json!("b"))]);
         let value: serde_json::Value = serde_json::from_slice(&body).expect("json");
         assert_eq!(value["model"], "b");
         assert_eq!(value["stream"], true);
