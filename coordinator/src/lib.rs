@@ -1,1 +1,4 @@
 //! Coordinator library.
+
+pub mod duration;
+pub mod mock;

@@ -836,7 +836,7 @@ pub struct HttpError {
     pub status: u16,
     /// `Content-Type` of `body`.
     pub content_type: &'static str,
-    /// Extra headers the family's clients read (Bedrock's `x-amzn-ErrorType`).
+    /// Extra headers the family's clients read (Bedrock's `x-amzn-errortype`, lower case as HTTP/2 requires).
     pub headers: Vec<(&'static str, String)>,
     /// The JSON body.
     pub body: Vec<u8>,
@@ -845,7 +845,7 @@ pub struct HttpError {
 /// An HTTP error body in `wire`'s shape, for `status` with `message`:
 /// OpenAI `{"error":{"message","type","param","code"}}`, Anthropic
 /// `{"type":"error","error":{"type","message"}}`, Ollama `{"error":"…"}`, Bedrock
-/// `{"message":"…"}` plus `x-amzn-ErrorType`.
+/// `{"message":"…"}` plus `x-amzn-errortype`.
 pub fn http_error(wire: Wire, status: u16, message: &str) -> HttpError {
     let mut body = Vec::with_capacity(128 + message.len());
     let mut headers = Vec::new();
@@ -896,7 +896,7 @@ pub fn http_error(wire: Wire, status: u16, message: &str) -> HttpError {
                 503 => "ServiceUnavailableException",
                 _ => "InternalServerException",
             };
-            headers.push(("x-amzn-ErrorType", format!("{kind}:")));
+            headers.push(("x-amzn-errortype", format!("{kind}:")));
             body.extend_from_slice(br#"{"message":"#);
             push_json_str(&mut body, message, false);
             body.push(b'}');
