@@ -1324,7 +1324,9 @@ mod tests {
     }
 
     /// Decode every event-stream frame of `bytes` (headers as strings, payload).
-    fn decode_frames(bytes: &[u8]) -> Vec<(Vec<(String, String)>, Vec<u8>)> {
+    type DecodedFrame = (Vec<(String, String)>, Vec<u8>);
+
+    fn decode_frames(bytes: &[u8]) -> Vec<DecodedFrame> {
         let mut buf = bytes::BytesMut::from(bytes);
         let mut decoder = aws_smithy_eventstream::frame::MessageFrameDecoder::new();
         let mut frames = Vec::new();

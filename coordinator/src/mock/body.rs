@@ -118,11 +118,9 @@ impl Body for TimedBody {
             this._permit = None;
             return Poll::Ready(None);
         };
-        if !this.armed {
-            if Instant::now() < deadline {
-                this.sleep.as_mut().reset(deadline);
-                this.armed = true;
-            }
+        if !this.armed && Instant::now() < deadline {
+            this.sleep.as_mut().reset(deadline);
+            this.armed = true;
         }
         if this.armed {
             if this.sleep.as_mut().poll(cx).is_pending() {

@@ -127,11 +127,14 @@ async fn wait_for_response_start(stream: &TcpStream) {
         .expect("peek");
 }
 
+type ResponseHead = (u16, Vec<(String, String)>, usize);
+
 /// Read a whole response, decoding chunked bodies chunk by chunk with arrival times.
 async fn read_response(mut stream: TcpStream, sent: Instant) -> RawResponse {
     let mut buf = Vec::new();
     let mut read = [0u8; 16 * 1024];
-    let mut parsed_head: Option<(u16, Vec<(String, String)>, usize)> = None;
+    // (status, headers, body start)
+    let mut parsed_head: Option<ResponseHead> = None;
     let mut chunks = Vec::new();
     let mut terminated = false;
     let mut pos = 0;
