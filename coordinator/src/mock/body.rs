@@ -1,18 +1,18 @@
 //! The timed response body: plays pre-encoded frames at absolute deadlines.
 //!
 //! Every frame is a zero-copy slice of one buffer encoded when the request arrived, so the
-//! per-frame work is one timer reset and one `Bytes` clone. Deadlines are absolute
+//! per-frame work is one pacer registration and one `Bytes` clone. Deadlines are absolute
 //! (`start + offset`), never accumulated sleeps, so scheduling delays do not add up.
 
-use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::sync::OwnedSemaphorePermit;
-use tokio::time::{Instant, Sleep};
+
+use super::pacer::Pacer;
 
 /// One frame of a planned response and when to write it, relative to the stream's start.
 #[derive(Debug, Clone)]
@@ -42,9 +42,10 @@ pub(crate) struct TimedBody {
     next: usize,
     start: Instant,
     ending: Ending,
-    sleep: Pin<Box<Sleep>>,
-    /// The deadline `sleep` is armed for, if armed.
-    armed: bool,
+    /// Wakes the task at frame deadlines; `None` only for bodies that are due at once.
+    pacer: Option<Pacer>,
+    /// The deadline a wake-up is registered for.
+    registered_for: Option<Instant>,
     /// `Some` for a body known whole up front, so hyper sends `content-length`.
     exact_len: Option<u64>,
     /// Holds the concurrent-stream slot until the body is done or dropped.
@@ -57,6 +58,7 @@ impl TimedBody {
         frames: Vec<PlannedFrame>,
         start: Instant,
         ending: Ending,
+        pacer: Pacer,
         permit: Option<OwnedSemaphorePermit>,
     ) -> TimedBody {
         TimedBody {
@@ -64,8 +66,8 @@ impl TimedBody {
             next: 0,
             start,
             ending,
-            sleep: Box::pin(tokio::time::sleep_until(start)),
-            armed: false,
+            pacer: Some(pacer),
+            registered_for: None,
             exact_len: None,
             _permit: permit,
         }
@@ -76,6 +78,7 @@ impl TimedBody {
         bytes: Bytes,
         start: Instant,
         offset: Duration,
+        pacer: Pacer,
         permit: Option<OwnedSemaphorePermit>,
     ) -> TimedBody {
         let len = bytes.len() as u64;
@@ -83,6 +86,7 @@ impl TimedBody {
             vec![PlannedFrame { bytes, offset }],
             start,
             Ending::Clean,
+            pacer,
             permit,
         );
         body.exact_len = Some(len);
@@ -91,7 +95,20 @@ impl TimedBody {
 
     /// A whole body written at once.
     pub(crate) fn full(bytes: Bytes) -> TimedBody {
-        TimedBody::full_at(bytes, Instant::now(), Duration::ZERO, None)
+        let len = bytes.len() as u64;
+        TimedBody {
+            frames: vec![PlannedFrame {
+                bytes,
+                offset: Duration::ZERO,
+            }],
+            next: 0,
+            start: Instant::now(),
+            ending: Ending::Clean,
+            pacer: None,
+            registered_for: None,
+            exact_len: Some(len),
+            _permit: None,
+        }
     }
 
     fn next_deadline(&self) -> Option<Instant> {
@@ -118,16 +135,17 @@ impl Body for TimedBody {
             this._permit = None;
             return Poll::Ready(None);
         };
-        if !this.armed && Instant::now() < deadline {
-            this.sleep.as_mut().reset(deadline);
-            this.armed = true;
-        }
-        if this.armed {
-            if this.sleep.as_mut().poll(cx).is_pending() {
-                return Poll::Pending;
+        if Instant::now() < deadline
+            && let Some(pacer) = &this.pacer
+        {
+            // Register once per deadline; a spurious poll before it just waits again.
+            if this.registered_for != Some(deadline) {
+                pacer.wake_at(deadline, cx.waker().clone());
+                this.registered_for = Some(deadline);
             }
-            this.armed = false;
+            return Poll::Pending;
         }
+        this.registered_for = None;
         match this.frames.get(this.next) {
             Some(frame) => {
                 let bytes = frame.bytes.clone();

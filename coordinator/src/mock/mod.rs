@@ -8,6 +8,7 @@
 //! `start + ttft + i * itl`.
 
 mod body;
+mod pacer;
 mod recorded;
 mod synth;
 
@@ -22,7 +23,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
 use bytes::Bytes;
@@ -35,7 +36,6 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
-use tokio::time::Instant;
 
 use crate::duration::{parse_duration, parse_rate};
 use body::{Ending, TimedBody};
@@ -247,7 +247,8 @@ pub async fn serve(
     config: MockConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let state = Arc::new(State::new(config)?);
+    let mut pacer_thread = pacer::PacerThread::start().context("starting the pacer thread")?;
+    let state = Arc::new(State::new(config, pacer_thread.pacer())?);
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections: JoinSet<()> = JoinSet::new();
     let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
@@ -310,6 +311,8 @@ pub async fn serve(
         );
         connections.shutdown().await;
     }
+    // Every body is gone with its connection; only now stop the thread that paces them.
+    pacer_thread.stop();
     Ok(())
 }
 
@@ -325,10 +328,11 @@ struct State {
     /// flushed at arrival (tests read it while the server runs).
     request_log: Option<Mutex<File>>,
     next_id: AtomicU64,
+    pacer: pacer::Pacer,
 }
 
 impl State {
-    fn new(config: MockConfig) -> anyhow::Result<State> {
+    fn new(config: MockConfig, pacer: pacer::Pacer) -> anyhow::Result<State> {
         let seed = config.seed.unwrap_or_else(|| {
             SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -351,6 +355,7 @@ impl State {
             waiting: AtomicUsize::new(0),
             request_log,
             next_id: AtomicU64::new(1),
+            pacer,
             config,
         })
     }
@@ -587,7 +592,13 @@ async fn serve_synthetic(
     };
     match synth::plan(wire, params, info.stream, &schedule) {
         SynthPlan::Stream { frames, ending } => {
-            let mut response = Response::new(TimedBody::stream(frames, start, ending, permit));
+            let mut response = Response::new(TimedBody::stream(
+                frames,
+                start,
+                ending,
+                state.pacer.clone(),
+                permit,
+            ));
             let headers = response.headers_mut();
             headers.insert(
                 header::CONTENT_TYPE,
@@ -604,7 +615,13 @@ async fn serve_synthetic(
             content_type,
             offset,
         } => {
-            let mut response = Response::new(TimedBody::full_at(body, start, offset, permit));
+            let mut response = Response::new(TimedBody::full_at(
+                body,
+                start,
+                offset,
+                state.pacer.clone(),
+                permit,
+            ));
             response
                 .headers_mut()
                 .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
@@ -641,7 +658,13 @@ async fn serve_recorded(
             }),
         })
         .collect();
-    let mut response = Response::new(TimedBody::stream(frames, start, Ending::Clean, permit));
+    let mut response = Response::new(TimedBody::stream(
+        frames,
+        start,
+        Ending::Clean,
+        state.pacer.clone(),
+        permit,
+    ));
     *response.status_mut() = recorded.status;
     let headers = response.headers_mut();
     for (name, value) in &recorded.headers {

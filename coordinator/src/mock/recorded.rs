@@ -162,9 +162,9 @@ impl Recorded {
                 }
             }
         };
-        match &self.exchanges[index] {
-            Some(response) => Lookup::Response(response),
-            None => Lookup::Synthetic,
+        match self.exchanges.get(index) {
+            Some(Some(response)) => Lookup::Response(response),
+            _ => Lookup::Synthetic,
         }
     }
 }
