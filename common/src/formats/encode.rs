@@ -852,7 +852,7 @@ pub fn http_error(wire: Wire, status: u16, message: &str) -> HttpError {
     match wire.family() {
         Family::OpenAiChat | Family::OpenAiCompletions | Family::OpenAiResponses => {
             let kind = match status {
-                400 | 404 | 413 | 422 => "invalid_request_error",
+                400 | 404 | 405 | 413 | 422 => "invalid_request_error",
                 401 => "authentication_error",
                 403 => "permission_error",
                 429 => "rate_limit_error",
@@ -866,7 +866,7 @@ pub fn http_error(wire: Wire, status: u16, message: &str) -> HttpError {
         }
         Family::Anthropic => {
             let kind = match status {
-                400 | 413 | 422 => "invalid_request_error",
+                400 | 405 | 413 | 422 => "invalid_request_error",
                 401 => "authentication_error",
                 403 => "permission_error",
                 404 => "not_found_error",

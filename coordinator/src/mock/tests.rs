@@ -701,3 +701,61 @@ async fn serve_returns_promptly_with_a_stream_still_open() {
     let response = client.await.expect("client");
     assert!(!response.terminated, "the open stream was cut at shutdown");
 }
+
+#[tokio::test]
+async fn usage_requested_follows_include_usage_for_openai_only() {
+    let server = Server::start(MockConfig {
+        usage: UsageMode::Requested,
+        ..fast()
+    })
+    .await;
+    let without = request(server.addr, "POST", "/v1/chat/completions", &[], CHAT).await;
+    assert!(!without.text().contains("usage"), "{}", without.text());
+    let with = request(
+        server.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        r#"{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[]}"#,
+    )
+    .await;
+    assert!(
+        with.text().contains(r#""completion_tokens":4"#),
+        "{}",
+        with.text()
+    );
+    let anthropic = request(
+        server.addr,
+        "POST",
+        "/v1/messages",
+        &[],
+        r#"{"model":"m","stream":true,"max_tokens":9,"messages":[]}"#,
+    )
+    .await;
+    assert!(anthropic.text().contains(r#""usage":{"output_tokens":4}"#));
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn prefill_per_token_delays_the_first_token_by_the_input_size() {
+    let server = Server::start(MockConfig {
+        prefill_per_token: Duration::from_millis(20),
+        ..fast()
+    })
+    .await;
+    // 40 characters of prompt = 10 input tokens = 200 ms of prefill on top of the 5 ms TTFT.
+    let body = format!(
+        r#"{{"model":"m","stream":true,"messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "x".repeat(40)
+    );
+    let response = request(server.addr, "POST", "/v1/chat/completions", &[], &body).await;
+    let first_token = response
+        .chunks
+        .iter()
+        .find(|(_, c)| c.windows(11).any(|w| w == b"{\"content\":"))
+        .expect("a token frame")
+        .0;
+    assert!(first_token >= Duration::from_millis(205), "{first_token:?}");
+    assert!(response.text().contains(r#""prompt_tokens":10"#));
+    server.shutdown().await;
+}
