@@ -494,7 +494,7 @@ async fn handle(state: &State, req: Request<Incoming>) -> MockResponse {
     if let Some(recording) = &state.config.recording {
         match recording.lookup(exchange.as_deref(), method.as_str(), &path_and_query, &body) {
             Lookup::Response(recorded) => {
-                return serve_recorded(state, recorded, arrival).await;
+                return serve_recorded(state, wire, recorded, arrival).await;
             }
             Lookup::BadIndex(message) => {
                 return error_response(wire.unwrap_or(Wire::OpenAiChat), 400, &message);
@@ -630,38 +630,94 @@ async fn serve_synthetic(
     }
 }
 
+/// Serve a recorded response at its recorded offsets. Faults apply as to synthetic streams:
+/// `--fail-rate` answers 500 instead; the mid-stream faults cut in after half the frames (the
+/// error frame only on a path whose family is known).
 async fn serve_recorded(
     state: &State,
+    wire: Option<Wire>,
     recorded: &RecordedResponse,
     arrival: Instant,
 ) -> MockResponse {
+    let error_wire = wire.unwrap_or(Wire::OpenAiChat);
+    let (fail, fault, stall) = state.draw_faults();
+    if fail {
+        return error_response(
+            error_wire,
+            500,
+            "The server had an error while processing your request (injected by llm-replay mock).",
+        );
+    }
     let (permit, start) = match state.admit(arrival).await {
         Ok(admitted) => admitted,
         Err(()) => {
             return error_response(
-                Wire::OpenAiChat,
+                error_wire,
                 429,
                 "Too many requests: the mock's queue is full.",
             );
         }
     };
     let config = &state.config;
-    let frames = recorded
-        .frames
+    let half = recorded.frames.len() / 2;
+    let offset_of = |i: usize| -> Duration {
+        let recorded_or_paced = match recorded.frames.get(i) {
+            Some((Some(offset), _)) => *offset,
+            // Frames without a recorded offset are paced like synthetic tokens.
+            _ => config.ttft + config.itl.saturating_mul(i.min(u32::MAX as usize) as u32),
+        };
+        if stall && i >= half && i > 0 {
+            recorded_or_paced + config.faults.stall
+        } else {
+            recorded_or_paced
+        }
+    };
+    let keep = match fault {
+        MidStreamFault::None => recorded.frames.len(),
+        MidStreamFault::ErrorFrame | MidStreamFault::Drop => half,
+    };
+    let mut frames: Vec<body::PlannedFrame> = recorded.frames[..keep]
         .iter()
         .enumerate()
-        .map(|(i, (offset, bytes))| body::PlannedFrame {
+        .map(|(i, (_, bytes))| body::PlannedFrame {
             bytes: bytes.clone(),
-            // Frames without a recorded offset are paced like synthetic tokens.
-            offset: offset.unwrap_or_else(|| {
-                config.ttft + config.itl.saturating_mul(i.min(u32::MAX as usize) as u32)
-            }),
+            offset: offset_of(i),
         })
         .collect();
+    let mut ending = Ending::Clean;
+    match (fault, wire) {
+        (MidStreamFault::None, _) => {}
+        (MidStreamFault::Drop, _) => ending = Ending::Abort(offset_of(keep)),
+        (MidStreamFault::ErrorFrame, Some(wire)) => {
+            let mut encoder = encode::StreamEncoder::new(
+                wire,
+                StreamParams {
+                    id: "recorded".to_owned(),
+                    model: "recorded".to_owned(),
+                    created_unix_ms: 0,
+                    input_tokens: 0,
+                    usage: false,
+                    system_fingerprint: String::new(),
+                    timings: Default::default(),
+                },
+            );
+            let mut out = Vec::new();
+            encoder.error_frame(
+                "The server had an error while processing your request (injected by llm-replay mock).",
+                &mut out,
+            );
+            frames.push(body::PlannedFrame {
+                bytes: Bytes::from(out),
+                offset: offset_of(keep),
+            });
+        }
+        // Unknown family: no error frame to speak; end the stream early instead.
+        (MidStreamFault::ErrorFrame, None) => {}
+    }
     let mut response = Response::new(TimedBody::stream(
         frames,
         start,
-        Ending::Clean,
+        ending,
         state.pacer.clone(),
         permit,
     ));

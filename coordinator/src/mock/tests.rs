@@ -759,3 +759,36 @@ async fn prefill_per_token_delays_the_first_token_by_the_input_size() {
     assert!(response.text().contains(r#""prompt_tokens":10"#));
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn recorded_mode_drop_fault_cuts_after_half_the_frames() {
+    let path = temp_path("recording-drop.jsonl");
+    let line = serde_json::json!({
+        "request": {"method": "POST", "path": "/v1/chat/completions", "body": "{}"},
+        "response": {"status": 200, "headers": {"content-type": "text/event-stream"},
+                     "frames": [{"t_ms": 1.0, "data": "data: 1\n\n"}, {"t_ms": 2.0, "data": "data: 2\n\n"},
+                                {"t_ms": 3.0, "data": "data: 3\n\n"}, {"t_ms": 4.0, "data": "data: [DONE]\n\n"}]}
+    });
+    std::fs::write(&path, format!("{line}\n")).expect("write recording");
+    let server = Server::start(MockConfig {
+        recording: Some(Arc::new(Recorded::load(&path).expect("load"))),
+        faults: FaultConfig {
+            drop_rate: 1.0,
+            ..fast().faults
+        },
+        ..fast()
+    })
+    .await;
+    let response = request(
+        server.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[(EXCHANGE_HEADER, "0")],
+        "{}",
+    )
+    .await;
+    assert_eq!(response.text(), "data: 1\n\ndata: 2\n\n");
+    assert!(!response.terminated);
+    server.shutdown().await;
+    let _ = std::fs::remove_file(&path);
+}
