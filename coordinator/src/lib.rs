@@ -8,6 +8,7 @@ pub mod config;
 pub mod duration;
 pub mod embedded;
 pub mod goals;
+pub mod mock;
 pub mod report;
 pub mod run;
 pub mod scan;
