@@ -116,7 +116,7 @@ pub async fn run_command(args: RunArgs) -> ExitCode {
             config: &level_config,
             load,
             target: target.clone(),
-            tag_requests: embedded.is_some(),
+            tag_requests: embedded.is_some() || config.tag_requests,
             exchanges: scanned.exchanges,
             pass_span_ms,
         };

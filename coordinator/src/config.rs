@@ -89,6 +89,10 @@ pub struct RunArgs {
     /// Per-request time limit (e.g. 60s).
     #[arg(long)]
     pub timeout: Option<String>,
+    /// Send `x-llm-replay-exchange: <index in the recording>` with every request, to match
+    /// replayed requests to recorded exchanges in server logs.
+    #[arg(long)]
+    pub tag_requests: bool,
 
     /// Goal that fails the run (exit 1) when it holds, e.g. 'llm.ttft-p95 > 800'.
     #[arg(long = "fail-if")]
@@ -209,6 +213,7 @@ pub struct LinkTls {
 /// The validated run configuration.
 #[derive(Debug, Clone)]
 pub struct RunConfig {
+    pub tag_requests: bool,
     pub source: WorkerSource,
     pub reassign_on_loss: bool,
     pub token: Option<String>,
@@ -372,6 +377,7 @@ impl RunArgs {
             bail!("--sweep-concurrency levels must be at least 1");
         }
         Ok(RunConfig {
+            tag_requests: self.tag_requests,
             source,
             reassign_on_loss: self.on_worker_loss == "reassign",
             token: self.token,

@@ -51,12 +51,14 @@ pub struct Progress {
 }
 
 /// Wait for `start` precisely: tokio's timer has 1 ms granularity, so sleep until just before
-/// and spin the rest (at most 2 ms), keeping the start skew between workers well under 1 ms.
+/// and finish with the OS's high-resolution sleep on a blocking thread (no spinning, which
+/// would steal the cores other workers on the same host need to start on time).
 async fn wait_for_start(start: Instant) {
-    let early = start.checked_sub(Duration::from_millis(2)).unwrap_or(start);
+    let early = start.checked_sub(Duration::from_millis(3)).unwrap_or(start);
     tokio::time::sleep_until(early.into()).await;
-    while Instant::now() < start {
-        std::hint::spin_loop();
+    let remaining = start.saturating_duration_since(Instant::now());
+    if !remaining.is_zero() {
+        let _ = tokio::task::spawn_blocking(move || std::thread::sleep(remaining)).await;
     }
 }
 
