@@ -507,7 +507,7 @@ mod tests {
                     ttst_us: Some(value / 3),
                     latency_us: Some(value * 4),
                     content_frames: 1 + rng.next() % 300,
-                    usage_output_tokens: (rng.next() % 2 == 0).then(|| 1 + rng.next() % 500),
+                    usage_output_tokens: rng.next().is_multiple_of(2).then(|| 1 + rng.next() % 500),
                     input_tokens: Some(rng.next() % 5000),
                     schedule_lag_us: Some(rng.next() % 20_000),
                     sent_unix_us: Some(1_700_000_000_000_000 + rng.next() % 10_000_000),
