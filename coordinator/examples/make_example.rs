@@ -2,7 +2,7 @@
 //!
 //! Real prompts from ShareGPT (`../shared/data/prompts/sharegpt_v3_filtered_500.json`) are
 //! paired with the real per-chunk timing of AIPerf runs of Qwen3-0.6B on one GPU
-//! (`../shared/data/timing/aiperf-qwen3-0.6b/concurrency{2,4}/profile_export.jsonl`): each
+//! (`../shared/data/timing/aiperf-qwen3-0.6b/concurrency{1,2,4}/profile_export.jsonl`): each
 //! exchange gets one measured request's arrival offset, time to first token and 199
 //! inter-chunk gaps. The response stream is written by `common::formats::encode`, one
 //! OpenAI chat chunk per network read, exactly as the mock serves it.
@@ -80,12 +80,22 @@ fn main() -> anyhow::Result<()> {
     let corpus = std::fs::read_to_string(data.join("corpus/shakespeare.txt")).context("corpus")?;
     let words: Vec<&str> = corpus.split_whitespace().take(20_000).collect();
 
+    // Three real runs side by side (the concurrency-1 run's first five requests), staggered
+    // by about a quarter and half a request so that the replay does not open every
+    // connection in the same millisecond: 25 requests, about 21 s.
     let mut measured = Vec::new();
-    for run in ["concurrency4", "concurrency2"] {
+    for (run, shift_ms, take) in [
+        ("concurrency4", 0.0, 10),
+        ("concurrency1", 950.0, 5),
+        ("concurrency2", 1900.0, 10),
+    ] {
         let path = data.join(format!(
             "timing/aiperf-qwen3-0.6b/{run}/profile_export.jsonl"
         ));
-        for m in read_profiles(&path)? {
+        let mut profiles = read_profiles(&path)?;
+        profiles.sort_by(|a, b| a.start_offset_ms.total_cmp(&b.start_offset_ms));
+        for mut m in profiles.into_iter().take(take) {
+            m.start_offset_ms += shift_ms;
             measured.push((run, m));
         }
     }
