@@ -82,7 +82,9 @@ fn main() -> anyhow::Result<()> {
 
     let mut measured = Vec::new();
     for run in ["concurrency4", "concurrency2"] {
-        let path = data.join(format!("timing/aiperf-qwen3-0.6b/{run}/profile_export.jsonl"));
+        let path = data.join(format!(
+            "timing/aiperf-qwen3-0.6b/{run}/profile_export.jsonl"
+        ));
         for m in read_profiles(&path)? {
             measured.push((run, m));
         }

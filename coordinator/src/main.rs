@@ -23,6 +23,8 @@ enum Command {
     Worker(worker::cli::WorkerArgs),
     /// Re-render a saved JSON report, or compare it with another.
     Report(coordinator::commands::ReportArgs),
+    /// Import recordings and traces from other tools into a recording.
+    Import(coordinator::import::ImportArgs),
 }
 
 fn init_tracing() {
@@ -49,6 +51,7 @@ fn main() -> ExitCode {
         // The worker builds its own runtimes (load and link apart).
         Command::Worker(args) => worker::cli::run(args),
         Command::Report(args) => coordinator::commands::report_command(args),
+        Command::Import(args) => coordinator::import::import_command(args),
         Command::Run(args) => {
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()

@@ -1,0 +1,4 @@
+//! Capture: the recording reverse proxy (`llm-replay record`), body redaction, and response
+//! completeness shared with the importers.
+
+pub mod complete;
