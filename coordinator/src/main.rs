@@ -25,6 +25,10 @@ enum Command {
     Report(coordinator::commands::ReportArgs),
     /// Import recordings and traces from other tools into a recording.
     Import(coordinator::import::ImportArgs),
+    /// Export a recording for another tool (AIPerf mooncake_trace).
+    Export(coordinator::export::ExportArgs),
+    /// Inspect a recording (`recording stats FILE`).
+    Recording(coordinator::stats::RecordingArgs),
 }
 
 fn init_tracing() {
@@ -52,6 +56,8 @@ fn main() -> ExitCode {
         Command::Worker(args) => worker::cli::run(args),
         Command::Report(args) => coordinator::commands::report_command(args),
         Command::Import(args) => coordinator::import::import_command(args),
+        Command::Export(args) => coordinator::export::export_command(args),
+        Command::Recording(args) => coordinator::stats::recording_command(args),
         Command::Run(args) => {
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()

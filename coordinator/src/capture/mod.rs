@@ -2,3 +2,4 @@
 //! completeness shared with the importers.
 
 pub mod complete;
+pub mod redact;
