@@ -23,6 +23,8 @@ enum Command {
     Worker(worker::cli::WorkerArgs),
     /// Re-render a saved JSON report, or compare it with another.
     Report(coordinator::commands::ReportArgs),
+    /// Recording reverse proxy: forwards to --upstream, streams back, records frame timing.
+    Record(coordinator::capture::RecordArgs),
     /// Import recordings and traces from other tools into a recording.
     Import(coordinator::import::ImportArgs),
     /// Export a recording for another tool (AIPerf mooncake_trace).
@@ -56,6 +58,19 @@ fn main() -> ExitCode {
         Command::Worker(args) => worker::cli::run(args),
         Command::Report(args) => coordinator::commands::report_command(args),
         Command::Import(args) => coordinator::import::import_command(args),
+        Command::Record(args) => {
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(error) => {
+                    eprintln!("llm-replay: cannot start the runtime: {error}");
+                    return ExitCode::from(3);
+                }
+            };
+            runtime.block_on(coordinator::capture::record_command(args))
+        }
         Command::Export(args) => coordinator::export::export_command(args),
         Command::Recording(args) => coordinator::stats::recording_command(args),
         Command::Run(args) => {
