@@ -238,7 +238,10 @@ pub async fn record_command(args: RecordArgs) -> ExitCode {
                 summary.written,
                 out.display(),
                 if summary.abandoned > 0 {
-                    format!("; {} streams still open at exit were not written", summary.abandoned)
+                    format!(
+                        "; {} streams still open at exit were not written",
+                        summary.abandoned
+                    )
                 } else {
                     String::new()
                 }

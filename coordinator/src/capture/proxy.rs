@@ -139,7 +139,10 @@ pub async fn handle(
         Ok(collected) => collected.to_bytes(),
         Err(error) => {
             tracing::warn!(%error, path = %path_and_query, "cannot read the request body");
-            return Ok(plain(StatusCode::BAD_REQUEST, "llm-replay record: cannot read the request body\n"));
+            return Ok(plain(
+                StatusCode::BAD_REQUEST,
+                "llm-replay record: cannot read the request body\n",
+            ));
         }
     };
 
@@ -152,7 +155,7 @@ pub async fn handle(
             .and_then(|h| parts.headers.get(h))
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned),
-        at_ms: Some(arrival.duration_since(zero).as_secs_f64() * 1000.0),
+        at_ms: Some((arrival.duration_since(zero).as_secs_f64() * 1e6).round() / 1000.0),
         request: Request {
             method: parts.method.as_str().to_owned(),
             path: path_and_query.clone(),
@@ -171,7 +174,10 @@ pub async fn handle(
     let uri = match state.upstream.uri_for(&path_and_query) {
         Ok(uri) => uri,
         Err(error) => {
-            return Ok(plain(StatusCode::BAD_REQUEST, &format!("llm-replay record: bad path: {error}\n")));
+            return Ok(plain(
+                StatusCode::BAD_REQUEST,
+                &format!("llm-replay record: bad path: {error}\n"),
+            ));
         }
     };
     let mut upstream_request = http::Request::builder()
@@ -184,7 +190,10 @@ pub async fn handle(
     let upstream_request = match upstream_request.body(Full::new(body)) {
         Ok(r) => r,
         Err(error) => {
-            return Ok(plain(StatusCode::BAD_REQUEST, &format!("llm-replay record: {error}\n")));
+            return Ok(plain(
+                StatusCode::BAD_REQUEST,
+                &format!("llm-replay record: {error}\n"),
+            ));
         }
     };
 
@@ -200,7 +209,10 @@ pub async fn handle(
                 .insert("error".into(), json!(format!("upstream: {error}")));
             state.writer.submit(recorded);
             state.in_flight.fetch_sub(1, Ordering::SeqCst);
-            return Ok(plain(StatusCode::BAD_GATEWAY, "llm-replay record: the upstream could not be reached\n"));
+            return Ok(plain(
+                StatusCode::BAD_GATEWAY,
+                "llm-replay record: the upstream could not be reached\n",
+            ));
         }
     };
     let (parts, upstream_body) = response.into_parts();
@@ -326,7 +338,8 @@ impl Pending {
             response.frames = self
                 .frames
                 .iter()
-                .map(|(t, bytes)| Frame::from_bytes(Some(*t), bytes))
+                // Microsecond resolution is what the histograms keep.
+                .map(|(t, bytes)| Frame::from_bytes(Some((t * 1000.0).round() / 1000.0), bytes))
                 .collect();
             response.complete = complete;
             if let Some(note) = note {
@@ -357,7 +370,7 @@ impl Body for RecordingBody {
             Poll::Ready(Some(Ok(frame))) => {
                 if let (Some(data), Some(pending)) = (frame.data_ref(), self.pending.as_mut()) {
                     // Stamp when the read returns, before it is handed on.
-                    let t_ms = pending.t0.elapsed().as_secs_f64() * 1000.0;
+                    let t_ms = pending.t0.elapsed().as_nanos() as f64 / 1e6;
                     pending.frames.push((t_ms, data.clone()));
                 }
             }

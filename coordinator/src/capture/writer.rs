@@ -132,11 +132,10 @@ pub fn start(path: &Path, scrub: Scrub) -> Result<(WriterHandle, Writer), Writer
                 line.push(b'\n');
                 // One write of the whole line (a regular file takes it whole), no user-space
                 // buffer: what the kernel has survives a SIGKILL of this process.
-                file.write_all(&line)
-                    .map_err(|source| WriterError::Write {
-                        path: path.clone(),
-                        source,
-                    })?;
+                file.write_all(&line).map_err(|source| WriterError::Write {
+                    path: path.clone(),
+                    source,
+                })?;
                 written += 1;
             }
             file.flush().map_err(|source| WriterError::Write {

@@ -368,3 +368,154 @@ mod tests {
         );
     }
 }
+
+/// Imports of the real files under `../shared/data`, checked with the tokenizer itself.
+#[cfg(test)]
+mod real_data_tests {
+    use super::*;
+
+    fn shared(relative: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../shared/data")
+            .join(relative)
+    }
+
+    fn temp(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("llm-replay-import-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        dir.join(name)
+    }
+
+    fn args(
+        format: ImportFormat,
+        file: PathBuf,
+        output: PathBuf,
+        limit: Option<u64>,
+    ) -> ImportArgs {
+        ImportArgs {
+            format,
+            file,
+            output,
+            model: Some("m".into()),
+            corpus: Some(shared("corpus/shakespeare.txt")),
+            tokenizer: TokenizerName::O200kBase,
+            block_size: 512,
+            limit,
+        }
+    }
+
+    fn prompt(exchange: &Exchange) -> String {
+        let body: Value =
+            serde_json::from_slice(&exchange.request.body_bytes()).expect("JSON body");
+        body["messages"][0]["content"]
+            .as_str()
+            .expect("one user message")
+            .to_owned()
+    }
+
+    #[test]
+    fn azure_prompts_have_exactly_context_tokens() {
+        let out = temp("azure.jsonl");
+        let csv = shared("traces/azure-2023/AzureLLMInferenceTrace_code.csv");
+        let written = run_import(&args(
+            ImportFormat::AzureTrace,
+            csv.clone(),
+            out.clone(),
+            Some(300),
+        ))
+        .expect("imports");
+        assert_eq!(written, 300);
+        let text = std::fs::read_to_string(&csv).expect("csv");
+        let rows: Vec<Vec<String>> = text.lines().skip(1).map(csv_fields).collect();
+        let bpe = TokenizerName::O200kBase.bpe();
+        for (i, ex) in common::recording::read_all(&out)
+            .expect("valid")
+            .iter()
+            .enumerate()
+        {
+            let want: usize = rows[i][1].parse().expect("ContextTokens");
+            assert_eq!(
+                bpe.encode_ordinary(&prompt(ex)).len(),
+                want,
+                "row {}",
+                i + 2
+            );
+            assert_eq!(ex.unknown["synth"]["tokenizer"], "o200k_base");
+            let body: Value = serde_json::from_slice(&ex.request.body_bytes()).expect("JSON");
+            let max: u64 = rows[i][2].parse().expect("GeneratedTokens");
+            assert_eq!(body["max_tokens"], json!(max.max(1)));
+        }
+    }
+
+    #[test]
+    fn mooncake_prompts_within_two_percent_and_shared_prefixes() {
+        let out = temp("mooncake.jsonl");
+        let trace = shared("traces/mooncake/conversation_trace.jsonl");
+        let n = 200;
+        run_import(&args(
+            ImportFormat::Mooncake,
+            trace.clone(),
+            out.clone(),
+            Some(n),
+        ))
+        .expect("imports");
+        let lines: Vec<Value> = std::fs::read_to_string(&trace)
+            .expect("trace")
+            .lines()
+            .take(n as usize)
+            .map(|l| serde_json::from_str(l).expect("json"))
+            .collect();
+        let exchanges = common::recording::read_all(&out).expect("valid");
+        assert_eq!(exchanges.len(), n as usize);
+        let bpe = TokenizerName::O200kBase.bpe();
+        let mut worst: f64 = 0.0;
+        let prompts: Vec<String> = exchanges.iter().map(prompt).collect();
+        for (line, text) in lines.iter().zip(&prompts) {
+            let want = line["input_length"].as_f64().expect("input_length");
+            let got = bpe.encode_ordinary(text).len() as f64;
+            worst = worst.max((got - want).abs() / want);
+        }
+        assert!(
+            worst < 0.02,
+            "worst token-count deviation {:.3} %",
+            worst * 100.0
+        );
+        // Every pair sharing k leading hash ids (with k whole blocks in both) shares the text
+        // of those k blocks.
+        let synth = Synth::from_path(
+            TokenizerName::O200kBase,
+            Some(&shared("corpus/shakespeare.txt")),
+        )
+        .expect("corpus");
+        let ids = |v: &Value| -> Vec<u64> {
+            v["hash_ids"]
+                .as_array()
+                .expect("ids")
+                .iter()
+                .filter_map(Value::as_u64)
+                .collect()
+        };
+        let mut checked = 0;
+        for a in 0..lines.len() {
+            for b in (a + 1)..lines.len().min(a + 40) {
+                let (ia, ib) = (ids(&lines[a]), ids(&lines[b]));
+                let k = ia.iter().zip(&ib).take_while(|(x, y)| x == y).count();
+                let whole = |v: &Value| v["input_length"].as_u64().unwrap_or(0) as usize / 512;
+                let k = k.min(whole(&lines[a])).min(whole(&lines[b]));
+                let (mut t, mut blk) = (Vec::new(), Vec::new());
+                if k == 0 {
+                    let (pa, pb) = (&prompts[a], &prompts[b]);
+                    if ia.first() != ib.first() {
+                        assert_ne!(pa[..64], pb[..64], "lines {} and {}", a + 1, b + 1);
+                    }
+                    continue;
+                }
+                let (prefix, _) =
+                    mooncake::prompt_for(&synth, &ia[..k], k * 512, 512, 0, &mut t, &mut blk);
+                assert!(prompts[a].starts_with(&prefix) && prompts[b].starts_with(&prefix));
+                checked += 1;
+            }
+        }
+        assert!(checked > 100, "only {checked} pairs shared a prefix");
+    }
+}
