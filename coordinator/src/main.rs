@@ -21,6 +21,8 @@ enum Command {
     Run(Box<coordinator::config::RunArgs>),
     /// Run a worker that dials a coordinator (same as llm-replay-worker).
     Worker(worker::cli::WorkerArgs),
+    /// Mock LLM server speaking all four response families.
+    Mock(coordinator::mock::MockArgs),
     /// Re-render a saved JSON report, or compare it with another.
     Report(coordinator::commands::ReportArgs),
     /// Recording reverse proxy: forwards to --upstream, streams back, records frame timing.
@@ -43,6 +45,16 @@ fn init_tracing() {
         .init();
 }
 
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|error| {
+            eprintln!("llm-replay: cannot start the runtime: {error}");
+            ExitCode::from(3)
+        })
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -58,33 +70,25 @@ fn main() -> ExitCode {
         Command::Worker(args) => worker::cli::run(args),
         Command::Report(args) => coordinator::commands::report_command(args),
         Command::Import(args) => coordinator::import::import_command(args),
-        Command::Record(args) => {
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(runtime) => runtime,
-                Err(error) => {
-                    eprintln!("llm-replay: cannot start the runtime: {error}");
-                    return ExitCode::from(3);
-                }
-            };
-            runtime.block_on(coordinator::capture::record_command(args))
-        }
         Command::Export(args) => coordinator::export::export_command(args),
         Command::Recording(args) => coordinator::stats::recording_command(args),
-        Command::Run(args) => {
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(runtime) => runtime,
+        Command::Record(args) => match runtime() {
+            Ok(runtime) => runtime.block_on(coordinator::capture::record_command(args)),
+            Err(code) => code,
+        },
+        Command::Run(args) => match runtime() {
+            Ok(runtime) => runtime.block_on(coordinator::commands::run_command(*args)),
+            Err(code) => code,
+        },
+        Command::Mock(args) => match runtime() {
+            Ok(runtime) => match runtime.block_on(coordinator::mock::run_cli(args)) {
+                Ok(()) => ExitCode::SUCCESS,
                 Err(error) => {
-                    eprintln!("llm-replay: cannot start the runtime: {error}");
-                    return ExitCode::from(3);
+                    eprintln!("llm-replay mock: {error:#}");
+                    ExitCode::from(3)
                 }
-            };
-            runtime.block_on(coordinator::commands::run_command(*args))
-        }
+            },
+            Err(code) => code,
+        },
     }
 }
