@@ -359,7 +359,27 @@ fn markdown_pair(source: &Source, text: &str) -> Result<Pair, ImportError> {
             head = &head[1..];
         }
         response_headers = md_headers(head, DROPPED_RESPONSE_HEADERS);
-        response_body = Some(body.as_bytes().to_vec());
+        // Markdown cannot keep a body's trailing line breaks; a stream's last frame ends
+        // with its delimiter, so it is put back.
+        let media = response_headers
+            .get("content-type")
+            .map(|c| {
+                c.split(';')
+                    .next()
+                    .unwrap_or_default()
+                    .trim()
+                    .to_ascii_lowercase()
+            })
+            .unwrap_or_default();
+        let mut body = body.to_owned();
+        if !body.is_empty() {
+            match media.as_str() {
+                "text/event-stream" => body.push_str("\n\n"),
+                "application/x-ndjson" | "application/ndjson" => body.push('\n'),
+                _ => {}
+            }
+        }
+        response_body = Some(body.into_bytes());
     }
     let mut ts_ticks = None;
     let mut duration_ms = None;
