@@ -940,3 +940,30 @@ fn export_aiperf_writes_only_mooncake_trace_keys() {
     assert_eq!(anthropic["output_length"], json!(369));
     assert_eq!(anthropic["messages"][0]["role"], json!("user"));
 }
+
+#[test]
+fn record_speaks_http2_to_the_upstream_with_h2c() {
+    let mock = MockServer::start(&["--ttft", "5ms", "--itl", "1ms", "--tokens", "6"]);
+    let dir = TempDir::new("capture-h2c");
+    let recorded = dir.join("recorded.jsonl");
+    let recorder = Recorder::start(&mock.url, &recorded, &["--upstream-h2c"]);
+    let url = format!("{}/v1/chat/completions", recorder.url);
+    let body = runtime().block_on(async {
+        let response = reqwest::Client::new()
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(chat_body(6, "over h2c"))
+            .send()
+            .await
+            .expect("request");
+        assert!(response.status().is_success());
+        response.bytes().await.expect("body")
+    });
+    assert!(body.ends_with(b"data: [DONE]\n\n"));
+    recorder.stop();
+    let lines = read_lines(&recorded);
+    assert_eq!(lines.len(), 1);
+    assert_eq!(lines[0]["response"]["complete"], json!(true));
+    // An HTTP/2 response has no connection-level headers to record.
+    assert!(lines[0]["response"]["headers"].get("transfer-encoding").is_none());
+}
