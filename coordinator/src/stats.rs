@@ -325,6 +325,9 @@ fn render_stats_row(name: &str, stats: &Option<Stats>, unit: &str) -> String {
 }
 
 fn render_counts(map: &BTreeMap<String, u64>, limit: usize) -> String {
+    if map.is_empty() {
+        return "(none)".to_owned();
+    }
     let mut items: Vec<(&String, &u64)> = map.iter().collect();
     items.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
     let mut parts: Vec<String> = items

@@ -965,5 +965,68 @@ fn record_speaks_http2_to_the_upstream_with_h2c() {
     assert_eq!(lines.len(), 1);
     assert_eq!(lines[0]["response"]["complete"], json!(true));
     // An HTTP/2 response has no connection-level headers to record.
-    assert!(lines[0]["response"]["headers"].get("transfer-encoding").is_none());
+    assert!(
+        lines[0]["response"]["headers"]
+            .get("transfer-encoding")
+            .is_none()
+    );
+}
+
+#[test]
+fn a_client_gone_before_the_response_is_still_recorded() {
+    // One stream slot: a second request waits in the mock's queue, before any header.
+    let mock = MockServer::start(&["--ttft", "5ms", "--itl", "20ms", "--max-streams", "1"]);
+    let dir = TempDir::new("capture-early");
+    let recorded = dir.join("recorded.jsonl");
+    let recorder = Recorder::start(&mock.url, &recorded, &[]);
+    let url = format!("{}/v1/chat/completions", recorder.url);
+    let rt = runtime();
+    let busy = {
+        let url = url.clone();
+        rt.spawn(async move {
+            let response = reqwest::Client::new()
+                .post(&url)
+                .header("content-type", "application/json")
+                .body(chat_body(500, "occupies the only slot"))
+                .send()
+                .await
+                .expect("request");
+            let _ = response.bytes().await;
+        })
+    };
+    rt.block_on(async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_millis(300))
+            .build()
+            .expect("client");
+        let sent = client
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(chat_body(5, "queued, then abandoned"))
+            .send()
+            .await;
+        assert!(
+            sent.is_err(),
+            "the client gives up before the response starts"
+        );
+    });
+    assert!(eventually(Duration::from_secs(10), || recorder.lines() == 1));
+    busy.abort();
+    drop(rt);
+    recorder.stop();
+    let lines = read_lines(&recorded);
+    let early = lines
+        .iter()
+        .find(|l| {
+            l["request"]["body"]
+                .as_str()
+                .is_some_and(|b| b.contains("abandoned"))
+        })
+        .expect("the abandoned exchange is recorded");
+    assert!(early.get("response").is_none(), "{early:#}");
+    assert_eq!(
+        early["error"],
+        json!("client disconnected before the response")
+    );
 }

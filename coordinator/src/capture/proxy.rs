@@ -197,24 +197,23 @@ pub async fn handle(
         }
     };
 
-    state.in_flight.fetch_add(1, Ordering::SeqCst);
+    // From here the exchange is in flight: the guard records it even if the client hangs up
+    // before the upstream answers (hyper then drops this future).
+    let mut guard = InFlight::new(state.clone(), recorded);
     // t0: just before the request is forwarded.
     let t0 = Instant::now();
     let response = match state.client.request(upstream_request).await {
         Ok(response) => response,
         Err(error) => {
             tracing::warn!(%error, upstream = %state.upstream.authority, "upstream request failed");
-            recorded
-                .unknown
-                .insert("error".into(), json!(format!("upstream: {error}")));
-            state.writer.submit(recorded);
-            state.in_flight.fetch_sub(1, Ordering::SeqCst);
+            guard.abandon(format!("upstream: {error}"));
             return Ok(plain(
                 StatusCode::BAD_GATEWAY,
                 "llm-replay record: the upstream could not be reached\n",
             ));
         }
     };
+    let mut recorded = guard.take();
     let (parts, upstream_body) = response.into_parts();
     let content_type = parts
         .headers
@@ -313,6 +312,44 @@ fn forwardable(headers: &HeaderMap) -> HeaderMap {
         }
     }
     out
+}
+
+/// An exchange forwarded and waiting for the upstream's response headers.
+struct InFlight {
+    state: Arc<ProxyState>,
+    exchange: Option<Exchange>,
+}
+
+impl InFlight {
+    fn new(state: Arc<ProxyState>, exchange: Exchange) -> InFlight {
+        state.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight {
+            state,
+            exchange: Some(exchange),
+        }
+    }
+
+    /// The response started: the exchange moves on (to a [`Pending`], which owns the count).
+    fn take(&mut self) -> Exchange {
+        self.exchange
+            .take()
+            .expect("taken once, right after the response arrived")
+    }
+
+    /// Record the exchange without a response, with `error`.
+    fn abandon(&mut self, error: String) {
+        if let Some(mut exchange) = self.exchange.take() {
+            exchange.unknown.insert("error".into(), json!(error));
+            self.state.writer.submit(exchange);
+            self.state.in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.abandon("client disconnected before the response".to_owned());
+    }
 }
 
 /// What is needed to finish recording one exchange.
