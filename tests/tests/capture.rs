@@ -211,6 +211,10 @@ fn record_in_front_of_mock_keeps_ttft_and_replays_within_3_percent() {
     let report = replay.report.expect("report");
     let baseline = num(&report, &["baseline", "llm", "ttft_ms", "p50"]);
     let replayed = num(&report, &["llm", "ttft_ms", "p50"]);
+    eprintln!(
+        "recorded TTFT p50 {recorded_ttft:.3} ms; replay: baseline p50 {baseline:.3} ms, replayed p50 {replayed:.3} ms ({:+.2} %)",
+        (replayed - baseline) / baseline * 100.0
+    );
     assert!(
         (replayed - baseline).abs() / baseline <= 0.03,
         "baseline TTFT p50 {baseline} ms, replayed {replayed} ms"
@@ -282,6 +286,10 @@ fn sigkill_during_200_streams_leaves_a_readable_recording() {
 
     let stats = stats_json(&recorded);
     let exchanges = stats["exchanges"].as_u64().expect("exchanges");
+    eprintln!(
+        "after SIGKILL with 200 streams open: {exchanges} exchanges readable ({finished} had finished); torn last line: {}",
+        stats["torn_last_line"]
+    );
     // Everything that finished is there; at most the 200 in-flight ones are missing.
     assert!(
         (finished as u64..=finished as u64 + 200).contains(&exchanges),

@@ -78,6 +78,17 @@ impl RecordArgs {
     /// Validate into a [`RecordConfig`].
     pub fn into_config(self) -> Result<RecordConfig, RecordError> {
         let upstream = proxy::Upstream::parse(&self.upstream).map_err(RecordError::Usage)?;
+        if self
+            .out
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gz"))
+        {
+            return Err(RecordError::Usage(format!(
+                "--out {}: record writes plain JSONL (a gzip stream cut by a crash loses \
+                 everything after its last flush); compress the file afterwards",
+                self.out.display()
+            )));
+        }
         let redactor = redact::Redactor::new(&self.redact_body)
             .map_err(|e| RecordError::Usage(e.to_string()))?;
         let session_header = self
