@@ -44,6 +44,7 @@ async fn bench(streams: usize, frames: usize, gap_us: u64) {
         scrub: Scrub::default(),
         session_header: None,
         upstream_h2c: false,
+        upstream_ca: None,
         drain: Duration::from_secs(5),
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

@@ -47,6 +47,10 @@ pub struct RecordArgs {
     /// Speak HTTP/2 with prior knowledge to a plain-http upstream (h2c).
     #[arg(long)]
     pub upstream_h2c: bool,
+    /// PEM file of extra CA certificates to trust for an https upstream (besides the
+    /// Mozilla roots).
+    #[arg(long, value_name = "FILE")]
+    pub upstream_ca: Option<PathBuf>,
     /// On SIGINT/SIGTERM, how long to let open streams finish before exiting.
     #[arg(long, default_value = "10s")]
     pub drain: String,
@@ -60,6 +64,7 @@ pub struct RecordConfig {
     pub scrub: writer::Scrub,
     pub session_header: Option<http::HeaderName>,
     pub upstream_h2c: bool,
+    pub upstream_ca: Option<PathBuf>,
     pub drain: Duration,
 }
 
@@ -109,6 +114,7 @@ impl RecordArgs {
             },
             session_header,
             upstream_h2c: self.upstream_h2c,
+            upstream_ca: self.upstream_ca,
             drain,
         })
     }
@@ -129,10 +135,12 @@ pub async fn run(
     config: RecordConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<RecordSummary, RecordError> {
+    let client = proxy::upstream_client(config.upstream_h2c, config.upstream_ca.as_deref())
+        .map_err(|e| RecordError::Usage(e.to_string()))?;
     let (handle, writer) = writer::start(&config.out, config.scrub.clone())?;
     let state = Arc::new(proxy::ProxyState {
         upstream: config.upstream.clone(),
-        client: proxy::upstream_client(config.upstream_h2c),
+        client,
         writer: handle,
         session_header: config.session_header.clone(),
         first_arrival: std::sync::OnceLock::new(),
@@ -269,3 +277,6 @@ pub async fn record_command(args: RecordArgs) -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

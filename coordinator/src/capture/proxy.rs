@@ -91,19 +91,62 @@ impl Upstream {
 /// `--upstream-h2c`), rustls with the webpki roots.
 pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
-/// Build the upstream client.
-pub fn upstream_client(h2c: bool) -> UpstreamClient {
+/// A problem setting up TLS to the upstream.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsSetupError {
+    #[error("--upstream-ca {path}: {message}")]
+    Ca { path: String, message: String },
+    #[error("TLS setup: {0}")]
+    Rustls(#[from] rustls::Error),
+}
+
+/// Build the upstream client. TLS trusts the Mozilla roots (webpki-roots) plus the PEM
+/// certificates in `extra_ca` (`--upstream-ca`, for private CAs and tests).
+pub fn upstream_client(
+    h2c: bool,
+    extra_ca: Option<&std::path::Path>,
+) -> Result<UpstreamClient, TlsSetupError> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+
+    let mut roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    };
+    if let Some(path) = extra_ca {
+        let ca_error = |message: String| TlsSetupError::Ca {
+            path: path.display().to_string(),
+            message,
+        };
+        let certificates = CertificateDer::pem_file_iter(path)
+            .map_err(|e| ca_error(e.to_string()))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ca_error(e.to_string()))?;
+        if certificates.is_empty() {
+            return Err(ca_error("no PEM certificate in the file".to_owned()));
+        }
+        for certificate in certificates {
+            roots
+                .add(certificate)
+                .map_err(|e| ca_error(e.to_string()))?;
+        }
+    }
+    let tls = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
     let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_webpki_roots()
+        .with_tls_config(tls)
         .https_or_http()
         .enable_all_versions()
         .wrap_connector(http);
     let mut builder = Client::builder(hyper_util::rt::TokioExecutor::new());
     builder.http2_only(h2c);
-    builder.build(https)
+    Ok(builder.build(https))
 }
 
 /// State shared by every request of one proxy.
