@@ -380,3 +380,46 @@ pub fn render_text(s: &RecordingStats) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arrivals_tokens_and_a_torn_last_line() {
+        let dir = std::env::temp_dir().join(format!("llm-replay-stats-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("r.jsonl");
+        let mut text = String::new();
+        for (i, at) in [0.0, 100.0, 200.0, 1300.0].iter().enumerate() {
+            let body = serde_json::json!({"model": if i == 0 { "a" } else { "b" }, "max_tokens": 10 * (i + 1),
+                "messages": [{"role": "user", "content": "x".repeat(40)}]});
+            let line = serde_json::json!({"at_ms": at, "session": format!("s{}", i % 2),
+                "request": {"path": "/v1/chat/completions", "body": body.to_string()}});
+            text.push_str(&format!("{line}\n"));
+        }
+        text.push_str("{\"request\":{\"pa");
+        std::fs::write(&path, text).expect("write");
+        let s = recording_stats(&path).expect("stats");
+        assert_eq!(s.exchanges, 4);
+        assert_eq!(s.torn_last_line, Some(5));
+        assert_eq!(s.sessions, 2);
+        assert!((s.duration_s - 1.3).abs() < 1e-9);
+        assert!((s.arrival_rate_per_s - 3.0 / 1.3).abs() < 1e-9);
+        assert_eq!(s.peak_arrivals_per_s, 3);
+        // Gaps 100, 100, 1100: mean 433.3, std 471.4.
+        assert!(
+            (s.burstiness_cv - 1.088).abs() < 0.001,
+            "{}",
+            s.burstiness_cv
+        );
+        let isl = s.isl_tokens.expect("isl");
+        assert_eq!((isl.min, isl.max), (10.0, 10.0));
+        let osl = s.osl_tokens.expect("osl");
+        assert_eq!((osl.min, osl.max, osl.count), (10.0, 40.0, 4));
+        assert_eq!(s.osl_sources.get("max_tokens"), Some(&4));
+        assert_eq!(s.models.get("b"), Some(&3));
+        assert_eq!(s.families.get("openai-chat"), Some(&4));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}

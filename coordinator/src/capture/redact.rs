@@ -117,7 +117,7 @@ impl Redactor {
             }
             out.extend_from_slice(&joined[last..]);
             for (i, end_at) in ends.iter().enumerate() {
-                new_ends[i] = map_offset(*end_at, &matches, &joined);
+                new_ends[i] = map_offset(*end_at, &matches);
             }
             joined = out;
             ends = new_ends;
@@ -156,7 +156,7 @@ impl Redactor {
 
 /// Where offset `p` of the old joined bytes lands after replacing `matches`: a boundary inside
 /// a match moves to the end of its replacement token.
-fn map_offset(p: usize, matches: &[(usize, usize)], joined: &[u8]) -> usize {
+fn map_offset(p: usize, matches: &[(usize, usize)]) -> usize {
     let mut shift: isize = 0;
     for (start, end) in matches {
         let token_len = 9 + 12;
@@ -168,7 +168,6 @@ fn map_offset(p: usize, matches: &[(usize, usize)], joined: &[u8]) -> usize {
         }
         shift += token_len as isize - (*end - *start) as isize;
     }
-    let _ = joined;
     (p as isize + shift) as usize
 }
 
