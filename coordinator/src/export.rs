@@ -170,6 +170,12 @@ pub fn aiperf_line(exchange: &Exchange, line_no: u64) -> Option<Value> {
         // AIPerf accepts float milliseconds; keep microsecond resolution.
         line.insert("timestamp".into(), json!((at * 1000.0).round() / 1000.0));
     }
+    if exchange.at_ms.is_none()
+        && let Some(delay) = exchange.unknown.get("delay_ms").and_then(Value::as_f64)
+    {
+        // A mooncake import's completion-relative delay goes back where it came from.
+        line.insert("delay".into(), json!(delay));
+    }
     let session = exchange
         .session
         .clone()

@@ -1038,3 +1038,94 @@ fn a_client_gone_before_the_response_is_still_recorded() {
         json!("client disconnected before the response")
     );
 }
+
+#[test]
+fn every_family_is_recorded_complete_through_the_proxy() {
+    let mock = MockServer::start(&["--ttft", "2ms", "--itl", "1ms", "--tokens", "4"]);
+    let dir = TempDir::new("capture-families");
+    let recorded = dir.join("recorded.jsonl");
+    let recorder = Recorder::start(&mock.url, &recorded, &[]);
+    let user = json!([{"role": "user", "content": "hi"}]);
+    let requests = [
+        (
+            "/v1/chat/completions",
+            json!({"model": "m", "stream": true, "messages": user}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "m", "stream": false, "messages": user}),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": "m", "stream": true, "prompt": "hi"}),
+        ),
+        (
+            "/v1/responses",
+            json!({"model": "m", "stream": true, "input": "hi"}),
+        ),
+        (
+            "/v1/messages",
+            json!({"model": "m", "stream": true, "max_tokens": 4, "messages": user}),
+        ),
+        ("/api/chat", json!({"model": "m", "messages": user})),
+        ("/api/generate", json!({"model": "m", "prompt": "hi"})),
+        (
+            "/model/anthropic.claude-3-5-sonnet-20240620-v1:0/converse-stream",
+            json!({"messages": [{"role": "user", "content": [{"text": "hi"}]}]}),
+        ),
+        (
+            "/model/anthropic.claude-3-5-sonnet-20240620-v1:0/invoke-with-response-stream",
+            json!({"anthropic_version": "bedrock-2023-05-31", "max_tokens": 4, "messages": user}),
+        ),
+    ];
+    runtime().block_on(async {
+        let client = reqwest::Client::new();
+        for (path, body) in &requests {
+            let response = client
+                .post(format!("{}{path}", recorder.url))
+                .header("content-type", "application/json")
+                .body(body.to_string())
+                .send()
+                .await
+                .expect("request");
+            assert!(
+                response.status().is_success(),
+                "{path}: {}",
+                response.status()
+            );
+            response.bytes().await.expect("body");
+        }
+    });
+    recorder.stop();
+    let lines = read_lines(&recorded);
+    assert_eq!(lines.len(), requests.len());
+    for ((path, _), line) in requests.iter().zip(&lines) {
+        assert_eq!(line["request"]["path"], json!(path));
+        assert_eq!(
+            line["response"]["complete"],
+            json!(true),
+            "{path}: {line:#}"
+        );
+        assert!(
+            line["response"]["frames"]
+                .as_array()
+                .is_some_and(|f| !f.is_empty())
+        );
+    }
+    let stats = stats_json(&recorded);
+    for family in [
+        "openai-chat",
+        "openai-completions",
+        "openai-responses",
+        "anthropic",
+        "ollama",
+        "bedrock-converse",
+        "bedrock-invoke",
+    ] {
+        assert!(
+            stats["families"][family].as_u64() >= Some(1),
+            "{family}: {stats:#}"
+        );
+    }
+    assert_eq!(stats["complete_responses"], json!(requests.len()));
+}
