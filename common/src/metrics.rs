@@ -464,3 +464,127 @@ pub fn stats_of(h: &Histogram<u64>, scale: f64) -> Option<Stats> {
         count: h.len(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small deterministic generator (xorshift64*), so the property test needs no crate.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+    }
+
+    /// Property: for any sample set and any split of it into parts, merging the parts'
+    /// metrics equals the metrics of the whole set — every histogram bucket, every counter,
+    /// the window — and survives the V2+DEFLATE wire encoding.
+    #[test]
+    fn merging_any_split_equals_the_whole() {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        for case in 0..200 {
+            let samples = 1 + (rng.next() % 400) as usize;
+            let parts = 1 + (rng.next() % 8) as usize;
+            let mut whole = RunMetrics::new();
+            let mut split: Vec<RunMetrics> = (0..parts).map(|_| RunMetrics::new()).collect();
+            for _ in 0..samples {
+                // Values spanning µs to minutes, to exercise many HDR buckets.
+                let magnitude = rng.next() % 9;
+                let value = 1 + rng.next() % 10u64.pow(magnitude as u32 + 1);
+                let kind = match rng.next() % 10 {
+                    0 => OutcomeKind::Failed(FailureKind::Status),
+                    1 => OutcomeKind::EndedEarly,
+                    _ => OutcomeKind::Succeeded,
+                };
+                let outcome = RequestOutcome {
+                    kind,
+                    ttft_us: Some(value),
+                    ttst_us: Some(value / 3),
+                    latency_us: Some(value * 4),
+                    content_frames: 1 + rng.next() % 300,
+                    usage_output_tokens: rng.next().is_multiple_of(2).then(|| 1 + rng.next() % 500),
+                    input_tokens: Some(rng.next() % 5000),
+                    schedule_lag_us: Some(rng.next() % 20_000),
+                    sent_unix_us: Some(1_700_000_000_000_000 + rng.next() % 10_000_000),
+                };
+                whole.record(&outcome);
+                split[(rng.next() % parts as u64) as usize].record(&outcome);
+            }
+            let mut merged = RunMetrics::new();
+            for part in &split {
+                // Through the wire encoding, as workers send them.
+                let decoded =
+                    RunMetrics::decode(&part.encode_histograms(), part.counters, part.window)
+                        .expect("decodes");
+                merged.merge(&decoded);
+            }
+            assert_eq!(merged.counters, whole.counters, "case {case}");
+            assert_eq!(merged.window, whole.window, "case {case}");
+            for metric in Metric::ALL {
+                let (a, b) = (merged.histogram(metric), whole.histogram(metric));
+                assert_eq!(a.len(), b.len(), "case {case} {metric:?}");
+                let buckets_a: Vec<(u64, u64)> = a
+                    .iter_recorded()
+                    .map(|v| (v.value_iterated_to(), v.count_at_value()))
+                    .collect();
+                let buckets_b: Vec<(u64, u64)> = b
+                    .iter_recorded()
+                    .map(|v| (v.value_iterated_to(), v.count_at_value()))
+                    .collect();
+                assert_eq!(buckets_a, buckets_b, "case {case} {metric:?}");
+                assert_eq!(
+                    merged.stats(metric),
+                    whole.stats(metric),
+                    "case {case} {metric:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn failures_enter_no_distribution_and_ended_early_only_ttft() {
+        let mut m = RunMetrics::new();
+        let mut failed = RequestOutcome::failed(FailureKind::Transport);
+        failed.ttft_us = Some(5);
+        m.record(&failed);
+        let mut early = RequestOutcome::failed(FailureKind::Status);
+        early.kind = OutcomeKind::EndedEarly;
+        early.ttft_us = Some(7_000);
+        early.latency_us = Some(9_000);
+        early.content_frames = 3;
+        m.record(&early);
+        assert_eq!(m.histogram(Metric::Ttft).len(), 1);
+        assert_eq!(m.histogram(Metric::Latency).len(), 0);
+        assert_eq!(m.histogram(Metric::Itl).len(), 0);
+        assert_eq!(m.counters.failed(), 1);
+        assert_eq!(m.counters.ended_early, 1);
+    }
+
+    #[test]
+    fn itl_and_rate_follow_the_definition() {
+        let mut m = RunMetrics::new();
+        let outcome = RequestOutcome {
+            kind: OutcomeKind::Succeeded,
+            ttft_us: Some(200_000),
+            ttst_us: Some(10_000),
+            latency_us: Some(1_190_000),
+            content_frames: 100,
+            usage_output_tokens: Some(100),
+            input_tokens: Some(10),
+            schedule_lag_us: None,
+            sent_unix_us: Some(1_000_000),
+        };
+        m.record(&outcome);
+        let itl = m.stats(Metric::Itl).expect("itl");
+        assert!((itl.p50 - 10.0).abs() < 0.01, "{itl:?}");
+        let tps = m.stats(Metric::TokensPerSecondPerUser).expect("tps");
+        assert!((tps.p50 - 100.0).abs() < 0.1, "{tps:?}");
+        assert_eq!(m.counters.output_tokens, 100);
+        assert!((m.window_seconds() - 1.19).abs() < 1e-9);
+    }
+}

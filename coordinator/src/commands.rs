@@ -108,20 +108,22 @@ pub async fn run_command(args: RunArgs) -> ExitCode {
             load.concurrency = Some(*concurrency);
             load.recorded_schedule = false;
             load.rate = None;
-            level_config.workers = config.workers.min(*concurrency);
+            if let crate::config::WorkerSource::Local(n) = config.source {
+                level_config.source = crate::config::WorkerSource::Local(n.min(*concurrency));
+            }
         }
         let setup = ReplaySetup {
             config: &level_config,
             load,
             target: target.clone(),
-            tag_requests: embedded.is_some(),
+            tag_requests: embedded.is_some() || config.tag_requests,
             exchanges: scanned.exchanges,
             pass_span_ms,
         };
         match replay(setup).await {
             Ok(result) => {
                 let aborted = result.aborted;
-                results.push((level_config.workers, *level, result));
+                results.push(((), *level, result));
                 if aborted {
                     break;
                 }
@@ -229,11 +231,19 @@ fn build_report(
             assigned: w.assigned,
             completed: w.metrics.counters.completed(),
             lost: w.totals.lost,
-            clock_offset_ms: None,
+            clock_offset_ms: Some(w.clock.offset_ns as f64 / 1e6),
             disconnected: w.lost,
             version: None,
             peak_rss_mb: (w.peak_rss_bytes > 0).then(|| w.peak_rss_bytes as f64 / 1_048_576.0),
             cpu_seconds: Some(w.cpu_seconds),
+            clock_uncertainty_ms: Some(w.clock.uncertainty_ns as f64 / 1e6),
+            schedule_lag_p99_ms: w
+                .metrics
+                .stats(common::metrics::Metric::ScheduleLag)
+                .map(|s| s.p99),
+            cpu_pct: (w.cores > 0 && result.duration.as_secs_f64() > 0.0).then(|| {
+                100.0 * w.cpu_seconds / result.duration.as_secs_f64() / f64::from(w.cores)
+            }),
         })
         .collect();
     let mut all_warnings = result.warnings.clone();
@@ -256,6 +266,7 @@ fn build_report(
                 format!("embedded mock ({}) at recorded timing", result.target)
             },
             load: result.load.clone(),
+            start_skew_ms: result.start_skew_ms,
             workers,
         },
         metrics: &result.metrics,

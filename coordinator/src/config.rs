@@ -49,8 +49,36 @@ pub struct RunArgs {
     pub sweep_concurrency: Vec<usize>,
 
     /// Local worker processes.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "expect_workers")]
     pub workers: Option<usize>,
+    /// Listen for remote workers on this address (HOST:PORT) instead of starting local ones.
+    #[arg(long, requires = "expect_workers")]
+    pub listen: Option<String>,
+    /// Number of remote workers to wait for before starting (with --listen).
+    #[arg(long, requires = "listen")]
+    pub expect_workers: Option<usize>,
+    /// What to do when a worker is lost: `fail` (abort, partial report, exit 3) or
+    /// `reassign` (its unstarted exchanges go to the others).
+    #[arg(long, value_parser = ["fail", "reassign"], default_value = "fail")]
+    pub on_worker_loss: String,
+    /// Shared secret workers must present; required unless --listen is a loopback address.
+    #[arg(long, env = "LLM_REPLAY_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// PEM certificate for the worker link (TLS), with --tls-key.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA that signs worker client certificates: workers must present one (mutual TLS).
+    #[arg(long, requires = "tls_cert")]
+    pub tls_ca: Option<PathBuf>,
+    /// Start skew across workers above which a scheduled run warns (e.g. 5ms).
+    #[arg(long, default_value = "5ms")]
+    pub max_skew: String,
+    /// How long to wait for workers to join (e.g. 60s).
+    #[arg(long, default_value = "60s")]
+    pub join_timeout: String,
     /// Extra header, `Name: value`; `${VAR}` expands from each worker's environment.
     #[arg(long = "header")]
     pub headers: Vec<String>,
@@ -61,6 +89,10 @@ pub struct RunArgs {
     /// Per-request time limit (e.g. 60s).
     #[arg(long)]
     pub timeout: Option<String>,
+    /// Send `x-llm-replay-exchange: <index in the recording>` with every request, to match
+    /// replayed requests to recorded exchanges in server logs.
+    #[arg(long)]
+    pub tag_requests: bool,
 
     /// Goal that fails the run (exit 1) when it holds, e.g. 'llm.ttft-p95 > 800'.
     #[arg(long = "fail-if")]
@@ -160,9 +192,34 @@ pub enum BaselineSource {
     Report(PathBuf),
 }
 
+/// Where workers come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WorkerSource {
+    /// Start this many local worker processes on loopback.
+    Local(usize),
+    /// Listen on this address and wait for this many remote workers.
+    Remote { listen: String, expect: usize },
+}
+
+/// TLS of the worker link.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LinkTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// Client CA: when set, workers must present a certificate it signed.
+    pub client_ca: Option<PathBuf>,
+}
+
 /// The validated run configuration.
 #[derive(Debug, Clone)]
 pub struct RunConfig {
+    pub tag_requests: bool,
+    pub source: WorkerSource,
+    pub reassign_on_loss: bool,
+    pub token: Option<String>,
+    pub tls: Option<LinkTls>,
+    pub max_skew: Duration,
+    pub join_timeout: Duration,
     pub recording: PathBuf,
     pub target: Option<String>,
     pub load: GlobalLoad,
@@ -281,10 +338,52 @@ impl RunArgs {
             Some("none") => BaselineSource::None,
             Some(path) => BaselineSource::Report(PathBuf::from(path)),
         };
+        let source = match (&self.listen, self.expect_workers) {
+            (Some(listen), Some(expect)) => {
+                if expect == 0 {
+                    bail!("--expect-workers must be at least 1");
+                }
+                workers = expect;
+                WorkerSource::Remote {
+                    listen: listen.clone(),
+                    expect,
+                }
+            }
+            _ => WorkerSource::Local(workers),
+        };
+        let tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(LinkTls {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: self.tls_ca.clone(),
+            }),
+            _ => None,
+        };
+        if let WorkerSource::Remote { listen, .. } = &source {
+            let loopback = listen.starts_with("127.")
+                || listen.starts_with("localhost:")
+                || listen.starts_with("[::1]:");
+            if !loopback && self.token.is_none() {
+                bail!(
+                    "--listen {listen}: a --token (or LLM_REPLAY_TOKEN) is required when workers may join from other hosts"
+                );
+            }
+        } else if tls.is_some() {
+            bail!("--tls-cert secures remote workers: use it with --listen and --expect-workers");
+        }
+        let max_skew = duration_arg("--max-skew", &self.max_skew)?;
+        let join_timeout = duration_arg("--join-timeout", &self.join_timeout)?;
         if self.sweep_concurrency.contains(&0) {
             bail!("--sweep-concurrency levels must be at least 1");
         }
         Ok(RunConfig {
+            tag_requests: self.tag_requests,
+            source,
+            reassign_on_loss: self.on_worker_loss == "reassign",
+            token: self.token,
+            tls,
+            max_skew,
+            join_timeout,
             recording: self.recording,
             target: self.target.or(file.target),
             load: GlobalLoad {

@@ -697,6 +697,7 @@ mod tests {
             duration_s: 1.0,
             target: "t".into(),
             load: serde_json::Value::Null,
+            start_skew_ms: None,
             workers: Vec::new(),
         }
     }

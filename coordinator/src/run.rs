@@ -1,20 +1,22 @@
-//! The run orchestrator: scan the recording, start the embedded mock when there is no target,
-//! serve the gRPC link, start local workers, hand out assignments and slices, start everyone
-//! at one instant, collect reports, and merge them.
+//! The run orchestrator: serve the gRPC link, start local workers (or wait for remote ones),
+//! measure each worker's clock, hand out assignments and slices, start everyone at one
+//! instant, watch heartbeats, handle worker loss (fail or reassign), collect reports, and
+//! merge them.
 
 use std::collections::BTreeMap;
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::metrics::RunMetrics;
+use common::metrics::{Metric, RunMetrics};
 use proto::convert::{SliceTotals, metrics_from_report};
 use proto::v1;
 use tokio::sync::mpsc;
 
-use crate::config::{GlobalLoad, RunConfig, split_evenly};
+use crate::config::{GlobalLoad, RunConfig, WorkerSource, split_evenly};
 use crate::server::{CoordinatorService, ServiceState, WorkerEvent};
-use crate::shard::{SlicePlan, feed_slice};
+use crate::shard::{SlicePlan, SliceSender, feed_reassigned, feed_slice};
 
 /// Why a run could not complete (exit code 3), or bad input found late (exit code 2).
 #[derive(Debug, thiserror::Error)]
@@ -25,19 +27,32 @@ pub enum RunError {
     Failed(String),
 }
 
+/// A worker's clock against the coordinator's, from NTP-style samples.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ClockEstimate {
+    /// Worker clock − coordinator clock, nanoseconds.
+    pub offset_ns: i64,
+    /// Half the best round trip: the offset is known to ± this.
+    pub uncertainty_ns: u64,
+}
+
 /// One worker's part of a finished run.
 #[derive(Debug, Clone)]
 pub struct WorkerOutcome {
     pub id: String,
     pub host: String,
-    /// Exchanges sent to it.
+    /// Exchanges this worker answered for (its slice, plus reassigned, minus re-routed).
     pub assigned: u64,
     pub totals: SliceTotals,
     pub metrics: RunMetrics,
     pub lost: bool,
     pub loss_reason: Option<String>,
     pub cpu_seconds: f64,
+    pub cores: u32,
     pub peak_rss_bytes: u64,
+    pub clock: ClockEstimate,
+    /// When it actually started, in the coordinator's clock (Unix ns).
+    pub started_unix_ns: Option<u64>,
 }
 
 /// The merged result of one replay.
@@ -54,6 +69,8 @@ pub struct ReplayResult {
     pub assigned: u64,
     pub not_started: u64,
     pub lost: u64,
+    /// Largest difference between workers' actual start instants (ms).
+    pub start_skew_ms: Option<f64>,
     pub warnings: Vec<String>,
     /// True when a worker was lost and the run was aborted.
     pub aborted: bool,
@@ -145,15 +162,69 @@ impl AssignmentPlan {
     }
 }
 
+type Control = mpsc::Sender<Result<v1::CoordinatorMessage, tonic::Status>>;
+
+fn control_message(
+    msg: v1::coordinator_message::Msg,
+) -> Result<v1::CoordinatorMessage, tonic::Status> {
+    Ok(v1::CoordinatorMessage { msg: Some(msg) })
+}
+
 struct WorkerSlot {
     id: String,
     host: String,
-    control: mpsc::Sender<Result<v1::CoordinatorMessage, tonic::Status>>,
+    control: Control,
+    slice: SliceSender,
+    /// The initial feeder, until it finished.
     feeder: Option<tokio::task::JoinHandle<Result<u64, common::recording::RecordingError>>>,
+    /// Exchanges handed to it so far (own slice + reassigned).
+    sent: u64,
+    /// Reassigned exchanges it received (their order within its stream is unknown).
+    reassigned_in: u64,
     latest: Option<v1::Report>,
     done: bool,
     lost: Option<String>,
     last_heard: Instant,
+    clock: ClockEstimate,
+    started_unix_ns: Option<u64>,
+    closed: bool,
+    /// Accounting override for a lost worker: (assigned, lost).
+    lost_accounting: Option<(u64, u64)>,
+}
+
+impl WorkerSlot {
+    fn reported(&self) -> SliceTotals {
+        self.latest
+            .as_ref()
+            .and_then(|r| r.counters)
+            .map(|c| SliceTotals {
+                issued: c.issued,
+                not_started: c.not_started,
+                lost: c.lost,
+            })
+            .unwrap_or_default()
+    }
+
+    fn answered(&self) -> u64 {
+        self.latest
+            .as_ref()
+            .and_then(|r| r.counters)
+            .map(|c| {
+                c.succeeded
+                    + c.ended_early
+                    + c.failed_status
+                    + c.failed_error_frame
+                    + c.failed_transport
+                    + c.failed_timeout
+                    + c.failed_empty
+                    + c.warmup
+            })
+            .unwrap_or(0)
+    }
+
+    fn alive(&self) -> bool {
+        !self.done && self.lost.is_none()
+    }
 }
 
 /// Inputs of one replay that do not change between sweep levels.
@@ -166,11 +237,29 @@ pub struct ReplaySetup<'a> {
     pub pass_span_ms: f64,
 }
 
-/// Run one replay with `setup.config.workers` local worker processes.
+fn tls_server_config(
+    tls: &crate::config::LinkTls,
+) -> Result<tonic::transport::ServerTlsConfig, RunError> {
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| RunError::Input(format!("{}: {e}", path.display())))
+    };
+    let mut config = tonic::transport::ServerTlsConfig::new().identity(
+        tonic::transport::Identity::from_pem(read(&tls.cert)?, read(&tls.key)?),
+    );
+    if let Some(ca) = &tls.client_ca {
+        config = config.client_ca_root(tonic::transport::Certificate::from_pem(read(ca)?));
+    }
+    Ok(config)
+}
+
+/// Run one replay.
 pub async fn replay(setup: ReplaySetup<'_>) -> Result<ReplayResult, RunError> {
     let config = setup.config;
-    let workers = config.workers;
     let load = setup.load.clone();
+    let workers = match &config.source {
+        WorkerSource::Local(n) => *n,
+        WorkerSource::Remote { expect, .. } => *expect,
+    };
     let run_id = uuid::Uuid::new_v4().to_string();
     let open_ended = load.requests.is_none() && load.duration.is_some() && !load.recorded_schedule;
     let plan = SlicePlan {
@@ -192,25 +281,40 @@ pub async fn replay(setup: ReplaySetup<'_>) -> Result<ReplayResult, RunError> {
         tag_requests: setup.tag_requests,
         open_ended,
     };
+    // Local workers get a fresh random token, so nothing else on the machine can join.
+    let token = match (&config.source, &config.token) {
+        (_, Some(token)) => Some(token.clone()),
+        (WorkerSource::Local(_), None) => Some(uuid::Uuid::new_v4().to_string()),
+        (WorkerSource::Remote { .. }, None) => None,
+    };
     let state = Arc::new(ServiceState::new(
         workers,
-        None,
+        token.clone(),
         Box::new(move |index| assignment.for_worker(index)),
         events_tx,
     ));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+    let listen = match &config.source {
+        WorkerSource::Local(_) => "127.0.0.1:0".to_owned(),
+        WorkerSource::Remote { listen, .. } => listen.clone(),
+    };
+    let listener = tokio::net::TcpListener::bind(&listen)
         .await
-        .map_err(|e| RunError::Failed(format!("cannot listen for workers: {e}")))?;
+        .map_err(|e| RunError::Failed(format!("cannot listen for workers on {listen}: {e}")))?;
     let addr: SocketAddr = listener
         .local_addr()
         .map_err(|e| RunError::Failed(format!("cannot listen for workers: {e}")))?;
+    let mut builder = tonic::transport::Server::builder().tcp_nodelay(true);
+    if let Some(tls) = &config.tls {
+        builder = builder
+            .tls_config(tls_server_config(tls)?)
+            .map_err(|e| RunError::Input(format!("TLS configuration: {e}")))?;
+    }
     let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
     let service = CoordinatorService {
         state: state.clone(),
     };
     let server = tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .tcp_nodelay(true)
+        builder
             .add_service(
                 proto::v1::coordinator_server::CoordinatorServer::new(service)
                     .max_decoding_message_size(64 * 1024 * 1024),
@@ -224,29 +328,40 @@ pub async fn replay(setup: ReplaySetup<'_>) -> Result<ReplayResult, RunError> {
             .await
     });
 
-    // Local worker processes: the same binary, dialing back over loopback gRPC.
-    let exe = std::env::current_exe()
-        .map_err(|e| RunError::Failed(format!("cannot find this program to start workers: {e}")))?;
     let mut children = Vec::new();
-    for i in 0..workers {
-        let child = tokio::process::Command::new(&exe)
-            .args([
-                "worker",
-                "--coordinator",
-                &addr.to_string(),
-                "--once",
-                "--worker-id",
-                &format!("local-{i}"),
-                "--heartbeat-timeout",
-                &config.heartbeat_timeout.as_secs_f64().to_string(),
-            ])
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| RunError::Failed(format!("cannot start local worker {i}: {e}")))?;
-        children.push(child);
+    match &config.source {
+        WorkerSource::Local(n) => {
+            // Local worker processes: the same binary, dialing back over loopback gRPC.
+            let exe = std::env::current_exe().map_err(|e| {
+                RunError::Failed(format!("cannot find this program to start workers: {e}"))
+            })?;
+            for i in 0..*n {
+                let child = tokio::process::Command::new(&exe)
+                    .args([
+                        "worker",
+                        "--coordinator",
+                        &addr.to_string(),
+                        "--once",
+                        "--worker-id",
+                        &format!("local-{i}"),
+                        "--heartbeat-timeout",
+                        &config.heartbeat_timeout.as_secs_f64().to_string(),
+                    ])
+                    .env("LLM_REPLAY_TOKEN", token.clone().unwrap_or_default())
+                    .stdin(std::process::Stdio::null())
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::inherit())
+                    .kill_on_drop(true)
+                    .spawn()
+                    .map_err(|e| RunError::Failed(format!("cannot start local worker {i}: {e}")))?;
+                children.push(child);
+            }
+        }
+        WorkerSource::Remote { expect, .. } => {
+            eprintln!(
+                "llm-replay: waiting for {expect} workers on {addr} (llm-replay-worker --coordinator {addr})"
+            );
+        }
     }
 
     let result = collect(
@@ -273,6 +388,78 @@ pub async fn replay(setup: ReplaySetup<'_>) -> Result<ReplayResult, RunError> {
     result
 }
 
+/// Exchange NTP-style pings with every worker and estimate its clock offset.
+async fn sync_clocks(
+    slots: &mut [WorkerSlot],
+    events: &mut mpsc::Receiver<WorkerEvent>,
+) -> Result<(), RunError> {
+    const SAMPLES: u64 = 8;
+    let mut best: Vec<Option<(u64, i64)>> = vec![None; slots.len()];
+    for seq in 0..SAMPLES {
+        for slot in slots.iter() {
+            let _ = slot
+                .control
+                .send(control_message(v1::coordinator_message::Msg::ClockPing(
+                    v1::ClockPing {
+                        seq,
+                        coordinator_send_unix_ns: unix_ns(SystemTime::now()),
+                    },
+                )))
+                .await;
+        }
+        let mut answered = 0;
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while answered < slots.len() {
+            let event = tokio::time::timeout_at(deadline.into(), events.recv())
+                .await
+                .map_err(|_| RunError::Failed("a worker did not answer clock pings".into()))?
+                .ok_or_else(|| RunError::Failed("worker link closed".into()))?;
+            match event {
+                WorkerEvent::ClockPong {
+                    index,
+                    pong,
+                    received_unix_ns: t4,
+                } if pong.seq == seq => {
+                    answered += 1;
+                    let (t1, t2, t3) = (
+                        pong.coordinator_send_unix_ns as i128,
+                        pong.worker_receive_unix_ns as i128,
+                        pong.worker_send_unix_ns as i128,
+                    );
+                    let t4 = t4 as i128;
+                    let delay = ((t4 - t1) - (t3 - t2)).max(0) as u64;
+                    let offset = (((t2 - t1) + (t3 - t4)) / 2) as i64;
+                    if best[index].is_none_or(|(d, _)| delay < d) {
+                        best[index] = Some((delay, offset));
+                    }
+                }
+                WorkerEvent::Gone { index, reason } => {
+                    return Err(RunError::Failed(format!(
+                        "worker {} left before the start: {reason}",
+                        slots[index].id
+                    )));
+                }
+                WorkerEvent::Failed { index, reason } => {
+                    return Err(RunError::Input(format!(
+                        "worker {} could not start: {reason}",
+                        slots[index].id
+                    )));
+                }
+                _ => {}
+            }
+        }
+    }
+    for (slot, best) in slots.iter_mut().zip(best) {
+        if let Some((delay, offset)) = best {
+            slot.clock = ClockEstimate {
+                offset_ns: offset,
+                uncertainty_ns: delay / 2,
+            };
+        }
+    }
+    Ok(())
+}
+
 async fn collect(
     config: &RunConfig,
     plan: &SlicePlan,
@@ -282,15 +469,16 @@ async fn collect(
     workers: usize,
     events: &mut mpsc::Receiver<WorkerEvent>,
 ) -> Result<ReplayResult, RunError> {
-    let mut slots: Vec<Option<WorkerSlot>> = (0..workers).map(|_| None).collect();
-    let join_deadline = Instant::now() + Duration::from_secs(30);
+    let mut pending: Vec<Option<WorkerSlot>> = (0..workers).map(|_| None).collect();
+    let join_deadline = Instant::now() + config.join_timeout;
     let mut joined = 0;
     while joined < workers {
         let event = tokio::time::timeout_at(join_deadline.into(), events.recv())
             .await
             .map_err(|_| {
                 RunError::Failed(format!(
-                    "only {joined} of {workers} workers joined within 30 s"
+                    "only {joined} of {workers} workers joined within {:?}",
+                    config.join_timeout
                 ))
             })?
             .ok_or_else(|| RunError::Failed("worker link closed".into()))?;
@@ -302,17 +490,22 @@ async fn collect(
                 control,
                 slice,
             } => {
-                let plan = plan.clone();
-                let feeder = tokio::task::spawn_blocking(move || feed_slice(&plan, index, slice));
-                slots[index] = Some(WorkerSlot {
+                pending[index] = Some(WorkerSlot {
                     id,
                     host,
                     control,
-                    feeder: Some(feeder),
+                    slice,
+                    feeder: None,
+                    sent: 0,
+                    reassigned_in: 0,
                     latest: None,
                     done: false,
                     lost: None,
                     last_heard: Instant::now(),
+                    clock: ClockEstimate::default(),
+                    started_unix_ns: None,
+                    closed: false,
+                    lost_accounting: None,
                 });
                 joined += 1;
             }
@@ -329,27 +522,39 @@ async fn collect(
             _ => {}
         }
     }
-    let mut slots: Vec<WorkerSlot> = slots.into_iter().flatten().collect();
+    let mut slots: Vec<WorkerSlot> = pending.into_iter().flatten().collect();
+    sync_clocks(&mut slots, events).await?;
+    for (index, slot) in slots.iter_mut().enumerate() {
+        let plan = plan.clone();
+        let slice = slot.slice.clone();
+        slot.feeder = Some(tokio::task::spawn_blocking(move || {
+            feed_slice(&plan, index, slice)
+        }));
+    }
 
     // One start instant for everyone, far enough ahead for the message to arrive and the
-    // first slice chunks to be buffered.
-    let started_at = SystemTime::now() + Duration::from_millis(300);
-    let started_instant = Instant::now() + Duration::from_millis(300);
+    // first slice chunks to be buffered; each worker gets it in its own clock.
+    let started_at = SystemTime::now() + Duration::from_millis(500);
+    let started_instant = Instant::now() + Duration::from_millis(500);
+    let t0 = unix_ns(started_at) as i128;
     for slot in &slots {
         let _ = slot
             .control
-            .send(Ok(v1::CoordinatorMessage {
-                msg: Some(v1::coordinator_message::Msg::Start(v1::Start {
-                    start_unix_ns: unix_ns(started_at),
-                })),
-            }))
+            .send(control_message(v1::coordinator_message::Msg::Start(
+                v1::Start {
+                    start_unix_ns: (t0 + slot.clock.offset_ns as i128).max(0) as u64,
+                },
+            )))
             .await;
     }
 
+    let planned = plan.planned_total();
+    let progress_on = std::io::stderr().is_terminal();
     let mut aborted = false;
     let mut warnings = Vec::new();
-    let mut heartbeat = tokio::time::interval(Duration::from_secs(1));
-    while slots.iter().any(|s| !s.done && s.lost.is_none()) {
+    let mut ticker = tokio::time::interval(Duration::from_millis(500));
+    let mut feeders_done = false;
+    while slots.iter().any(WorkerSlot::alive) {
         tokio::select! {
             event = events.recv() => {
                 let Some(event) = event else { break };
@@ -357,61 +562,169 @@ async fn collect(
                     WorkerEvent::Report { index, report } => {
                         let slot = &mut slots[index];
                         slot.last_heard = Instant::now();
-                        let newer = slot.latest.as_ref().is_none_or(|r| report.seq > r.seq);
-                        if newer {
+                        if slot.latest.as_ref().is_none_or(|r| report.seq > r.seq) {
                             slot.done = report.r#final;
                             slot.latest = Some(report);
                         }
                     }
-                    WorkerEvent::Heartbeat { index } => slots[index].last_heard = Instant::now(),
+                    WorkerEvent::Heartbeat { index } | WorkerEvent::ClockPong { index, .. } => {
+                        slots[index].last_heard = Instant::now();
+                    }
+                    WorkerEvent::Started { index, unix_ns } => {
+                        let slot = &mut slots[index];
+                        slot.last_heard = Instant::now();
+                        slot.started_unix_ns = Some((unix_ns as i128 - slot.clock.offset_ns as i128).max(0) as u64);
+                    }
                     WorkerEvent::Failed { index, reason } => {
-                        slots[index].lost = Some(format!("it failed: {reason}"));
+                        if slots[index].alive() {
+                            slots[index].lost = Some(format!("it failed: {reason}"));
+                        }
                     }
                     WorkerEvent::Gone { index, reason } => {
-                        if !slots[index].done {
+                        if !slots[index].done && slots[index].lost.is_none() {
                             slots[index].lost = Some(reason);
                         }
                     }
                     WorkerEvent::Joined { .. } => {}
                 }
             }
-            _ = heartbeat.tick() => {
+            _ = ticker.tick() => {
                 for slot in &mut slots {
-                    if !slot.done && slot.lost.is_none() && slot.last_heard.elapsed() > config.heartbeat_timeout {
+                    if slot.alive() && slot.last_heard.elapsed() > config.heartbeat_timeout {
                         slot.lost = Some(format!("no heartbeat for {:?}", config.heartbeat_timeout));
                     }
-                    let _ = slot.control.try_send(Ok(v1::CoordinatorMessage {
-                        msg: Some(v1::coordinator_message::Msg::Heartbeat(v1::Heartbeat { unix_ns: unix_ns(SystemTime::now()) })),
+                    let _ = slot.control.try_send(control_message(v1::coordinator_message::Msg::Heartbeat(
+                        v1::Heartbeat { unix_ns: unix_ns(SystemTime::now()) },
+                    )));
+                }
+                if progress_on {
+                    eprint!("\r{}", progress_line(&slots, planned, started_instant));
+                }
+            }
+        }
+
+        // Feeders: once all finished, their counts are known.
+        if !feeders_done {
+            let mut all = true;
+            for slot in &mut slots {
+                if let Some(feeder) = &slot.feeder {
+                    if feeder.is_finished() {
+                        let feeder = slot.feeder.take().expect("checked above");
+                        match feeder.await {
+                            Ok(Ok(n)) => slot.sent += n,
+                            Ok(Err(error)) => return Err(RunError::Input(error.to_string())),
+                            Err(error) => return Err(RunError::Failed(format!("feeder: {error}"))),
+                        }
+                    } else {
+                        all = false;
+                    }
+                }
+            }
+            feeders_done = all;
+        }
+
+        // Worker loss.
+        let newly_lost: Vec<usize> = slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.lost.is_some() && s.lost_accounting.is_none())
+            .map(|(i, _)| i)
+            .collect();
+        for dead in newly_lost {
+            let reason = slots[dead].lost.clone().unwrap_or_default();
+            let reported = slots[dead].reported();
+            let answered = slots[dead].answered();
+            let issued = reported.issued.max(answered);
+            warnings.push(format!(
+                "worker {} ({}) was lost: {reason}",
+                slots[dead].id, slots[dead].host
+            ));
+            if let Some(feeder) = slots[dead].feeder.take() {
+                feeder.abort();
+            }
+            if !config.reassign_on_loss {
+                slots[dead].lost_accounting = Some((issued, issued - answered));
+                aborted = true;
+                continue;
+            }
+            // Its in-flight requests are lost; everything it had not started goes to the
+            // survivors that are still running.
+            slots[dead].lost_accounting = Some((issued, issued - answered));
+            if slots[dead].reassigned_in > 0 {
+                warnings.push(format!(
+                    "worker {} had received reassigned exchanges; those it had not started are counted as not started",
+                    slots[dead].id
+                ));
+            }
+            let survivors: Vec<usize> = (0..slots.len())
+                .filter(|&i| slots[i].alive() && !slots[i].closed)
+                .collect();
+            if survivors.is_empty() {
+                warnings.push("no worker left to take over the lost worker's exchanges".into());
+                aborted = true;
+                continue;
+            }
+            let senders: Vec<SliceSender> =
+                survivors.iter().map(|&i| slots[i].slice.clone()).collect();
+            let plan = plan.clone();
+            let own_issued = issued.saturating_sub(slots[dead].reassigned_in);
+            let counts = tokio::task::spawn_blocking(move || {
+                feed_reassigned(&plan, dead, own_issued, &senders)
+            })
+            .await
+            .map_err(|e| RunError::Failed(format!("reassignment: {e}")))?
+            .map_err(|e| RunError::Input(e.to_string()))?;
+            let moved: u64 = counts.iter().sum();
+            for (&i, n) in survivors.iter().zip(&counts) {
+                slots[i].sent += n;
+                slots[i].reassigned_in += n;
+            }
+            warnings.push(format!(
+                "{moved} exchanges of worker {} that it had not started were reassigned to {} other workers",
+                slots[dead].id,
+                survivors.len()
+            ));
+        }
+        if aborted {
+            break;
+        }
+
+        // Close each slice once every exchange handed to it has been started or skipped:
+        // until then a lost worker's exchanges may still be reassigned to it.
+        if feeders_done && !plan.loop_forever {
+            let everyone_caught_up = slots.iter().filter(|s| s.alive()).all(|s| {
+                let r = s.reported();
+                r.issued + r.not_started >= s.sent
+            });
+            if everyone_caught_up {
+                for slot in slots.iter_mut().filter(|s| !s.closed) {
+                    slot.closed = true;
+                    let _ = slot.slice.try_send(Ok(v1::ExchangeChunk {
+                        exchanges: Vec::new(),
+                        last: true,
                     }));
                 }
             }
         }
-        if let Some(lost) = slots.iter().find(|s| s.lost.is_some()) {
-            warnings.push(format!(
-                "worker {} ({}) was lost: {}",
-                lost.id,
-                lost.host,
-                lost.lost.as_deref().unwrap_or("")
-            ));
-            aborted = true;
-            break;
-        }
+    }
+    if progress_on {
+        eprintln!("\r{}", progress_line(&slots, planned, started_instant));
     }
 
     if aborted {
-        for slot in &slots {
+        for slot in slots.iter().filter(|s| s.alive()) {
             let _ = slot
                 .control
-                .send(Ok(v1::CoordinatorMessage {
-                    msg: Some(v1::coordinator_message::Msg::Abort(v1::Abort {
+                .send(control_message(v1::coordinator_message::Msg::Abort(
+                    v1::Abort {
                         reason: "a worker was lost (--on-worker-loss fail)".into(),
-                    })),
-                }))
+                    },
+                )))
                 .await;
         }
         // Give survivors a moment to send their partial final reports.
         let grace = Instant::now() + Duration::from_secs(3);
-        while slots.iter().any(|s| !s.done && s.lost.is_none()) {
+        while slots.iter().any(WorkerSlot::alive) {
             match tokio::time::timeout_at(grace.into(), events.recv()).await {
                 Ok(Some(WorkerEvent::Report { index, report })) => {
                     let slot = &mut slots[index];
@@ -422,6 +735,9 @@ async fn collect(
                 }
                 Ok(Some(WorkerEvent::Gone { index, reason })) if !slots[index].done => {
                     slots[index].lost = Some(reason);
+                    let issued = slots[index].reported().issued.max(slots[index].answered());
+                    let answered = slots[index].answered();
+                    slots[index].lost_accounting = Some((issued, issued - answered));
                 }
                 Ok(Some(_)) => {}
                 Ok(None) | Err(_) => break,
@@ -431,31 +747,68 @@ async fn collect(
         for slot in &slots {
             let _ = slot
                 .control
-                .send(Ok(v1::CoordinatorMessage {
-                    msg: Some(v1::coordinator_message::Msg::Finish(v1::Finish {})),
-                }))
+                .send(control_message(v1::coordinator_message::Msg::Finish(
+                    v1::Finish {},
+                )))
                 .await;
         }
     }
+    for slot in &mut slots {
+        if let Some(feeder) = slot.feeder.take() {
+            feeder.abort();
+        }
+    }
     let duration = started_instant.elapsed();
+    finish(
+        config, plan, run_id, target, load, workers, slots, warnings, aborted, started_at, duration,
+    )
+}
 
+fn progress_line(slots: &[WorkerSlot], planned: Option<u64>, started: Instant) -> String {
+    let mut merged = RunMetrics::new();
+    let mut answered = 0u64;
+    for slot in slots {
+        if let Some(report) = &slot.latest
+            && let Ok((metrics, _, _)) = metrics_from_report(report)
+        {
+            answered += metrics.counters.completed();
+            merged.merge(&metrics);
+        }
+    }
+    let alive = slots.iter().filter(|s| s.lost.is_none()).count();
+    let ttft = merged
+        .stats(Metric::Ttft)
+        .map(|s| format!("{:.1}/{:.1} ms", s.p50, s.p95))
+        .unwrap_or_else(|| "-".into());
+    let total = planned.map(|n| n.to_string()).unwrap_or_else(|| "?".into());
+    format!(
+        "[{answered}/{total}] {:>6.1} s  TTFT p50/p95 {ttft}  errors {}  workers {alive}/{}   ",
+        started.elapsed().as_secs_f64(),
+        merged.counters.failed(),
+        slots.len()
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    config: &RunConfig,
+    plan: &SlicePlan,
+    run_id: &str,
+    target: &str,
+    load: &GlobalLoad,
+    workers: usize,
+    slots: Vec<WorkerSlot>,
+    mut warnings: Vec<String>,
+    aborted: bool,
+    started_at: SystemTime,
+    duration: Duration,
+) -> Result<ReplayResult, RunError> {
     let mut merged = RunMetrics::new();
     let mut status_codes = BTreeMap::new();
     let mut outcomes = Vec::new();
     let (mut assigned_total, mut not_started, mut lost_total) = (0u64, 0u64, 0u64);
-    for slot in &mut slots {
-        let assigned = match slot.feeder.take() {
-            Some(feeder) if slot.done => match feeder.await {
-                Ok(Ok(n)) => n,
-                Ok(Err(error)) => return Err(RunError::Input(error.to_string())),
-                Err(_) => 0,
-            },
-            Some(feeder) => {
-                feeder.abort();
-                0
-            }
-            None => 0,
-        };
+    let mut warmup_total = 0u64;
+    for slot in &slots {
         let (metrics, totals, codes) = match &slot.latest {
             Some(report) => metrics_from_report(report).map_err(|e| {
                 RunError::Failed(format!("worker {} sent a corrupt report: {e}", slot.id))
@@ -466,21 +819,17 @@ async fn collect(
         for (code, n) in codes {
             *status_codes.entry(code).or_default() += n;
         }
-        let answered = metrics.counters.completed() + metrics.counters.warmup;
-        let assigned = if plan.loop_forever {
-            // Open-ended slices loop until the duration: what was buffered but never read is
-            // not part of the run.
-            answered + totals.not_started + totals.lost
-        } else {
-            assigned.max(answered + totals.not_started + totals.lost)
+        let answered = metrics.counters.completed();
+        let warmup = metrics.counters.warmup;
+        let (assigned, lost, not_started_here) = match slot.lost_accounting {
+            Some((issued, lost)) if !slot.done => (issued, lost, 0),
+            _ => (
+                answered + warmup + totals.not_started + totals.lost,
+                totals.lost,
+                totals.not_started,
+            ),
         };
-        // A lost worker's exchanges that it never reported on are lost (in flight, or unknown).
-        let lost = if slot.lost.is_some() {
-            assigned.saturating_sub(answered + totals.not_started)
-        } else {
-            totals.lost
-        };
-        let not_started_here = assigned.saturating_sub(answered + lost);
+        warmup_total += warmup;
         assigned_total += assigned;
         not_started += not_started_here;
         lost_total += lost;
@@ -497,8 +846,61 @@ async fn collect(
             lost: slot.lost.is_some(),
             loss_reason: slot.lost.clone(),
             cpu_seconds: slot.latest.as_ref().map(|r| r.cpu_seconds).unwrap_or(0.0),
+            cores: slot.latest.as_ref().map(|r| r.cores).unwrap_or(0),
             peak_rss_bytes: slot.latest.as_ref().map(|r| r.peak_rss_bytes).unwrap_or(0),
+            clock: slot.clock,
+            started_unix_ns: slot.started_unix_ns,
         });
+    }
+    // Exchanges the run planned but no worker ever got to (an aborted run): not started.
+    if let Some(planned) = plan.planned_total() {
+        if planned > assigned_total {
+            let missing = planned - assigned_total;
+            not_started += missing;
+            assigned_total = planned;
+        } else if planned < assigned_total && !config.reassign_on_loss {
+            warnings.push(format!(
+                "accounting: workers answered for {assigned_total} exchanges but {planned} were planned"
+            ));
+        }
+    }
+    let assigned_total = assigned_total.saturating_sub(warmup_total);
+
+    let starts: Vec<u64> = outcomes.iter().filter_map(|w| w.started_unix_ns).collect();
+    let start_skew_ms = (starts.len() == outcomes.len() && !starts.is_empty()).then(|| {
+        let max = starts.iter().max().copied().unwrap_or(0);
+        let min = starts.iter().min().copied().unwrap_or(0);
+        (max - min) as f64 / 1e6
+    });
+    let scheduled = load.recorded_schedule || load.rate.is_some();
+    if let Some(skew) = start_skew_ms
+        && scheduled
+        && skew > config.max_skew.as_secs_f64() * 1000.0
+    {
+        warnings.push(format!(
+            "START SKEW {skew:.2} ms exceeds --max-skew {:.2} ms: workers did not start together, so the recorded schedule was not replayed faithfully",
+            config.max_skew.as_secs_f64() * 1000.0
+        ));
+    }
+    for worker in &outcomes {
+        let lag_p99 = worker
+            .metrics
+            .stats(Metric::ScheduleLag)
+            .map(|s| s.p99)
+            .unwrap_or(0.0);
+        let cpu_share = if duration.as_secs_f64() > 0.0 && worker.cores > 0 {
+            worker.cpu_seconds / duration.as_secs_f64() / f64::from(worker.cores)
+        } else {
+            0.0
+        };
+        if lag_p99 > 10.0 || cpu_share > 0.9 {
+            warnings.push(format!(
+                "worker {} was saturated (schedule lag p99 {lag_p99:.1} ms, CPU {:.0} % of {} cores): a saturated client's numbers are not the server's",
+                worker.id,
+                cpu_share * 100.0,
+                worker.cores
+            ));
+        }
     }
     Ok(ReplayResult {
         run_id: run_id.to_owned(),
@@ -512,6 +914,7 @@ async fn collect(
         assigned: assigned_total,
         not_started,
         lost: lost_total,
+        start_skew_ms,
         warnings,
         aborted,
     })

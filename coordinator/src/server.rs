@@ -31,6 +31,17 @@ pub enum WorkerEvent {
     Heartbeat {
         index: usize,
     },
+    ClockPong {
+        index: usize,
+        pong: v1::ClockPong,
+        /// Coordinator clock when the pong arrived (t4).
+        received_unix_ns: u64,
+    },
+    Started {
+        index: usize,
+        /// Worker clock.
+        unix_ns: u64,
+    },
     Failed {
         index: usize,
         reason: String,
@@ -186,6 +197,18 @@ impl Coordinator for CoordinatorService {
                             WorkerEvent::Report { index, report }
                         }
                         v1::worker_message::Msg::Heartbeat(_) => WorkerEvent::Heartbeat { index },
+                        v1::worker_message::Msg::ClockPong(pong) => WorkerEvent::ClockPong {
+                            index,
+                            pong,
+                            received_unix_ns: std::time::SystemTime::now()
+                                .duration_since(std::time::UNIX_EPOCH)
+                                .map(|d| d.as_nanos() as u64)
+                                .unwrap_or(0),
+                        },
+                        v1::worker_message::Msg::Started(started) => WorkerEvent::Started {
+                            index,
+                            unix_ns: started.unix_ns,
+                        },
                         v1::worker_message::Msg::Failed(failed) => WorkerEvent::Failed {
                             index,
                             reason: failed.reason,

@@ -1,18 +1,23 @@
-//! Sharding: which worker replays which exchange, and the feeder that streams a worker's slice.
+//! Sharding: which worker replays which exchange, and the feeders that stream slices.
 //!
 //! Sessions stay whole on one worker (chosen by a stable hash of the session id); other
 //! exchanges are striped by index, so every worker's slice spans the whole schedule. The
 //! assignment depends only on the recording and the worker count: it is deterministic.
-//! Each feeder reads the recording itself, so slices stream and memory stays bounded.
+//! Each feeder reads the recording itself, so slices stream and memory stays bounded. Feeders
+//! never close a slice: the orchestrator sends the closing chunk once no exchange can be
+//! reassigned to that worker any more.
 
 use std::path::PathBuf;
 
-use common::recording::{RecordingError, RecordingReader};
+use common::recording::{Exchange, RecordingError, RecordingReader};
 use proto::v1;
 use tokio::sync::mpsc;
 
 /// Exchanges per chunk sent to a worker.
 pub const CHUNK_EXCHANGES: usize = 64;
+
+/// A worker's slice stream.
+pub type SliceSender = mpsc::Sender<Result<v1::ExchangeChunk, tonic::Status>>;
 
 /// How the recording is turned into the run's stream of exchanges.
 #[derive(Debug, Clone)]
@@ -29,8 +34,19 @@ pub struct SlicePlan {
     pub pass_span_ms: f64,
 }
 
+impl SlicePlan {
+    /// Exchanges the run will offer in all, when bounded.
+    pub fn planned_total(&self) -> Option<u64> {
+        if self.loop_forever {
+            None
+        } else {
+            Some(self.requests.unwrap_or(self.exchanges))
+        }
+    }
+}
+
 /// FNV-1a: stable across builds and platforms, unlike `std`'s hasher.
-fn stable_hash(text: &str) -> u64 {
+pub fn stable_hash(text: &str) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in text.bytes() {
         hash ^= u64::from(byte);
@@ -48,82 +64,146 @@ pub fn worker_for(sequence: u64, session: Option<&str>, workers: usize) -> usize
     }
 }
 
-/// Stream worker `worker`'s slice into `tx` in chunks. Runs on a blocking thread (file IO).
-/// Returns the number of exchanges sent, or the recording error that stopped it.
-pub fn feed_slice(
+/// Walk the run's exchanges in order: `(sequence, index in the recording, exchange)` with the
+/// pass adjustments applied (later passes get shifted arrival times and renamed sessions).
+/// `visit` returns false to stop.
+fn walk(
     plan: &SlicePlan,
-    worker: usize,
-    tx: mpsc::Sender<Result<v1::ExchangeChunk, tonic::Status>>,
-) -> Result<u64, RecordingError> {
-    let mut sent = 0u64;
+    visit: &mut dyn FnMut(u64, u64, Exchange) -> bool,
+) -> Result<(), RecordingError> {
     let mut sequence = 0u64;
-    let mut chunk = Vec::with_capacity(CHUNK_EXCHANGES);
     let mut pass = 0u64;
-    let limit = plan.requests;
-    'passes: loop {
-        let reader = RecordingReader::open(&plan.recording)?;
-        let mut index = 0u64;
-        for item in reader {
+    loop {
+        for (index, item) in RecordingReader::open(&plan.recording)?.enumerate() {
+            let index = index as u64;
             let mut exchange = match item {
                 Ok((_, exchange)) => exchange,
                 // The scan already reported a torn last line; it is not replayed.
                 Err(RecordingError::TornLastLine { .. }) => break,
                 Err(error) => return Err(error),
             };
-            if limit.is_some_and(|n| sequence >= n) {
-                break 'passes;
-            }
-            let this = sequence;
-            sequence += 1;
-            index += 1;
-            let session = exchange.session.clone().map(|s| {
-                if pass == 0 {
-                    s
-                } else {
-                    format!("{s}#pass{pass}")
-                }
-            });
-            if worker_for(this, session.as_deref(), plan.workers) != worker {
-                continue;
+            if plan.requests.is_some_and(|n| sequence >= n) {
+                return Ok(());
             }
             exchange.response = None;
-            exchange.session = session;
             if pass > 0 {
+                exchange.session = exchange.session.map(|s| format!("{s}#pass{pass}"));
                 exchange.at_ms = exchange
                     .at_ms
                     .map(|at| at + pass as f64 * plan.pass_span_ms);
             }
-            let json = serde_json::to_vec(&exchange).expect("an exchange always serializes");
-            chunk.push(v1::Exchange {
-                index: index - 1,
-                json,
-            });
-            sent += 1;
-            if chunk.len() == CHUNK_EXCHANGES {
-                let full = std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK_EXCHANGES));
-                if tx
-                    .blocking_send(Ok(v1::ExchangeChunk {
-                        exchanges: full,
-                        last: false,
-                    }))
-                    .is_err()
-                {
-                    // The worker is gone or finished early (duration): stop reading.
-                    return Ok(sent);
-                }
+            if !visit(sequence, index, exchange) {
+                return Ok(());
             }
+            sequence += 1;
         }
         pass += 1;
-        let more = plan.loop_forever || limit.is_some_and(|n| sequence < n);
+        let more = plan.loop_forever || plan.requests.is_some_and(|n| sequence < n);
         if !more || plan.exchanges == 0 {
-            break;
+            return Ok(());
         }
     }
-    let _ = tx.blocking_send(Ok(v1::ExchangeChunk {
-        exchanges: chunk,
-        last: true,
-    }));
+}
+
+/// Buffers exchanges into chunks per destination.
+struct Chunker {
+    chunk: Vec<v1::Exchange>,
+}
+
+impl Chunker {
+    fn new() -> Chunker {
+        Chunker {
+            chunk: Vec::with_capacity(CHUNK_EXCHANGES),
+        }
+    }
+
+    /// Add one exchange; returns false when the destination is gone.
+    fn push(&mut self, tx: &SliceSender, index: u64, exchange: &Exchange) -> bool {
+        let json = serde_json::to_vec(exchange).expect("an exchange always serializes");
+        self.chunk.push(v1::Exchange { index, json });
+        if self.chunk.len() == CHUNK_EXCHANGES {
+            return self.flush(tx);
+        }
+        true
+    }
+
+    fn flush(&mut self, tx: &SliceSender) -> bool {
+        if self.chunk.is_empty() {
+            return true;
+        }
+        let full = std::mem::replace(&mut self.chunk, Vec::with_capacity(CHUNK_EXCHANGES));
+        tx.blocking_send(Ok(v1::ExchangeChunk {
+            exchanges: full,
+            last: false,
+        }))
+        .is_ok()
+    }
+}
+
+/// Stream worker `worker`'s slice into `tx`. Runs on a blocking thread (file IO). Returns the
+/// number of exchanges handed over; stops early (without error) when the worker is gone.
+pub fn feed_slice(plan: &SlicePlan, worker: usize, tx: SliceSender) -> Result<u64, RecordingError> {
+    let mut sent = 0u64;
+    let mut chunker = Chunker::new();
+    let mut gone = false;
+    walk(plan, &mut |sequence, index, exchange| {
+        if worker_for(sequence, exchange.session.as_deref(), plan.workers) != worker {
+            return true;
+        }
+        sent += 1;
+        if !chunker.push(&tx, index, &exchange) {
+            gone = true;
+            return false;
+        }
+        true
+    })?;
+    if !gone {
+        chunker.flush(&tx);
+    }
     Ok(sent)
+}
+
+/// Re-route the exchanges of dead worker `dead` from position `from` of its slice onwards to
+/// the `survivors` (sessions whole by hash, others round-robin). Returns how many each
+/// survivor got, in `survivors` order.
+pub fn feed_reassigned(
+    plan: &SlicePlan,
+    dead: usize,
+    from: u64,
+    survivors: &[SliceSender],
+) -> Result<Vec<u64>, RecordingError> {
+    let mut counts = vec![0u64; survivors.len()];
+    if survivors.is_empty() {
+        return Ok(counts);
+    }
+    let mut chunkers: Vec<Chunker> = survivors.iter().map(|_| Chunker::new()).collect();
+    let mut position = 0u64;
+    let mut next = 0usize;
+    walk(plan, &mut |sequence, index, exchange| {
+        if worker_for(sequence, exchange.session.as_deref(), plan.workers) != dead {
+            return true;
+        }
+        let mine = position;
+        position += 1;
+        if mine < from {
+            return true;
+        }
+        let target = match exchange.session.as_deref() {
+            Some(session) => (stable_hash(session) % survivors.len() as u64) as usize,
+            None => {
+                next = (next + 1) % survivors.len();
+                next
+            }
+        };
+        if chunkers[target].push(&survivors[target], index, &exchange) {
+            counts[target] += 1;
+        }
+        true
+    })?;
+    for (chunker, tx) in chunkers.iter_mut().zip(survivors) {
+        chunker.flush(tx);
+    }
+    Ok(counts)
 }
 
 #[cfg(test)]

@@ -50,6 +50,9 @@ pub fn report_from_metrics(
             .collect(),
         cpu_seconds,
         peak_rss_bytes: peak_rss_bytes(),
+        cores: std::thread::available_parallelism()
+            .map(|n| n.get() as u32)
+            .unwrap_or(1),
     }
 }
 

@@ -212,3 +212,143 @@ pub fn eventually(patience: Duration, mut check: impl FnMut() -> bool) -> bool {
     }
     check()
 }
+
+/// A running process whose stderr is collected in the background.
+pub struct Spawned {
+    pub child: Child,
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+    stdout: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+fn collect_lines(
+    reader: impl std::io::Read + Send + 'static,
+) -> std::sync::Arc<std::sync::Mutex<String>> {
+    let buffer = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let sink = buffer.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(reader).lines() {
+            let Ok(line) = line else { break };
+            let mut text = sink.lock().expect("output lock");
+            text.push_str(&line);
+            text.push('\n');
+        }
+    });
+    buffer
+}
+
+impl Spawned {
+    /// Start `program ARGS...` with stdout and stderr collected.
+    pub fn start(program: &Path, args: &[&str], env: &[(&str, &str)]) -> Spawned {
+        let mut command = Command::new(program);
+        command
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        let mut child = command.spawn().expect("the process starts");
+        let stderr = collect_lines(child.stderr.take().expect("piped stderr"));
+        let stdout = collect_lines(child.stdout.take().expect("piped stdout"));
+        Spawned {
+            child,
+            stderr,
+            stdout,
+        }
+    }
+
+    /// Everything written to stderr so far.
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().expect("output lock").clone()
+    }
+
+    /// Everything written to stdout so far.
+    pub fn stdout(&self) -> String {
+        self.stdout.lock().expect("output lock").clone()
+    }
+
+    /// Wait up to `patience` for the exit code (`None` on time-out).
+    pub fn wait_timeout(&mut self, patience: Duration) -> Option<i32> {
+        let deadline = std::time::Instant::now() + patience;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                // Let the reader threads drain the pipes.
+                std::thread::sleep(Duration::from_millis(50));
+                return Some(status.code().unwrap_or(-1));
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// SIGKILL.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Start `llm-replay run ARGS... --listen 127.0.0.1:0 --expect-workers N` and return it with
+/// the address workers must dial (read from its "waiting for" line).
+pub fn coordinator(
+    args: &[&str],
+    expect_workers: usize,
+    env: &[(&str, &str)],
+) -> (Spawned, String) {
+    let expect = expect_workers.to_string();
+    let mut all = vec!["run"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--listen", "127.0.0.1:0", "--expect-workers", &expect]);
+    let process = Spawned::start(&bin("llm-replay"), &all, env);
+    let mut addr = None;
+    assert!(
+        eventually(Duration::from_secs(30), || {
+            addr = process
+                .stderr()
+                .lines()
+                .find(|l| l.contains("waiting for"))
+                .and_then(|l| l.split(" on ").nth(1))
+                .and_then(|rest| rest.split_whitespace().next())
+                .map(str::to_owned);
+            addr.is_some()
+        }),
+        "the coordinator did not start listening: {}",
+        process.stderr()
+    );
+    (process, addr.expect("checked above"))
+}
+
+/// Start `llm-replay-worker --coordinator ADDR --once ARGS...`.
+pub fn worker(addr: &str, id: &str, args: &[&str], env: &[(&str, &str)]) -> Spawned {
+    let mut all = vec!["--coordinator", addr, "--once", "--worker-id", id];
+    all.extend_from_slice(args);
+    Spawned::start(&bin("llm-replay-worker"), &all, env)
+}
+
+/// The mock's request log: `(unix_ms, exchange index)` per request.
+pub fn request_log(path: &Path) -> Vec<(f64, Option<u64>)> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .map(|v| {
+            (
+                v["unix_ms"].as_f64().unwrap_or(0.0),
+                v["exchange"]
+                    .as_str()
+                    .and_then(|s| s.parse().ok())
+                    .or_else(|| v["exchange"].as_u64()),
+            )
+        })
+        .collect()
+}

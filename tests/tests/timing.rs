@@ -47,6 +47,9 @@ fn check_level(concurrency: usize) {
     let ttft = num(&report, &["llm", "ttft_ms", "p50"]);
     let itl = num(&report, &["llm", "itl_ms", "p50"]);
     let latency = num(&report, &["llm", "latency_ms", "p50"]);
+    eprintln!(
+        "timing concurrency {concurrency}: TTFT p50 {ttft:.3} ms, ITL p50 {itl:.3} ms, latency p50 {latency:.3} ms"
+    );
     assert!(
         (ttft - 200.0).abs() <= 2.0,
         "concurrency {concurrency}: TTFT p50 {ttft} ms"

@@ -3,7 +3,10 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use crate::link::{LinkError, LinkOptions, run_once};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::link::{ClientTls, HealthState, LinkError, LinkOptions, run_once};
 
 /// `llm-replay-worker` options.
 #[derive(Debug, Clone, clap::Args)]
@@ -26,6 +29,18 @@ pub struct WorkerArgs {
     /// How long to keep trying to reach the coordinator (seconds).
     #[arg(long, default_value_t = 60.0)]
     pub connect_patience: f64,
+    /// PEM CA that signed the coordinator's certificate: the link uses TLS.
+    #[arg(long)]
+    pub tls_ca: Option<PathBuf>,
+    /// PEM client certificate, for mutual TLS (with --tls-key).
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Serve a health check (HTTP 200 with the worker's phase) on this port.
+    #[arg(long)]
+    pub health_port: Option<u16>,
 }
 
 fn host_name() -> String {
@@ -50,8 +65,17 @@ pub fn run(args: WorkerArgs) -> ExitCode {
         token: args.token.clone(),
         connect_patience: Duration::from_secs_f64(args.connect_patience.max(0.1)),
         heartbeat_timeout: Duration::from_secs_f64(args.heartbeat_timeout.max(0.1)),
-        report_interval: Duration::from_millis(1000),
+        report_interval: Duration::from_millis(500),
+        tls: args.tls_ca.clone().map(|ca| ClientTls {
+            ca,
+            identity: args.tls_cert.clone().zip(args.tls_key.clone()),
+        }),
+        health: Arc::new(HealthState::default()),
     };
+    if args.tls_ca.is_none() && args.tls_cert.is_some() {
+        eprintln!("llm-replay-worker: --tls-cert needs --tls-ca (the CA of the coordinator)");
+        return ExitCode::from(2);
+    }
     let load = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("llm-replay-load")
@@ -73,6 +97,16 @@ pub fn run(args: WorkerArgs) -> ExitCode {
             return ExitCode::from(3);
         }
     };
+    if let Some(port) = args.health_port {
+        let listener = match load.block_on(tokio::net::TcpListener::bind(("0.0.0.0", port))) {
+            Ok(listener) => listener,
+            Err(error) => {
+                eprintln!("llm-replay-worker: health port {port}: {error}");
+                return ExitCode::from(2);
+            }
+        };
+        load.spawn(crate::health::serve(listener, options.health.clone()));
+    }
     loop {
         let mut on_joined = |run_id: &str| {
             println!(

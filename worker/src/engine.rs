@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::formats::{self, Family};
@@ -38,6 +39,29 @@ pub struct EngineTotals {
     pub lost: u64,
 }
 
+/// Live progress of the engine, read by the link for interval reports.
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// Requests sent so far (warm-up included), in slice order.
+    pub issued: AtomicU64,
+    /// Exchanges received but not sent (duration reached), so far.
+    pub not_started: AtomicU64,
+    /// Wall-clock instant the load actually started (Unix ns), 0 before.
+    pub started_unix_ns: AtomicU64,
+}
+
+/// Wait for `start` precisely: tokio's timer has 1 ms granularity, so sleep until just before
+/// and finish with the OS's high-resolution sleep on a blocking thread (no spinning, which
+/// would steal the cores other workers on the same host need to start on time).
+async fn wait_for_start(start: Instant) {
+    let early = start.checked_sub(Duration::from_millis(3)).unwrap_or(start);
+    tokio::time::sleep_until(early.into()).await;
+    let remaining = start.saturating_duration_since(Instant::now());
+    if !remaining.is_zero() {
+        let _ = tokio::task::spawn_blocking(move || std::thread::sleep(remaining)).await;
+    }
+}
+
 /// Build the HTTP client used for every request of a run.
 pub fn build_client() -> reqwest::Result<reqwest::Client> {
     reqwest::Client::builder()
@@ -48,21 +72,38 @@ pub fn build_client() -> reqwest::Result<reqwest::Client> {
         .build()
 }
 
+/// Everything one replay of a slice needs.
+pub struct EngineRun {
+    pub config: Arc<ReplayConfig>,
+    pub client: reqwest::Client,
+    /// The slice, as it arrives.
+    pub items: mpsc::Receiver<WorkItem>,
+    pub start: StartAt,
+    pub metrics: MetricsHandle,
+    /// Turns true to stop at once.
+    pub abort: watch::Receiver<bool>,
+    /// The items loop until the duration ends.
+    pub open_ended: bool,
+    pub progress: Arc<Progress>,
+}
+
 /// Replay every item from `items` under `config`, recording outcomes into `metrics`.
 ///
 /// Returns when `items` is closed and every request has finished, or at once when `abort`
 /// turns true (in-flight requests are then cancelled and counted as lost). `open_ended` means
 /// the items loop until the duration ends, so items left unread are not counted as not
 /// started.
-pub async fn replay(
-    config: Arc<ReplayConfig>,
-    client: reqwest::Client,
-    mut items: mpsc::Receiver<WorkItem>,
-    start: StartAt,
-    metrics: MetricsHandle,
-    mut abort: watch::Receiver<bool>,
-    open_ended: bool,
-) -> EngineTotals {
+pub async fn replay(run: EngineRun) -> EngineTotals {
+    let EngineRun {
+        config,
+        client,
+        mut items,
+        start,
+        metrics,
+        mut abort,
+        open_ended,
+        progress,
+    } = run;
     let load = &config.load;
     let permits = load.concurrency.map(|c| Arc::new(Semaphore::new(c.max(1))));
     let deadline = load.duration.map(|d| start.instant + d);
@@ -76,7 +117,9 @@ pub async fn replay(
 
     // Every worker starts at the coordinator's one instant, whatever the load model.
     tokio::select! {
-        _ = tokio::time::sleep_until(start.instant.into()) => {}
+        _ = wait_for_start(start.instant) => {
+            progress.started_unix_ns.store(unix_nanos(SystemTime::now()), Ordering::Relaxed);
+        }
         _ = abort.wait_for(|a| *a) => aborted = true,
     }
 
@@ -144,6 +187,7 @@ pub async fn replay(
         let warmup = seq < load.warmup;
         seq += 1;
         totals.issued += 1;
+        progress.issued.store(totals.issued, Ordering::Relaxed);
         let config = config.clone();
         let client = client.clone();
         let metrics = metrics.clone();
@@ -173,6 +217,9 @@ pub async fn replay(
         }
     }
 
+    progress
+        .not_started
+        .store(totals.not_started, Ordering::Relaxed);
     if !aborted && !open_ended {
         // Whatever was not sent (duration reached) is not started.
         loop {
@@ -180,7 +227,10 @@ pub async fn replay(
                 biased;
                 _ = abort.wait_for(|a| *a) => { aborted = true; break; }
                 item = items.recv() => match item {
-                    Some(_) => totals.not_started += 1,
+                    Some(_) => {
+                        totals.not_started += 1;
+                        progress.not_started.store(totals.not_started, Ordering::Relaxed);
+                    }
                     None => break,
                 },
             }
@@ -207,6 +257,12 @@ pub async fn replay(
         }
     }
     totals
+}
+
+fn unix_nanos(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
 }
 
 fn unix_micros(t: SystemTime) -> u64 {

@@ -9,6 +9,7 @@
 pub mod cli;
 pub mod config;
 pub mod engine;
+pub mod health;
 pub mod link;
 pub mod metrics_actor;
 pub mod request;

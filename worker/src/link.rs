@@ -5,6 +5,7 @@
 //! The link runs on its own runtime (see `cli`), apart from the load: heartbeats and aborts
 //! are never starved by thousands of open streams.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -33,6 +34,43 @@ pub struct LinkOptions {
     pub heartbeat_timeout: Duration,
     /// Interval between reports (and heartbeats).
     pub report_interval: Duration,
+    /// TLS to the coordinator (`https`), with a client certificate for mutual TLS.
+    pub tls: Option<ClientTls>,
+    /// What the health endpoint reports.
+    pub health: Arc<HealthState>,
+}
+
+/// TLS settings of the link.
+#[derive(Debug, Clone)]
+pub struct ClientTls {
+    /// PEM CA bundle that signed the coordinator's certificate.
+    pub ca: PathBuf,
+    /// PEM client certificate and key, for mutual TLS.
+    pub identity: Option<(PathBuf, PathBuf)>,
+}
+
+/// The worker's state as the health port shows it.
+#[derive(Debug, Default)]
+pub struct HealthState {
+    /// 0 connecting, 1 joined (waiting for start), 2 running, 3 finished.
+    pub phase: std::sync::atomic::AtomicU8,
+}
+
+impl HealthState {
+    /// The phase as a word.
+    pub fn phase_name(&self) -> &'static str {
+        match self.phase.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => "connecting",
+            1 => "joined",
+            2 => "running",
+            _ => "finished",
+        }
+    }
+
+    fn set(&self, phase: u8) {
+        self.phase
+            .store(phase, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// Why a run ended badly for this worker.
@@ -59,6 +97,22 @@ pub enum LinkError {
     Header(#[from] crate::request::HeaderTemplateError),
     #[error("could not build the HTTP client: {0}")]
     Client(#[source] reqwest::Error),
+    #[error("TLS: {path}: {source}")]
+    TlsFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("TLS configuration: {0}")]
+    Tls(#[source] tonic::transport::Error),
+}
+
+/// The coordinator is gone: say when it was noticed, so a log can show no request after it.
+fn coordinator_lost(reason: &str) -> LinkError {
+    LinkError::CoordinatorLost(format!(
+        "{reason}; noticed at unix ms {}",
+        unix_ns() / 1_000_000
+    ))
 }
 
 fn unix_ns() -> u64 {
@@ -68,22 +122,42 @@ fn unix_ns() -> u64 {
         .unwrap_or(0)
 }
 
-fn endpoint_url(addr: &str) -> String {
+fn endpoint_url(addr: &str, tls: bool) -> String {
     if addr.starts_with("http://") || addr.starts_with("https://") {
         addr.to_owned()
+    } else if tls {
+        format!("https://{addr}")
     } else {
         format!("http://{addr}")
     }
 }
 
+fn read_pem(path: &std::path::Path) -> Result<Vec<u8>, LinkError> {
+    std::fs::read(path).map_err(|source| LinkError::TlsFile {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
 async fn connect(
     options: &LinkOptions,
 ) -> Result<CoordinatorClient<tonic::transport::Channel>, LinkError> {
-    let url = endpoint_url(&options.coordinator);
-    let endpoint = tonic::transport::Endpoint::from_shared(url.clone())
+    let url = endpoint_url(&options.coordinator, options.tls.is_some());
+    let mut endpoint = tonic::transport::Endpoint::from_shared(url.clone())
         .map_err(|_| LinkError::Address(options.coordinator.clone()))?
         .tcp_nodelay(true)
         .connect_timeout(Duration::from_secs(2));
+    if let Some(tls) = &options.tls {
+        let mut config = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(read_pem(&tls.ca)?));
+        if let Some((cert, key)) = &tls.identity {
+            config = config.identity(tonic::transport::Identity::from_pem(
+                read_pem(cert)?,
+                read_pem(key)?,
+            ));
+        }
+        endpoint = endpoint.tls_config(config).map_err(LinkError::Tls)?;
+    }
     let give_up = Instant::now() + options.connect_patience;
     let mut backoff = Duration::from_millis(50);
     loop {
@@ -221,7 +295,7 @@ pub async fn run_once(
                     "expected an assignment, got {other:?}"
                 )));
             }
-            Ok(None) => return Err(LinkError::CoordinatorLost("stream ended".into())),
+            Ok(None) => return Err(coordinator_lost("its stream ended")),
             Err(status) => return Err(LinkError::Refused(status.message().to_owned())),
         }
     };
@@ -237,6 +311,7 @@ pub async fn run_once(
         }
     };
     on_joined(&assignment.run_id);
+    options.health.set(1);
 
     // The slice arrives on its own stream; the forwarder blocks on the bounded items channel
     // when the engine is behind, which back-pressures the coordinator through HTTP/2.
@@ -290,13 +365,23 @@ pub async fn run_once(
         tokio::select! {
             message = inbound.message() => match message {
                 Ok(Some(v1::CoordinatorMessage { msg: Some(v1::coordinator_message::Msg::Start(start)) })) => break start.start_unix_ns,
+                Ok(Some(v1::CoordinatorMessage { msg: Some(v1::coordinator_message::Msg::ClockPing(ping)) })) => {
+                    last_heard = Instant::now();
+                    let received = unix_ns();
+                    let _ = out_tx.try_send(send(v1::worker_message::Msg::ClockPong(v1::ClockPong {
+                        seq: ping.seq,
+                        coordinator_send_unix_ns: ping.coordinator_send_unix_ns,
+                        worker_receive_unix_ns: received,
+                        worker_send_unix_ns: unix_ns(),
+                    })));
+                }
                 Ok(Some(v1::CoordinatorMessage { msg: Some(v1::coordinator_message::Msg::Abort(abort)) })) => return Err(LinkError::Aborted(abort.reason)),
                 Ok(Some(_)) => last_heard = Instant::now(),
-                Ok(None) => return Err(LinkError::CoordinatorLost("stream ended before start".into())),
-                Err(status) => return Err(LinkError::CoordinatorLost(status.message().to_owned())),
+                Ok(None) => return Err(coordinator_lost("its stream ended before the start")),
+                Err(status) => return Err(coordinator_lost(status.message())),
             },
             _ = tokio::time::sleep_until((last_heard + options.heartbeat_timeout).into()) => {
-                return Err(LinkError::CoordinatorLost(format!("no message for {:?}", options.heartbeat_timeout)));
+                return Err(coordinator_lost(&format!("no message for {:?}", options.heartbeat_timeout)));
             }
         }
     };
@@ -313,15 +398,26 @@ pub async fn run_once(
         MetricsHandle::spawn()
     };
     let engine_metrics = metrics.clone();
-    let mut engine_task = load.spawn(engine::replay(
+    let progress = Arc::new(engine::Progress::default());
+    let mut engine_task = load.spawn(engine::replay(engine::EngineRun {
         config,
-        client_http,
-        items_rx,
+        client: client_http,
+        items: items_rx,
         start,
-        engine_metrics,
-        abort_rx,
+        metrics: engine_metrics,
+        abort: abort_rx,
         open_ended,
-    ));
+        progress: progress.clone(),
+    }));
+    options.health.set(2);
+    let mut started_sent = false;
+    let live_totals = |progress: &engine::Progress| SliceTotals {
+        issued: progress.issued.load(std::sync::atomic::Ordering::Relaxed),
+        not_started: progress
+            .not_started
+            .load(std::sync::atomic::Ordering::Relaxed),
+        lost: 0,
+    };
 
     let mut seq = 0u64;
     let mut ticker = tokio::time::interval(options.report_interval);
@@ -333,11 +429,18 @@ pub async fn run_once(
                 break finished.unwrap_or_default();
             }
             _ = ticker.tick() => {
+                if !started_sent {
+                    let started = progress.started_unix_ns.load(std::sync::atomic::Ordering::Relaxed);
+                    if started > 0 {
+                        started_sent = true;
+                        let _ = out_tx.try_send(send(v1::worker_message::Msg::Started(v1::Started { unix_ns: started })));
+                    }
+                }
                 let snapshot = metrics.snapshot().await;
                 seq += 1;
-                let report = report_from_metrics(seq, false, &snapshot.metrics, SliceTotals::default(), &snapshot.status_codes, cpu_seconds());
+                let report = report_from_metrics(seq, false, &snapshot.metrics, live_totals(&progress), &snapshot.status_codes, cpu_seconds());
                 if out_tx.send(send(v1::worker_message::Msg::Report(report))).await.is_err() {
-                    failure.get_or_insert(LinkError::CoordinatorLost("report stream closed".into()));
+                    failure.get_or_insert(coordinator_lost("its report stream closed"));
                     let _ = abort_tx.send(true);
                 }
                 let _ = out_tx.try_send(send(v1::worker_message::Msg::Heartbeat(v1::Heartbeat { unix_ns: unix_ns() })));
@@ -352,23 +455,42 @@ pub async fn run_once(
                     failure = Some(LinkError::Aborted(abort.reason));
                     let _ = abort_tx.send(true);
                 }
+                Ok(Some(v1::CoordinatorMessage { msg: Some(v1::coordinator_message::Msg::ClockPing(ping)) })) => {
+                    last_heard = Instant::now();
+                    let received = unix_ns();
+                    let _ = out_tx.try_send(send(v1::worker_message::Msg::ClockPong(v1::ClockPong {
+                        seq: ping.seq,
+                        coordinator_send_unix_ns: ping.coordinator_send_unix_ns,
+                        worker_receive_unix_ns: received,
+                        worker_send_unix_ns: unix_ns(),
+                    })));
+                }
                 Ok(Some(_)) => last_heard = Instant::now(),
                 Ok(None) => {
-                    failure = Some(LinkError::CoordinatorLost("stream ended".into()));
+                    failure = Some(coordinator_lost("its stream ended"));
                     let _ = abort_tx.send(true);
                 }
                 Err(status) => {
-                    failure = Some(LinkError::CoordinatorLost(status.message().to_owned()));
+                    failure = Some(coordinator_lost(status.message()));
                     let _ = abort_tx.send(true);
                 }
             },
             _ = tokio::time::sleep_until((last_heard + options.heartbeat_timeout).into()), if failure.is_none() => {
-                failure = Some(LinkError::CoordinatorLost(format!("no message for {:?}", options.heartbeat_timeout)));
+                failure = Some(coordinator_lost(&format!("no message for {:?}", options.heartbeat_timeout)));
                 let _ = abort_tx.send(true);
             }
         }
     };
 
+    options.health.set(3);
+    let started = progress
+        .started_unix_ns
+        .load(std::sync::atomic::Ordering::Relaxed);
+    if !started_sent && started > 0 {
+        let _ = out_tx.try_send(send(v1::worker_message::Msg::Started(v1::Started {
+            unix_ns: started,
+        })));
+    }
     let snapshot = metrics.snapshot().await;
     seq += 1;
     let report = report_from_metrics(
@@ -395,7 +517,7 @@ pub async fn run_once(
     out_tx
         .send(send(v1::worker_message::Msg::Report(report)))
         .await
-        .map_err(|_| LinkError::CoordinatorLost("report stream closed".into()))?;
+        .map_err(|_| coordinator_lost("its report stream closed"))?;
     // Wait for the coordinator's Finish (or the end of the stream) so the report is delivered.
     let wait = async {
         loop {

@@ -31,10 +31,14 @@ pub(crate) enum Ending {
     Abort(Duration),
 }
 
-/// The body error that makes hyper abort the connection (only ever an injected drop).
+/// The body errors; either makes hyper abort the stream without its proper end.
 #[derive(Debug, thiserror::Error)]
-#[error("connection dropped on purpose (fault injection)")]
-pub(crate) struct InjectedDrop;
+pub(crate) enum BodyError {
+    #[error("connection dropped on purpose (fault injection)")]
+    InjectedDrop,
+    #[error("the mock is shutting down")]
+    ShuttingDown,
+}
 
 /// A response body that writes each frame as its own chunk at `start + offset`.
 pub(crate) struct TimedBody {
@@ -124,12 +128,12 @@ impl TimedBody {
 
 impl Body for TimedBody {
     type Data = Bytes;
-    type Error = InjectedDrop;
+    type Error = BodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, InjectedDrop>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.get_mut();
         let Some(deadline) = this.next_deadline() else {
             this._permit = None;
@@ -140,7 +144,10 @@ impl Body for TimedBody {
         {
             // Register once per deadline; a spurious poll before it just waits again.
             if this.registered_for != Some(deadline) {
-                pacer.wake_at(deadline, cx.waker().clone());
+                if !pacer.wake_at(deadline, cx.waker().clone()) {
+                    this._permit = None;
+                    return Poll::Ready(Some(Err(BodyError::ShuttingDown)));
+                }
                 this.registered_for = Some(deadline);
             }
             return Poll::Pending;
@@ -154,7 +161,7 @@ impl Body for TimedBody {
             }
             None => {
                 this._permit = None;
-                Poll::Ready(Some(Err(InjectedDrop)))
+                Poll::Ready(Some(Err(BodyError::InjectedDrop)))
             }
         }
     }

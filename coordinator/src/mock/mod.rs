@@ -50,6 +50,9 @@ pub const EXCHANGE_HEADER: &str = "x-llm-replay-exchange";
 /// Largest request body the mock reads; bigger ones get 413.
 const MAX_REQUEST_BODY: usize = 32 * 1024 * 1024;
 
+/// Largest `--tokens`: a stream is encoded whole when its request arrives (~300 bytes a token).
+pub const MAX_TOKENS_FLAG: u64 = 1_000_000;
+
 /// How long in-flight responses may continue after the shutdown signal.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 
@@ -58,7 +61,9 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 pub enum UsageMode {
     /// Always send usage.
     On,
-    /// Never send usage where the family allows it (see `common::formats::encode`).
+    /// No usage where clients tolerate its absence: OpenAI no usage chunk, Responses
+    /// `usage: null`, Ollama no counts, Bedrock no usage/invocation metrics; Anthropic keeps it
+    /// (its SDK requires it).
     Off,
     /// OpenAI chat/completions: only when `stream_options.include_usage` is true; other
     /// families always.
@@ -77,8 +82,8 @@ pub struct MockArgs {
     /// Inter-token latency, e.g. 10ms.
     #[arg(long, default_value = "10ms", value_parser = parse_duration)]
     pub itl: Duration,
-    /// Tokens per response (default: the request's max tokens, else 16).
-    #[arg(long)]
+    /// Tokens per response (default: the request's max tokens, else 16; at most 1,000,000).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(..=MAX_TOKENS_FLAG))]
     pub tokens: Option<u64>,
     /// Extra time to first token per input token (input tokens ≈ prompt characters / 4).
     #[arg(long, default_value = "0", value_parser = parse_duration)]

@@ -112,14 +112,14 @@ impl Shared {
 }
 
 impl Pacer {
-    /// Wake `waker` at `at` (or at once if `at` has passed).
-    pub(crate) fn wake_at(&self, at: Instant, waker: Waker) {
+    /// Wake `waker` at `at`. Returns `false` (and registers nothing) once the pacer has
+    /// stopped: the caller must then end its stream instead of waiting for a wake-up that
+    /// will never come.
+    #[must_use]
+    pub(crate) fn wake_at(&self, at: Instant, waker: Waker) -> bool {
         let mut state = self.shared.lock();
         if state.stop {
-            // Shutting down: nothing will poll again for long; wake now so no task hangs.
-            drop(state);
-            waker.wake();
-            return;
+            return false;
         }
         let earliest = state.due.peek().is_none_or(|Reverse(e)| at < e.at);
         let seq = state.next_seq;
@@ -129,6 +129,7 @@ impl Pacer {
         if earliest {
             self.shared.changed.notify_one();
         }
+        true
     }
 }
 
@@ -137,7 +138,8 @@ fn run(shared: &Shared) {
     let mut state = shared.lock();
     loop {
         if state.stop {
-            // Wake everything left so no task waits on a thread that is gone.
+            // Wake everything left: each body then finds the pacer stopped and ends its stream
+            // (HTTP/2 streams run in tasks of their own, outside the connection tasks).
             ready.extend(state.due.drain().map(|Reverse(e)| e.waker));
             drop(state);
             ready.drain(..).for_each(Waker::wake);
@@ -194,7 +196,7 @@ mod tests {
                     if Instant::now() >= at {
                         std::task::Poll::Ready(())
                     } else {
-                        pacer.wake_at(at, cx.waker().clone());
+                        assert!(pacer.wake_at(at, cx.waker().clone()));
                         std::task::Poll::Pending
                     }
                 })
@@ -208,5 +210,7 @@ mod tests {
         assert_eq!(*order.lock().expect("lock"), [1, 2, 0]);
         thread.stop();
         assert!(thread.thread.is_none());
+        let waker = std::task::Waker::noop().clone();
+        assert!(!pacer.wake_at(Instant::now(), waker), "refuses after stop");
     }
 }

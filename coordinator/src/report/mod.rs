@@ -81,6 +81,9 @@ pub struct RunInfo {
     pub target: String,
     /// Free-form description of the load model (`{"schedule":"recorded","speed":2}`).
     pub load: serde_json::Value,
+    /// Largest difference between the workers' actual start instants (ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_skew_ms: Option<f64>,
     /// The workers that took part.
     pub workers: Vec<WorkerInfo>,
 }
@@ -113,6 +116,15 @@ pub struct WorkerInfo {
     /// CPU time the worker process used (seconds), when it reported it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_seconds: Option<f64>,
+    /// Half the best clock-sync round trip: the offset is known to ± this (ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock_uncertainty_ms: Option<f64>,
+    /// This worker's own schedule-lag p99 (ms): high means the client could not keep up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule_lag_p99_ms: Option<f64>,
+    /// CPU use of the worker process, percent of its cores over the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_pct: Option<f64>,
 }
 
 /// What the coordinator knows about requests that [`RunMetrics`] cannot: requests that never

@@ -77,6 +77,7 @@ fn run_info() -> RunInfo {
         duration_s: 4.5,
         target: "http://127.0.0.1:8080".to_string(),
         load: serde_json::json!({"schedule": "recorded", "speed": 1.0}),
+        start_skew_ms: None,
         workers: vec![
             WorkerInfo {
                 id: "w1".to_string(),
@@ -89,6 +90,9 @@ fn run_info() -> RunInfo {
                 version: None,
                 peak_rss_mb: None,
                 cpu_seconds: None,
+                clock_uncertainty_ms: None,
+                schedule_lag_p99_ms: None,
+                cpu_pct: None,
             },
             WorkerInfo {
                 id: "w2".to_string(),
@@ -101,6 +105,9 @@ fn run_info() -> RunInfo {
                 version: Some("0.1.0".to_string()),
                 peak_rss_mb: None,
                 cpu_seconds: None,
+                clock_uncertainty_ms: None,
+                schedule_lag_p99_ms: None,
+                cpu_pct: None,
             },
         ],
     }

@@ -1,0 +1,477 @@
+//! Acceptance of the distributed shape: a coordinator and worker processes on loopback over
+//! real gRPC — exact merge, worker loss (fail and reassign), coordinator loss, tokens, mutual
+//! TLS, and start skew.
+
+use std::time::{Duration, Instant};
+
+use fixtures::{
+    MockServer, Spawned, TempDir, bin, coordinator, eventually, llm_replay, num, request_log,
+    worker, write_chat_recording,
+};
+
+fn recording(dir: &TempDir, n: usize, tokens: u32) -> String {
+    let path = dir.join("rec.jsonl");
+    write_chat_recording(&path, n, tokens, None);
+    path.to_str().expect("utf-8 path").to_owned()
+}
+
+/// 4 workers and 1 worker replay the same 2,000 exchanges against the same mock: merged TTFT
+/// and ITL p50/p95 agree within 2 %, and every exchange is accounted for.
+#[test]
+fn four_workers_merge_like_one() {
+    let mock = MockServer::start(&["--ttft", "100ms", "--itl", "5ms", "--tokens", "10"]);
+    let dir = TempDir::new("merge");
+    let rec = recording(&dir, 2000, 10);
+    let mut reports = Vec::new();
+    for workers in ["1", "4"] {
+        let path = dir.join(&format!("report-{workers}.json"));
+        let out = llm_replay(
+            &[
+                "run",
+                &rec,
+                "--target",
+                &mock.url,
+                "--concurrency",
+                "32",
+                "--workers",
+                workers,
+            ],
+            Some(&path),
+        );
+        assert_eq!(
+            out.code, 0,
+            "stdout:\n{}\nstderr:\n{}",
+            out.stdout, out.stderr
+        );
+        let report = out.report.expect("report JSON");
+        assert_eq!(num(&report, &["requests", "total"]), 2000.0);
+        assert_eq!(num(&report, &["requests", "succeeded"]), 2000.0);
+        let workers_listed = report["run"]["workers"].as_array().expect("workers").len();
+        assert_eq!(workers_listed.to_string(), workers);
+        let assigned: f64 = report["run"]["workers"]
+            .as_array()
+            .expect("workers")
+            .iter()
+            .map(|w| num(w, &["assigned"]))
+            .sum();
+        assert_eq!(assigned, 2000.0);
+        reports.push(report);
+    }
+    for metric in ["ttft_ms", "itl_ms"] {
+        for stat in ["p50", "p95"] {
+            let one = num(&reports[0], &["llm", metric, stat]);
+            let four = num(&reports[1], &["llm", metric, stat]);
+            let diff = (four - one).abs() / one * 100.0;
+            eprintln!("{metric}.{stat}: 1 worker {one:.3}, 4 workers {four:.3} ({diff:.2} %)");
+            assert!(
+                diff <= 2.0,
+                "{metric}.{stat}: 1 worker {one}, 4 workers {four}"
+            );
+        }
+    }
+}
+
+struct LossRun {
+    coordinator: Spawned,
+    workers: Vec<Spawned>,
+    mock_log: std::path::PathBuf,
+    report: std::path::PathBuf,
+    _mock: MockServer,
+    _dir: TempDir,
+}
+
+/// 4 remote workers replay 400 exchanges (each ~0.5 s) at concurrency 16; once requests are
+/// flowing, worker 2 is SIGKILLed.
+fn run_and_kill_a_worker(policy: &str) -> LossRun {
+    let dir = TempDir::new("loss");
+    let mock_log = dir.join("requests.jsonl");
+    let mock = MockServer::start(&[
+        "--ttft",
+        "50ms",
+        "--itl",
+        "5ms",
+        "--tokens",
+        "80",
+        "--request-log",
+        mock_log.to_str().expect("utf-8 path"),
+    ]);
+    let rec = recording(&dir, 400, 80);
+    let report = dir.join("report.json");
+    let (coordinator, addr) = coordinator(
+        &[
+            &rec,
+            "--target",
+            &mock.url,
+            "--concurrency",
+            "16",
+            "--tag-requests",
+            "--on-worker-loss",
+            policy,
+            "--heartbeat-timeout",
+            "2",
+            "--report-json",
+            report.to_str().expect("utf-8 path"),
+        ],
+        4,
+        &[],
+    );
+    let mut workers: Vec<Spawned> = (0..4)
+        .map(|i| worker(&addr, &format!("w{i}"), &["--heartbeat-timeout", "2"], &[]))
+        .collect();
+    assert!(
+        eventually(Duration::from_secs(20), || request_log(&mock_log).len()
+            >= 40),
+        "requests never flowed: {}",
+        coordinator.stderr()
+    );
+    workers[2].kill();
+    LossRun {
+        coordinator,
+        workers,
+        mock_log,
+        report,
+        _mock: mock,
+        _dir: dir,
+    }
+}
+
+fn identity_holds(report: &serde_json::Value) {
+    let r = |k: &str| num(report, &["requests", k]);
+    assert_eq!(
+        r("total"),
+        r("succeeded") + r("failed") + r("ended_early") + r("lost") + r("not_started"),
+        "{report:#}"
+    );
+    assert_eq!(r("total"), 400.0, "{report:#}");
+}
+
+#[test]
+fn worker_loss_with_fail_aborts_with_partial_report() {
+    let mut run = run_and_kill_a_worker("fail");
+    let killed = Instant::now();
+    let code = run.coordinator.wait_timeout(Duration::from_secs(10));
+    assert_eq!(code, Some(3), "stderr:\n{}", run.coordinator.stderr());
+    assert!(killed.elapsed() < Duration::from_secs(10));
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&run.report).expect("partial report"))
+            .expect("JSON");
+    identity_holds(&report);
+    assert!(num(&report, &["requests", "lost"]) + num(&report, &["requests", "not_started"]) > 0.0);
+    let lost_worker = report["run"]["workers"]
+        .as_array()
+        .expect("workers")
+        .iter()
+        .find(|w| w["id"] == "w2")
+        .expect("the lost worker is listed");
+    assert_eq!(lost_worker["disconnected"], true);
+    for (i, w) in run.workers.iter_mut().enumerate() {
+        if i != 2 {
+            assert!(
+                w.wait_timeout(Duration::from_secs(10)).is_some(),
+                "worker {i} exited"
+            );
+        }
+    }
+}
+
+#[test]
+fn worker_loss_with_reassign_replays_everything() {
+    let mut run = run_and_kill_a_worker("reassign");
+    let code = run.coordinator.wait_timeout(Duration::from_secs(60));
+    assert_eq!(code, Some(0), "stderr:\n{}", run.coordinator.stderr());
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&run.report).expect("report")).expect("JSON");
+    identity_holds(&report);
+    assert_eq!(
+        num(&report, &["requests", "not_started"]),
+        0.0,
+        "{report:#}"
+    );
+    // Every exchange reached the server at least once: the dead worker's unstarted ones were
+    // replayed by the others.
+    let seen: std::collections::BTreeSet<u64> = request_log(&run.mock_log)
+        .into_iter()
+        .filter_map(|(_, exchange)| exchange)
+        .collect();
+    let missing: Vec<u64> = (0..400).filter(|i| !seen.contains(i)).collect();
+    assert!(missing.is_empty(), "never replayed: {missing:?}");
+    assert!(
+        report["warnings"].to_string().contains("reassigned"),
+        "{}",
+        report["warnings"]
+    );
+}
+
+#[test]
+fn coordinator_loss_stops_every_worker() {
+    let dir = TempDir::new("coordloss");
+    let mock_log = dir.join("requests.jsonl");
+    let mock = MockServer::start(&[
+        "--ttft",
+        "50ms",
+        "--itl",
+        "5ms",
+        "--tokens",
+        "80",
+        "--request-log",
+        mock_log.to_str().expect("utf-8 path"),
+    ]);
+    let rec = recording(&dir, 400, 80);
+    let (mut coordinator, addr) = coordinator(
+        &[&rec, "--target", &mock.url, "--concurrency", "16"],
+        4,
+        &[],
+    );
+    let mut workers: Vec<Spawned> = (0..4)
+        .map(|i| worker(&addr, &format!("w{i}"), &["--heartbeat-timeout", "2"], &[]))
+        .collect();
+    assert!(eventually(Duration::from_secs(20), || request_log(
+        &mock_log
+    )
+    .len()
+        >= 40));
+    coordinator.kill();
+    let killed = Instant::now();
+    for (i, w) in workers.iter_mut().enumerate() {
+        let code = w.wait_timeout(Duration::from_secs(10));
+        assert!(killed.elapsed() < Duration::from_secs(10));
+        assert!(
+            matches!(code, Some(c) if c != 0),
+            "worker {i} exit {code:?}: {}",
+            w.stderr()
+        );
+        let stderr = w.stderr();
+        assert!(stderr.contains("coordinator went away"), "{stderr}");
+    }
+    // No request arrived after the last worker noticed (1 ms of loopback transit allowed).
+    let noticed: Vec<f64> = workers
+        .iter()
+        .filter_map(|w| {
+            let stderr = w.stderr();
+            let at = stderr.split("noticed at unix ms ").nth(1)?;
+            at.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+        })
+        .collect();
+    assert_eq!(noticed.len(), 4);
+    let latest_notice = noticed.iter().copied().fold(0.0, f64::max);
+    let last_request = request_log(&mock_log)
+        .iter()
+        .map(|(t, _)| *t)
+        .fold(0.0, f64::max);
+    assert!(
+        last_request <= latest_notice + 1.0,
+        "a request arrived at {last_request} after the workers noticed at {noticed:?}"
+    );
+}
+
+#[test]
+fn wrong_token_is_refused() {
+    let mock = MockServer::start(&["--ttft", "5ms", "--itl", "1ms", "--tokens", "5"]);
+    let dir = TempDir::new("token");
+    let rec = recording(&dir, 10, 5);
+    let (_coordinator, addr) = coordinator(
+        &[
+            &rec,
+            "--target",
+            &mock.url,
+            "--concurrency",
+            "2",
+            "--token",
+            "right-token",
+        ],
+        1,
+        &[],
+    );
+    let mut intruder = worker(&addr, "intruder", &["--token", "wrong-token"], &[]);
+    let code = intruder.wait_timeout(Duration::from_secs(15));
+    assert!(matches!(code, Some(c) if c != 0), "exit {code:?}");
+    let stderr = intruder.stderr();
+    assert!(
+        stderr.contains("refused") && stderr.contains("token"),
+        "{stderr}"
+    );
+}
+
+fn openssl(dir: &TempDir, args: &[&str]) {
+    let status = std::process::Command::new("openssl")
+        .current_dir(dir.path())
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("openssl runs");
+    assert!(status.success(), "openssl {args:?}");
+}
+
+/// A throwaway CA, a server certificate for 127.0.0.1 and a client certificate.
+fn throwaway_pki(dir: &TempDir) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=llm-replay test CA",
+        ],
+    );
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .expect("write ext");
+    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").expect("write ext");
+    for (name, ext) in [("server", "server.ext"), ("client", "client.ext")] {
+        openssl(
+            dir,
+            &[
+                "req",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                &format!("{name}.key"),
+                "-out",
+                &format!("{name}.csr"),
+                "-subj",
+                &format!("/CN={name}"),
+            ],
+        );
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &format!("{name}.pem"),
+                "-days",
+                "1",
+                "-extfile",
+                ext,
+            ],
+        );
+    }
+}
+
+#[test]
+fn mutual_tls_admits_only_certified_workers() {
+    let mock = MockServer::start(&["--ttft", "5ms", "--itl", "1ms", "--tokens", "5"]);
+    let dir = TempDir::new("mtls");
+    throwaway_pki(&dir);
+    let p = |name: &str| dir.join(name).to_str().expect("utf-8 path").to_owned();
+    let rec = recording(&dir, 20, 5);
+    let report = p("report.json");
+    let (mut coordinator, addr) = coordinator(
+        &[
+            &rec,
+            "--target",
+            &mock.url,
+            "--concurrency",
+            "2",
+            "--tls-cert",
+            &p("server.pem"),
+            "--tls-key",
+            &p("server.key"),
+            "--tls-ca",
+            &p("ca.pem"),
+            "--report-json",
+            &report,
+        ],
+        1,
+        &[],
+    );
+    // Without a client certificate the handshake fails: the worker cannot join.
+    let mut stranger = worker(
+        &addr,
+        "stranger",
+        &["--tls-ca", &p("ca.pem"), "--connect-patience", "2"],
+        &[],
+    );
+    let code = stranger.wait_timeout(Duration::from_secs(20));
+    assert!(
+        matches!(code, Some(c) if c != 0),
+        "exit {code:?}: {}",
+        stranger.stderr()
+    );
+    // With one signed by the CA it joins and the run completes.
+    let mut member = worker(
+        &addr,
+        "member",
+        &[
+            "--tls-ca",
+            &p("ca.pem"),
+            "--tls-cert",
+            &p("client.pem"),
+            "--tls-key",
+            &p("client.key"),
+        ],
+        &[],
+    );
+    assert_eq!(
+        member.wait_timeout(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        member.stderr()
+    );
+    assert_eq!(
+        coordinator.wait_timeout(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        coordinator.stderr()
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).expect("report")).expect("JSON");
+    assert_eq!(num(&report, &["requests", "succeeded"]), 20.0);
+}
+
+#[test]
+fn recorded_schedule_starts_four_workers_together() {
+    let mock = MockServer::start(&["--ttft", "5ms", "--itl", "1ms", "--tokens", "5"]);
+    let dir = TempDir::new("skew");
+    let path = dir.join("rec.jsonl");
+    write_chat_recording(&path, 200, 5, Some(10.0));
+    let report_path = dir.join("report.json");
+    let out = llm_replay(
+        &[
+            "run",
+            path.to_str().expect("utf-8 path"),
+            "--target",
+            &mock.url,
+            "--workers",
+            "4",
+        ],
+        Some(&report_path),
+    );
+    assert_eq!(
+        out.code, 0,
+        "stdout:\n{}\nstderr:\n{}",
+        out.stdout, out.stderr
+    );
+    let report = out.report.expect("report JSON");
+    let skew = num(&report, &["run", "start_skew_ms"]);
+    eprintln!("start skew across 4 workers: {skew:.3} ms");
+    assert!(skew < 2.0, "start skew {skew} ms");
+    for w in report["run"]["workers"].as_array().expect("workers") {
+        assert!(num(w, &["clock_uncertainty_ms"]) < 5.0);
+    }
+    let _ = bin("llm-replay-worker");
+}
