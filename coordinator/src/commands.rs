@@ -85,7 +85,7 @@ pub async fn run_command(args: RunArgs) -> ExitCode {
     // With no target, an embedded mock serves the recorded streams at their recorded timing.
     let (target, embedded) = match &config.target {
         Some(target) => (target.clone(), None),
-        None => match crate::embedded::start_embedded(&config.recording).await {
+        None => match crate::embedded::start_embedded(&config.recording) {
             Ok(mock) => (mock.url.clone(), Some(mock)),
             Err(error) => return fail(exit::RUN_FAILED, format!("embedded mock: {error:#}")),
         },

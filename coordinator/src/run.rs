@@ -549,7 +549,8 @@ async fn collect(
     }
 
     let planned = plan.planned_total();
-    let progress_on = std::io::stderr().is_terminal();
+    // Live progress only for a person watching: quiet when output goes to a file or CI.
+    let progress_on = std::io::stdout().is_terminal() && std::io::stderr().is_terminal();
     let mut aborted = false;
     let mut warnings = Vec::new();
     let mut ticker = tokio::time::interval(Duration::from_millis(500));

@@ -475,3 +475,50 @@ fn recorded_schedule_starts_four_workers_together() {
     }
     let _ = bin("llm-replay-worker");
 }
+
+#[test]
+fn late_worker_is_refused_and_health_port_answers() {
+    let mock = MockServer::start(&["--ttft", "100ms", "--itl", "5ms", "--tokens", "10"]);
+    let dir = TempDir::new("late");
+    let rec = recording(&dir, 20, 10);
+    let (mut coordinator, addr) =
+        coordinator(&[&rec, "--target", &mock.url, "--concurrency", "1"], 1, &[]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let port_arg = port.to_string();
+    let mut member = worker(&addr, "member", &["--health-port", &port_arg], &[]);
+    assert!(eventually(Duration::from_secs(20), || member
+        .stdout()
+        .contains("ready")));
+    // The health port answers with the worker's phase.
+    let mut health = String::new();
+    assert!(eventually(Duration::from_secs(5), || {
+        use std::io::{Read, Write};
+        let Ok(mut socket) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+            return false;
+        };
+        let _ = socket.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n");
+        health.clear();
+        let _ = socket.read_to_string(&mut health);
+        health.contains("200 OK")
+    }));
+    assert!(health.contains("\"phase\""), "{health}");
+    // The run has its one worker: a latecomer is refused, and says why.
+    let mut late = worker(&addr, "late", &[], &[]);
+    let code = late.wait_timeout(Duration::from_secs(15));
+    assert!(matches!(code, Some(c) if c != 0), "exit {code:?}");
+    assert!(
+        late.stderr().contains("cannot join a running run"),
+        "{}",
+        late.stderr()
+    );
+    assert_eq!(
+        member.wait_timeout(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        member.stderr()
+    );
+    assert_eq!(coordinator.wait_timeout(Duration::from_secs(30)), Some(0));
+}

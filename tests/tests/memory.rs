@@ -32,6 +32,7 @@ fn hundred_thousand_exchanges_stay_under_200_mb() {
     let workers = report["run"]["workers"].as_array().expect("workers");
     for worker in workers {
         let peak_mb = num(worker, &["peak_rss_mb"]);
+        eprintln!("worker peak RSS over 100,000 exchanges: {peak_mb:.1} MB");
         assert!(
             peak_mb > 1.0 && peak_mb < 200.0,
             "worker peak RSS {peak_mb} MB"

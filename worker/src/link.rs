@@ -325,7 +325,8 @@ pub async fn run_once(
         .map_err(|status| LinkError::Protocol(format!("slice stream: {}", status.message())))?
         .into_inner();
     let (items_tx, items_rx) = mpsc::channel::<WorkItem>(2048);
-    let (slice_error_tx, mut slice_error_rx) = mpsc::channel::<String>(1);
+    // (transport broke?, what happened)
+    let (slice_error_tx, mut slice_error_rx) = mpsc::channel::<(bool, String)>(1);
     load.spawn(async move {
         loop {
             match slice.message().await {
@@ -338,7 +339,7 @@ pub async fn run_once(
                             },
                             Err(error) => {
                                 let _ = slice_error_tx
-                                    .send(format!("exchange {}: {error}", exchange.index))
+                                    .send((false, format!("exchange {}: {error}", exchange.index)))
                                     .await;
                                 return;
                             }
@@ -353,7 +354,9 @@ pub async fn run_once(
                 }
                 Ok(None) => return,
                 Err(status) => {
-                    let _ = slice_error_tx.send(status.message().to_owned()).await;
+                    let _ = slice_error_tx
+                        .send((true, status.message().to_owned()))
+                        .await;
                     return;
                 }
             }
@@ -445,8 +448,12 @@ pub async fn run_once(
                 }
                 let _ = out_tx.try_send(send(v1::worker_message::Msg::Heartbeat(v1::Heartbeat { unix_ns: unix_ns() })));
             }
-            Some(reason) = slice_error_rx.recv() => {
-                failure.get_or_insert(LinkError::Protocol(format!("slice: {reason}")));
+            Some((transport, reason)) = slice_error_rx.recv() => {
+                failure.get_or_insert(if transport {
+                    coordinator_lost(&format!("its slice stream broke: {reason}"))
+                } else {
+                    LinkError::Protocol(format!("slice: {reason}"))
+                });
                 let _ = abort_tx.send(true);
             }
             message = inbound.message(), if failure.is_none() => match message {
