@@ -3,14 +3,18 @@
 //!
 //! Only this crate renders reports and talks to the user.
 
+pub mod capture;
 pub mod commands;
 pub mod config;
 pub mod duration;
 pub mod embedded;
+pub mod export;
 pub mod goals;
+pub mod import;
 pub mod mock;
 pub mod report;
 pub mod run;
 pub mod scan;
 pub mod server;
 pub mod shard;
+pub mod stats;

@@ -25,6 +25,14 @@ enum Command {
     Mock(coordinator::mock::MockArgs),
     /// Re-render a saved JSON report, or compare it with another.
     Report(coordinator::commands::ReportArgs),
+    /// Recording reverse proxy: forwards to --upstream, streams back, records frame timing.
+    Record(coordinator::capture::RecordArgs),
+    /// Import recordings and traces from other tools into a recording.
+    Import(coordinator::import::ImportArgs),
+    /// Export a recording for another tool (AIPerf mooncake_trace).
+    Export(coordinator::export::ExportArgs),
+    /// Inspect a recording (`recording stats FILE`).
+    Recording(coordinator::stats::RecordingArgs),
 }
 
 fn init_tracing() {
@@ -61,6 +69,13 @@ fn main() -> ExitCode {
         // The worker builds its own runtimes (load and link apart).
         Command::Worker(args) => worker::cli::run(args),
         Command::Report(args) => coordinator::commands::report_command(args),
+        Command::Import(args) => coordinator::import::import_command(args),
+        Command::Export(args) => coordinator::export::export_command(args),
+        Command::Recording(args) => coordinator::stats::recording_command(args),
+        Command::Record(args) => match runtime() {
+            Ok(runtime) => runtime.block_on(coordinator::capture::record_command(args)),
+            Err(code) => code,
+        },
         Command::Run(args) => match runtime() {
             Ok(runtime) => runtime.block_on(coordinator::commands::run_command(*args)),
             Err(code) => code,

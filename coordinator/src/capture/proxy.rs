@@ -1,0 +1,493 @@
+//! The recording reverse proxy: forwards each request to the upstream and streams the
+//! response back read by read, stamping every read as it returns from the upstream (before it
+//! is handed on) and, when the stream ends or is cut, handing one whole exchange to the
+//! writer.
+//!
+//! Nothing is buffered on the response path: [`RecordingBody`] wraps the upstream body and
+//! yields each frame as soon as it arrives, keeping a cheap reference-counted copy of the
+//! bytes. Completeness (the family's terminal marker) is worked out once the stream is over,
+//! off the per-frame path.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use common::recording::{Exchange, Frame, Request, Response};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::{StatusCode, Uri};
+use http_body::{Body, Frame as BodyFrame, SizeHint};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use serde_json::{Map, json};
+
+use super::complete::CompletionTracker;
+use super::writer::WriterHandle;
+
+/// The largest request body the proxy accepts (LLM requests are far smaller).
+pub const MAX_REQUEST_BODY: usize = 64 << 20;
+
+/// Connection-level headers that are not forwarded in either direction.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// The upstream: scheme and authority, and a path prefix put before every request's path.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    pub scheme: http::uri::Scheme,
+    pub authority: http::uri::Authority,
+    pub base_path: String,
+}
+
+impl Upstream {
+    /// Parse `http(s)://host[:port][/prefix]`.
+    pub fn parse(url: &str) -> Result<Upstream, String> {
+        let uri: Uri = url
+            .parse()
+            .map_err(|e| format!("--upstream {url:?}: not a URL: {e}"))?;
+        let scheme = uri
+            .scheme()
+            .cloned()
+            .ok_or_else(|| format!("--upstream {url:?}: expected http:// or https://"))?;
+        if scheme != http::uri::Scheme::HTTP && scheme != http::uri::Scheme::HTTPS {
+            return Err(format!("--upstream {url:?}: expected http:// or https://"));
+        }
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| format!("--upstream {url:?}: no host"))?;
+        Ok(Upstream {
+            scheme,
+            authority,
+            base_path: uri.path().trim_end_matches('/').to_owned(),
+        })
+    }
+
+    fn uri_for(&self, path_and_query: &str) -> Result<Uri, http::Error> {
+        Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(format!("{}{}", self.base_path, path_and_query))
+            .build()
+    }
+}
+
+/// The HTTP client to the upstream: HTTP/1.1 or HTTP/2 (ALPN over TLS; prior knowledge with
+/// `--upstream-h2c`), rustls with the webpki roots.
+pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// A problem setting up TLS to the upstream.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsSetupError {
+    #[error("--upstream-ca {path}: {message}")]
+    Ca { path: String, message: String },
+    #[error("TLS setup: {0}")]
+    Rustls(#[from] rustls::Error),
+}
+
+/// Build the upstream client. TLS trusts the Mozilla roots (webpki-roots) plus the PEM
+/// certificates in `extra_ca` (`--upstream-ca`, for private CAs and tests).
+pub fn upstream_client(
+    h2c: bool,
+    extra_ca: Option<&std::path::Path>,
+) -> Result<UpstreamClient, TlsSetupError> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+
+    let mut roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    };
+    if let Some(path) = extra_ca {
+        let ca_error = |message: String| TlsSetupError::Ca {
+            path: path.display().to_string(),
+            message,
+        };
+        let certificates = CertificateDer::pem_file_iter(path)
+            .map_err(|e| ca_error(e.to_string()))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ca_error(e.to_string()))?;
+        if certificates.is_empty() {
+            return Err(ca_error("no PEM certificate in the file".to_owned()));
+        }
+        for certificate in certificates {
+            roots
+                .add(certificate)
+                .map_err(|e| ca_error(e.to_string()))?;
+        }
+    }
+    let tls = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_all_versions()
+        .wrap_connector(http);
+    let mut builder = Client::builder(hyper_util::rt::TokioExecutor::new());
+    builder.http2_only(h2c);
+    Ok(builder.build(https))
+}
+
+/// State shared by every request of one proxy.
+pub struct ProxyState {
+    pub upstream: Upstream,
+    pub client: UpstreamClient,
+    pub writer: WriterHandle,
+    /// Header whose value becomes the exchange's `session` (`--session-header`).
+    pub session_header: Option<HeaderName>,
+    /// Zero of `at_ms`: the first request's arrival.
+    pub first_arrival: std::sync::OnceLock<Instant>,
+    /// Exchanges started and not yet handed to the writer.
+    pub in_flight: AtomicU64,
+    pub next_id: AtomicU64,
+}
+
+/// The response body handed to the client.
+pub type ProxyBody = http_body_util::Either<RecordingBody, Full<Bytes>>;
+
+/// Handle one request: forward, and stream the response back while recording it.
+pub async fn handle(
+    state: Arc<ProxyState>,
+    request: http::Request<Incoming>,
+) -> Result<http::Response<ProxyBody>, Infallible> {
+    let arrival = Instant::now();
+    let zero = *state.first_arrival.get_or_init(|| arrival);
+    let (parts, body) = request.into_parts();
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
+    let body = match Limited::new(body, MAX_REQUEST_BODY).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) => {
+            tracing::warn!(%error, path = %path_and_query, "cannot read the request body");
+            return Ok(plain(
+                StatusCode::BAD_REQUEST,
+                "llm-replay record: cannot read the request body\n",
+            ));
+        }
+    };
+
+    let id = state.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+    let mut recorded = Exchange {
+        id: Some(format!("rec-{id}")),
+        session: state
+            .session_header
+            .as_ref()
+            .and_then(|h| parts.headers.get(h))
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+        at_ms: Some((arrival.duration_since(zero).as_secs_f64() * 1e6).round() / 1000.0),
+        request: Request {
+            method: parts.method.as_str().to_owned(),
+            path: path_and_query.clone(),
+            headers: header_map(&parts.headers, true),
+            body: None,
+            body_b64: None,
+            unknown: Map::new(),
+        },
+        response: None,
+        unknown: Map::new(),
+    };
+    if !body.is_empty() {
+        recorded.request.set_body(&body);
+    }
+
+    let uri = match state.upstream.uri_for(&path_and_query) {
+        Ok(uri) => uri,
+        Err(error) => {
+            return Ok(plain(
+                StatusCode::BAD_REQUEST,
+                &format!("llm-replay record: bad path: {error}\n"),
+            ));
+        }
+    };
+    let mut upstream_request = http::Request::builder()
+        .method(parts.method.clone())
+        .uri(uri)
+        .version(http::Version::HTTP_11);
+    if let Some(headers) = upstream_request.headers_mut() {
+        forward_request_headers(&parts.headers, headers);
+    }
+    let upstream_request = match upstream_request.body(Full::new(body)) {
+        Ok(r) => r,
+        Err(error) => {
+            return Ok(plain(
+                StatusCode::BAD_REQUEST,
+                &format!("llm-replay record: {error}\n"),
+            ));
+        }
+    };
+
+    // From here the exchange is in flight: the guard records it even if the client hangs up
+    // before the upstream answers (hyper then drops this future).
+    let mut guard = InFlight::new(state.clone(), recorded);
+    // t0: just before the request is forwarded.
+    let t0 = Instant::now();
+    let response = match state.client.request(upstream_request).await {
+        Ok(response) => response,
+        Err(error) => {
+            tracing::warn!(%error, upstream = %state.upstream.authority, "upstream request failed");
+            guard.abandon(format!("upstream: {error}"));
+            return Ok(plain(
+                StatusCode::BAD_GATEWAY,
+                "llm-replay record: the upstream could not be reached\n",
+            ));
+        }
+    };
+    let mut recorded = guard.take();
+    let (parts, upstream_body) = response.into_parts();
+    let content_type = parts
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    recorded.response = Some(Response {
+        status: parts.status.as_u16(),
+        headers: header_map(&parts.headers, false),
+        frames: Vec::new(),
+        complete: false,
+        unknown: Map::new(),
+    });
+    let recording = RecordingBody {
+        inner: upstream_body,
+        pending: Some(Pending {
+            exchange: recorded,
+            frames: Vec::new(),
+            t0,
+            content_type,
+            state: state.clone(),
+        }),
+    };
+    let mut response = http::Response::new(http_body_util::Either::Left(recording));
+    *response.status_mut() = parts.status;
+    *response.headers_mut() = forwardable(&parts.headers);
+    Ok(response)
+}
+
+fn plain(status: StatusCode, text: &str) -> http::Response<ProxyBody> {
+    let mut response = http::Response::new(http_body_util::Either::Right(Full::new(
+        Bytes::copy_from_slice(text.as_bytes()),
+    )));
+    *response.status_mut() = status;
+    response
+}
+
+fn is_hop_by_hop(name: &str) -> bool {
+    HOP_BY_HOP.iter().any(|h| h.eq_ignore_ascii_case(name))
+}
+
+/// Headers as recorded (names lower-case, repeated values joined). Credentials are dropped by
+/// the writer; `host` and hop-by-hop headers are not part of the exchange.
+fn header_map(headers: &HeaderMap, request: bool) -> BTreeMap<String, String> {
+    let mut out: BTreeMap<String, String> = BTreeMap::new();
+    for (name, value) in headers {
+        let name = name.as_str();
+        if is_hop_by_hop(name) || (request && (name == "host" || name == "content-length")) {
+            continue;
+        }
+        let Ok(value) = value.to_str() else { continue };
+        out.entry(name.to_owned())
+            .and_modify(|v| {
+                v.push_str(", ");
+                v.push_str(value);
+            })
+            .or_insert_with(|| value.to_owned());
+    }
+    out
+}
+
+/// Client headers to forward: all but hop-by-hop and `host` (set from the upstream URL), with
+/// `accept-encoding: identity` so each read is what the server wrote (a compressed stream
+/// batches frames and hides their timing) — except for SigV4-signed requests, whose signed
+/// headers must reach the server untouched.
+fn forward_request_headers(from: &HeaderMap, to: &mut HeaderMap) {
+    let signed = from.contains_key("x-amz-date")
+        || from
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("AWS4-"));
+    for (name, value) in from {
+        let n = name.as_str();
+        if is_hop_by_hop(n) || n == "host" || n == "content-length" {
+            continue;
+        }
+        if n == "accept-encoding" && !signed {
+            continue;
+        }
+        to.append(name.clone(), value.clone());
+    }
+    if !signed {
+        to.insert(
+            http::header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
+    }
+}
+
+/// Upstream response headers to send to the client (hop-by-hop removed).
+fn forwardable(headers: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers {
+        if !is_hop_by_hop(name.as_str()) {
+            out.append(name.clone(), value.clone());
+        }
+    }
+    out
+}
+
+/// An exchange forwarded and waiting for the upstream's response headers.
+struct InFlight {
+    state: Arc<ProxyState>,
+    exchange: Option<Exchange>,
+}
+
+impl InFlight {
+    fn new(state: Arc<ProxyState>, exchange: Exchange) -> InFlight {
+        state.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight {
+            state,
+            exchange: Some(exchange),
+        }
+    }
+
+    /// The response started: the exchange moves on (to a [`Pending`], which owns the count).
+    fn take(&mut self) -> Exchange {
+        self.exchange
+            .take()
+            .expect("taken once, right after the response arrived")
+    }
+
+    /// Record the exchange without a response, with `error`.
+    fn abandon(&mut self, error: String) {
+        if let Some(mut exchange) = self.exchange.take() {
+            exchange.unknown.insert("error".into(), json!(error));
+            self.state.writer.submit(exchange);
+            self.state.in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.abandon("client disconnected before the response".to_owned());
+    }
+}
+
+/// What is needed to finish recording one exchange.
+struct Pending {
+    exchange: Exchange,
+    frames: Vec<(f64, Bytes)>,
+    t0: Instant,
+    content_type: Option<String>,
+    state: Arc<ProxyState>,
+}
+
+impl Pending {
+    /// The stream is over: `ended` is true when the upstream body reached its end without a
+    /// transport error (a cut stream is recorded as incomplete whatever it holds).
+    fn finish(mut self, ended: bool, note: Option<String>) {
+        let path = self.exchange.request.path.clone();
+        let mut tracker = CompletionTracker::new(&path, self.content_type.as_deref());
+        for (_, bytes) in &self.frames {
+            tracker.feed(bytes);
+        }
+        let complete = tracker.finish() && ended;
+        if let Some(response) = self.exchange.response.as_mut() {
+            response.frames = self
+                .frames
+                .iter()
+                // Microsecond resolution is what the histograms keep.
+                .map(|(t, bytes)| Frame::from_bytes(Some((t * 1000.0).round() / 1000.0), bytes))
+                .collect();
+            response.complete = complete;
+            if let Some(note) = note {
+                response.unknown.insert("ended".into(), json!(note));
+            }
+        }
+        self.state.writer.submit(self.exchange);
+        self.state.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The upstream body, passed through frame by frame, recorded as it goes.
+pub struct RecordingBody {
+    inner: Incoming,
+    pending: Option<Pending>,
+}
+
+impl Body for RecordingBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<BodyFrame<Bytes>, hyper::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(data), Some(pending)) = (frame.data_ref(), self.pending.as_mut()) {
+                    // Stamp when the read returns, before it is handed on.
+                    let t_ms = pending.t0.elapsed().as_nanos() as f64 / 1e6;
+                    pending.frames.push((t_ms, data.clone()));
+                }
+            }
+            Poll::Ready(Some(Err(error))) => {
+                if let Some(pending) = self.pending.take() {
+                    pending.finish(false, Some(format!("upstream error: {error}")));
+                }
+            }
+            Poll::Ready(None) => {
+                if let Some(pending) = self.pending.take() {
+                    pending.finish(true, None);
+                }
+            }
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for RecordingBody {
+    fn drop(&mut self) {
+        // The client went away (or the connection broke) before the stream ended.
+        if let Some(pending) = self.pending.take() {
+            if self.inner.is_end_stream() {
+                // Nothing left to read (an empty body is never polled).
+                pending.finish(true, None);
+            } else {
+                pending.finish(false, Some("client disconnected".to_owned()));
+            }
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! The proxy against an https upstream: TLS with a private CA (`--upstream-ca`) and HTTP/2
+//! negotiated by ALPN, checked from the upstream's side.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use super::proxy::Upstream;
+use super::writer::Scrub;
+use super::{RecordConfig, run};
+
+const SSE: &str = "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n";
+
+/// An https upstream with a fresh self-signed certificate for `localhost`; returns its port,
+/// the certificate's PEM and the HTTP versions of the requests it served.
+async fn tls_upstream() -> (u16, String, Arc<Mutex<Vec<http::Version>>>) {
+    let certified =
+        rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("certificate");
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(
+        certified.signing_key.serialize_der(),
+    ));
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("protocols")
+    .with_no_client_auth()
+    .with_single_cert(vec![certified.cert.der().clone()], key)
+    .expect("server config");
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let versions = Arc::new(Mutex::new(Vec::new()));
+    let seen = versions.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(stream).await else {
+                    return;
+                };
+                let service = service_fn(move |request: http::Request<hyper::body::Incoming>| {
+                    seen.lock().expect("lock").push(request.version());
+                    async move {
+                        let mut response =
+                            http::Response::new(Full::new(Bytes::from_static(SSE.as_bytes())));
+                        response.headers_mut().insert(
+                            http::header::CONTENT_TYPE,
+                            http::HeaderValue::from_static("text/event-stream"),
+                        );
+                        Ok::<_, std::convert::Infallible>(response)
+                    }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    });
+    (port, certified.cert.pem(), versions)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_through_a_tls_upstream_over_http2() {
+    let (port, pem, versions) = tls_upstream().await;
+    let dir = std::env::temp_dir().join(format!("llm-replay-capture-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let ca = dir.join("ca.pem");
+    std::fs::write(&ca, pem).expect("ca");
+    let out = dir.join("recorded.jsonl");
+    let config = RecordConfig {
+        upstream: Upstream::parse(&format!("https://localhost:{port}")).expect("url"),
+        out: out.clone(),
+        scrub: Scrub::default(),
+        session_header: None,
+        upstream_h2c: false,
+        upstream_ca: Some(ca.clone()),
+        drain: Duration::from_secs(5),
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let proxy = tokio::spawn(run(listener, config, async {
+        let _ = stopped.await;
+    }));
+
+    let mut client = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let body = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    client.write_all(request.as_bytes()).await.expect("send");
+    let mut received = Vec::new();
+    client.read_to_end(&mut received).await.expect("read");
+    let received = String::from_utf8_lossy(&received);
+    assert!(received.starts_with("HTTP/1.1 200"), "{received}");
+    assert!(received.contains("data: [DONE]"), "{received}");
+    let _ = stop.send(());
+    let summary = proxy.await.expect("task").expect("proxy ran");
+    assert_eq!(summary.written, 1);
+
+    assert_eq!(*versions.lock().expect("lock"), vec![http::Version::HTTP_2]);
+    let recorded = common::recording::read_all(&out).expect("readable");
+    let response = recorded[0].response.as_ref().expect("response");
+    assert!(response.complete && response.has_timing());
+    let text: Vec<u8> = response
+        .frames
+        .iter()
+        .flat_map(|f| f.bytes().into_owned())
+        .collect();
+    assert_eq!(text, SSE.as_bytes());
+
+    // Without the private CA the certificate is refused: 502 to the client, recorded error.
+    let untrusted = super::proxy::upstream_client(false, None).expect("client");
+    let uri: http::Uri = format!("https://localhost:{port}/v1/models")
+        .parse()
+        .expect("uri");
+    let result = untrusted
+        .request(
+            http::Request::get(uri)
+                .body(Full::new(Bytes::new()))
+                .expect("request"),
+        )
+        .await;
+    assert!(
+        result.is_err(),
+        "a self-signed certificate must not be trusted by default"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -1,0 +1,378 @@
+//! `llm-replay export aiperf RECORDING -o trace.jsonl`: AIPerf's `mooncake_trace` JSONL, one
+//! line per exchange: `timestamp` (ms), `session_id`, the prompt as `messages` (OpenAI chat
+//! shape; Anthropic, Ollama and Bedrock bodies converted) or `text_input`, `output_length`
+//! (recorded usage, else the request's max tokens) and generation settings in `extra`.
+//!
+//! Only these keys are written (AIPerf's model rejects unknown ones). Headers are never
+//! exported, so no credential can leak through them; `--redact-body` applies to every string.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use common::formats::{self, Family};
+use common::measure::measure_frames;
+use common::recording::{Exchange, RecordingError, RecordingReader};
+use serde_json::{Map, Value, json};
+
+use crate::capture::redact::Redactor;
+use crate::commands::exit;
+use crate::stats::max_tokens;
+
+/// `llm-replay export ...`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ExportArgs {
+    /// Target format.
+    #[arg(value_enum)]
+    pub format: ExportFormat,
+    /// Recording to export.
+    pub recording: PathBuf,
+    /// Output file.
+    #[arg(short = 'o', long = "output")]
+    pub output: PathBuf,
+    /// Replace matches of REGEX in every exported string with REDACTED-<hash> (repeatable).
+    #[arg(long = "redact-body", value_name = "REGEX")]
+    pub redact_body: Vec<String>,
+}
+
+/// Export formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExportFormat {
+    /// AIPerf `mooncake_trace` JSONL (use with `aiperf profile --custom-dataset-type
+    /// mooncake_trace --input-file FILE`).
+    Aiperf,
+}
+
+/// Generation settings copied into `extra` (shallow-merged into AIPerf's request body).
+const GENERATION_KEYS: &[&str] = &[
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "min_tokens",
+    "ignore_eos",
+    "response_format",
+    "tool_choice",
+    "parallel_tool_calls",
+    "logit_bias",
+    "logprobs",
+    "top_logprobs",
+    "n",
+    "reasoning_effort",
+];
+
+/// What one export wrote.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExportSummary {
+    pub written: u64,
+    /// Exchanges with no prompt AIPerf can send (not chat, completions or messages).
+    pub skipped: u64,
+    pub torn_last_line: Option<u64>,
+}
+
+/// A problem exporting.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    #[error(transparent)]
+    Recording(#[from] RecordingError),
+    #[error("{}: cannot write: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Redact(#[from] crate::capture::redact::RedactError),
+}
+
+/// `llm-replay export`.
+pub fn export_command(args: ExportArgs) -> ExitCode {
+    match export(&args) {
+        Ok(summary) => {
+            println!(
+                "exported {} exchanges to {} (AIPerf mooncake_trace){}",
+                summary.written,
+                args.output.display(),
+                if summary.skipped > 0 {
+                    format!(
+                        "; skipped {} with no prompt AIPerf can send",
+                        summary.skipped
+                    )
+                } else {
+                    String::new()
+                }
+            );
+            if let Some(line) = summary.torn_last_line {
+                eprintln!(
+                    "llm-replay: {}:{line}: torn last line (the recorder stopped mid-line); it was not exported",
+                    args.recording.display()
+                );
+            }
+            ExitCode::from(exit::OK)
+        }
+        Err(error @ ExportError::Write { .. }) => {
+            eprintln!("llm-replay: {error}");
+            ExitCode::from(exit::RUN_FAILED)
+        }
+        Err(error) => {
+            eprintln!("llm-replay: {error}");
+            ExitCode::from(exit::USAGE)
+        }
+    }
+}
+
+/// Export `args.recording` to `args.output`.
+pub fn export(args: &ExportArgs) -> Result<ExportSummary, ExportError> {
+    let redactor = Redactor::new(&args.redact_body)?;
+    let reader = RecordingReader::open(&args.recording)?;
+    let write_error = |source| ExportError::Write {
+        path: args.output.clone(),
+        source,
+    };
+    let file = std::fs::File::create(&args.output).map_err(write_error)?;
+    let mut out = std::io::BufWriter::new(file);
+    let mut summary = ExportSummary::default();
+    for item in reader {
+        let (line_no, exchange) = match item {
+            Ok(item) => item,
+            Err(RecordingError::TornLastLine { line, .. }) => {
+                summary.torn_last_line = Some(line);
+                break;
+            }
+            Err(error) => return Err(error.into()),
+        };
+        let Some(mut line) = aiperf_line(&exchange, line_no) else {
+            summary.skipped += 1;
+            continue;
+        };
+        redactor.redact_json(&mut line);
+        let mut text = line.to_string();
+        text.push('\n');
+        out.write_all(text.as_bytes()).map_err(write_error)?;
+        summary.written += 1;
+    }
+    out.flush().map_err(write_error)?;
+    Ok(summary)
+}
+
+/// One `mooncake_trace` line for `exchange`, or `None` when it has no prompt.
+pub fn aiperf_line(exchange: &Exchange, line_no: u64) -> Option<Value> {
+    let body: Value = serde_json::from_slice(&exchange.request.body_bytes()).ok()?;
+    let path = exchange.request.path.as_str();
+    let family = formats::family_for_path(path);
+    let mut line = Map::new();
+    if let Some(at) = exchange.at_ms {
+        // AIPerf accepts float milliseconds; keep microsecond resolution.
+        line.insert("timestamp".into(), json!((at * 1000.0).round() / 1000.0));
+    }
+    if exchange.at_ms.is_none()
+        && let Some(delay) = exchange.unknown.get("delay_ms").and_then(Value::as_f64)
+    {
+        // A mooncake import's completion-relative delay goes back where it came from.
+        line.insert("delay".into(), json!(delay));
+    }
+    let session = exchange
+        .session
+        .clone()
+        .or_else(|| exchange.id.clone())
+        .unwrap_or_else(|| format!("line-{line_no}"));
+    line.insert("session_id".into(), json!(session));
+    match prompt_of(family, &body) {
+        Prompt::Messages(messages) => {
+            line.insert("messages".into(), Value::Array(messages));
+            if let Some(tools) = body.get("tools").filter(|t| t.is_array())
+                && family != Some(Family::Anthropic)
+            {
+                line.insert("tools".into(), tools.clone());
+            }
+        }
+        Prompt::Text(text) => {
+            line.insert("text_input".into(), json!(text));
+        }
+        Prompt::None => return None,
+    }
+    if let Some(n) = recorded_output_tokens(exchange, family).or_else(|| max_tokens(&body)) {
+        line.insert("output_length".into(), json!(n.max(1)));
+    }
+    let mut extra = Map::new();
+    for key in GENERATION_KEYS {
+        if let Some(value) = body.get(*key) {
+            extra.insert((*key).to_owned(), value.clone());
+        }
+    }
+    if let Some(stop) = body.get("stop_sequences") {
+        extra.entry("stop").or_insert_with(|| stop.clone());
+    }
+    if let Some(options) = body.get("options").and_then(Value::as_object) {
+        for key in ["temperature", "top_p", "top_k", "seed", "stop"] {
+            if let Some(value) = options.get(key) {
+                extra.entry(key).or_insert_with(|| value.clone());
+            }
+        }
+    }
+    if let Some(config) = body.get("inferenceConfig").and_then(Value::as_object) {
+        for (from, to) in [
+            ("temperature", "temperature"),
+            ("topP", "top_p"),
+            ("stopSequences", "stop"),
+        ] {
+            if let Some(value) = config.get(from) {
+                extra.entry(to).or_insert_with(|| value.clone());
+            }
+        }
+    }
+    if !extra.is_empty() {
+        line.insert("extra".into(), Value::Object(extra));
+    }
+    Some(Value::Object(line))
+}
+
+enum Prompt {
+    Messages(Vec<Value>),
+    Text(String),
+    None,
+}
+
+/// The text of an Anthropic/Bedrock content value (string or list of blocks).
+fn content_text(content: &Value) -> Option<String> {
+    match content {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(blocks) => {
+            let parts: Vec<&str> = blocks
+                .iter()
+                .filter_map(|b| b.get("text").and_then(Value::as_str))
+                .collect();
+            (!parts.is_empty()).then(|| parts.join("\n"))
+        }
+        _ => None,
+    }
+}
+
+fn prompt_of(family: Option<Family>, body: &Value) -> Prompt {
+    let messages = body.get("messages").and_then(Value::as_array);
+    match (family, messages) {
+        (Some(Family::Anthropic | Family::BedrockConverse | Family::BedrockInvoke), Some(list)) => {
+            let mut out = Vec::new();
+            if let Some(system) = body.get("system").and_then(content_text) {
+                out.push(json!({"role": "system", "content": system}));
+            }
+            for message in list {
+                let role = message
+                    .get("role")
+                    .and_then(Value::as_str)
+                    .unwrap_or("user");
+                let text = message
+                    .get("content")
+                    .and_then(content_text)
+                    .unwrap_or_default();
+                out.push(json!({"role": role, "content": text}));
+            }
+            Prompt::Messages(out)
+        }
+        (_, Some(list)) => {
+            // OpenAI-shaped already (OpenAI chat, Ollama /api/chat, gateways); keep only what
+            // a chat endpoint accepts.
+            let out = list
+                .iter()
+                .filter(|m| m.get("role").is_some())
+                .map(|m| {
+                    let mut clean = Map::new();
+                    for key in ["role", "content", "name", "tool_calls", "tool_call_id"] {
+                        if let Some(value) = m.get(key) {
+                            clean.insert(key.to_owned(), value.clone());
+                        }
+                    }
+                    Value::Object(clean)
+                })
+                .collect();
+            Prompt::Messages(out)
+        }
+        _ => {
+            for key in ["prompt", "input", "inputText"] {
+                match body.get(key) {
+                    Some(Value::String(text)) => return Prompt::Text(text.clone()),
+                    Some(Value::Array(items)) if key == "input" => {
+                        let messages: Vec<Value> = items
+                            .iter()
+                            .filter_map(|m| {
+                                let role = m.get("role")?.as_str()?;
+                                let text = m.get("content").and_then(content_text)?;
+                                Some(json!({"role": role, "content": text}))
+                            })
+                            .collect();
+                        if !messages.is_empty() {
+                            return Prompt::Messages(messages);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            Prompt::None
+        }
+    }
+}
+
+/// Output tokens from the recorded response's usage report, when it has one.
+fn recorded_output_tokens(exchange: &Exchange, family: Option<Family>) -> Option<u64> {
+    let response = exchange.response.as_ref()?;
+    if !(200..300).contains(&response.status) {
+        return None;
+    }
+    let family = family?;
+    let streaming = response
+        .header("content-type")
+        .is_some_and(formats::is_streaming_content_type);
+    if streaming {
+        let frames: Vec<Vec<u8>> = response
+            .frames
+            .iter()
+            .map(|f| f.bytes().into_owned())
+            .collect();
+        measure_frames(family, frames.iter().map(|b| (0, b.as_slice()))).usage_output_tokens
+    } else {
+        let body: Vec<u8> = response
+            .frames
+            .iter()
+            .flat_map(|f| f.bytes().into_owned())
+            .collect();
+        formats::unstreamed(family, &body)
+            .ok()?
+            .usage
+            .and_then(|u| u.output_tokens)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn anthropic_body_becomes_openai_messages_with_settings() {
+        let ex: Exchange = serde_json::from_value(json!({
+            "at_ms": 12.5,
+            "request": {"path": "/v1/messages", "headers": {"x-api-key": "sk-secret"},
+                "body": json!({"model": "claude", "system": "be brief", "max_tokens": 64,
+                    "temperature": 0.2, "stop_sequences": ["END"],
+                    "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}).to_string()}
+        }))
+        .expect("valid exchange");
+        let line = aiperf_line(&ex, 1).expect("has a prompt");
+        assert_eq!(line["timestamp"], json!(12.5));
+        assert_eq!(
+            line["messages"][0],
+            json!({"role": "system", "content": "be brief"})
+        );
+        assert_eq!(
+            line["messages"][1],
+            json!({"role": "user", "content": "hi"})
+        );
+        assert_eq!(line["output_length"], json!(64));
+        assert_eq!(line["extra"], json!({"temperature": 0.2, "stop": ["END"]}));
+        assert!(!line.to_string().contains("sk-secret"));
+    }
+}
