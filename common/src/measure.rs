@@ -227,15 +227,15 @@ impl StreamMeter {
 }
 
 /// Measure a whole recorded response: frames with their offsets in microseconds.
-pub fn measure_frames<'a>(
+pub fn measure_frames<B: AsRef<[u8]>>(
     family: Family,
-    frames: impl IntoIterator<Item = (u64, &'a [u8])>,
+    frames: impl IntoIterator<Item = (u64, B)>,
 ) -> RequestOutcome {
     let mut meter = StreamMeter::new(family);
     let mut last_t = 0;
     for (t_us, bytes) in frames {
         last_t = t_us;
-        if meter.on_read(t_us, bytes).is_err() {
+        if meter.on_read(t_us, bytes.as_ref()).is_err() {
             return meter.finish_broken();
         }
     }

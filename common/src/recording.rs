@@ -24,6 +24,26 @@ pub const CREDENTIAL_HEADERS: &[&str] = &[
     "x-amz-date",
 ];
 
+/// Headers about one connection rather than the exchange (RFC 9110 §7.6.1): never forwarded,
+/// stored in a recording, or replayed from one.
+pub const HOP_BY_HOP_HEADERS: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// True when `name` (any case) is a hop-by-hop header.
+pub fn is_hop_by_hop_header(name: &str) -> bool {
+    HOP_BY_HOP_HEADERS
+        .iter()
+        .any(|h| h.eq_ignore_ascii_case(name))
+}
+
 /// True when `name` (any case) is a credential header by the built-in list.
 pub fn is_credential_header(name: &str) -> bool {
     CREDENTIAL_HEADERS

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use common::metrics::RunMetrics;
 
-use crate::config::{BaselineSource, RunArgs, RunConfig};
+use crate::config::{BaselineSource, ReportFiles, RunArgs, RunConfig};
 use crate::goals::{Goal, parse_goals};
 use crate::report::{
     Baseline, Report, ReportInput, RequestTotals, RunInfo, SweepLevel, WorkerInfo, compare_reports,
@@ -31,6 +31,25 @@ pub mod exit {
 fn fail(code: u8, message: impl std::fmt::Display) -> ExitCode {
     eprintln!("llm-replay: {message}");
     ExitCode::from(code)
+}
+
+/// Print the report on the terminal and write each requested file.
+fn emit(report: &Report, files: &ReportFiles) -> Result<(), ExitCode> {
+    let color = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    print!("{}", render_terminal(report, color));
+    type Render = fn(&Report) -> String;
+    let renderers: [(&Option<PathBuf>, Render); 4] = [
+        (&files.report_json, Report::to_json_pretty),
+        (&files.report_md, render_markdown),
+        (&files.report_html, render_html),
+        (&files.junit, render_junit),
+    ];
+    for (path, render) in renderers {
+        if let Some(path) = path {
+            write_file(path, &render(report))?;
+        }
+    }
+    Ok(())
 }
 
 fn write_file(path: &Path, text: &str) -> Result<(), ExitCode> {
@@ -123,7 +142,7 @@ pub async fn run_command(args: RunArgs) -> ExitCode {
         match replay(setup).await {
             Ok(result) => {
                 let aborted = result.aborted;
-                results.push(((), *level, result));
+                results.push((*level, result));
                 if aborted {
                     break;
                 }
@@ -136,13 +155,13 @@ pub async fn run_command(args: RunArgs) -> ExitCode {
         mock.stop().await;
     }
 
-    let (_, _, main) = results.last().expect("at least one level ran");
+    let (_, main) = results.last().expect("at least one level ran");
     let sweep: Vec<SweepLevel> = if config.sweep.is_empty() {
         Vec::new()
     } else {
         results
             .iter()
-            .map(|(_, level, result)| SweepLevel {
+            .map(|(level, result)| SweepLevel {
                 concurrency: level.unwrap_or(0) as u32,
                 metrics: result.metrics.clone(),
                 requests: request_totals(result),
@@ -158,22 +177,8 @@ pub async fn run_command(args: RunArgs) -> ExitCode {
         &goals,
         saved_baseline,
     );
-    let color = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-    print!("{}", render_terminal(&report, color));
-    for (path, render) in [
-        (
-            &config.report_json,
-            Report::to_json_pretty as fn(&Report) -> String,
-        ),
-        (&config.report_md, render_markdown),
-        (&config.report_html, render_html),
-        (&config.junit, render_junit),
-    ] {
-        if let Some(path) = path
-            && let Err(code) = write_file(path, &render(&report))
-        {
-            return code;
-        }
+    if let Err(code) = emit(&report, &config.files) {
+        return code;
     }
 
     if main.aborted {
@@ -299,15 +304,8 @@ pub struct ReportArgs {
     /// Goals to evaluate again on the saved report.
     #[arg(long = "fail-if")]
     pub fail_if: Vec<String>,
-    /// Write the (re-rendered) report as JSON.
-    #[arg(long)]
-    pub report_json: Option<PathBuf>,
-    /// Write the report as Markdown.
-    #[arg(long)]
-    pub report_md: Option<PathBuf>,
-    /// Write the report as HTML.
-    #[arg(long)]
-    pub report_html: Option<PathBuf>,
+    #[command(flatten)]
+    pub files: ReportFiles,
 }
 
 /// `llm-replay report FILE [--baseline FILE]`.
@@ -333,21 +331,8 @@ pub fn report_command(args: ReportArgs) -> ExitCode {
         kept.append(&mut evaluated.goals);
         report.goals = kept;
     }
-    let color = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-    print!("{}", render_terminal(&report, color));
-    for (path, render) in [
-        (
-            &args.report_json,
-            Report::to_json_pretty as fn(&Report) -> String,
-        ),
-        (&args.report_md, render_markdown),
-        (&args.report_html, render_html),
-    ] {
-        if let Some(path) = path
-            && let Err(code) = write_file(path, &render(&report))
-        {
-            return code;
-        }
+    if let Err(code) = emit(&report, &args.files) {
+        return code;
     }
     if report.any_goal_failed() {
         ExitCode::from(exit::GOAL_FAILED)

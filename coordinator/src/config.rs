@@ -103,6 +103,16 @@ pub struct RunArgs {
     /// `recorded` (default), `none`, or a saved report JSON to compare against.
     #[arg(long)]
     pub baseline: Option<String>,
+    #[command(flatten)]
+    pub files: ReportFiles,
+    /// Silence after which a worker counts as lost (seconds).
+    #[arg(long, default_value_t = 5.0)]
+    pub heartbeat_timeout: f64,
+}
+
+/// Files the report is written to, besides the terminal (`run` and `report` alike).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ReportFiles {
     /// Write the report as JSON.
     #[arg(long)]
     pub report_json: Option<PathBuf>,
@@ -115,9 +125,6 @@ pub struct RunArgs {
     /// Write goals as JUnit XML.
     #[arg(long)]
     pub junit: Option<PathBuf>,
-    /// Silence after which a worker counts as lost (seconds).
-    #[arg(long, default_value_t = 5.0)]
-    pub heartbeat_timeout: f64,
 }
 
 /// Options a config file may carry; the command line wins over the file.
@@ -230,10 +237,7 @@ pub struct RunConfig {
     pub timeout: Duration,
     pub goals: Vec<String>,
     pub baseline: BaselineSource,
-    pub report_json: Option<PathBuf>,
-    pub report_md: Option<PathBuf>,
-    pub report_html: Option<PathBuf>,
-    pub junit: Option<PathBuf>,
+    pub files: ReportFiles,
     pub heartbeat_timeout: Duration,
 }
 
@@ -407,10 +411,7 @@ impl RunArgs {
             timeout,
             goals,
             baseline,
-            report_json: self.report_json,
-            report_md: self.report_md,
-            report_html: self.report_html,
-            junit: self.junit,
+            files: self.files,
             heartbeat_timeout: Duration::from_secs_f64(self.heartbeat_timeout.max(0.1)),
         })
     }

@@ -46,7 +46,6 @@ pub struct WorkerOutcome {
     pub totals: SliceTotals,
     pub metrics: RunMetrics,
     pub lost: bool,
-    pub loss_reason: Option<String>,
     pub cpu_seconds: f64,
     pub cores: u32,
     pub peak_rss_bytes: u64,
@@ -66,7 +65,6 @@ pub struct ReplayResult {
     pub workers: Vec<WorkerOutcome>,
     pub status_codes: BTreeMap<u16, u64>,
     pub load: serde_json::Value,
-    pub assigned: u64,
     pub not_started: u64,
     pub lost: u64,
     /// Largest difference between workers' actual start instants (ms).
@@ -808,7 +806,6 @@ fn finish(
     let mut status_codes = BTreeMap::new();
     let mut outcomes = Vec::new();
     let (mut assigned_total, mut not_started, mut lost_total) = (0u64, 0u64, 0u64);
-    let mut warmup_total = 0u64;
     for slot in &slots {
         let (metrics, totals, codes) = match &slot.latest {
             Some(report) => metrics_from_report(report).map_err(|e| {
@@ -830,7 +827,6 @@ fn finish(
                 totals.not_started,
             ),
         };
-        warmup_total += warmup;
         assigned_total += assigned;
         not_started += not_started_here;
         lost_total += lost;
@@ -845,7 +841,6 @@ fn finish(
             },
             metrics,
             lost: slot.lost.is_some(),
-            loss_reason: slot.lost.clone(),
             cpu_seconds: slot.latest.as_ref().map(|r| r.cpu_seconds).unwrap_or(0.0),
             cores: slot.latest.as_ref().map(|r| r.cores).unwrap_or(0),
             peak_rss_bytes: slot.latest.as_ref().map(|r| r.peak_rss_bytes).unwrap_or(0),
@@ -856,16 +851,13 @@ fn finish(
     // Exchanges the run planned but no worker ever got to (an aborted run): not started.
     if let Some(planned) = plan.planned_total() {
         if planned > assigned_total {
-            let missing = planned - assigned_total;
-            not_started += missing;
-            assigned_total = planned;
+            not_started += planned - assigned_total;
         } else if planned < assigned_total && !config.reassign_on_loss {
             warnings.push(format!(
                 "accounting: workers answered for {assigned_total} exchanges but {planned} were planned"
             ));
         }
     }
-    let assigned_total = assigned_total.saturating_sub(warmup_total);
 
     let starts: Vec<u64> = outcomes.iter().filter_map(|w| w.started_unix_ns).collect();
     let start_skew_ms = (starts.len() == outcomes.len() && !starts.is_empty()).then(|| {
@@ -912,7 +904,6 @@ fn finish(
         workers: outcomes,
         status_codes,
         load: describe_load(load, workers),
-        assigned: assigned_total,
         not_started,
         lost: lost_total,
         start_skew_ms,

@@ -93,17 +93,12 @@ pub fn recorded_outcome(exchange: &Exchange) -> Option<RequestOutcome> {
         RequestOutcome::failed(FailureKind::Status)
     } else {
         let family = family_of(exchange).unwrap_or(formats::Family::OpenAiChat);
-        let frames: Vec<(u64, Vec<u8>)> = response
+        // Frames are borrowed where they are text; only base64 frames are decoded.
+        let frames = response
             .frames
             .iter()
-            .map(|f| {
-                (
-                    (f.t_ms.unwrap_or(0.0) * 1000.0).round() as u64,
-                    f.bytes().into_owned(),
-                )
-            })
-            .collect();
-        measure_frames(family, frames.iter().map(|(t, b)| (*t, b.as_slice())))
+            .map(|f| ((f.t_ms.unwrap_or(0.0) * 1000.0).round() as u64, f.bytes()));
+        measure_frames(family, frames)
     };
     if outcome.kind == OutcomeKind::Succeeded || outcome.kind == OutcomeKind::EndedEarly {
         outcome.sent_unix_us = sent_unix_us;

@@ -1,7 +1,7 @@
 //! Builds the replayed HTTP request from a recorded one: the recorded method, path, body and
 //! non-credential headers, plus `--header` values and `--set` body overrides.
 
-use common::recording::{Exchange, is_credential_header};
+use common::recording::{Exchange, is_credential_header, is_hop_by_hop_header};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::config::{EXCHANGE_HEADER, ReplayConfig};
@@ -10,20 +10,10 @@ use crate::config::{EXCHANGE_HEADER, ReplayConfig};
 /// itself for the bytes it actually sends.
 fn is_dropped_header(name: &str) -> bool {
     is_credential_header(name)
-        || [
-            "host",
-            "content-length",
-            "transfer-encoding",
-            "connection",
-            "keep-alive",
-            "accept-encoding",
-            "upgrade",
-            "te",
-            "trailer",
-            EXCHANGE_HEADER,
-        ]
-        .iter()
-        .any(|h| h.eq_ignore_ascii_case(name))
+        || is_hop_by_hop_header(name)
+        || ["host", "content-length", "accept-encoding", EXCHANGE_HEADER]
+            .iter()
+            .any(|h| h.eq_ignore_ascii_case(name))
 }
 
 /// A problem expanding a `--header` template.

@@ -913,38 +913,28 @@ pub fn http_error(wire: Wire, status: u16, message: &str) -> HttpError {
 /// One Bedrock event frame: `:event-type` = `event_type`, JSON `payload`, header order as
 /// observed on the real service (`:event-type`, `:content-type`, `:message-type`).
 pub fn bedrock_event_frame(event_type: &str, payload: &[u8], out: &mut Vec<u8>) {
-    let message = Message::new(bytes::Bytes::copy_from_slice(payload))
-        .add_header(Header::new(
-            ":event-type",
-            HeaderValue::String(event_type.to_owned().into()),
-        ))
-        .add_header(Header::new(
-            ":content-type",
-            HeaderValue::String("application/json".into()),
-        ))
-        .add_header(Header::new(
-            ":message-type",
-            HeaderValue::String("event".into()),
-        ));
-    write_frame(&message, out);
+    bedrock_frame((":event-type", event_type), "event", payload, out);
 }
 
 /// One Bedrock exception frame (`:message-type: exception`), e.g. `throttlingException` or
 /// `modelStreamErrorException`, with a JSON `payload` such as `{"message":"…"}`.
 pub fn bedrock_exception_frame(exception_type: &str, payload: &[u8], out: &mut Vec<u8>) {
+    bedrock_frame(
+        (":exception-type", exception_type),
+        "exception",
+        payload,
+        out,
+    );
+}
+
+/// A Bedrock frame with its type header, `:content-type: application/json` and
+/// `:message-type`, in the service's header order.
+fn bedrock_frame(kind: (&str, &str), message_type: &str, payload: &[u8], out: &mut Vec<u8>) {
+    let string = |value: &str| HeaderValue::String(value.to_owned().into());
     let message = Message::new(bytes::Bytes::copy_from_slice(payload))
-        .add_header(Header::new(
-            ":exception-type",
-            HeaderValue::String(exception_type.to_owned().into()),
-        ))
-        .add_header(Header::new(
-            ":content-type",
-            HeaderValue::String("application/json".into()),
-        ))
-        .add_header(Header::new(
-            ":message-type",
-            HeaderValue::String("exception".into()),
-        ));
+        .add_header(Header::new(kind.0.to_owned(), string(kind.1)))
+        .add_header(Header::new(":content-type", string("application/json")))
+        .add_header(Header::new(":message-type", string(message_type)));
     write_frame(&message, out);
 }
 

@@ -28,23 +28,13 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use serde_json::{Map, json};
 
+use common::recording::is_hop_by_hop_header;
+
 use super::complete::CompletionTracker;
 use super::writer::WriterHandle;
 
 /// The largest request body the proxy accepts (LLM requests are far smaller).
 pub const MAX_REQUEST_BODY: usize = 64 << 20;
-
-/// Connection-level headers that are not forwarded in either direction.
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
 
 /// The upstream: scheme and authority, and a path prefix put before every request's path.
 #[derive(Debug, Clone)]
@@ -294,17 +284,13 @@ fn plain(status: StatusCode, text: &str) -> http::Response<ProxyBody> {
     response
 }
 
-fn is_hop_by_hop(name: &str) -> bool {
-    HOP_BY_HOP.iter().any(|h| h.eq_ignore_ascii_case(name))
-}
-
 /// Headers as recorded (names lower-case, repeated values joined). Credentials are dropped by
 /// the writer; `host` and hop-by-hop headers are not part of the exchange.
 fn header_map(headers: &HeaderMap, request: bool) -> BTreeMap<String, String> {
     let mut out: BTreeMap<String, String> = BTreeMap::new();
     for (name, value) in headers {
         let name = name.as_str();
-        if is_hop_by_hop(name) || (request && (name == "host" || name == "content-length")) {
+        if is_hop_by_hop_header(name) || (request && (name == "host" || name == "content-length")) {
             continue;
         }
         let Ok(value) = value.to_str() else { continue };
@@ -330,7 +316,7 @@ fn forward_request_headers(from: &HeaderMap, to: &mut HeaderMap) {
             .is_some_and(|v| v.starts_with("AWS4-"));
     for (name, value) in from {
         let n = name.as_str();
-        if is_hop_by_hop(n) || n == "host" || n == "content-length" {
+        if is_hop_by_hop_header(n) || n == "host" || n == "content-length" {
             continue;
         }
         if n == "accept-encoding" && !signed {
@@ -350,7 +336,7 @@ fn forward_request_headers(from: &HeaderMap, to: &mut HeaderMap) {
 fn forwardable(headers: &HeaderMap) -> HeaderMap {
     let mut out = HeaderMap::with_capacity(headers.len());
     for (name, value) in headers {
-        if !is_hop_by_hop(name.as_str()) {
+        if !is_hop_by_hop_header(name.as_str()) {
             out.append(name.clone(), value.clone());
         }
     }

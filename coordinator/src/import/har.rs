@@ -16,25 +16,6 @@ use super::azure::parse_timestamp_ticks;
 use super::{ImportError, Sink, Source, exchange};
 use crate::capture::complete::{CompletionTracker, split_body};
 
-const DROPPED_REQUEST_HEADERS: &[&str] = &[
-    "host",
-    "content-length",
-    "accept-encoding",
-    "connection",
-    "keep-alive",
-    "transfer-encoding",
-    "te",
-    "upgrade",
-];
-const DROPPED_RESPONSE_HEADERS: &[&str] = &[
-    "content-length",
-    "content-encoding",
-    "transfer-encoding",
-    "connection",
-    "keep-alive",
-    "set-cookie",
-];
-
 /// Import `source` into `sink`.
 pub fn import(source: &Source, sink: &mut Sink) -> Result<(), ImportError> {
     let reader = source.open()?;
@@ -69,7 +50,7 @@ pub fn import(source: &Source, sink: &mut Sink) -> Result<(), ImportError> {
         let mut request = Request {
             method,
             path: path_of(url),
-            headers: har_headers(&req["headers"], DROPPED_REQUEST_HEADERS),
+            headers: har_headers(&req["headers"], super::dropped_request_header),
             body: None,
             body_b64: None,
             unknown: Map::new(),
@@ -94,7 +75,7 @@ pub fn import(source: &Source, sink: &mut Sink) -> Result<(), ImportError> {
         if let Some(status) = res["status"].as_u64().and_then(|s| u16::try_from(s).ok())
             && status > 0
         {
-            let mut headers = har_headers(&res["headers"], DROPPED_RESPONSE_HEADERS);
+            let mut headers = har_headers(&res["headers"], super::dropped_response_header);
             let content = &res["content"];
             if let Some(mime) = content["mimeType"].as_str().filter(|m| !m.is_empty()) {
                 headers
@@ -155,14 +136,14 @@ fn path_of(url: &str) -> String {
     }
 }
 
-fn har_headers(value: &Value, dropped: &[&str]) -> BTreeMap<String, String> {
+fn har_headers(value: &Value, dropped: fn(&str) -> bool) -> BTreeMap<String, String> {
     let mut headers: BTreeMap<String, String> = BTreeMap::new();
     for header in value.as_array().map(Vec::as_slice).unwrap_or_default() {
         let (Some(name), Some(value)) = (header["name"].as_str(), header["value"].as_str()) else {
             continue;
         };
         // HTTP/2 pseudo-headers (`:authority`) are not headers to replay.
-        if name.starts_with(':') || dropped.iter().any(|d| d.eq_ignore_ascii_case(name)) {
+        if name.starts_with(':') || dropped(name) {
             continue;
         }
         headers

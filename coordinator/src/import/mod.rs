@@ -224,6 +224,23 @@ impl Sink {
 }
 
 /// An exchange with only a request.
+/// Request headers an import drops: hop-by-hop ones and those the replay sets itself.
+pub fn dropped_request_header(name: &str) -> bool {
+    common::recording::is_hop_by_hop_header(name)
+        || ["host", "content-length", "accept-encoding"]
+            .iter()
+            .any(|h| h.eq_ignore_ascii_case(name))
+}
+
+/// Response headers an import drops: hop-by-hop ones, those that no longer describe the
+/// stored (decoded) body, and `set-cookie` (a credential).
+pub fn dropped_response_header(name: &str) -> bool {
+    common::recording::is_hop_by_hop_header(name)
+        || ["content-length", "content-encoding", "set-cookie"]
+            .iter()
+            .any(|h| h.eq_ignore_ascii_case(name))
+}
+
 pub fn exchange(request: Request) -> Exchange {
     Exchange {
         id: None,

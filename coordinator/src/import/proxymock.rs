@@ -20,28 +20,6 @@ use super::azure::parse_timestamp_ticks;
 use super::{ImportError, Sink, Source, exchange};
 use crate::capture::complete::{CompletionTracker, split_body};
 
-/// Request headers that describe one connection or an encoding the replay chooses itself.
-const DROPPED_REQUEST_HEADERS: &[&str] = &[
-    "host",
-    "content-length",
-    "accept-encoding",
-    "connection",
-    "keep-alive",
-    "transfer-encoding",
-    "te",
-    "upgrade",
-    "proxy-connection",
-];
-/// Response headers that no longer describe the stored (decoded) body, or carry credentials.
-const DROPPED_RESPONSE_HEADERS: &[&str] = &[
-    "content-length",
-    "content-encoding",
-    "transfer-encoding",
-    "connection",
-    "keep-alive",
-    "set-cookie",
-];
-
 /// One RRPair, whatever its source form.
 struct Pair {
     ts_ticks: Option<i64>,
@@ -161,8 +139,8 @@ fn to_exchange(pair: Pair, earliest: Option<i64>) -> Exchange {
 }
 
 /// Keep a header unless it is connection-level or dropped for this side.
-fn keep_header(name: &str, dropped: &[&str]) -> bool {
-    !dropped.iter().any(|d| d.eq_ignore_ascii_case(name))
+fn keep_header(name: &str, dropped: fn(&str) -> bool) -> bool {
+    !dropped(name)
 }
 
 /// `/path?query` from a proxymock `uri`/`url`, which may be a full URL.
@@ -178,7 +156,7 @@ fn path_of(url: &str) -> String {
     }
 }
 
-fn json_headers(value: &Value, dropped: &[&str]) -> BTreeMap<String, String> {
+fn json_headers(value: &Value, dropped: fn(&str) -> bool) -> BTreeMap<String, String> {
     let mut headers = BTreeMap::new();
     if let Some(map) = value.as_object() {
         for (name, values) in map {
@@ -243,7 +221,7 @@ fn json_pair(source: &Source, line: u64, value: &Value) -> Result<Pair, ImportEr
     let mut request = Request {
         method,
         path: path_of(url),
-        headers: json_headers(&req["headers"], DROPPED_REQUEST_HEADERS),
+        headers: json_headers(&req["headers"], super::dropped_request_header),
         body: None,
         body_b64: None,
         unknown: Map::new(),
@@ -256,7 +234,7 @@ fn json_pair(source: &Source, line: u64, value: &Value) -> Result<Pair, ImportEr
         .or_else(|| value["status"].as_str().and_then(|s| s.parse().ok()))
         .and_then(|s| u16::try_from(s).ok())
         .ok_or_else(|| source.invalid(line, "http.res.statusCode", "expected an HTTP status"))?;
-    let mut response_headers = json_headers(&res["headers"], DROPPED_RESPONSE_HEADERS);
+    let mut response_headers = json_headers(&res["headers"], super::dropped_response_header);
     if let Some(ct) = res["contentType"].as_str() {
         response_headers
             .entry("content-type".to_owned())
@@ -338,7 +316,7 @@ fn markdown_pair(source: &Source, text: &str) -> Result<Pair, ImportError> {
     let mut request = Request {
         method: method.to_ascii_uppercase(),
         path: path_of(url),
-        headers: md_headers(&req_head[1..], DROPPED_REQUEST_HEADERS),
+        headers: md_headers(&req_head[1..], super::dropped_request_header),
         body: None,
         body_b64: None,
         unknown: Map::new(),
@@ -358,7 +336,7 @@ fn markdown_pair(source: &Source, text: &str) -> Result<Pair, ImportError> {
             status = first.split_whitespace().nth(1).and_then(|s| s.parse().ok());
             head = &head[1..];
         }
-        response_headers = md_headers(head, DROPPED_RESPONSE_HEADERS);
+        response_headers = md_headers(head, super::dropped_response_header);
         // Markdown cannot keep a body's trailing line breaks; a stream's last frame ends
         // with its delimiter, so it is put back.
         let media = response_headers
@@ -410,7 +388,7 @@ fn markdown_pair(source: &Source, text: &str) -> Result<Pair, ImportError> {
     })
 }
 
-fn md_headers(lines: &[&str], dropped: &[&str]) -> BTreeMap<String, String> {
+fn md_headers(lines: &[&str], dropped: fn(&str) -> bool) -> BTreeMap<String, String> {
     let mut headers: BTreeMap<String, String> = BTreeMap::new();
     for line in lines {
         if let Some((name, value)) = line.split_once(':') {

@@ -11,20 +11,14 @@ use std::time::Duration;
 use anyhow::Context as _;
 use bytes::Bytes;
 use common::recording::RecordingReader;
+use common::recording::is_hop_by_hop_header;
 use http::{HeaderName, HeaderValue, StatusCode};
 
 /// Response headers never replayed: hop-by-hop headers and the length (the mock frames the
 /// body itself).
-const DROPPED_HEADERS: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "transfer-encoding",
-    "te",
-    "trailer",
-    "upgrade",
-    "content-length",
-];
+fn is_dropped_header(name: &str) -> bool {
+    is_hop_by_hop_header(name) || name.eq_ignore_ascii_case("content-length")
+}
 
 /// All recorded responses of one recording, compactly (one `Bytes` per frame).
 #[derive(Debug, Default)]
@@ -88,7 +82,7 @@ impl Recorded {
                     })?;
                     let mut headers = Vec::with_capacity(response.headers.len());
                     for (name, value) in &response.headers {
-                        if DROPPED_HEADERS.iter().any(|d| d.eq_ignore_ascii_case(name)) {
+                        if is_dropped_header(name) {
                             continue;
                         }
                         let (Ok(name), Ok(value)) = (
