@@ -168,6 +168,14 @@ pub struct Counters {
     pub output_tokens: u64,
     /// Requests measured during warm-up and left out of every number.
     pub warmup: u64,
+    /// Succeeded requests answered with one body rather than a stream (no TTFT, TTST, ITL).
+    pub unstreamed: u64,
+    /// Succeeded or ended-early requests whose usage reported cached input tokens.
+    pub cache_reported: u64,
+    /// Cached input tokens over those requests.
+    pub cached_input_tokens: u64,
+    /// Input tokens over those same requests (the denominator of the cached share).
+    pub cache_reported_input_tokens: u64,
 }
 
 impl Counters {
@@ -197,6 +205,55 @@ impl Counters {
         self.estimated += other.estimated;
         self.output_tokens += other.output_tokens;
         self.warmup += other.warmup;
+        self.unstreamed += other.unstreamed;
+        self.cache_reported += other.cache_reported;
+        self.cached_input_tokens += other.cached_input_tokens;
+        self.cache_reported_input_tokens += other.cache_reported_input_tokens;
+    }
+}
+
+/// Which exchange a measured request replayed, for its per-request record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordMeta {
+    /// Index of the exchange in the recording.
+    pub index: u64,
+    /// The exchange's recorded `id`, when it has one.
+    pub id: Option<String>,
+    pub session: Option<String>,
+}
+
+/// One measured request, as `--requests-out` writes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestRecord {
+    pub meta: RecordMeta,
+    pub outcome: RequestOutcome,
+    /// HTTP status of the response, when one came.
+    pub status: Option<u16>,
+}
+
+impl RequestRecord {
+    /// The outcome's stable name: `succeeded`, `ended_early`, or the failure kind.
+    pub fn outcome_name(&self) -> &'static str {
+        match self.outcome.kind {
+            OutcomeKind::Succeeded => "succeeded",
+            OutcomeKind::EndedEarly => "ended_early",
+            OutcomeKind::Failed(kind) => kind.name(),
+        }
+    }
+
+    /// ITL of this request in µs, by the run's definition: (latency − TTFT) / (output − 1).
+    pub fn itl_us(&self) -> Option<f64> {
+        let o = &self.outcome;
+        if o.kind != OutcomeKind::Succeeded {
+            return None;
+        }
+        let osl = o.output_tokens();
+        match (o.ttft_us, o.latency_us) {
+            (Some(ttft), Some(latency)) if osl >= 2 => {
+                Some(latency.saturating_sub(ttft) as f64 / (osl - 1) as f64)
+            }
+            _ => None,
+        }
     }
 }
 
@@ -289,6 +346,9 @@ impl RunMetrics {
             OutcomeKind::Succeeded => {}
         }
         self.counters.succeeded += 1;
+        if outcome.unstreamed {
+            self.counters.unstreamed += 1;
+        }
         self.count_token_source(outcome);
         if let Some(ttft) = outcome.ttft_us {
             self.record_value(Metric::Ttft, ttft);
@@ -332,6 +392,12 @@ impl RunMetrics {
             self.counters.usage_reported += 1;
         } else {
             self.counters.estimated += 1;
+        }
+        if let Some(cached) = outcome.cached_input_tokens {
+            self.counters.cache_reported += 1;
+            self.counters.cached_input_tokens += cached;
+            self.counters.cache_reported_input_tokens +=
+                outcome.input_tokens.unwrap_or(0).max(cached);
         }
     }
 
@@ -397,6 +463,14 @@ impl RunMetrics {
         } else {
             100.0 * self.counters.estimated as f64 / total as f64
         }
+    }
+
+    /// Percent of input tokens served from the prompt cache, over the requests whose usage
+    /// reported it; `None` when no request did.
+    pub fn cached_input_share_pct(&self) -> Option<f64> {
+        let c = &self.counters;
+        (c.cache_reported > 0 && c.cache_reported_input_tokens > 0)
+            .then(|| 100.0 * c.cached_input_tokens as f64 / c.cache_reported_input_tokens as f64)
     }
 
     /// Serialize every histogram as HDR V2+DEFLATE, in [`Metric::ALL`] order.
@@ -511,6 +585,8 @@ mod tests {
                     input_tokens: Some(rng.next() % 5000),
                     schedule_lag_us: Some(rng.next() % 20_000),
                     sent_unix_us: Some(1_700_000_000_000_000 + rng.next() % 10_000_000),
+                    unstreamed: rng.next().is_multiple_of(5),
+                    cached_input_tokens: rng.next().is_multiple_of(3).then(|| rng.next() % 100),
                 };
                 whole.record(&outcome);
                 split[(rng.next() % parts as u64) as usize].record(&outcome);
@@ -578,6 +654,8 @@ mod tests {
             input_tokens: Some(10),
             schedule_lag_us: None,
             sent_unix_us: Some(1_000_000),
+            unstreamed: false,
+            cached_input_tokens: None,
         };
         m.record(&outcome);
         let itl = m.stats(Metric::Itl).expect("itl");

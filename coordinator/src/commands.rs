@@ -101,6 +101,20 @@ pub async fn run_command(args: RunArgs) -> ExitCode {
         ));
     }
 
+    // Opened before any load is sent: a path that cannot be written is found now.
+    let requests_out = match &config.requests_out {
+        Some(path) => match crate::requests_out::RequestsOut::create(path) {
+            Ok(out) => Some(std::sync::Arc::new(out)),
+            Err(error) => {
+                return fail(
+                    exit::USAGE,
+                    format!("--requests-out {}: cannot write: {error}", path.display()),
+                );
+            }
+        },
+        None => None,
+    };
+
     // With no target, an embedded mock serves the recorded streams at their recorded timing.
     let (target, embedded) = match &config.target {
         Some(target) => (target.clone(), None),
@@ -138,6 +152,7 @@ pub async fn run_command(args: RunArgs) -> ExitCode {
             tag_requests: embedded.is_some() || config.tag_requests,
             exchanges: scanned.exchanges,
             pass_span_ms,
+            requests_out: requests_out.clone(),
         };
         match replay(setup).await {
             Ok(result) => {
@@ -153,6 +168,14 @@ pub async fn run_command(args: RunArgs) -> ExitCode {
     }
     if let Some(mock) = embedded {
         mock.stop().await;
+    }
+    if let Some(out) = &requests_out
+        && let Err(error) = out.finish()
+    {
+        warnings.push(format!(
+            "--requests-out {}: cannot write: {error}",
+            out.path().display()
+        ));
     }
 
     let (_, main) = results.last().expect("at least one level ran");

@@ -93,6 +93,13 @@ pub struct RunArgs {
     /// replayed requests to recorded exchanges in server logs.
     #[arg(long)]
     pub tag_requests: bool,
+    /// Write one JSON line per measured request (merged from every worker) to this file.
+    #[arg(long)]
+    pub requests_out: Option<PathBuf>,
+    /// Exchanges a worker reads ahead on a recorded schedule to send them in `at_ms` order
+    /// whatever the order of lines (a recording proxy writes exchanges as they complete).
+    #[arg(long)]
+    pub reorder_window: Option<usize>,
 
     /// Goal that fails the run (exit 1) when it holds, e.g. 'llm.ttft-p95 > 800'.
     #[arg(long = "fail-if")]
@@ -149,6 +156,8 @@ pub struct FileConfig {
     pub sets: Vec<String>,
     pub timeout: Option<String>,
     pub baseline: Option<String>,
+    pub requests_out: Option<PathBuf>,
+    pub reorder_window: Option<usize>,
 }
 
 impl FileConfig {
@@ -239,7 +248,14 @@ pub struct RunConfig {
     pub baseline: BaselineSource,
     pub files: ReportFiles,
     pub heartbeat_timeout: Duration,
+    /// `--requests-out`: one JSON line per request.
+    pub requests_out: Option<PathBuf>,
+    /// Read-ahead of the recorded schedule, in exchanges.
+    pub reorder_window: usize,
 }
+
+/// Default `--reorder-window`, in exchanges.
+pub const DEFAULT_REORDER_WINDOW: usize = 4096;
 
 fn split_header(text: &str) -> anyhow::Result<(String, String)> {
     let Some((name, value)) = text.split_once(':') else {
@@ -380,6 +396,13 @@ impl RunArgs {
         if self.sweep_concurrency.contains(&0) {
             bail!("--sweep-concurrency levels must be at least 1");
         }
+        let reorder_window = self
+            .reorder_window
+            .or(file.reorder_window)
+            .unwrap_or(DEFAULT_REORDER_WINDOW);
+        if reorder_window == 0 || reorder_window > u32::MAX as usize {
+            bail!("--reorder-window must be between 1 and {}", u32::MAX);
+        }
         Ok(RunConfig {
             tag_requests: self.tag_requests,
             source,
@@ -413,6 +436,8 @@ impl RunArgs {
             baseline,
             files: self.files,
             heartbeat_timeout: Duration::from_secs_f64(self.heartbeat_timeout.max(0.1)),
+            requests_out: self.requests_out.or(file.requests_out),
+            reorder_window,
         })
     }
 }

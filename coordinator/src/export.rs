@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use common::formats::{self, Family};
-use common::measure::measure_frames;
+use common::measure::{OutcomeKind, measure_recorded};
 use common::recording::{Exchange, RecordingError, RecordingReader};
 use serde_json::{Map, Value, json};
 
@@ -196,7 +196,7 @@ pub fn aiperf_line(exchange: &Exchange, line_no: u64) -> Option<Value> {
         }
         Prompt::None => return None,
     }
-    if let Some(n) = recorded_output_tokens(exchange, family).or_else(|| max_tokens(&body)) {
+    if let Some(n) = recorded_output_tokens(exchange).or_else(|| max_tokens(&body)) {
         line.insert("output_length".into(), json!(n.max(1)));
     }
     let mut extra = Map::new();
@@ -317,33 +317,13 @@ fn prompt_of(family: Option<Family>, body: &Value) -> Prompt {
     }
 }
 
-/// Output tokens from the recorded response's usage report, when it has one.
-fn recorded_output_tokens(exchange: &Exchange, family: Option<Family>) -> Option<u64> {
-    let response = exchange.response.as_ref()?;
-    if !(200..300).contains(&response.status) {
-        return None;
-    }
-    let family = family?;
-    let streaming = response
-        .header("content-type")
-        .is_some_and(formats::is_streaming_content_type);
-    if streaming {
-        let frames: Vec<Vec<u8>> = response
-            .frames
-            .iter()
-            .map(|f| f.bytes().into_owned())
-            .collect();
-        measure_frames(family, frames.iter().map(|b| (0, b.as_slice()))).usage_output_tokens
-    } else {
-        let body: Vec<u8> = response
-            .frames
-            .iter()
-            .flat_map(|f| f.bytes().into_owned())
-            .collect();
-        formats::unstreamed(family, &body)
-            .ok()?
-            .usage
-            .and_then(|u| u.output_tokens)
+/// Output tokens from the recorded response's usage report, when it has one (measured by
+/// [`measure_recorded`], as the baseline and `recording stats` do).
+fn recorded_output_tokens(exchange: &Exchange) -> Option<u64> {
+    let outcome = measure_recorded(exchange)?;
+    match outcome.kind {
+        OutcomeKind::Succeeded | OutcomeKind::EndedEarly => outcome.usage_output_tokens,
+        OutcomeKind::Failed(_) => None,
     }
 }
 

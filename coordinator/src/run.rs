@@ -156,6 +156,8 @@ impl AssignmentPlan {
             timeout_s: self.config.timeout.as_secs_f64(),
             tag_requests: self.tag_requests,
             worker_index: index as u32,
+            requests_out: self.config.requests_out.is_some(),
+            reorder_window: self.config.reorder_window as u32,
         }
     }
 }
@@ -199,6 +201,7 @@ impl WorkerSlot {
                 issued: c.issued,
                 not_started: c.not_started,
                 lost: c.lost,
+                sent_out_of_order: c.sent_out_of_order,
             })
             .unwrap_or_default()
     }
@@ -233,6 +236,8 @@ pub struct ReplaySetup<'a> {
     pub tag_requests: bool,
     pub exchanges: u64,
     pub pass_span_ms: f64,
+    /// `--requests-out`, shared by every level of a sweep.
+    pub requests_out: Option<Arc<crate::requests_out::RequestsOut>>,
 }
 
 fn tls_server_config(
@@ -290,6 +295,7 @@ pub async fn replay(setup: ReplaySetup<'_>) -> Result<ReplayResult, RunError> {
         token.clone(),
         Box::new(move |index| assignment.for_worker(index)),
         events_tx,
+        setup.requests_out.clone(),
     ));
     let listen = match &config.source {
         WorkerSource::Local(_) => "127.0.0.1:0".to_owned(),
@@ -838,6 +844,7 @@ fn finish(
                 issued: totals.issued,
                 not_started: not_started_here,
                 lost,
+                sent_out_of_order: totals.sent_out_of_order,
             },
             metrics,
             lost: slot.lost.is_some(),
@@ -873,6 +880,13 @@ fn finish(
         warnings.push(format!(
             "START SKEW {skew:.2} ms exceeds --max-skew {:.2} ms: workers did not start together, so the recorded schedule was not replayed faithfully",
             config.max_skew.as_secs_f64() * 1000.0
+        ));
+    }
+    let out_of_order: u64 = outcomes.iter().map(|w| w.totals.sent_out_of_order).sum();
+    if out_of_order > 0 {
+        warnings.push(format!(
+            "{out_of_order} exchanges were further out of at_ms order in the recording than --reorder-window {} exchanges: they were sent late (none was dropped); raise --reorder-window to replay them on time",
+            config.reorder_window
         ));
     }
     for worker in &outcomes {

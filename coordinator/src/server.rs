@@ -61,6 +61,8 @@ pub struct ServiceState {
     pub token: Option<String>,
     pub assignment_for: Box<AssignmentFor>,
     pub events: mpsc::Sender<WorkerEvent>,
+    /// Where per-request records go (`--requests-out`).
+    pub requests_out: Option<Arc<crate::requests_out::RequestsOut>>,
     joined: Mutex<Vec<String>>,
     slices: Mutex<HashMap<String, mpsc::Receiver<Result<v1::ExchangeChunk, Status>>>>,
 }
@@ -71,12 +73,14 @@ impl ServiceState {
         token: Option<String>,
         assignment_for: Box<AssignmentFor>,
         events: mpsc::Sender<WorkerEvent>,
+        requests_out: Option<Arc<crate::requests_out::RequestsOut>>,
     ) -> Self {
         ServiceState {
             expected_workers,
             token,
             assignment_for,
             events,
+            requests_out,
             joined: Mutex::new(Vec::new()),
             slices: Mutex::new(HashMap::new()),
         }
@@ -180,6 +184,8 @@ impl Coordinator for CoordinatorService {
             )))
             .await;
         let events = self.state.events.clone();
+        let requests_out = self.state.requests_out.clone();
+        let worker_id = hello.worker_id.clone();
         let _ = events
             .send(WorkerEvent::Joined {
                 index,
@@ -213,6 +219,19 @@ impl Coordinator for CoordinatorService {
                             index,
                             reason: failed.reason,
                         },
+                        v1::worker_message::Msg::Records(batch) => {
+                            // Written here, before the report that follows them on this
+                            // stream reaches the orchestrator.
+                            if let Some(out) = &requests_out {
+                                let records: Vec<_> = batch
+                                    .records
+                                    .iter()
+                                    .filter_map(proto::convert::record_from_proto)
+                                    .collect();
+                                out.write(&worker_id, &records);
+                            }
+                            continue;
+                        }
                         v1::worker_message::Msg::Hello(_) => continue,
                     },
                     Ok(Some(_)) => continue,

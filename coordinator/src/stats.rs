@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use common::formats::{self, Family};
-use common::measure::{estimate_input_tokens, measure_frames};
+use common::measure::{estimate_input_tokens, measure_recorded};
 use common::metrics::{Stats, stats_of};
 use common::recording::{Exchange, RecordingError, RecordingReader};
 use hdrhistogram::Histogram;
@@ -161,7 +161,7 @@ pub fn recording_stats(path: &Path) -> Result<RecordingStats, RecordingError> {
             .entry(family.map_or("other", Family::name).to_owned())
             .or_default() += 1;
 
-        let (usage_in, usage_out, content_frames) = recorded_usage(&exchange, family);
+        let (usage_in, usage_out, content_frames) = recorded_usage(&exchange);
         if let Some(response) = &exchange.response {
             out.with_response += 1;
             if response.complete {
@@ -257,43 +257,16 @@ fn family_of(exchange: &Exchange) -> Option<Family> {
     formats::detect(&exchange.request.path, content_type, &first)
 }
 
-/// Usage input/output tokens and the content frames of a recorded response.
-fn recorded_usage(exchange: &Exchange, family: Option<Family>) -> (Option<u64>, Option<u64>, u64) {
-    let (Some(response), Some(family)) = (exchange.response.as_ref(), family) else {
-        return (None, None, 0);
-    };
-    if !(200..300).contains(&response.status) {
-        return (None, None, 0);
-    }
-    let streaming = response
-        .header("content-type")
-        .is_some_and(formats::is_streaming_content_type);
-    if streaming {
-        let frames: Vec<Vec<u8>> = response
-            .frames
-            .iter()
-            .map(|f| f.bytes().into_owned())
-            .collect();
-        let outcome = measure_frames(family, frames.iter().map(|b| (0, b.as_slice())));
-        (
+/// Usage input/output tokens and the content frames of a recorded response (measured by
+/// [`measure_recorded`], as the baseline and `export` do).
+fn recorded_usage(exchange: &Exchange) -> (Option<u64>, Option<u64>, u64) {
+    match measure_recorded(exchange) {
+        Some(outcome) if (200..300).contains(&exchange.response.as_ref().map_or(0, |r| r.status)) => (
             outcome.input_tokens,
             outcome.usage_output_tokens,
             outcome.content_frames,
-        )
-    } else {
-        let body: Vec<u8> = response
-            .frames
-            .iter()
-            .flat_map(|f| f.bytes().into_owned())
-            .collect();
-        match formats::unstreamed(family, &body) {
-            Ok(read) => (
-                read.usage.and_then(|u| u.input_tokens),
-                read.usage.and_then(|u| u.output_tokens),
-                u64::from(read.has_content),
-            ),
-            Err(_) => (None, None, 0),
-        }
+        ),
+        _ => (None, None, 0),
     }
 }
 

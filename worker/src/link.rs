@@ -235,7 +235,37 @@ fn replay_config(
             600.0
         }),
         tag_requests: assignment.tag_requests,
+        requests_out: assignment.requests_out,
+        reorder_window: match assignment.reorder_window {
+            0 => crate::config::DEFAULT_REORDER_WINDOW,
+            n => n as usize,
+        },
     })
+}
+
+/// Records per message: a batch stays far below gRPC's 4 MiB message limit.
+const RECORDS_PER_MESSAGE: usize = 1024;
+
+/// Send per-request records in bounded batches.
+async fn send_records(
+    out_tx: &mpsc::Sender<v1::WorkerMessage>,
+    records: Vec<crate::metrics_actor::RequestRecord>,
+) -> Result<(), ()> {
+    let mut records = records.into_iter().peekable();
+    while records.peek().is_some() {
+        let batch = records
+            .by_ref()
+            .take(RECORDS_PER_MESSAGE)
+            .map(proto::convert::record_to_proto)
+            .collect();
+        let message = v1::WorkerMessage {
+            msg: Some(v1::worker_message::Msg::Records(v1::RequestRecords {
+                records: batch,
+            })),
+        };
+        out_tx.send(message).await.map_err(|_| ())?;
+    }
+    Ok(())
 }
 
 fn cpu_seconds() -> f64 {
@@ -420,6 +450,9 @@ pub async fn run_once(
             .not_started
             .load(std::sync::atomic::Ordering::Relaxed),
         lost: 0,
+        sent_out_of_order: progress
+            .sent_out_of_order
+            .load(std::sync::atomic::Ordering::Relaxed),
     };
 
     let mut seq = 0u64;
@@ -440,6 +473,10 @@ pub async fn run_once(
                     }
                 }
                 let snapshot = metrics.snapshot().await;
+                if send_records(&out_tx, snapshot.records).await.is_err() {
+                    failure.get_or_insert(coordinator_lost("its report stream closed"));
+                    let _ = abort_tx.send(true);
+                }
                 seq += 1;
                 let report = report_from_metrics(seq, false, &snapshot.metrics, live_totals(&progress), &snapshot.status_codes, cpu_seconds());
                 if out_tx.send(send(v1::worker_message::Msg::Report(report))).await.is_err() {
@@ -499,6 +536,9 @@ pub async fn run_once(
         })));
     }
     let snapshot = metrics.snapshot().await;
+    // The records go before the final report, on the same stream, so the coordinator has
+    // every one of them when it reads the final counts.
+    let records_sent = send_records(&out_tx, snapshot.records).await;
     seq += 1;
     let report = report_from_metrics(
         seq,
@@ -508,10 +548,14 @@ pub async fn run_once(
             issued: totals.issued,
             not_started: totals.not_started,
             lost: totals.lost,
+            sent_out_of_order: totals.sent_out_of_order,
         },
         &snapshot.status_codes,
         cpu_seconds(),
     );
+    if records_sent.is_err() {
+        failure.get_or_insert(coordinator_lost("its report stream closed"));
+    }
     if let Some(failure) = failure {
         // Best effort: the coordinator may still be there (abort) and want the partial numbers.
         let _ = tokio::time::timeout(

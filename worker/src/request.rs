@@ -173,6 +173,8 @@ mod tests {
             sets: vec![],
             timeout: std::time::Duration::from_secs(1),
             tag_requests: true,
+            requests_out: false,
+            reorder_window: crate::config::DEFAULT_REORDER_WINDOW,
         };
         let headers = replay_headers(&exchange, &config, 7);
         assert!(headers.get("x-api-key").is_none());

@@ -167,6 +167,10 @@ pub struct RequestsSection {
     /// Warm-up requests, left out of every other number.
     #[serde(default)]
     pub warmup: u64,
+    /// Succeeded requests answered with one body rather than a stream: they count in
+    /// latency, ISL, OSL and throughput, and have no TTFT, TTST or ITL.
+    #[serde(default)]
+    pub unstreamed: u64,
 }
 
 /// Failures by kind.
@@ -211,6 +215,10 @@ pub struct LlmSection {
     pub requests_per_second: Option<f64>,
     /// Percent of streams whose output tokens were estimated; `null` when there were none.
     pub estimated_token_share_pct: Option<f64>,
+    /// Percent of input tokens the server served from its prompt cache, over the requests
+    /// whose usage reported cached tokens; `null` when none did.
+    #[serde(default)]
+    pub cached_input_share_pct: Option<f64>,
     /// Output tokens of succeeded requests.
     #[serde(default)]
     pub output_tokens: u64,
@@ -456,6 +464,7 @@ impl RequestsSection {
             },
             status_codes: totals.status_codes.clone(),
             warmup: counters.warmup,
+            unstreamed: counters.unstreamed,
         }
     }
 
@@ -485,6 +494,7 @@ impl LlmSection {
             requests_per_second: measured.then(|| metrics.requests_per_second()),
             estimated_token_share_pct: (token_sources > 0)
                 .then(|| metrics.estimated_token_share_pct()),
+            cached_input_share_pct: metrics.cached_input_share_pct(),
             output_tokens: metrics.counters.output_tokens,
             measured_window_s: measured.then(|| metrics.window_seconds()),
         }

@@ -33,6 +33,8 @@ fn succeeded(
         input_tokens: Some(500 + 10 * i),
         schedule_lag_us: Some(100 * i),
         sent_unix_us: Some(T0_US + i * 500_000),
+        unstreamed: false,
+        cached_input_tokens: None,
     }
 }
 
@@ -52,6 +54,8 @@ fn replayed_metrics() -> RunMetrics {
         input_tokens: None,
         schedule_lag_us: Some(50),
         sent_unix_us: Some(T0_US + 100_000),
+        unstreamed: false,
+        cached_input_tokens: None,
     });
     m.record(&RequestOutcome::failed(FailureKind::Status));
     m.record(&RequestOutcome::failed(FailureKind::ErrorFrame));
