@@ -78,6 +78,45 @@ pub struct RecordingStats {
     pub statuses: BTreeMap<String, u64>,
     /// Line of a torn last line that was skipped, if any.
     pub torn_last_line: Option<u64>,
+    /// How far the lines are from `at_ms` order (a recording proxy writes exchanges as they
+    /// complete, so long streams come after shorter ones that started later).
+    pub order: ArrivalOrder,
+}
+
+/// How out of `at_ms` order a recording's lines are.
+#[derive(Debug, Clone, Copy, Serialize, Default, PartialEq)]
+pub struct ArrivalOrder {
+    /// Exchanges whose `at_ms` is earlier than that of a line before them.
+    pub out_of_order: u64,
+    /// Largest such gap: the latest earlier `at_ms` minus this one, ms.
+    pub max_behind_ms: f64,
+    /// Smallest `--reorder-window` (exchanges read ahead) that replays every exchange in
+    /// `at_ms` order: the farthest any line sits after the first line scheduled later.
+    pub window_needed: u64,
+}
+
+impl ArrivalOrder {
+    /// Measure the order of `arrivals`, in file order.
+    pub fn of(arrivals: &[f64]) -> ArrivalOrder {
+        let mut order = ArrivalOrder::default();
+        // Where the running maximum rose: (line index, new maximum), increasing in both, so
+        // the first earlier line with a later `at_ms` is found by binary search.
+        let mut rises: Vec<(usize, f64)> = Vec::new();
+        for (i, &at) in arrivals.iter().enumerate() {
+            match rises.last() {
+                Some(&(_, max)) if at < max => {
+                    order.out_of_order += 1;
+                    order.max_behind_ms = order.max_behind_ms.max(max - at);
+                    let first_later = rises.partition_point(|&(_, m)| m <= at);
+                    let distance = (i - rises[first_later].0) as u64;
+                    order.window_needed = order.window_needed.max(distance + 1);
+                }
+                Some(&(_, max)) if at == max => {}
+                _ => rises.push((i, at)),
+            }
+        }
+        order
+    }
 }
 
 /// `llm-replay recording ...`.
@@ -212,6 +251,7 @@ pub fn recording_stats(path: &Path) -> Result<RecordingStats, RecordingError> {
     if out.exchanges > 0 {
         out.frame_timing_share_pct = 100.0 * out.with_frame_timing as f64 / out.exchanges as f64;
     }
+    out.order = ArrivalOrder::of(&arrivals);
     arrivals.sort_by(f64::total_cmp);
     if let (Some(first), Some(last)) = (arrivals.first(), arrivals.last()) {
         out.duration_s = (last - first) / 1000.0;
@@ -261,11 +301,15 @@ fn family_of(exchange: &Exchange) -> Option<Family> {
 /// [`measure_recorded`], as the baseline and `export` do).
 fn recorded_usage(exchange: &Exchange) -> (Option<u64>, Option<u64>, u64) {
     match measure_recorded(exchange) {
-        Some(outcome) if (200..300).contains(&exchange.response.as_ref().map_or(0, |r| r.status)) => (
-            outcome.input_tokens,
-            outcome.usage_output_tokens,
-            outcome.content_frames,
-        ),
+        Some(outcome)
+            if (200..300).contains(&exchange.response.as_ref().map_or(0, |r| r.status)) =>
+        {
+            (
+                outcome.input_tokens,
+                outcome.usage_output_tokens,
+                outcome.content_frames,
+            )
+        }
         _ => (None, None, 0),
     }
 }
@@ -348,6 +392,17 @@ pub fn render_text(s: &RecordingStats) -> String {
     out.push_str(&format!("families   {}\n", render_counts(&s.families, 8)));
     out.push_str(&format!("models     {}\n", render_counts(&s.models, 8)));
     out.push_str(&format!("statuses   {}\n", render_counts(&s.statuses, 8)));
+    if s.order.out_of_order > 0 {
+        out.push_str(&format!(
+            "order      {} exchanges out of at_ms order (at most {:.1} ms behind); the replay needs --reorder-window {} or more (default {})\n",
+            s.order.out_of_order,
+            s.order.max_behind_ms,
+            s.order.window_needed,
+            crate::config::DEFAULT_REORDER_WINDOW
+        ));
+    } else if s.with_arrival > 0 {
+        out.push_str("order      every line in at_ms order\n");
+    }
     if let Some(line) = s.torn_last_line {
         out.push_str(&format!("torn last line {line} (not counted)\n"));
     }
@@ -357,6 +412,20 @@ pub fn render_text(s: &RecordingStats) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn arrival_order_measures_how_far_lines_sit_out_of_order() {
+        assert_eq!(
+            ArrivalOrder::of(&[0.0, 1.0, 1.0, 2.0]),
+            ArrivalOrder::default()
+        );
+        // A proxy's file: the stream started at 0 ended last, after three later starts.
+        let order = ArrivalOrder::of(&[100.0, 200.0, 300.0, 0.0, 400.0, 250.0]);
+        assert_eq!(order.out_of_order, 2);
+        assert!((order.max_behind_ms - 300.0).abs() < 1e-9);
+        // Line 3 (at 0) must be read before line 0 (at 100) is sent: 4 lines ahead.
+        assert_eq!(order.window_needed, 4);
+    }
 
     #[test]
     fn arrivals_tokens_and_a_torn_last_line() {

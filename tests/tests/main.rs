@@ -7,5 +7,6 @@ mod example;
 mod faults;
 mod goals;
 mod memory;
+mod real_traffic;
 mod timing;
 mod usage;

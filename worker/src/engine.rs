@@ -582,10 +582,7 @@ async fn send_one(
             };
         }
         let family = formats::detect(path, content_type, &whole);
-        return (
-            finish(measure_unstreamed(family, &whole, t_last)),
-            code,
-        );
+        return (finish(measure_unstreamed(family, &whole, t_last)), code);
     }
 
     let family = formats::detect(path, content_type, &first).unwrap_or(Family::OpenAiChat);

@@ -261,7 +261,9 @@ mod tests {
         );
         assert_eq!(
             seen,
-            vec!["Usage(Usage { input_tokens: Some(125), output_tokens: None, cached_input_tokens: Some(20) })"]
+            vec![
+                "Usage(Usage { input_tokens: Some(125), output_tokens: None, cached_input_tokens: Some(20) })"
+            ]
         );
         let seen = run(
             &mut semantics,
@@ -269,7 +271,9 @@ mod tests {
         );
         assert_eq!(
             seen,
-            vec!["Usage(Usage { input_tokens: Some(126), output_tokens: Some(30), cached_input_tokens: Some(20) })"]
+            vec![
+                "Usage(Usage { input_tokens: Some(126), output_tokens: Some(30), cached_input_tokens: Some(20) })"
+            ]
         );
     }
 

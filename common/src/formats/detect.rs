@@ -82,7 +82,9 @@ pub fn response_is_streamed(
     if content_type.is_some_and(is_streaming_content_type) {
         return true;
     }
-    let first = first_bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(first_bytes);
+    let first = first_bytes
+        .strip_prefix(b"\xEF\xBB\xBF")
+        .unwrap_or(first_bytes);
     let first = &first[..first.len().min(SNIFF_BYTES)];
     let first = first.trim_ascii_start();
     if looks_like_sse(first) || eventstream::first_event_type(first).is_some() {

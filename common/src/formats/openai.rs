@@ -479,7 +479,9 @@ mod tests {
         let seen = chat(r#"{"choices":[],"usage":{"prompt_tokens":0,"completion_tokens":0}}"#);
         assert_eq!(
             seen,
-            vec!["Usage(Usage { input_tokens: Some(0), output_tokens: Some(0), cached_input_tokens: None })"]
+            vec![
+                "Usage(Usage { input_tokens: Some(0), output_tokens: Some(0), cached_input_tokens: None })"
+            ]
         );
     }
 }

@@ -118,7 +118,8 @@ fn anthropic(body: &Value) -> Unstreamed {
         Usage {
             input_tokens: input,
             output_tokens: usage["output_tokens"].as_u64(),
-            cached_input_tokens: input.map(|_| usage["cache_read_input_tokens"].as_u64().unwrap_or(0)),
+            cached_input_tokens: input
+                .map(|_| usage["cache_read_input_tokens"].as_u64().unwrap_or(0)),
         }
     });
     Unstreamed {

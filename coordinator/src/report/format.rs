@@ -204,7 +204,9 @@ pub(super) fn token_sources(report: &Report) -> String {
     let cached = report
         .llm
         .cached_input_share_pct
-        .map_or_else(String::new, |p| format!(" · prompt cache {p:.1} % of input"));
+        .map_or_else(String::new, |p| {
+            format!(" · prompt cache {p:.1} % of input")
+        });
     let unstreamed = match report.requests.unstreamed {
         0 => String::new(),
         n => format!(" · unstreamed {n}"),
