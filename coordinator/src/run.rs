@@ -569,7 +569,7 @@ async fn collect(
                         slot.last_heard = Instant::now();
                         if slot.latest.as_ref().is_none_or(|r| report.seq > r.seq) {
                             slot.done = report.r#final;
-                            slot.latest = Some(report);
+                            slot.latest = Some(*report);
                         }
                     }
                     WorkerEvent::Heartbeat { index } | WorkerEvent::ClockPong { index, .. } => {
@@ -735,7 +735,7 @@ async fn collect(
                     let slot = &mut slots[index];
                     if slot.latest.as_ref().is_none_or(|r| report.seq > r.seq) {
                         slot.done = report.r#final;
-                        slot.latest = Some(report);
+                        slot.latest = Some(*report);
                     }
                 }
                 Ok(Some(WorkerEvent::Gone { index, reason })) if !slots[index].done => {

@@ -144,7 +144,9 @@ impl Ord for Pending {
     }
 }
 
-/// What [`Feed::next_recorded`] produced.
+/// What [`Feed::next_recorded`] produced. Returned once per request and moved at once, so
+/// the item is not boxed.
+#[allow(clippy::large_enum_variant)]
 enum Next {
     /// An item and its intended send time.
     Item(WorkItem, Option<Instant>),
