@@ -213,7 +213,10 @@ pub async fn run_command(args: RunArgs) -> ExitCode {
     if unreachable(&main.metrics) {
         return fail(
             exit::RUN_FAILED,
-            format!("the target {target} was unreachable: no request got a response"),
+            format!(
+                "the target {} was unreachable: no request got a response",
+                common::recording::redact_url(&target)
+            ),
         );
     }
     if report.any_goal_failed() {
@@ -289,7 +292,7 @@ fn build_report(
             started_at: rfc3339_utc(started_us),
             duration_s: result.duration.as_secs_f64(),
             target: if config.target.is_some() {
-                result.target.clone()
+                common::recording::redact_url(&result.target)
             } else {
                 format!("embedded mock ({}) at recorded timing", result.target)
             },

@@ -86,6 +86,8 @@ pub enum ExportError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{}: the output is the recording itself; export elsewhere", path.display())]
+    SameFile { path: PathBuf },
     #[error(transparent)]
     Redact(#[from] crate::capture::redact::RedactError),
 }
@@ -134,18 +136,20 @@ pub fn export(args: &ExportArgs) -> Result<ExportSummary, ExportError> {
         path: args.output.clone(),
         source,
     };
-    let file = std::fs::File::create(&args.output).map_err(write_error)?;
+    if common::recording::is_same_file(&args.recording, &args.output) {
+        return Err(ExportError::SameFile {
+            path: args.output.clone(),
+        });
+    }
+    // Written beside the output and renamed into place once whole.
+    let temporary = common::recording::temporary_sibling(&args.output);
+    let file = std::fs::File::create(&temporary).map_err(write_error)?;
+    let mut partial = RemoveOnDrop(Some(temporary.clone()));
     let mut out = std::io::BufWriter::new(file);
     let mut summary = ExportSummary::default();
-    for item in reader {
-        let (line_no, exchange) = match item {
-            Ok(item) => item,
-            Err(RecordingError::TornLastLine { line, .. }) => {
-                summary.torn_last_line = Some(line);
-                break;
-            }
-            Err(error) => return Err(error.into()),
-        };
+    let mut reader = reader;
+    for item in reader.by_ref() {
+        let (line_no, exchange) = item?;
         let Some(mut line) = aiperf_line(&exchange, line_no) else {
             summary.skipped += 1;
             continue;
@@ -157,7 +161,22 @@ pub fn export(args: &ExportArgs) -> Result<ExportSummary, ExportError> {
         summary.written += 1;
     }
     out.flush().map_err(write_error)?;
+    out.get_ref().sync_all().map_err(write_error)?;
+    drop(out);
+    std::fs::rename(&temporary, &args.output).map_err(write_error)?;
+    partial.0 = None;
     Ok(summary)
+}
+
+/// Removes a half-written temporary output when the export stops on an error.
+struct RemoveOnDrop(Option<PathBuf>);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        if let Some(path) = self.0.take() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
 }
 
 /// One `mooncake_trace` line for `exchange`, or `None` when it has no prompt.

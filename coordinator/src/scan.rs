@@ -35,15 +35,9 @@ pub fn scan(path: &Path) -> Result<RecordingScan, RecordingError> {
     let mut out = RecordingScan::default();
     let mut baseline = RunMetrics::new();
     let mut sessions = std::collections::HashSet::new();
-    for item in RecordingReader::open(path)? {
-        let exchange = match item {
-            Ok((_, exchange)) => exchange,
-            Err(RecordingError::TornLastLine { line, .. }) => {
-                out.torn_last_line = Some(line);
-                break;
-            }
-            Err(error) => return Err(error),
-        };
+    let mut reader = RecordingReader::open(path)?;
+    for item in reader.by_ref() {
+        let (_, exchange) = item?;
         out.exchanges += 1;
         if let Some(at) = exchange.at_ms {
             out.with_arrival += 1;
@@ -62,6 +56,7 @@ pub fn scan(path: &Path) -> Result<RecordingScan, RecordingError> {
             baseline.record(&outcome);
         }
     }
+    out.torn_last_line = reader.torn_last_line();
     out.sessions = sessions.len() as u64;
     if out.with_frame_timing > 0 {
         out.baseline = Some(baseline);

@@ -171,15 +171,9 @@ pub fn recording_stats(path: &Path) -> Result<RecordingStats, RecordingError> {
     let mut isl = new_histogram();
     let mut osl = new_histogram();
     let mut ttft = new_histogram();
-    for item in RecordingReader::open(path)? {
-        let exchange = match item {
-            Ok((_, exchange)) => exchange,
-            Err(RecordingError::TornLastLine { line, .. }) => {
-                out.torn_last_line = Some(line);
-                break;
-            }
-            Err(error) => return Err(error),
-        };
+    let mut reader = RecordingReader::open(path)?;
+    for item in reader.by_ref() {
+        let (_, exchange) = item?;
         out.exchanges += 1;
         if let Some(at) = exchange.at_ms {
             arrivals.push(at);
@@ -246,6 +240,7 @@ pub fn recording_stats(path: &Path) -> Result<RecordingStats, RecordingError> {
             *out.osl_sources.entry(source).or_default() += 1;
         }
     }
+    out.torn_last_line = reader.torn_last_line();
     out.sessions = sessions.len() as u64;
     out.with_arrival = arrivals.len() as u64;
     if out.exchanges > 0 {

@@ -7,10 +7,10 @@
 //! behaviours the mock does not have.
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::time::Duration;
+
+use crate::raw_server::{Gateway, start_gateway};
 
 use fixtures::{MockServer, TempDir, bin, llm_replay, num, write_chat_recording};
 use serde_json::{Value, json};
@@ -119,89 +119,6 @@ fn unstreamed_answers_count_in_latency_only_and_match_the_baseline() {
     }
 }
 
-/// How the raw server answers.
-#[derive(Clone, Copy)]
-struct Gateway {
-    /// `Content-Type` of the stream, if any.
-    content_type: Option<&'static str>,
-    /// Keep the connection open (no end of body) for this long after `[DONE]`.
-    hold_after_done: Duration,
-}
-
-/// A raw HTTP/1.1 server on 127.0.0.1:0 that answers every request with a chunked OpenAI chat
-/// SSE stream of 5 tokens, 10 ms apart, labelled as `gateway` says.
-fn start_gateway(gateway: Gateway) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(stream) = stream else { break };
-            std::thread::spawn(move || serve_connection(stream, gateway));
-        }
-    });
-    url
-}
-
-fn serve_connection(stream: TcpStream, gateway: Gateway) {
-    let _ = stream.set_nodelay(true);
-    let mut reader = BufReader::new(stream.try_clone().expect("clone"));
-    let mut writer = stream;
-    loop {
-        // Request line and headers.
-        let mut content_length = 0usize;
-        let mut line = String::new();
-        loop {
-            line.clear();
-            match reader.read_line(&mut line) {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            }
-            if line == "\r\n" {
-                break;
-            }
-            if let Some((name, value)) = line.split_once(':')
-                && name.eq_ignore_ascii_case("content-length")
-            {
-                content_length = value.trim().parse().unwrap_or(0);
-            }
-        }
-        let mut body = vec![0; content_length];
-        if reader.read_exact(&mut body).is_err() {
-            return;
-        }
-        let mut head = String::from("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n");
-        if let Some(content_type) = gateway.content_type {
-            head.push_str(&format!("Content-Type: {content_type}\r\n"));
-        }
-        head.push_str("\r\n");
-        if writer.write_all(head.as_bytes()).is_err() {
-            return;
-        }
-        let chunk = |w: &mut TcpStream, data: &str| -> std::io::Result<()> {
-            w.write_all(format!("{:x}\r\n{data}\r\n", data.len()).as_bytes())?;
-            w.flush()
-        };
-        for _ in 0..5 {
-            std::thread::sleep(Duration::from_millis(10));
-            if chunk(
-                &mut writer,
-                "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi \"}}]}\n\n",
-            )
-            .is_err()
-            {
-                return;
-            }
-        }
-        if chunk(&mut writer, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":5}}\n\ndata: [DONE]\n\n").is_err() {
-            return;
-        }
-        std::thread::sleep(gateway.hold_after_done);
-        if writer.write_all(b"0\r\n\r\n").is_err() {
-            return;
-        }
-    }
-}
-
 fn replay_against(url: &str, dir: &TempDir, extra: &[&str]) -> Value {
     let recording = dir.join("rec.jsonl");
     write_chat_recording(&recording, 12, 5, None);
@@ -228,7 +145,8 @@ fn sse_behind_a_gateway_that_mislabels_it_is_measured() {
         let url = start_gateway(Gateway {
             content_type,
             hold_after_done: Duration::ZERO,
-        });
+        })
+        .url;
         let dir = TempDir::new("mislabelled");
         let report = replay_against(&url, &dir, &[]);
         println!(
@@ -251,7 +169,8 @@ fn a_stream_held_open_after_done_ends_at_done() {
     let url = start_gateway(Gateway {
         content_type: Some("text/event-stream"),
         hold_after_done: Duration::from_secs(3),
-    });
+    })
+    .url;
     let dir = TempDir::new("held-open");
     let report = replay_against(&url, &dir, &["--timeout", "2s"]);
     let latency_max = num(&report, &["llm", "latency_ms", "max"]);

@@ -217,7 +217,7 @@ impl Feed {
             let intended = head
                 .at_ms
                 .is_finite()
-                .then(|| start + Duration::from_secs_f64(head.at_ms.max(0.0) / 1000.0 / speed));
+                .then(|| start + offset(head.at_ms / 1000.0 / speed));
             let Some(when) = intended.filter(|t| *t > Instant::now()) else {
                 let item = self.pop().expect("the heap has a head");
                 return Next::Item(item, intended);
@@ -322,7 +322,7 @@ pub async fn replay(run: EngineRun) -> EngineTotals {
             };
             let Some(item) = item else { break };
             let intended = load.rate.map(|rate| {
-                let at = start.instant + Duration::from_secs_f64(next_rate_offset);
+                let at = start.instant + offset(next_rate_offset);
                 let gap = match load.arrival {
                     Arrival::Constant => 1.0 / rate,
                     Arrival::Poisson => {
@@ -461,6 +461,16 @@ pub async fn replay(run: EngineRun) -> EngineTotals {
     totals
 }
 
+/// An offset from the start instant, clamped to ten years: the coordinator validates every
+/// input, and no value that slipped through can make the clock arithmetic panic.
+fn offset(seconds: f64) -> Duration {
+    const TEN_YEARS_S: f64 = 10.0 * 365.0 * 86_400.0;
+    if seconds.is_nan() {
+        return Duration::ZERO;
+    }
+    Duration::from_secs_f64(seconds.clamp(0.0, TEN_YEARS_S))
+}
+
 fn unix_nanos(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
@@ -484,11 +494,7 @@ async fn send_one(
     let exchange = &item.exchange;
     let method = reqwest::Method::from_bytes(exchange.request.method.as_bytes())
         .unwrap_or(reqwest::Method::POST);
-    let url = format!(
-        "{}{}",
-        config.target.trim_end_matches('/'),
-        exchange.request.path
-    );
+    let url = crate::request::replay_url(&config.target, &exchange.request.path);
     let body = bytes::Bytes::from(replay_body(exchange, &config.sets));
     let request = client
         .request(method, &url)
@@ -518,12 +524,12 @@ async fn send_one(
     let mut response = match response {
         Ok(response) => response,
         Err(error) => {
-            tracing::debug!(%error, url, "request failed before a response");
             let kind = if error.is_timeout() {
                 FailureKind::Timeout
             } else {
                 FailureKind::Transport
             };
+            tracing::debug!(error = %error.without_url(), url = %common::recording::redact_url(&url), "request failed before a response");
             return (finish(RequestOutcome::failed(kind)), None);
         }
     };
@@ -555,7 +561,7 @@ async fn send_one(
         Ok(Some(bytes)) => bytes,
         Ok(None) => return (finish(RequestOutcome::failed(FailureKind::Empty)), code),
         Err(error) => {
-            tracing::debug!(%error, url, "body failed before its first byte");
+            tracing::debug!(error = %error.without_url(), url = %common::recording::redact_url(&url), "body failed before its first byte");
             return (finish(RequestOutcome::failed(FailureKind::Transport)), code);
         }
     };
@@ -578,7 +584,7 @@ async fn send_one(
                 }
                 Ok(None) => break,
                 Err(error) => {
-                    tracing::debug!(%error, url, "body cut");
+                    tracing::debug!(error = %error.without_url(), url = %common::recording::redact_url(&url), "body cut");
                     return (finish(RequestOutcome::failed(FailureKind::Transport)), code);
                 }
             };
@@ -615,7 +621,7 @@ async fn send_one(
             }
             Ok(None) => return (finish(meter.finish(t_us, false)), code),
             Err(error) => {
-                tracing::debug!(%error, url, "stream cut");
+                tracing::debug!(error = %error.without_url(), url = %common::recording::redact_url(&url), "stream cut");
                 return (finish(meter.finish(t_us, true)), code);
             }
         }

@@ -146,7 +146,11 @@ async fn connect(
     let mut endpoint = tonic::transport::Endpoint::from_shared(url.clone())
         .map_err(|_| LinkError::Address(options.coordinator.clone()))?
         .tcp_nodelay(true)
-        .connect_timeout(Duration::from_secs(2));
+        .connect_timeout(Duration::from_secs(2))
+        // A peer that stops answering is noticed on the link itself, not only by silence.
+        .http2_keep_alive_interval(Duration::from_secs(1))
+        .keep_alive_timeout(options.heartbeat_timeout)
+        .keep_alive_while_idle(true);
     if let Some(tls) = &options.tls {
         let mut config = tonic::transport::ClientTlsConfig::new()
             .ca_certificate(tonic::transport::Certificate::from_pem(read_pem(&tls.ca)?));
@@ -303,14 +307,21 @@ pub async fn run_once(
         })))
         .await
         .map_err(|_| LinkError::Protocol("outbound stream closed".into()))?;
-    let mut inbound = client
-        .join(ReceiverStream::new(out_rx))
+    // Every wait is bounded: a peer that accepts the connection and never answers is not a
+    // coordinator.
+    let answer_within = options.heartbeat_timeout;
+    let silent = |what: &str| coordinator_lost(&format!("no {what} within {answer_within:?}"));
+    let mut inbound = tokio::time::timeout(answer_within, client.join(ReceiverStream::new(out_rx)))
         .await
+        .map_err(|_| silent("answer to the join"))?
         .map_err(|status| LinkError::Refused(status.message().to_owned()))?
         .into_inner();
 
     let assignment = loop {
-        match inbound.message().await {
+        let message = tokio::time::timeout(answer_within, inbound.message())
+            .await
+            .map_err(|_| silent("assignment"))?;
+        match message {
             Ok(Some(v1::CoordinatorMessage {
                 msg: Some(v1::coordinator_message::Msg::Assignment(a)),
             })) => break a,
@@ -345,13 +356,14 @@ pub async fn run_once(
 
     // The slice arrives on its own stream; the forwarder blocks on the bounded items channel
     // when the engine is behind, which back-pressures the coordinator through HTTP/2.
-    let mut slice = client
-        .exchanges(v1::SliceRequest {
-            run_id: assignment.run_id.clone(),
-            worker_id: options.worker_id.clone(),
-            token: options.token.clone().unwrap_or_default(),
-        })
+    let slice_request = client.exchanges(v1::SliceRequest {
+        run_id: assignment.run_id.clone(),
+        worker_id: options.worker_id.clone(),
+        token: options.token.clone().unwrap_or_default(),
+    });
+    let mut slice = tokio::time::timeout(answer_within, slice_request)
         .await
+        .map_err(|_| silent("slice stream"))?
         .map_err(|status| LinkError::Protocol(format!("slice stream: {}", status.message())))?
         .into_inner();
     let (items_tx, items_rx) = mpsc::channel::<WorkItem>(2048);
@@ -461,9 +473,14 @@ pub async fn run_once(
     let mut failure: Option<LinkError> = None;
     let totals = loop {
         tokio::select! {
-            finished = &mut engine_task => {
-                break finished.unwrap_or_default();
-            }
+            finished = &mut engine_task => match finished {
+                Ok(totals) => break totals,
+                Err(error) => {
+                    // Never silent zeros: a failed engine is a failed worker.
+                    failure.get_or_insert(LinkError::Protocol(format!("the load engine failed: {error}")));
+                    break engine::EngineTotals::default();
+                }
+            },
             _ = ticker.tick() => {
                 if !started_sent {
                     let started = progress.started_unix_ns.load(std::sync::atomic::Ordering::Relaxed);
