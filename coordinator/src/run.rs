@@ -72,6 +72,8 @@ pub struct ReplayResult {
     pub warnings: Vec<String>,
     /// True when a worker was lost and the run was aborted.
     pub aborted: bool,
+    /// True when SIGINT or SIGTERM stopped the run (`aborted` is then true too).
+    pub interrupted: bool,
 }
 
 fn unix_ns(t: SystemTime) -> u64 {
@@ -238,6 +240,8 @@ pub struct ReplaySetup<'a> {
     pub pass_span_ms: f64,
     /// `--requests-out`, shared by every level of a sweep.
     pub requests_out: Option<Arc<crate::requests_out::RequestsOut>>,
+    /// Turns true on SIGINT or SIGTERM: stop the load, collect what the workers have.
+    pub interrupt: tokio::sync::watch::Receiver<bool>,
 }
 
 fn tls_server_config(
@@ -355,6 +359,9 @@ pub async fn replay(setup: ReplaySetup<'_>) -> Result<ReplayResult, RunError> {
                     .stdin(std::process::Stdio::null())
                     .stdout(std::process::Stdio::null())
                     .stderr(std::process::Stdio::inherit())
+                    // Their own process group: a Ctrl-C on the terminal reaches the
+                    // coordinator alone, which stops them over the link and keeps their data.
+                    .process_group(0)
                     .kill_on_drop(true)
                     .spawn()
                     .map_err(|e| RunError::Failed(format!("cannot start local worker {i}: {e}")))?;
@@ -376,6 +383,7 @@ pub async fn replay(setup: ReplaySetup<'_>) -> Result<ReplayResult, RunError> {
         &load,
         workers,
         &mut events,
+        setup.interrupt.clone(),
     )
     .await;
 
@@ -472,13 +480,19 @@ async fn collect(
     load: &GlobalLoad,
     workers: usize,
     events: &mut mpsc::Receiver<WorkerEvent>,
+    mut interrupt: tokio::sync::watch::Receiver<bool>,
 ) -> Result<ReplayResult, RunError> {
     let mut pending: Vec<Option<WorkerSlot>> = (0..workers).map(|_| None).collect();
     let join_deadline = Instant::now() + config.join_timeout;
     let mut joined = 0;
     while joined < workers {
-        let event = tokio::time::timeout_at(join_deadline.into(), events.recv())
-            .await
+        let event = tokio::select! {
+            event = tokio::time::timeout_at(join_deadline.into(), events.recv()) => event,
+            _ = interrupt.wait_for(|i| *i) => {
+                return Err(RunError::Failed("interrupted before the load started".into()));
+            }
+        };
+        let event = event
             .map_err(|_| {
                 RunError::Failed(format!(
                     "only {joined} of {workers} workers joined within {:?}",
@@ -527,7 +541,12 @@ async fn collect(
         }
     }
     let mut slots: Vec<WorkerSlot> = pending.into_iter().flatten().collect();
-    sync_clocks(&mut slots, events).await?;
+    tokio::select! {
+        synced = sync_clocks(&mut slots, events) => synced?,
+        _ = interrupt.wait_for(|i| *i) => {
+            return Err(RunError::Failed("interrupted before the load started".into()));
+        }
+    }
     for (index, slot) in slots.iter_mut().enumerate() {
         let plan = plan.clone();
         let slice = slot.slice.clone();
@@ -556,11 +575,18 @@ async fn collect(
     // Live progress only for a person watching: quiet when output goes to a file or CI.
     let progress_on = std::io::stdout().is_terminal() && std::io::stderr().is_terminal();
     let mut aborted = false;
+    let mut interrupted = false;
     let mut warnings = Vec::new();
     let mut ticker = tokio::time::interval(Duration::from_millis(500));
     let mut feeders_done = false;
     while slots.iter().any(WorkerSlot::alive) {
         tokio::select! {
+            _ = interrupt.wait_for(|i| *i), if !interrupted => {
+                interrupted = true;
+                aborted = true;
+                warnings.push("interrupted (SIGINT or SIGTERM): the load was stopped; this report holds what the workers had measured".into());
+                break;
+            }
             event = events.recv() => {
                 let Some(event) = event else { break };
                 match event {
@@ -722,7 +748,11 @@ async fn collect(
                 .control
                 .send(control_message(v1::coordinator_message::Msg::Abort(
                     v1::Abort {
-                        reason: "a worker was lost (--on-worker-loss fail)".into(),
+                        reason: if interrupted {
+                            "the coordinator was interrupted".into()
+                        } else {
+                            "a worker was lost (--on-worker-loss fail)".into()
+                        },
                     },
                 )))
                 .await;
@@ -764,9 +794,11 @@ async fn collect(
         }
     }
     let duration = started_instant.elapsed();
-    finish(
+    let mut result = finish(
         config, plan, run_id, target, load, workers, slots, warnings, aborted, started_at, duration,
-    )
+    )?;
+    result.interrupted = interrupted;
+    Ok(result)
 }
 
 fn progress_line(slots: &[WorkerSlot], planned: Option<u64>, started: Instant) -> String {
@@ -923,5 +955,6 @@ fn finish(
         start_skew_ms,
         warnings,
         aborted,
+        interrupted: false,
     })
 }

@@ -123,6 +123,7 @@ fn credentials_are_neither_replayed_nor_shown() {
     let server = start_gateway(Gateway {
         content_type: Some("text/event-stream"),
         hold_after_done: Duration::ZERO,
+        big_body: None,
     });
     let dir = TempDir::new("credentials");
     let recording = dir.join("rec.jsonl");
@@ -426,4 +427,208 @@ fn a_worker_gives_up_on_a_silent_peer() {
         worker.stderr()
     );
     drop(held);
+}
+
+/// Item 10: a huge error body and a huge one-body answer are not held whole by the worker.
+#[test]
+fn huge_bodies_are_capped_in_the_worker() {
+    const BIG: usize = 256 << 20;
+    for (status, expect_key) in [(500u16, "failed"), (200u16, "succeeded")] {
+        let server = start_gateway(Gateway {
+            content_type: None,
+            hold_after_done: Duration::ZERO,
+            big_body: Some((status, BIG)),
+        });
+        let dir = TempDir::new("big-body");
+        let recording = dir.join("rec.jsonl");
+        let line = json!({"request": {"method": "POST", "path": "/v1/chat/completions",
+            "body": "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"}});
+        std::fs::write(&recording, format!("{line}\n{line}\n")).expect("write");
+        let report = dir.join("report.json");
+        let out = llm_replay(
+            &[
+                "run",
+                path_str(&recording),
+                "--target",
+                &server.url,
+                "--concurrency",
+                "1",
+            ],
+            Some(&report),
+        );
+        let report = out.report.expect("report");
+        let rss = report["run"]["workers"][0]["peak_rss_mb"]
+            .as_f64()
+            .expect("the worker's peak RSS");
+        println!(
+            "status {status}: worker peak RSS {rss:.1} MB for two {} MB bodies",
+            BIG >> 20
+        );
+        assert_eq!(
+            num(&report, &["requests", expect_key]),
+            2.0,
+            "{}",
+            out.stdout
+        );
+        assert!(rss < 120.0, "the worker held the body: peak RSS {rss} MB");
+    }
+}
+
+/// Item 17: an output path that cannot be written is found before any load is sent; a file
+/// that fails at the end does not stop the others from being written.
+#[test]
+fn output_paths_are_checked_before_the_load_and_each_is_written() {
+    let mock = MockServer::start(&["--ttft", "1ms", "--itl", "1ms", "--tokens", "3"]);
+    let dir = TempDir::new("outputs");
+    let recording = small_recording(&dir);
+    let log = dir.join("requests.log");
+    let mock_logged = MockServer::start(&[
+        "--ttft",
+        "1ms",
+        "--itl",
+        "1ms",
+        "--tokens",
+        "3",
+        "--request-log",
+        path_str(&log),
+    ]);
+    let out = replay_with(
+        &[
+            "run",
+            &recording,
+            "--target",
+            &mock_logged.url,
+            "--report-json",
+            path_str(&dir.join("ok.json")),
+            "--report-html",
+            "/nonexistent-dir/report.html",
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", all_output(&out));
+    assert!(all_output(&out).contains("/nonexistent-dir/report.html"));
+    let logged = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(logged.trim().is_empty(), "load was sent: {logged}");
+
+    // /dev/full opens but cannot be written: the other files are written all the same.
+    let md = dir.join("report.md");
+    let junit = dir.join("goals.xml");
+    let out = replay_with(
+        &[
+            "run",
+            &recording,
+            "--target",
+            &mock.url,
+            "--report-json",
+            "/dev/full",
+            "--report-md",
+            path_str(&md),
+            "--junit",
+            path_str(&junit),
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", all_output(&out));
+    assert!(all_output(&out).contains("/dev/full"));
+    assert!(
+        md.exists() && junit.exists(),
+        "the other outputs were not written"
+    );
+}
+
+/// Item 13: SIGTERM during `run` stops the load, collects what the workers measured, writes
+/// every requested output and exits 3.
+#[test]
+fn sigterm_during_a_run_writes_the_partial_report() {
+    let mock = MockServer::start(&["--ttft", "20ms", "--itl", "10ms", "--tokens", "50"]);
+    let dir = TempDir::new("sigterm");
+    let recording = dir.join("rec.jsonl");
+    write_chat_recording(&recording, 200, 50, None);
+    let report = dir.join("report.json");
+    let md = dir.join("report.md");
+    let mut run = Spawned::start(
+        &bin("llm-replay"),
+        &[
+            "run",
+            path_str(&recording),
+            "--target",
+            &mock.url,
+            "--concurrency",
+            "2",
+            "--workers",
+            "2",
+            "--report-json",
+            path_str(&report),
+            "--report-md",
+            path_str(&md),
+        ],
+        &[],
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let pid = run.child.id().to_string();
+    let _ = Command::new("kill").args(["-TERM", &pid]).status();
+    let code = run.wait_timeout(Duration::from_secs(20));
+    assert_eq!(code, Some(3), "{}\n{}", run.stdout(), run.stderr());
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).expect("report written"))
+            .expect("JSON");
+    assert!(md.exists(), "the Markdown report was not written");
+    let succeeded = num(&report, &["requests", "succeeded"]);
+    let total = num(&report, &["requests", "total"]);
+    println!("interrupted after 3 s: {succeeded} succeeded of {total}");
+    assert!(
+        succeeded >= 4.0,
+        "what the workers measured was lost: {report:#}"
+    );
+    assert!(succeeded < 200.0);
+    let parts: f64 = ["succeeded", "failed", "ended_early", "lost", "not_started"]
+        .iter()
+        .map(|k| num(&report, &["requests", k]))
+        .sum();
+    assert_eq!(parts, total, "{report:#}");
+    assert!(run.stdout().contains("interrupted"), "{}", run.stdout());
+}
+
+/// Item 14: a sweep level that fails keeps the levels already measured.
+#[test]
+fn a_failed_sweep_level_keeps_the_levels_before_it() {
+    let mock = MockServer::start(&["--ttft", "20ms", "--itl", "10ms", "--tokens", "20"]);
+    let dir = TempDir::new("sweep-fail");
+    let recording = dir.join("rec.jsonl");
+    write_chat_recording(&recording, 12, 20, None);
+    let report = dir.join("report.json");
+    let mut run = Spawned::start(
+        &bin("llm-replay"),
+        &[
+            "run",
+            path_str(&recording),
+            "--target",
+            &mock.url,
+            "--sweep-concurrency",
+            "1,2",
+            "--report-json",
+            path_str(&report),
+        ],
+        &[],
+    );
+    // The first level takes 12 × ~0.2 s; its feeder read the file at once. Break the file
+    // for the second level.
+    std::thread::sleep(Duration::from_millis(800));
+    let mut text = std::fs::read_to_string(&recording).expect("read");
+    text.insert_str(0, "{\"request\": 42}\n");
+    std::fs::write(&recording, text).expect("write");
+    let code = run.wait_timeout(Duration::from_secs(60));
+    assert_eq!(code, Some(3), "{}\n{}", run.stdout(), run.stderr());
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).expect("report written"))
+            .expect("JSON");
+    let sweep = report["sweep"].as_array().expect("sweep levels");
+    assert_eq!(sweep.len(), 1, "{report:#}");
+    assert_eq!(sweep[0]["concurrency"], 1);
+    assert_eq!(num(&sweep[0], &["requests", "succeeded"]), 12.0);
+    assert!(
+        run.stdout().contains("the sweep stopped"),
+        "{}",
+        run.stdout()
+    );
 }

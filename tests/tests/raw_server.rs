@@ -13,6 +13,9 @@ pub struct Gateway {
     pub content_type: Option<&'static str>,
     /// Keep the connection open (no end of body) for this long after `[DONE]`.
     pub hold_after_done: Duration,
+    /// Instead of a stream, answer this status with a JSON body this many bytes long
+    /// (generated as it is written, never held).
+    pub big_body: Option<(u16, usize)>,
 }
 
 /// A running raw server.
@@ -69,6 +72,12 @@ fn serve_connection(stream: TcpStream, gateway: Gateway, seen: &Mutex<Vec<String
         if reader.read_exact(&mut body).is_err() {
             return;
         }
+        if let Some((status, size)) = gateway.big_body {
+            if write_big_body(&mut writer, status, size).is_err() {
+                return;
+            }
+            continue;
+        }
         let mut head = String::from("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n");
         if let Some(content_type) = gateway.content_type {
             head.push_str(&format!("Content-Type: {content_type}\r\n"));
@@ -100,4 +109,28 @@ fn serve_connection(stream: TcpStream, gateway: Gateway, seen: &Mutex<Vec<String
             return;
         }
     }
+}
+
+/// `{"choices":[{"message":{"content":"xxxx…"}}]}` of `size` bytes, written 1 MiB at a time.
+fn write_big_body(w: &mut TcpStream, status: u16, size: usize) -> std::io::Result<()> {
+    let open = br#"{"object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":""#;
+    let close = br#""}}]}"#;
+    let filler = size.saturating_sub(open.len() + close.len());
+    w.write_all(
+        format!(
+            "HTTP/1.1 {status} Status\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            open.len() + filler + close.len()
+        )
+        .as_bytes(),
+    )?;
+    w.write_all(open)?;
+    let block = vec![b'x'; 1 << 20];
+    let mut left = filler;
+    while left > 0 {
+        let n = left.min(block.len());
+        w.write_all(&block[..n])?;
+        left -= n;
+    }
+    w.write_all(close)?;
+    w.flush()
 }

@@ -145,6 +145,7 @@ fn sse_behind_a_gateway_that_mislabels_it_is_measured() {
         let url = start_gateway(Gateway {
             content_type,
             hold_after_done: Duration::ZERO,
+            big_body: None,
         })
         .url;
         let dir = TempDir::new("mislabelled");
@@ -169,6 +170,7 @@ fn a_stream_held_open_after_done_ends_at_done() {
     let url = start_gateway(Gateway {
         content_type: Some("text/event-stream"),
         hold_after_done: Duration::from_secs(3),
+        big_body: None,
     })
     .url;
     let dir = TempDir::new("held-open");

@@ -69,6 +69,12 @@ async fn wait_for_start(start: Instant) {
     }
 }
 
+/// Most of an error body read (to reuse the connection); a longer one is cut off.
+pub const MAX_ERROR_BODY_BYTES: usize = 64 << 10;
+
+/// Most of a one-body (non-streamed) answer kept to read its usage (16 MiB).
+pub const MAX_UNSTREAMED_BODY_BYTES: usize = 16 << 20;
+
 /// Build the HTTP client used for every request of a run.
 pub fn build_client() -> reqwest::Result<reqwest::Client> {
     reqwest::Client::builder()
@@ -536,8 +542,18 @@ async fn send_one(
     let status = response.status();
     let code = Some(status.as_u16());
     if !status.is_success() {
-        // Drain (bounded by the deadline) so the connection can be reused.
-        let _ = tokio::time::timeout_at(deadline, response.bytes()).await;
+        // Drain a short error body (bounded by the deadline) so the connection can be
+        // reused; past the cap the connection is dropped instead of reading on.
+        let drain = async {
+            let mut read = 0usize;
+            while let Ok(Some(chunk)) = response.chunk().await {
+                read += chunk.len();
+                if read > MAX_ERROR_BODY_BYTES {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout_at(deadline, drain).await;
         return (finish(RequestOutcome::failed(FailureKind::Status)), code);
     }
     let content_type = response
@@ -567,8 +583,10 @@ async fn send_one(
     };
 
     if !formats::response_is_streamed(path, content_type, &body, &first) {
-        // One body: its latency is when the whole of it has arrived; no TTFT or ITL.
+        // One body: its latency is when the whole of it has arrived; no TTFT or ITL. At most
+        // MAX_UNSTREAMED_BODY_BYTES are kept to read its usage; the rest is timed, not held.
         let mut whole = first.to_vec();
+        let mut truncated = false;
         let mut t_last = t_first;
         loop {
             let chunk = tokio::select! {
@@ -579,7 +597,11 @@ async fn send_one(
             };
             t_last = match chunk {
                 Ok(Some(bytes)) => {
-                    whole.extend_from_slice(&bytes);
+                    if whole.len() + bytes.len() <= MAX_UNSTREAMED_BODY_BYTES {
+                        whole.extend_from_slice(&bytes);
+                    } else {
+                        truncated = true;
+                    }
                     t0.elapsed().as_micros() as u64
                 }
                 Ok(None) => break,
@@ -588,6 +610,19 @@ async fn send_one(
                     return (finish(RequestOutcome::failed(FailureKind::Transport)), code);
                 }
             };
+        }
+        if truncated {
+            // Too large to keep: it arrived whole, so it succeeded; its tokens are estimated.
+            tracing::warn!(
+                limit = MAX_UNSTREAMED_BODY_BYTES,
+                "a one-body answer was larger than the limit; its usage was not read"
+            );
+            let mut outcome = RequestOutcome::failed(FailureKind::Empty);
+            outcome.kind = common::measure::OutcomeKind::Succeeded;
+            outcome.unstreamed = true;
+            outcome.latency_us = Some(t_last);
+            outcome.content_frames = 1;
+            return (finish(outcome), code);
         }
         let family = formats::detect(path, content_type, &whole);
         return (finish(measure_unstreamed(family, &whole, t_last)), code);
