@@ -472,6 +472,7 @@ async fn sync_clocks(
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)] // issue 8 turns this supervisor into an actor over typed events
 async fn collect(
     config: &RunConfig,
     plan: &SlicePlan,
