@@ -276,6 +276,73 @@ pub enum MetricsDecodeError {
     },
     #[error("expected {expected} histograms, got {got}")]
     HistogramCount { expected: usize, got: usize },
+    #[error("histogram for {metric} is invalid: {reason}")]
+    Invalid {
+        metric: &'static str,
+        reason: &'static str,
+    },
+}
+
+/// Largest encoded (compressed) histogram accepted from a peer.
+pub const MAX_ENCODED_HISTOGRAM_BYTES: usize = 1 << 20;
+
+/// Largest decoded V2 histogram accepted: a header and at most this many bytes of counts.
+/// With 3 significant digits and values up to 2^53 a histogram has at most ~90,000 buckets,
+/// each at most 9 bytes in V2's LEB128 counts.
+pub const MAX_DECODED_HISTOGRAM_BYTES: usize = 40 + 90_000 * 9;
+
+/// Highest trackable value accepted from a peer (2^53 µs is 285 years).
+const MAX_HIGHEST_TRACKABLE: u64 = 1 << 53;
+
+/// Check one V2+DEFLATE histogram from a peer before the decoder trusts its lengths: the
+/// compressed length, the inflated size (inflated with a cap, never by what the header
+/// claims), the inner payload length, the precision and the value range. Returns the inner,
+/// uncompressed V2 encoding.
+fn validated_v2(bytes: &[u8], metric: &'static str) -> Result<Vec<u8>, MetricsDecodeError> {
+    use std::io::Read;
+    const V2_COOKIE: u32 = 0x1c84_9303 | 0x10;
+    const V2_COMPRESSED_COOKIE: u32 = 0x1c84_9304 | 0x10;
+    let invalid = |reason| MetricsDecodeError::Invalid { metric, reason };
+    let u32_at = |b: &[u8], at: usize| -> Option<u32> {
+        Some(u32::from_be_bytes(b.get(at..at + 4)?.try_into().ok()?))
+    };
+    let u64_at = |b: &[u8], at: usize| -> Option<u64> {
+        Some(u64::from_be_bytes(b.get(at..at + 8)?.try_into().ok()?))
+    };
+    if bytes.len() > MAX_ENCODED_HISTOGRAM_BYTES {
+        return Err(invalid("over the size limit"));
+    }
+    if u32_at(bytes, 0) != Some(V2_COMPRESSED_COOKIE) {
+        return Err(invalid("not a V2+DEFLATE histogram"));
+    }
+    let compressed_len = u32_at(bytes, 4).ok_or(invalid("truncated header"))? as usize;
+    if compressed_len != bytes.len() - 8 {
+        return Err(invalid("compressed length does not match the bytes sent"));
+    }
+    let mut inner = Vec::new();
+    flate2::read::ZlibDecoder::new(&bytes[8..])
+        .take(MAX_DECODED_HISTOGRAM_BYTES as u64 + 1)
+        .read_to_end(&mut inner)
+        .map_err(|_| invalid("not valid DEFLATE data"))?;
+    if inner.len() > MAX_DECODED_HISTOGRAM_BYTES {
+        return Err(invalid("inflates past the size limit"));
+    }
+    if u32_at(&inner, 0) != Some(V2_COOKIE) {
+        return Err(invalid("inner cookie is not V2"));
+    }
+    let payload_len = u32_at(&inner, 4).ok_or(invalid("truncated header"))? as usize;
+    if inner.len() < 40 || payload_len != inner.len() - 40 {
+        return Err(invalid("payload length does not match the data"));
+    }
+    if u32_at(&inner, 12) != Some(u32::from(SIGNIFICANT_DIGITS)) {
+        return Err(invalid("unexpected precision"));
+    }
+    let lowest = u64_at(&inner, 16).ok_or(invalid("truncated header"))?;
+    let highest = u64_at(&inner, 24).ok_or(invalid("truncated header"))?;
+    if lowest < 1 || highest < 2 * lowest || highest > MAX_HIGHEST_TRACKABLE {
+        return Err(invalid("value range out of bounds"));
+    }
+    Ok(inner)
 }
 
 /// The metrics of a run (or of one worker's share of it): mergeable.
@@ -503,9 +570,10 @@ impl RunMetrics {
         let mut deserializer = Deserializer::new();
         let mut histograms = Vec::with_capacity(encoded.len());
         for (bytes, metric) in encoded.iter().zip(Metric::ALL) {
+            let inner = validated_v2(bytes, metric.json_key())?;
             let mut h: Histogram<u64> =
                 deserializer
-                    .deserialize(&mut bytes.as_slice())
+                    .deserialize(&mut inner.as_slice())
                     .map_err(|source| MetricsDecodeError::Histogram {
                         metric: metric.json_key(),
                         source,
@@ -620,6 +688,40 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A ~60-byte V2+DEFLATE histogram whose inner header claims a 2 GB payload: refused
+    /// before anything is allocated for it.
+    #[test]
+    fn a_histogram_claiming_a_huge_payload_is_refused() {
+        use std::io::Write;
+        let mut inner = Vec::new();
+        inner.extend_from_slice(&(0x1c84_9303u32 | 0x10).to_be_bytes());
+        inner.extend_from_slice(&0x7fff_fff0u32.to_be_bytes()); // payload_len: 2 GB
+        inner.extend_from_slice(&0u32.to_be_bytes());
+        inner.extend_from_slice(&3u32.to_be_bytes());
+        inner.extend_from_slice(&1u64.to_be_bytes());
+        inner.extend_from_slice(&(1u64 << 40).to_be_bytes());
+        inner.extend_from_slice(&1f64.to_bits().to_be_bytes());
+        let mut zlib = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+        zlib.write_all(&inner).expect("compress");
+        let compressed = zlib.finish().expect("compress");
+        let mut bomb = Vec::new();
+        bomb.extend_from_slice(&(0x1c84_9304u32 | 0x10).to_be_bytes());
+        bomb.extend_from_slice(&(compressed.len() as u32).to_be_bytes());
+        bomb.extend_from_slice(&compressed);
+        assert!(bomb.len() < 100, "{}", bomb.len());
+        let good = RunMetrics::new().encode_histograms();
+        let mut encoded = good.clone();
+        encoded[0] = bomb;
+        let error = RunMetrics::decode(&encoded, Counters::default(), None).expect_err("refused");
+        assert!(error.to_string().contains("payload length"), "{error}");
+        // Valid ones still decode, and a truncated one is refused.
+        RunMetrics::decode(&good, Counters::default(), None).expect("valid");
+        let mut cut = good.clone();
+        let keep = cut[2].len() - 3;
+        cut[2].truncate(keep);
+        assert!(RunMetrics::decode(&cut, Counters::default(), None).is_err());
     }
 
     #[test]

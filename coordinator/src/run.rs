@@ -228,6 +228,61 @@ impl WorkerSlot {
     fn alive(&self) -> bool {
         !self.done && self.lost.is_none()
     }
+
+    /// Take a report from this worker's stream if it is newer than the last one. A report
+    /// that does not decode, whose counters overflow, or that answers for more exchanges than
+    /// the worker was sent makes the worker lost (named in the report); the last valid
+    /// report stays, so the other workers' data and this one's earlier data are kept.
+    fn accept_report(&mut self, report: v1::Report) {
+        if self.latest.as_ref().is_some_and(|r| report.seq <= r.seq) {
+            return;
+        }
+        match self.check_report(&report) {
+            Ok(()) => {
+                self.done = report.r#final;
+                self.latest = Some(report);
+            }
+            Err(reason) => {
+                if self.lost.is_none() {
+                    self.lost = Some(format!(
+                        "it sent an invalid report ({reason}); its data after its last valid report is dropped"
+                    ));
+                }
+            }
+        }
+    }
+
+    fn check_report(&self, report: &v1::Report) -> Result<(), String> {
+        metrics_from_report(report).map_err(|e| e.to_string())?;
+        let c = report.counters.unwrap_or_default();
+        let accounted = [
+            c.succeeded,
+            c.ended_early,
+            c.failed_status,
+            c.failed_error_frame,
+            c.failed_transport,
+            c.failed_timeout,
+            c.failed_empty,
+            c.warmup,
+            c.not_started,
+            c.lost,
+        ]
+        .into_iter()
+        .try_fold(0u64, u64::checked_add)
+        .ok_or("its counters overflow")?;
+        let answered = accounted - c.not_started - c.lost;
+        if answered > c.issued {
+            return Err(format!("{answered} answered of {} issued", c.issued));
+        }
+        // Once the slice is fully fed, nobody answers for more than it was sent.
+        if self.feeder.is_none() && self.sent > 0 && accounted > self.sent {
+            return Err(format!(
+                "it accounts for {accounted} exchanges but was sent {}",
+                self.sent
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Inputs of one replay that do not change between sweep levels.
@@ -594,10 +649,7 @@ async fn collect(
                     WorkerEvent::Report { index, report } => {
                         let slot = &mut slots[index];
                         slot.last_heard = Instant::now();
-                        if slot.latest.as_ref().is_none_or(|r| report.seq > r.seq) {
-                            slot.done = report.r#final;
-                            slot.latest = Some(*report);
-                        }
+                        slot.accept_report(*report);
                     }
                     WorkerEvent::Heartbeat { index } | WorkerEvent::ClockPong { index, .. } => {
                         slots[index].last_heard = Instant::now();
@@ -653,6 +705,17 @@ async fn collect(
                 }
             }
             feeders_done = all;
+            if feeders_done {
+                // Reports that came before the slice counts were known are checked now.
+                for slot in slots.iter_mut().filter(|s| s.alive()) {
+                    if let Some(report) = &slot.latest
+                        && let Err(reason) = slot.check_report(report)
+                    {
+                        slot.lost = Some(format!("it sent an invalid report ({reason})"));
+                        slot.latest = None;
+                    }
+                }
+            }
         }
 
         // Worker loss.
@@ -763,11 +826,7 @@ async fn collect(
         while slots.iter().any(WorkerSlot::alive) {
             match tokio::time::timeout_at(grace.into(), events.recv()).await {
                 Ok(Some(WorkerEvent::Report { index, report })) => {
-                    let slot = &mut slots[index];
-                    if slot.latest.as_ref().is_none_or(|r| report.seq > r.seq) {
-                        slot.done = report.r#final;
-                        slot.latest = Some(*report);
-                    }
+                    slots[index].accept_report(*report);
                 }
                 Ok(Some(WorkerEvent::Gone { index, reason })) if !slots[index].done => {
                     slots[index].lost = Some(reason);

@@ -7,6 +7,7 @@ mod example;
 mod faults;
 mod goals;
 mod hardening;
+mod hostile_peers;
 mod memory;
 mod raw_server;
 mod real_traffic;
