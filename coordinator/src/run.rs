@@ -474,6 +474,9 @@ async fn sync_clocks(
                 )))
                 .await;
         }
+        // Each worker answers each ping once: a second pong (or one for another round) from
+        // the same stream does not stand in for a worker that has not answered.
+        let mut answered_by = vec![false; slots.len()];
         let mut answered = 0;
         let deadline = Instant::now() + Duration::from_secs(2);
         while answered < slots.len() {
@@ -486,7 +489,8 @@ async fn sync_clocks(
                     index,
                     pong,
                     received_unix_ns: t4,
-                } if pong.seq == seq => {
+                } if pong.seq == seq && !answered_by[index] => {
+                    answered_by[index] = true;
                     answered += 1;
                     let (t1, t2, t3) = (
                         pong.coordinator_send_unix_ns as i128,
@@ -588,10 +592,16 @@ async fn collect(
                     "a worker could not start: {reason}"
                 )));
             }
-            WorkerEvent::Gone { reason, .. } => {
-                return Err(RunError::Failed(format!(
-                    "a worker left before the start: {reason}"
-                )));
+            WorkerEvent::Gone { index, reason } => {
+                // Its slot is free again (the service released it): wait for another.
+                if let Some(slot) = pending[index].take() {
+                    joined -= 1;
+                    tracing::warn!(
+                        worker = slot.id,
+                        reason,
+                        "a worker left before the start; its place is open again"
+                    );
+                }
             }
             _ => {}
         }
@@ -635,6 +645,13 @@ async fn collect(
     let mut warnings = Vec::new();
     let mut ticker = tokio::time::interval(Duration::from_millis(500));
     let mut feeders_done = false;
+    // Lost workers' exchanges being fed to the survivors: (lost, survivors, feeder).
+    type Reassignment = (
+        usize,
+        Vec<usize>,
+        tokio::task::JoinHandle<Result<Vec<u64>, common::recording::RecordingError>>,
+    );
+    let mut reassigning: Vec<Reassignment> = Vec::new();
     while slots.iter().any(WorkerSlot::alive) {
         tokio::select! {
             _ = interrupt.wait_for(|i| *i), if !interrupted => {
@@ -763,12 +780,27 @@ async fn collect(
                 survivors.iter().map(|&i| slots[i].slice.clone()).collect();
             let plan = plan.clone();
             let own_issued = issued.saturating_sub(slots[dead].reassigned_in);
-            let counts = tokio::task::spawn_blocking(move || {
+            // Fed in the background: it re-reads the file and waits on the survivors'
+            // bounded channels at replay pace, while this loop keeps heartbeats going.
+            let handle = tokio::task::spawn_blocking(move || {
                 feed_reassigned(&plan, dead, own_issued, &senders)
-            })
-            .await
-            .map_err(|e| RunError::Failed(format!("reassignment: {e}")))?
-            .map_err(|e| RunError::Input(e.to_string()))?;
+            });
+            reassigning.push((dead, survivors, handle));
+        }
+        if aborted {
+            break;
+        }
+        let mut pending = 0;
+        while pending < reassigning.len() {
+            if !reassigning[pending].2.is_finished() {
+                pending += 1;
+                continue;
+            }
+            let (dead, survivors, handle) = reassigning.swap_remove(pending);
+            let counts = handle
+                .await
+                .map_err(|e| RunError::Failed(format!("reassignment: {e}")))?
+                .map_err(|e| RunError::Input(e.to_string()))?;
             let moved: u64 = counts.iter().sum();
             for (&i, n) in survivors.iter().zip(&counts) {
                 slots[i].sent += n;
@@ -780,13 +812,10 @@ async fn collect(
                 survivors.len()
             ));
         }
-        if aborted {
-            break;
-        }
 
         // Close each slice once every exchange handed to it has been started or skipped:
         // until then a lost worker's exchanges may still be reassigned to it.
-        if feeders_done && !plan.loop_forever {
+        if feeders_done && !plan.loop_forever && reassigning.is_empty() {
             let everyone_caught_up = slots.iter().filter(|s| s.alive()).all(|s| {
                 let r = s.reported();
                 r.issued + r.not_started >= s.sent

@@ -53,6 +53,15 @@ pub enum WorkerEvent {
     },
 }
 
+/// Who holds which join slot. Until every slot is taken at once, a worker that leaves frees
+/// its slot (a restarted worker may take it again, under the same id); from then on the run
+/// is running and nobody can join.
+#[derive(Default)]
+struct JoinSlots {
+    slots: Vec<Option<String>>,
+    running: bool,
+}
+
 /// Builds each worker's assignment from its join index.
 pub type AssignmentFor = dyn Fn(usize) -> v1::Assignment + Send + Sync;
 
@@ -64,7 +73,7 @@ pub struct ServiceState {
     pub events: mpsc::Sender<WorkerEvent>,
     /// Where per-request records go (`--requests-out`).
     pub requests_out: Option<Arc<crate::requests_out::RequestsOut>>,
-    joined: Mutex<Vec<String>>,
+    joined: Mutex<JoinSlots>,
     slices: Mutex<HashMap<String, mpsc::Receiver<Result<v1::ExchangeChunk, Status>>>>,
 }
 
@@ -82,7 +91,7 @@ impl ServiceState {
             assignment_for,
             events,
             requests_out,
-            joined: Mutex::new(Vec::new()),
+            joined: Mutex::new(JoinSlots::default()),
             slices: Mutex::new(HashMap::new()),
         }
     }
@@ -158,19 +167,32 @@ impl Coordinator for CoordinatorService {
                 .joined
                 .lock()
                 .expect("join lock is never poisoned");
-            if joined.len() >= self.state.expected_workers {
+            let expected = self.state.expected_workers;
+            if joined.slots.len() < expected {
+                joined.slots.resize(expected, None);
+            }
+            if joined.running {
                 drop(joined);
                 return refuse(format!(
-                    "this run already has its {} workers and is running; a worker cannot join a running run",
-                    self.state.expected_workers
+                    "this run already has its {expected} workers and is running; a worker cannot join a running run"
                 ));
             }
-            if joined.contains(&hello.worker_id) {
+            if joined
+                .slots
+                .iter()
+                .flatten()
+                .any(|id| *id == hello.worker_id)
+            {
                 drop(joined);
                 return refuse(format!("worker id {:?} already joined", hello.worker_id));
             }
-            joined.push(hello.worker_id.clone());
-            joined.len() - 1
+            let Some(free) = joined.slots.iter().position(Option::is_none) else {
+                drop(joined);
+                return refuse(format!("this run already has its {expected} workers"));
+            };
+            joined.slots[free] = Some(hello.worker_id.clone());
+            joined.running = joined.slots.iter().all(Option::is_some);
+            free
         };
         let (slice_tx, slice_rx) = mpsc::channel(8);
         self.state
@@ -187,6 +209,7 @@ impl Coordinator for CoordinatorService {
         let events = self.state.events.clone();
         let requests_out = self.state.requests_out.clone();
         let worker_id = hello.worker_id.clone();
+        let state = self.state.clone();
         let _ = events
             .send(WorkerEvent::Joined {
                 index,
@@ -247,6 +270,19 @@ impl Coordinator for CoordinatorService {
                     },
                 };
                 let gone = matches!(event, WorkerEvent::Gone { .. });
+                if gone {
+                    // Before the run is running, a worker that leaves frees its slot.
+                    let mut joined = state.joined.lock().expect("join lock is never poisoned");
+                    if !joined.running && joined.slots.get(index).is_some_and(Option::is_some) {
+                        joined.slots[index] = None;
+                        drop(joined);
+                        state
+                            .slices
+                            .lock()
+                            .expect("slice lock is never poisoned")
+                            .remove(&worker_id);
+                    }
+                }
                 if events.send(event).await.is_err() || gone {
                     return;
                 }

@@ -632,3 +632,106 @@ fn a_failed_sweep_level_keeps_the_levels_before_it() {
         run.stdout()
     );
 }
+
+/// Item 25: a worker that leaves before the start frees its place; a restarted worker with
+/// the same id takes it and the run completes.
+#[test]
+fn a_worker_that_leaves_before_the_start_can_be_replaced() {
+    let mock = MockServer::start(&["--ttft", "2ms", "--itl", "1ms", "--tokens", "3"]);
+    let dir = TempDir::new("rejoin");
+    let recording = dir.join("rec.jsonl");
+    write_chat_recording(&recording, 20, 3, None);
+    let report_path = dir.join("report.json");
+    let (mut coordinator, addr) = fixtures::coordinator(
+        &[
+            path_str(&recording),
+            "--target",
+            &mock.url,
+            "--concurrency",
+            "2",
+            "--report-json",
+            path_str(&report_path),
+        ],
+        2,
+        &[],
+    );
+    let mut first = fixtures::worker(&addr, "w0", &[], &[]);
+    assert!(
+        fixtures::eventually(Duration::from_secs(20), || first.stdout().contains("ready")),
+        "w0 did not join: {}",
+        first.stderr()
+    );
+    first.kill();
+    std::thread::sleep(Duration::from_millis(300));
+    let _again = fixtures::worker(&addr, "w0", &[], &[]);
+    let _second = fixtures::worker(&addr, "w1", &[], &[]);
+    let code = coordinator.wait_timeout(Duration::from_secs(60));
+    assert_eq!(
+        code,
+        Some(0),
+        "{}\n{}",
+        coordinator.stdout(),
+        coordinator.stderr()
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report_path).expect("report"))
+            .expect("JSON");
+    assert_eq!(num(&report, &["requests", "succeeded"]), 20.0, "{report:#}");
+}
+
+/// Item 21: handing a lost worker's exchanges to the survivor happens in the background:
+/// heartbeats go on, the survivor is not timed out, and every exchange is replayed.
+#[test]
+fn reassignment_does_not_stall_the_coordinator() {
+    let mock = MockServer::start(&["--ttft", "1ms", "--itl", "1ms", "--tokens", "1"]);
+    let dir = TempDir::new("reassign-stall");
+    let recording = dir.join("rec.jsonl");
+    write_chat_recording(&recording, 6000, 1, None);
+    let report_path = dir.join("report.json");
+    let (mut coordinator, addr) = fixtures::coordinator(
+        &[
+            path_str(&recording),
+            "--target",
+            &mock.url,
+            "--concurrency",
+            "2",
+            "--on-worker-loss",
+            "reassign",
+            "--heartbeat-timeout",
+            "1s",
+            "--report-json",
+            path_str(&report_path),
+        ],
+        2,
+        &[],
+    );
+    let mut doomed = fixtures::worker(&addr, "doomed", &["--heartbeat-timeout", "1s"], &[]);
+    let _survivor = fixtures::worker(&addr, "survivor", &["--heartbeat-timeout", "1s"], &[]);
+    assert!(
+        fixtures::eventually(Duration::from_secs(20), || doomed
+            .stdout()
+            .contains("ready")),
+        "{}",
+        doomed.stderr()
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    doomed.kill();
+    let code = coordinator.wait_timeout(Duration::from_secs(120));
+    assert_eq!(
+        code,
+        Some(0),
+        "{}\n{}",
+        coordinator.stdout(),
+        coordinator.stderr()
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report_path).expect("report"))
+            .expect("JSON");
+    let total = num(&report, &["requests", "total"]);
+    let not_started = num(&report, &["requests", "not_started"]);
+    let lost = num(&report, &["requests", "lost"]);
+    let succeeded = num(&report, &["requests", "succeeded"]);
+    println!("total {total} succeeded {succeeded} lost {lost} not started {not_started}");
+    assert_eq!(not_started, 0.0, "{report:#}");
+    assert!(succeeded + lost >= 6000.0, "{report:#}");
+}
