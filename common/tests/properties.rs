@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use common::formats::encode::{Finish, ServerTimings, StreamEncoder, StreamParams, Wire};
+use common::formats::encode::{self, Finish, ServerTimings, StreamEncoder, StreamParams, Wire};
 use common::formats::{
     ContentKind, Ending, Event, Family, FrameError, MAX_EVENT_STREAM_FRAME_BYTES, StreamParser,
     Usage,
@@ -74,6 +74,83 @@ const WIRES: [Wire; 8] = [
     Wire::OllamaGenerate,
     Wire::BedrockConverse,
     Wire::BedrockInvokeAnthropic,
+];
+
+/// Event types and field names of the streamed families (OpenAI chat, completions and
+/// Responses, Anthropic, Ollama, Bedrock Converse and Invoke).
+const STREAM_EVENT_TYPES: &[&str] = &[
+    "message_start",
+    "content_block_start",
+    "content_block_delta",
+    "content_block_stop",
+    "message_delta",
+    "message_stop",
+    "ping",
+    "error",
+    "response.created",
+    "response.output_text.delta",
+    "response.reasoning_text.delta",
+    "response.function_call_arguments.delta",
+    "response.completed",
+    "response.failed",
+    "response.incomplete",
+    "messageStart",
+    "contentBlockStart",
+    "contentBlockDelta",
+    "contentBlockStop",
+    "messageStop",
+    "metadata",
+    "chunk",
+    "modelStreamErrorException",
+    "throttlingException",
+];
+
+const STREAM_KEYS: &[&str] = &[
+    "type",
+    "choices",
+    "delta",
+    "content",
+    "text",
+    "usage",
+    "message",
+    "error",
+    "done",
+    "response",
+    "index",
+    "tool_calls",
+    "function",
+    "name",
+    "arguments",
+    "reasoning_content",
+    "reasoning",
+    "thinking",
+    "partial_json",
+    "input_tokens",
+    "output_tokens",
+    "prompt_tokens",
+    "completion_tokens",
+    "prompt_tokens_details",
+    "cached_tokens",
+    "cache_read_input_tokens",
+    "stop_reason",
+    "finish_reason",
+    "item",
+    "part",
+    "status",
+    "eval_count",
+    "prompt_eval_count",
+    "contentBlockDelta",
+    "toolUse",
+    "input",
+    "reasoningContent",
+    "inputTokens",
+    "outputTokens",
+    "cacheReadInputTokens",
+    "metrics",
+    "bytes",
+    "amazon-bedrock-invocationMetrics",
+    "inputTokenCount",
+    "outputTokenCount",
 ];
 
 /// An owned copy of an [`Event`], comparable in assertions.
@@ -336,6 +413,46 @@ proptest! {
         let _ = parse_reads(family, bytes.chunks(1));
     }
 
+    /// Well-framed frames (SSE events, NDJSON lines, event-stream frames with valid CRCs,
+    /// Bedrock `chunk`s wrapping Anthropic events) whose JSON is random but built from the
+    /// families' own field names and event types: this reaches the per-family semantics
+    /// that random bytes stop short of. Never a panic, whatever the split.
+    #[test]
+    fn family_semantics_survive_random_json(
+        frames in proptest::collection::vec(
+            (proptest::sample::select(STREAM_EVENT_TYPES), json_with_keys(STREAM_KEYS), 0u8..4),
+            1..8,
+        ),
+        cuts in proptest::collection::vec(any::<usize>(), 0..8),
+    ) {
+        let mut sse = Vec::new();
+        let mut ndjson = Vec::new();
+        let mut event_stream = Vec::new();
+        for (event_type, json, shape) in &frames {
+            let json = json.to_string();
+            if *shape == 0 {
+                sse.extend_from_slice(format!("data: {json}\n\n").as_bytes());
+            } else {
+                sse.extend_from_slice(format!("event: {event_type}\ndata: {json}\n\n").as_bytes());
+            }
+            ndjson.extend_from_slice(format!("{json}\n").as_bytes());
+            match shape {
+                0 => encode::bedrock_chunk_frame(json.as_bytes(), None, &mut event_stream),
+                1 => encode::bedrock_exception_frame(event_type, json.as_bytes(), &mut event_stream),
+                _ => encode::bedrock_event_frame(event_type, json.as_bytes(), &mut event_stream),
+            }
+        }
+        for family in FAMILIES {
+            let bytes = match family {
+                Family::Ollama => &ndjson,
+                Family::BedrockConverse | Family::BedrockInvoke => &event_stream,
+                _ => &sse,
+            };
+            feed_everything(family, cut_at(bytes, &cuts));
+            let _ = parse_reads(family, [bytes.as_slice()]);
+        }
+    }
+
     /// An event-stream prelude (with a correct CRC) claiming a frame over the cap is
     /// `FrameTooLarge` as soon as its 12 bytes are in, whatever the split and whatever
     /// follows: never a wait for, or an allocation of, that many bytes.
@@ -433,8 +550,9 @@ fn read_recording(bytes: Vec<u8>) -> Result<Vec<(u64, Exchange)>, TestCaseError>
     Ok(exchanges)
 }
 
-/// JSON values built from the recording's own vocabulary, so they get past the first field.
-fn json_ish() -> impl Strategy<Value = serde_json::Value> {
+/// JSON values whose object keys come from `keys` (a format's own vocabulary, so they get
+/// past the first field) and whose leaves are anything.
+fn json_with_keys(keys: &'static [&'static str]) -> impl Strategy<Value = serde_json::Value> {
     use serde_json::Value;
     let leaf = prop_oneof![
         Just(Value::Null),
@@ -447,10 +565,7 @@ fn json_ish() -> impl Strategy<Value = serde_json::Value> {
         "[A-Za-z0-9+/=]{0,12}".prop_map(Value::String),
         "[A-Z]{1,6}".prop_map(Value::String),
     ];
-    let key = proptest::sample::select(vec![
-        "id", "session", "at_ms", "request", "response", "method", "path", "headers", "body",
-        "body_b64", "status", "frames", "complete", "t_ms", "data", "data_b64", "other",
-    ]);
+    let key = proptest::sample::select(keys);
     leaf.prop_recursive(4, 48, 6, move |inner| {
         prop_oneof![
             proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
@@ -459,6 +574,16 @@ fn json_ish() -> impl Strategy<Value = serde_json::Value> {
             }),
         ]
     })
+}
+
+/// The recording's field names.
+const RECORDING_KEYS: &[&str] = &[
+    "id", "session", "at_ms", "request", "response", "method", "path", "headers", "body",
+    "body_b64", "status", "frames", "complete", "t_ms", "data", "data_b64", "other",
+];
+
+fn json_ish() -> impl Strategy<Value = serde_json::Value> {
+    json_with_keys(RECORDING_KEYS)
 }
 
 /// Exchanges the writer writes unchanged: no credential headers or query parameters, offsets
