@@ -410,9 +410,10 @@ fn a_recording_that_cannot_be_written_is_reported_at_once_then_503() {
         assert!(body.contains("No space left"), "{body}");
     }
     let code = terminate(&mut recorder);
-    assert_ne!(
+    // exit::RUN_FAILED, with the cause on stderr again.
+    assert_eq!(
         code,
-        0,
+        3,
         "exit code after a write error; stderr:\n{}",
         recorder.stderr()
     );

@@ -462,11 +462,11 @@ impl Pending {
         }
         let complete = tracker.finish() && ended && !self.truncated;
         if let Some(response) = self.exchange.response.as_mut() {
-            response.frames = self
-                .frames
-                .iter()
+            // Consumed as converted, so the reads and their copies are not all held at once.
+            response.frames = std::mem::take(&mut self.frames)
+                .into_iter()
                 // Microsecond resolution is what the histograms keep.
-                .map(|(t, bytes)| Frame::from_bytes(Some((t * 1000.0).round() / 1000.0), bytes))
+                .map(|(t, bytes)| Frame::from_bytes(Some((t * 1000.0).round() / 1000.0), &bytes))
                 .collect();
             response.complete = complete;
             if let Some(note) = note {
