@@ -46,6 +46,9 @@ async fn bench(streams: usize, frames: usize, gap_us: u64) {
         upstream_h2c: false,
         upstream_ca: None,
         drain: Duration::from_secs(5),
+        max_recorded_bytes: coordinator::capture::DEFAULT_MAX_RECORDED_BYTES,
+        upstream_idle_timeout: coordinator::capture::DEFAULT_UPSTREAM_IDLE_TIMEOUT,
+        health: Default::default(),
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let proxy_task = tokio::spawn(run(proxy, config, async {

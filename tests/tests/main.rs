@@ -2,6 +2,7 @@
 //! real sockets on loopback. One binary, shared fixtures in `fixtures`.
 
 mod capture;
+mod capture_limits;
 mod distributed;
 mod example;
 mod faults;

@@ -54,7 +54,21 @@ pub struct RecordArgs {
     /// On SIGINT/SIGTERM, how long to let open streams finish before exiting.
     #[arg(long, default_value = "10s")]
     pub drain: String,
+    /// Most response bytes recorded per exchange (e.g. 16MiB, 500KB, 1048576); the client
+    /// still gets every byte, the recording keeps the frames up to the cap and marks the
+    /// exchange truncated.
+    #[arg(long, default_value = "16MiB", value_name = "SIZE")]
+    pub max_recorded_bytes: String,
+    /// How long the upstream may stay silent — before its response headers, or between two
+    /// reads of the body — before the response is cut and recorded as incomplete.
+    #[arg(long, default_value = "300s", value_name = "DURATION")]
+    pub upstream_idle_timeout: String,
 }
+
+/// Default of `--max-recorded-bytes`.
+pub const DEFAULT_MAX_RECORDED_BYTES: usize = 16 << 20;
+/// Default of `--upstream-idle-timeout`.
+pub const DEFAULT_UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The validated configuration of one recording proxy.
 #[derive(Clone)]
@@ -66,6 +80,12 @@ pub struct RecordConfig {
     pub upstream_h2c: bool,
     pub upstream_ca: Option<PathBuf>,
     pub drain: Duration,
+    /// Most response bytes recorded per exchange (`--max-recorded-bytes`).
+    pub max_recorded_bytes: usize,
+    /// Longest silence of the upstream (`--upstream-idle-timeout`).
+    pub upstream_idle_timeout: Duration,
+    /// Reports a write error the moment the writer has one (the command prints it).
+    pub health: writer::WriterHealth,
 }
 
 /// A problem running the proxy.
@@ -105,6 +125,15 @@ impl RecordArgs {
             .transpose()?;
         let drain = crate::duration::parse_duration(&self.drain)
             .map_err(|e| RecordError::Usage(format!("--drain: {e}")))?;
+        let max_recorded_bytes = parse_size(&self.max_recorded_bytes)
+            .map_err(|e| RecordError::Usage(format!("--max-recorded-bytes: {e}")))?;
+        let upstream_idle_timeout = crate::duration::parse_duration(&self.upstream_idle_timeout)
+            .map_err(|e| RecordError::Usage(format!("--upstream-idle-timeout: {e}")))?;
+        if upstream_idle_timeout.is_zero() {
+            return Err(RecordError::Usage(
+                "--upstream-idle-timeout: must be above zero (e.g. 300s)".to_owned(),
+            ));
+        }
         Ok(RecordConfig {
             upstream,
             out: self.out,
@@ -116,8 +145,42 @@ impl RecordArgs {
             upstream_h2c: self.upstream_h2c,
             upstream_ca: self.upstream_ca,
             drain,
+            max_recorded_bytes,
+            upstream_idle_timeout,
+            health: writer::WriterHealth::default(),
         })
     }
+}
+
+/// Parse a byte size: a whole number with an optional unit, `B`, `KB`/`MB`/`GB` (powers of
+/// 1000) or `KiB`/`MiB`/`GiB` (powers of 1024), any case; a bare number is bytes.
+pub fn parse_size(text: &str) -> Result<usize, String> {
+    let trimmed = text.trim();
+    let split = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(split);
+    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        other => {
+            return Err(format!(
+                "invalid size {text:?}: unknown unit {other:?} (expected B, KB, MB, GB, KiB, MiB or GiB)"
+            ));
+        }
+    };
+    let value: u64 = number
+        .parse()
+        .map_err(|_| format!("invalid size {text:?}: expected a whole number, e.g. 16MiB"))?;
+    value
+        .checked_mul(multiplier)
+        .and_then(|bytes| usize::try_from(bytes).ok())
+        .ok_or_else(|| format!("invalid size {text:?}: too large"))
 }
 
 /// What one proxy run did.
@@ -137,12 +200,14 @@ pub async fn run(
 ) -> Result<RecordSummary, RecordError> {
     let client = proxy::upstream_client(config.upstream_h2c, config.upstream_ca.as_deref())
         .map_err(|e| RecordError::Usage(e.to_string()))?;
-    let (handle, writer) = writer::start(&config.out, config.scrub.clone())?;
+    let (handle, writer) = writer::start(&config.out, config.scrub.clone(), config.health.clone())?;
     let state = Arc::new(proxy::ProxyState {
         upstream: config.upstream.clone(),
         client,
         writer: handle,
         session_header: config.session_header.clone(),
+        max_recorded_bytes: config.max_recorded_bytes,
+        upstream_idle_timeout: config.upstream_idle_timeout,
         first_arrival: std::sync::OnceLock::new(),
         in_flight: AtomicU64::new(0),
         next_id: AtomicU64::new(0),
@@ -244,13 +309,21 @@ pub async fn record_command(args: RecordArgs) -> ExitCode {
         }
     };
     let out = config.out.clone();
+    // Say at once when the recording cannot be written (the proxy answers 503 from then on).
+    let health = config.health.clone();
+    let reporter = tokio::spawn(async move {
+        let cause = health.failed().await;
+        eprintln!("llm-replay record: {cause}; nothing more is recorded and new requests get 503");
+    });
     {
         use std::io::Write;
         let mut stdout = std::io::stdout().lock();
         let _ = writeln!(stdout, "llm-replay record listening on http://{address}");
         let _ = stdout.flush();
     }
-    match run(listener, config, shutdown_signal()).await {
+    let result = run(listener, config, shutdown_signal()).await;
+    reporter.abort();
+    match result {
         Ok(summary) => {
             eprintln!(
                 "llm-replay record: wrote {} exchanges to {}{}",

@@ -5,7 +5,10 @@
 //!
 //! Nothing is buffered on the response path: [`RecordingBody`] wraps the upstream body and
 //! yields each frame as soon as it arrives, keeping a cheap reference-counted copy of the
-//! bytes. Completeness (the family's terminal marker) is worked out once the stream is over,
+//! bytes — up to `--max-recorded-bytes` per exchange; past the cap frames are passed on but
+//! not kept, and the exchange is marked `truncated`, so a huge response costs bounded memory.
+//! A silent upstream (no headers, or no read, for `--upstream-idle-timeout`) ends the
+//! client's response and the exchange is recorded incomplete with the reason. Completeness (the family's terminal marker) is worked out once the stream is over,
 //! off the per-frame path.
 
 use std::collections::BTreeMap;
@@ -14,7 +17,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::recording::{Exchange, Frame, Request, Response};
@@ -146,6 +149,10 @@ pub struct ProxyState {
     pub writer: WriterHandle,
     /// Header whose value becomes the exchange's `session` (`--session-header`).
     pub session_header: Option<HeaderName>,
+    /// Most response bytes kept per exchange (`--max-recorded-bytes`).
+    pub max_recorded_bytes: usize,
+    /// Longest silence of the upstream before the response is cut (`--upstream-idle-timeout`).
+    pub upstream_idle_timeout: Duration,
     /// Zero of `at_ms`: the first request's arrival.
     pub first_arrival: std::sync::OnceLock<Instant>,
     /// Exchanges started and not yet handed to the writer.
@@ -162,6 +169,14 @@ pub async fn handle(
     request: http::Request<Incoming>,
 ) -> Result<http::Response<ProxyBody>, Infallible> {
     let arrival = Instant::now();
+    if let Some(cause) = state.writer.failure() {
+        // Nothing could be recorded: fail loudly (a load balancer takes this proxy out)
+        // rather than serve traffic that silently goes unrecorded.
+        return Ok(plain(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &format!("llm-replay record: the recording cannot be written: {cause}\n"),
+        ));
+    }
     let zero = *state.first_arrival.get_or_init(|| arrival);
     let (parts, body) = request.into_parts();
     let path_and_query = parts
@@ -235,9 +250,21 @@ pub async fn handle(
     let mut guard = InFlight::new(state.clone(), recorded);
     // t0: just before the request is forwarded.
     let t0 = Instant::now();
-    let response = match state.client.request(upstream_request).await {
-        Ok(response) => response,
-        Err(error) => {
+    let idle = state.upstream_idle_timeout;
+    let response = match tokio::time::timeout(idle, state.client.request(upstream_request)).await {
+        Ok(Ok(response)) => response,
+        Err(_elapsed) => {
+            tracing::warn!(upstream = %state.upstream.authority, timeout = ?idle, "no response headers from the upstream in time");
+            guard.abandon(format!(
+                "upstream: no response headers within {}",
+                humanize(idle)
+            ));
+            return Ok(plain(
+                StatusCode::GATEWAY_TIMEOUT,
+                "llm-replay record: the upstream did not answer in time\n",
+            ));
+        }
+        Ok(Err(error)) => {
             tracing::warn!(%error, upstream = %state.upstream.authority, "upstream request failed");
             guard.abandon(format!("upstream: {error}"));
             return Ok(plain(
@@ -262,9 +289,15 @@ pub async fn handle(
     });
     let recording = RecordingBody {
         inner: upstream_body,
+        idle_timeout: idle,
+        idle_timer: Box::pin(tokio::time::sleep(idle)),
+        waiting_since: None,
         pending: Some(Pending {
             exchange: recorded,
             frames: Vec::new(),
+            recorded_bytes: 0,
+            seen_bytes: 0,
+            truncated: false,
             t0,
             content_type,
             state: state.clone(),
@@ -274,6 +307,11 @@ pub async fn handle(
     *response.status_mut() = parts.status;
     *response.headers_mut() = forwardable(&parts.headers);
     Ok(response)
+}
+
+/// `1.5s`, `300s`: a duration as the flags write it.
+fn humanize(duration: Duration) -> String {
+    format!("{}s", duration.as_secs_f64())
 }
 
 fn plain(status: StatusCode, text: &str) -> http::Response<ProxyBody> {
@@ -384,13 +422,36 @@ impl Drop for InFlight {
 /// What is needed to finish recording one exchange.
 struct Pending {
     exchange: Exchange,
+    /// The frames kept: at most `max_recorded_bytes` in all.
     frames: Vec<(f64, Bytes)>,
+    recorded_bytes: usize,
+    /// Every body byte passed to the client.
+    seen_bytes: u64,
+    /// A frame did not fit under the cap: it and every later one were not kept.
+    truncated: bool,
     t0: Instant,
     content_type: Option<String>,
     state: Arc<ProxyState>,
 }
 
 impl Pending {
+    /// Keep a copy of a frame if it fits under the cap (whole frames only, and none after the
+    /// first that does not fit, so what is kept is a prefix of the stream).
+    fn keep(&mut self, t_ms: f64, data: &Bytes) {
+        self.seen_bytes += data.len() as u64;
+        if self.truncated {
+            return;
+        }
+        if self.recorded_bytes + data.len() > self.state.max_recorded_bytes {
+            self.truncated = true;
+            // Let go of the spare capacity now rather than at the end of the stream.
+            self.frames.shrink_to_fit();
+            return;
+        }
+        self.recorded_bytes += data.len();
+        self.frames.push((t_ms, data.clone()));
+    }
+
     /// The stream is over: `ended` is true when the upstream body reached its end without a
     /// transport error (a cut stream is recorded as incomplete whatever it holds).
     fn finish(mut self, ended: bool, note: Option<String>) {
@@ -399,17 +460,28 @@ impl Pending {
         for (_, bytes) in &self.frames {
             tracker.feed(bytes);
         }
-        let complete = tracker.finish() && ended;
+        let complete = tracker.finish() && ended && !self.truncated;
         if let Some(response) = self.exchange.response.as_mut() {
-            response.frames = self
-                .frames
-                .iter()
+            // Consumed as converted, so the reads and their copies are not all held at once.
+            response.frames = std::mem::take(&mut self.frames)
+                .into_iter()
                 // Microsecond resolution is what the histograms keep.
-                .map(|(t, bytes)| Frame::from_bytes(Some((t * 1000.0).round() / 1000.0), bytes))
+                .map(|(t, bytes)| Frame::from_bytes(Some((t * 1000.0).round() / 1000.0), &bytes))
                 .collect();
             response.complete = complete;
             if let Some(note) = note {
                 response.unknown.insert("ended".into(), json!(note));
+            }
+            if self.truncated {
+                // Format v1 keeps unknown fields: readers that do not know these still read
+                // the exchange (as incomplete).
+                response.unknown.insert("truncated".into(), json!(true));
+                response
+                    .unknown
+                    .insert("body_bytes".into(), json!(self.seen_bytes));
+                response
+                    .unknown
+                    .insert("recorded_bytes".into(), json!(self.recorded_bytes));
             }
         }
         self.state.writer.submit(self.exchange);
@@ -420,24 +492,41 @@ impl Pending {
 /// The upstream body, passed through frame by frame, recorded as it goes.
 pub struct RecordingBody {
     inner: Incoming,
+    idle_timeout: Duration,
+    /// Fires at or before the end of the current wait's allowance; re-armed lazily (only
+    /// when it fires early), so a fast stream does not touch the timer on every frame.
+    idle_timer: Pin<Box<tokio::time::Sleep>>,
+    /// When the current wait for the upstream began (`None` right after a frame). Only time
+    /// spent waiting on the upstream counts, never time the client takes to read.
+    waiting_since: Option<tokio::time::Instant>,
     pending: Option<Pending>,
+}
+
+/// Why the proxy cut a response to the client.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyBodyError {
+    #[error(transparent)]
+    Upstream(#[from] hyper::Error),
+    #[error("the upstream sent nothing for {0}")]
+    UpstreamIdle(String),
 }
 
 impl Body for RecordingBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = ProxyBodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<BodyFrame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<BodyFrame<Bytes>, ProxyBodyError>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
+                self.waiting_since = None;
                 if let (Some(data), Some(pending)) = (frame.data_ref(), self.pending.as_mut()) {
                     // Stamp when the read returns, before it is handed on.
                     let t_ms = pending.t0.elapsed().as_nanos() as f64 / 1e6;
-                    pending.frames.push((t_ms, data.clone()));
+                    pending.keep(t_ms, data);
                 }
             }
             Poll::Ready(Some(Err(error))) => {
@@ -450,9 +539,9 @@ impl Body for RecordingBody {
                     pending.finish(true, None);
                 }
             }
-            Poll::Pending => {}
+            Poll::Pending => return self.poll_idle(cx),
         }
-        polled
+        polled.map(|frame| frame.map(|result| result.map_err(ProxyBodyError::Upstream)))
     }
 
     fn is_end_stream(&self) -> bool {
@@ -461,6 +550,39 @@ impl Body for RecordingBody {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+impl RecordingBody {
+    /// The upstream has nothing yet: wait, unless it has been silent for the idle timeout, in
+    /// which case the exchange is recorded incomplete and the client's response is cut.
+    fn poll_idle(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<BodyFrame<Bytes>, ProxyBodyError>>> {
+        let now = tokio::time::Instant::now();
+        let deadline = *self.waiting_since.get_or_insert(now) + self.idle_timeout;
+        loop {
+            if self.idle_timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            if tokio::time::Instant::now() < deadline {
+                // It fired for an earlier wait: arm it for this one.
+                self.idle_timer.as_mut().reset(deadline);
+                continue;
+            }
+            let silence = humanize(self.idle_timeout);
+            tracing::warn!(timeout = %silence, "the upstream went silent; response cut");
+            if let Some(pending) = self.pending.take() {
+                pending.finish(
+                    false,
+                    Some(format!(
+                        "upstream idle: nothing for {silence}; response cut"
+                    )),
+                );
+            }
+            return Poll::Ready(Some(Err(ProxyBodyError::UpstreamIdle(silence))));
+        }
     }
 }
 

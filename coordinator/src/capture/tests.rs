@@ -85,6 +85,9 @@ async fn records_through_a_tls_upstream_over_http2() {
         upstream_h2c: false,
         upstream_ca: Some(ca.clone()),
         drain: Duration::from_secs(5),
+        max_recorded_bytes: super::DEFAULT_MAX_RECORDED_BYTES,
+        upstream_idle_timeout: super::DEFAULT_UPSTREAM_IDLE_TIMEOUT,
+        health: Default::default(),
     };
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
@@ -137,4 +140,27 @@ async fn records_through_a_tls_upstream_over_http2() {
         "a self-signed certificate must not be trusted by default"
     );
     std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn sizes_read_with_and_without_units() {
+    use super::parse_size;
+    assert_eq!(parse_size("1048576"), Ok(1 << 20));
+    assert_eq!(parse_size("16MiB"), Ok(16 << 20));
+    assert_eq!(parse_size("16 mib"), Ok(16 << 20));
+    assert_eq!(parse_size("500KB"), Ok(500_000));
+    assert_eq!(parse_size("2GB"), Ok(2_000_000_000));
+    assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+    assert_eq!(parse_size("0"), Ok(0));
+    for bad in [
+        "",
+        "MiB",
+        "1.5MiB",
+        "16 parsecs",
+        "-1",
+        "99999999999999999999GiB",
+    ] {
+        let error = parse_size(bad).expect_err(bad);
+        assert!(error.contains("invalid size"), "{bad}: {error}");
+    }
 }
