@@ -8,7 +8,7 @@
 use hdrhistogram::Histogram;
 use hdrhistogram::serialization::{Deserializer, Serializer, V2DeflateSerializer};
 
-use crate::measure::{FailureKind, OutcomeKind, RequestOutcome};
+use crate::measure::{FailureKind, OutcomeKind, RequestOutcome, TransportCause};
 
 /// Significant digits kept by every histogram.
 pub const SIGNIFICANT_DIGITS: u8 = 3;
@@ -168,6 +168,65 @@ pub struct Counters {
     pub output_tokens: u64,
     /// Requests measured during warm-up and left out of every number.
     pub warmup: u64,
+    /// `failed_transport` by cause (they sum to it; see [`TransportCause`]).
+    #[serde(default)]
+    pub transport: TransportCounters,
+    /// Requests sent a second time on a fresh connection after their reused connection
+    /// closed before any response byte (counted once, by the second attempt's outcome).
+    #[serde(default)]
+    pub resent: u64,
+}
+
+/// Transport failures by cause.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct TransportCounters {
+    pub refused: u64,
+    pub reset: u64,
+    pub closed_before_response: u64,
+    pub tls: u64,
+    pub dns: u64,
+    pub other: u64,
+}
+
+impl TransportCounters {
+    /// Count one failure of `cause`.
+    pub fn count(&mut self, cause: TransportCause) {
+        match cause {
+            TransportCause::Refused => self.refused += 1,
+            TransportCause::Reset => self.reset += 1,
+            TransportCause::ClosedBeforeResponse => self.closed_before_response += 1,
+            TransportCause::Tls(_) => self.tls += 1,
+            TransportCause::Dns => self.dns += 1,
+            TransportCause::Other => self.other += 1,
+        }
+    }
+
+    /// `(name, count)` for every cause, in [`TransportCause::NAMES`] order.
+    pub fn by_name(&self) -> [(&'static str, u64); 6] {
+        let n = TransportCause::NAMES;
+        [
+            (n[0], self.refused),
+            (n[1], self.reset),
+            (n[2], self.closed_before_response),
+            (n[3], self.tls),
+            (n[4], self.dns),
+            (n[5], self.other),
+        ]
+    }
+
+    /// Failures where no connection could be made at all (refused, DNS).
+    pub fn no_connection(&self) -> u64 {
+        self.refused + self.dns
+    }
+
+    fn add(&mut self, other: &TransportCounters) {
+        self.refused += other.refused;
+        self.reset += other.reset;
+        self.closed_before_response += other.closed_before_response;
+        self.tls += other.tls;
+        self.dns += other.dns;
+        self.other += other.other;
+    }
 }
 
 impl Counters {
@@ -197,6 +256,8 @@ impl Counters {
         self.estimated += other.estimated;
         self.output_tokens += other.output_tokens;
         self.warmup += other.warmup;
+        self.transport.add(&other.transport);
+        self.resent += other.resent;
     }
 }
 
@@ -267,12 +328,20 @@ impl RunMetrics {
         if let Some(lag) = outcome.schedule_lag_us {
             self.record_value(Metric::ScheduleLag, lag);
         }
+        if outcome.resent {
+            self.counters.resent += 1;
+        }
         match outcome.kind {
             OutcomeKind::Failed(kind) => {
                 match kind {
                     FailureKind::Status => self.counters.failed_status += 1,
                     FailureKind::ErrorFrame => self.counters.failed_error_frame += 1,
-                    FailureKind::Transport => self.counters.failed_transport += 1,
+                    FailureKind::Transport => {
+                        self.counters.failed_transport += 1;
+                        self.counters
+                            .transport
+                            .count(outcome.transport_cause.unwrap_or(TransportCause::Other));
+                    }
                     FailureKind::Timeout => self.counters.failed_timeout += 1,
                     FailureKind::Empty => self.counters.failed_empty += 1,
                 }
@@ -511,6 +580,8 @@ mod tests {
                     input_tokens: Some(rng.next() % 5000),
                     schedule_lag_us: Some(rng.next() % 20_000),
                     sent_unix_us: Some(1_700_000_000_000_000 + rng.next() % 10_000_000),
+                    transport_cause: None,
+                    resent: false,
                 };
                 whole.record(&outcome);
                 split[(rng.next() % parts as u64) as usize].record(&outcome);
@@ -578,6 +649,8 @@ mod tests {
             input_tokens: Some(10),
             schedule_lag_us: None,
             sent_unix_us: Some(1_000_000),
+            transport_cause: None,
+            resent: false,
         };
         m.record(&outcome);
         let itl = m.stats(Metric::Itl).expect("itl");

@@ -26,7 +26,8 @@ pub enum WorkerEvent {
     },
     Report {
         index: usize,
-        report: v1::Report,
+        /// Boxed: a report is far larger than every other event.
+        report: Box<v1::Report>,
     },
     Heartbeat {
         index: usize,
@@ -193,9 +194,10 @@ impl Coordinator for CoordinatorService {
             loop {
                 let event = match inbound.message().await {
                     Ok(Some(v1::WorkerMessage { msg: Some(msg) })) => match msg {
-                        v1::worker_message::Msg::Report(report) => {
-                            WorkerEvent::Report { index, report }
-                        }
+                        v1::worker_message::Msg::Report(report) => WorkerEvent::Report {
+                            index,
+                            report: Box::new(report),
+                        },
                         v1::worker_message::Msg::Heartbeat(_) => WorkerEvent::Heartbeat { index },
                         v1::worker_message::Msg::ClockPong(pong) => WorkerEvent::ClockPong {
                             index,

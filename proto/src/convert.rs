@@ -1,6 +1,6 @@
 //! Conversions between protocol messages and `common`'s domain types, at the boundary.
 
-use common::metrics::{Counters, MetricsDecodeError, RunMetrics, Window};
+use common::metrics::{Counters, MetricsDecodeError, RunMetrics, TransportCounters, Window};
 
 use crate::v1;
 
@@ -41,6 +41,13 @@ pub fn report_from_metrics(
             not_started: totals.not_started,
             lost: totals.lost,
             issued: totals.issued,
+            transport_refused: c.transport.refused,
+            transport_reset: c.transport.reset,
+            transport_closed_before_response: c.transport.closed_before_response,
+            transport_tls: c.transport.tls,
+            transport_dns: c.transport.dns,
+            transport_other: c.transport.other,
+            resent: c.resent,
         }),
         window_start_unix_us: metrics.window.map(|w| w.start_unix_us).unwrap_or(0),
         window_end_unix_us: metrics.window.map(|w| w.end_unix_us).unwrap_or(0),
@@ -53,6 +60,7 @@ pub fn report_from_metrics(
         cores: std::thread::available_parallelism()
             .map(|n| n.get() as u32)
             .unwrap_or(1),
+        tls_problems: Default::default(),
     }
 }
 
@@ -92,6 +100,15 @@ pub fn metrics_from_report(
         estimated: c.estimated,
         output_tokens: c.output_tokens,
         warmup: c.warmup,
+        transport: TransportCounters {
+            refused: c.transport_refused,
+            reset: c.transport_reset,
+            closed_before_response: c.transport_closed_before_response,
+            tls: c.transport_tls,
+            dns: c.transport_dns,
+            other: c.transport_other,
+        },
+        resent: c.resent,
     };
     let window = (report.window_end_unix_us > 0).then_some(Window {
         start_unix_us: report.window_start_unix_us,

@@ -13,11 +13,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::formats::{self, Family};
-use common::measure::{FailureKind, RequestOutcome, StreamMeter, estimate_input_tokens};
+use common::measure::{
+    FailureKind, OutcomeKind, RequestOutcome, StreamMeter, estimate_input_tokens,
+};
 use rand::{Rng, SeedableRng};
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 
+use crate::client::{SendFailure, TargetClient};
 use crate::config::{Arrival, ReplayConfig, Schedule, WorkItem};
 use crate::metrics_actor::MetricsHandle;
 use crate::request::{replay_body, replay_headers};
@@ -62,20 +65,10 @@ async fn wait_for_start(start: Instant) {
     }
 }
 
-/// Build the HTTP client used for every request of a run.
-pub fn build_client() -> reqwest::Result<reqwest::Client> {
-    reqwest::Client::builder()
-        .tcp_nodelay(true)
-        .pool_max_idle_per_host(4096)
-        .pool_idle_timeout(Duration::from_secs(90))
-        .http1_only()
-        .build()
-}
-
 /// Everything one replay of a slice needs.
 pub struct EngineRun {
     pub config: Arc<ReplayConfig>,
-    pub client: reqwest::Client,
+    pub client: TargetClient,
     /// The slice, as it arrives.
     pub items: mpsc::Receiver<WorkItem>,
     pub start: StartAt,
@@ -265,16 +258,10 @@ fn unix_nanos(t: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
-fn unix_micros(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
-}
-
 /// Send one request and measure its response.
 async fn send_one(
     config: &ReplayConfig,
-    client: &reqwest::Client,
+    client: &TargetClient,
     item: &WorkItem,
     intended: Option<Instant>,
 ) -> (RequestOutcome, Option<u16>) {
@@ -293,35 +280,28 @@ async fn send_one(
         .headers(replay_headers(exchange, config, item.index))
         .body(body);
 
-    let sent_unix_us = unix_micros(SystemTime::now());
-    let t0 = Instant::now();
-    let deadline = tokio::time::Instant::from_std(t0 + config.timeout);
-    let lag = intended.map(|t| t0.saturating_duration_since(t).as_micros() as u64);
+    let sent = client.send(request, config.timeout).await;
+    let (t0, deadline, sent_unix_us, resent) =
+        (sent.t0, sent.deadline, sent.sent_unix_us, sent.resent);
+    // Lag is the scheduler's: measured at the first attempt, whatever happened after.
+    let lag = intended.map(|t| sent.first_t0.saturating_duration_since(t).as_micros() as u64);
     let finish = |mut outcome: RequestOutcome| {
         outcome.schedule_lag_us = lag;
         outcome.sent_unix_us = Some(sent_unix_us);
+        outcome.resent = resent;
         if outcome.input_tokens.is_none() {
             outcome.input_tokens = input_estimate;
         }
         outcome
     };
 
-    let response = tokio::select! {
-        response = request.send() => response,
-        _ = tokio::time::sleep_until(deadline) => {
+    let mut response = match sent.result {
+        Ok(response) => response,
+        Err(SendFailure::Timeout) => {
             return (finish(RequestOutcome::failed(FailureKind::Timeout)), None);
         }
-    };
-    let mut response = match response {
-        Ok(response) => response,
-        Err(error) => {
-            tracing::debug!(%error, url, "request failed before a response");
-            let kind = if error.is_timeout() {
-                FailureKind::Timeout
-            } else {
-                FailureKind::Transport
-            };
-            return (finish(RequestOutcome::failed(kind)), None);
+        Err(SendFailure::Transport(cause)) => {
+            return (finish(RequestOutcome::transport_failure(cause)), None);
         }
     };
     let status = response.status();
@@ -392,11 +372,15 @@ async fn send_one(
                 return (finish(outcome), None);
             }
             Err(error) => {
-                tracing::debug!(%error, url, "stream cut");
-                let outcome = match meter {
+                let cause = crate::client::classify(&error);
+                tracing::debug!(%error, url, cause = cause.name(), "stream cut");
+                let mut outcome = match meter {
                     Some(meter) => meter.finish(t_us, true),
                     None => RequestOutcome::failed(FailureKind::Transport),
                 };
+                if outcome.kind == OutcomeKind::Failed(FailureKind::Transport) {
+                    outcome.transport_cause = Some(cause);
+                }
                 return (finish(outcome), None);
             }
         }

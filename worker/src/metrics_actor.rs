@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use common::measure::RequestOutcome;
+use common::measure::{RequestOutcome, TransportCause};
 use common::metrics::RunMetrics;
 use tokio::sync::{mpsc, oneshot};
 
@@ -16,6 +16,8 @@ pub struct Snapshot {
     pub metrics: RunMetrics,
     /// HTTP status of failed-by-status requests: code → count.
     pub status_codes: BTreeMap<u16, u64>,
+    /// TLS failures by problem (`unknown issuer` → count).
+    pub tls_problems: BTreeMap<String, u64>,
 }
 
 enum Message {
@@ -54,6 +56,12 @@ impl MetricsHandle {
                         }
                         if let Some(code) = status {
                             *snapshot.status_codes.entry(code).or_default() += 1;
+                        }
+                        if let Some(TransportCause::Tls(problem)) = outcome.transport_cause {
+                            *snapshot
+                                .tls_problems
+                                .entry(problem.description().to_owned())
+                                .or_default() += 1;
                         }
                         snapshot.metrics.record(&outcome);
                     }

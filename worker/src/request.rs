@@ -173,6 +173,7 @@ mod tests {
             sets: vec![],
             timeout: std::time::Duration::from_secs(1),
             tag_requests: true,
+            transport: Default::default(),
         };
         let headers = replay_headers(&exchange, &config, 7);
         assert!(headers.get("x-api-key").is_none());

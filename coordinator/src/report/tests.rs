@@ -33,6 +33,8 @@ fn succeeded(
         input_tokens: Some(500 + 10 * i),
         schedule_lag_us: Some(100 * i),
         sent_unix_us: Some(T0_US + i * 500_000),
+        transport_cause: None,
+        resent: false,
     }
 }
 
@@ -52,6 +54,8 @@ fn replayed_metrics() -> RunMetrics {
         input_tokens: None,
         schedule_lag_us: Some(50),
         sent_unix_us: Some(T0_US + 100_000),
+        transport_cause: None,
+        resent: false,
     });
     m.record(&RequestOutcome::failed(FailureKind::Status));
     m.record(&RequestOutcome::failed(FailureKind::ErrorFrame));
@@ -110,6 +114,7 @@ fn run_info() -> RunInfo {
                 cpu_pct: None,
             },
         ],
+        insecure: false,
     }
 }
 
@@ -118,6 +123,7 @@ fn totals() -> RequestTotals {
         lost: 1,
         not_started: 2,
         status_codes: BTreeMap::from([(200, 10), (429, 1)]),
+        tls_problems: BTreeMap::new(),
     }
 }
 
