@@ -8,4 +8,5 @@ mod faults;
 mod goals;
 mod memory;
 mod timing;
+mod transport;
 mod usage;
