@@ -4,6 +4,7 @@
 //! This crate knows nothing of gRPC, HTTP clients or servers, or the terminal: it is pure data
 //! and parsing, so the worker, the coordinator and the mock all measure with the same code.
 
+pub mod duration;
 pub mod formats;
 pub mod measure;
 pub mod metrics;

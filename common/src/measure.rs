@@ -4,8 +4,12 @@
 //! The worker feeds live reads (stamped when the read returned, before parsing) and the
 //! coordinator feeds recorded frames (stamped with their recorded offsets) through the same
 //! [`StreamMeter`], so the baseline and the replay are measured by one piece of code.
+//! [`measure_recorded`] is the one place that measures a recorded exchange (streamed or
+//! not) for the baseline, `recording stats` and `export`; [`measure_unstreamed`] measures a
+//! one-body answer for the replay and the recording alike.
 
-use crate::formats::{Ending, Event, Family, StreamParser, Usage};
+use crate::formats::{self, Ending, Event, Family, StreamParser, Usage};
+use crate::recording::Exchange;
 
 /// Why a request failed. Failures enter no distribution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,6 +154,10 @@ pub struct RequestOutcome {
     /// The request failed on a reused connection before any response byte and was sent once
     /// more on a fresh one; this outcome is the second attempt's.
     pub resent: bool,
+    /// The answer was one body, not a stream: it has a latency but no TTFT, TTST or ITL.
+    pub unstreamed: bool,
+    /// Input tokens the server reported serving from its prompt cache.
+    pub cached_input_tokens: Option<u64>,
 }
 
 impl RequestOutcome {
@@ -165,6 +173,8 @@ impl RequestOutcome {
             input_tokens: None,
             schedule_lag_us: None,
             sent_unix_us: None,
+            unstreamed: false,
+            cached_input_tokens: None,
             transport_cause: None,
             resent: false,
         }
@@ -222,6 +232,9 @@ impl MeterState {
                 }
                 if usage.input_tokens.is_some() {
                     self.usage.input_tokens = usage.input_tokens;
+                }
+                if usage.cached_input_tokens.is_some() {
+                    self.usage.cached_input_tokens = usage.cached_input_tokens;
                 }
                 self.usage_seen = true;
             }
@@ -319,8 +332,89 @@ impl StreamMeter {
             sent_unix_us: None,
             transport_cause: None,
             resent: false,
+            unstreamed: false,
+            cached_input_tokens: state.usage.cached_input_tokens,
         }
     }
+}
+
+/// Measure a one-body (non-streamed) answer that was complete `t_us` after t0: it succeeds
+/// with a latency and its usage, and has no TTFT, TTST or ITL (as in AIPerf). `family` is
+/// `None` when nothing identified one; the body is then judged by whether it is JSON at all.
+pub fn measure_unstreamed(family: Option<Family>, body: &[u8], t_us: u64) -> RequestOutcome {
+    let mut outcome = RequestOutcome::failed(FailureKind::Empty);
+    outcome.unstreamed = true;
+    let read = match family {
+        Some(family) => match formats::unstreamed(family, body) {
+            Ok(read) => Some(read),
+            Err(_) => {
+                outcome.kind = OutcomeKind::Failed(FailureKind::Transport);
+                return outcome;
+            }
+        },
+        None if serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok() => None,
+        None if body.trim_ascii().is_empty() => return outcome,
+        None => {
+            outcome.kind = OutcomeKind::Failed(FailureKind::Transport);
+            return outcome;
+        }
+    };
+    if let Some(read) = &read {
+        if read.error.is_some() {
+            outcome.kind = OutcomeKind::Failed(FailureKind::ErrorFrame);
+            return outcome;
+        }
+        if !read.has_content {
+            return outcome;
+        }
+    }
+    outcome.kind = OutcomeKind::Succeeded;
+    outcome.latency_us = Some(t_us);
+    outcome.content_frames = 1;
+    if let Some(usage) = read.and_then(|r| r.usage) {
+        outcome.usage_output_tokens = usage.output_tokens;
+        outcome.input_tokens = usage.input_tokens;
+        outcome.cached_input_tokens = usage.cached_input_tokens;
+    }
+    outcome
+}
+
+/// Measure what a recording shows for `exchange`: its response's frames at their recorded
+/// offsets (0 where a frame has none), streamed or one body by the same rule the replay uses
+/// ([`formats::response_is_streamed`]). `input_tokens` is the usage report's only (callers
+/// that need an ISL without one use [`estimate_input_tokens`], as the replay does). `None`
+/// when the exchange has no response. `sent_unix_us` is the arrival offset, so throughput
+/// windows of a recording are measured on its own time line.
+pub fn measure_recorded(exchange: &Exchange) -> Option<RequestOutcome> {
+    let response = exchange.response.as_ref()?;
+    let request_body = exchange.request.body_bytes();
+    let mut outcome = if !(200..300).contains(&response.status) {
+        RequestOutcome::failed(FailureKind::Status)
+    } else {
+        let path = exchange.request.path.as_str();
+        let content_type = response.header("content-type");
+        let first = response.frames.first().map(|f| f.bytes());
+        let first: &[u8] = first.as_deref().unwrap_or_default();
+        let family = formats::detect(path, content_type, first);
+        let t_us = |t_ms: Option<f64>| (t_ms.unwrap_or(0.0).max(0.0) * 1000.0).round() as u64;
+        if formats::response_is_streamed(path, content_type, &request_body, first) {
+            // Frames are borrowed where they are text; only base64 frames are decoded.
+            let frames = response.frames.iter().map(|f| (t_us(f.t_ms), f.bytes()));
+            measure_frames(family.unwrap_or(Family::OpenAiChat), frames)
+        } else {
+            let body: Vec<u8> = response
+                .frames
+                .iter()
+                .flat_map(|f| f.bytes().into_owned())
+                .collect();
+            let done = response.frames.last().map_or(0, |f| t_us(f.t_ms));
+            measure_unstreamed(family, &body, done)
+        }
+    };
+    if outcome.kind == OutcomeKind::Succeeded || outcome.kind == OutcomeKind::EndedEarly {
+        outcome.sent_unix_us = exchange.at_ms.map(|ms| (ms.max(0.0) * 1000.0) as u64);
+    }
+    Some(outcome)
 }
 
 /// Measure a whole recorded response: frames with their offsets in microseconds.

@@ -168,6 +168,14 @@ pub struct Counters {
     pub output_tokens: u64,
     /// Requests measured during warm-up and left out of every number.
     pub warmup: u64,
+    /// Succeeded requests answered with one body rather than a stream (no TTFT, TTST, ITL).
+    pub unstreamed: u64,
+    /// Succeeded or ended-early requests whose usage reported cached input tokens.
+    pub cache_reported: u64,
+    /// Cached input tokens over those requests.
+    pub cached_input_tokens: u64,
+    /// Input tokens over those same requests (the denominator of the cached share).
+    pub cache_reported_input_tokens: u64,
     /// `failed_transport` by cause (they sum to it; see [`TransportCause`]).
     #[serde(default)]
     pub transport: TransportCounters,
@@ -258,6 +266,55 @@ impl Counters {
         self.warmup += other.warmup;
         self.transport.add(&other.transport);
         self.resent += other.resent;
+        self.unstreamed += other.unstreamed;
+        self.cache_reported += other.cache_reported;
+        self.cached_input_tokens += other.cached_input_tokens;
+        self.cache_reported_input_tokens += other.cache_reported_input_tokens;
+    }
+}
+
+/// Which exchange a measured request replayed, for its per-request record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordMeta {
+    /// Index of the exchange in the recording.
+    pub index: u64,
+    /// The exchange's recorded `id`, when it has one.
+    pub id: Option<String>,
+    pub session: Option<String>,
+}
+
+/// One measured request, as `--requests-out` writes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestRecord {
+    pub meta: RecordMeta,
+    pub outcome: RequestOutcome,
+    /// HTTP status of the response, when one came.
+    pub status: Option<u16>,
+}
+
+impl RequestRecord {
+    /// The outcome's stable name: `succeeded`, `ended_early`, or the failure kind.
+    pub fn outcome_name(&self) -> &'static str {
+        match self.outcome.kind {
+            OutcomeKind::Succeeded => "succeeded",
+            OutcomeKind::EndedEarly => "ended_early",
+            OutcomeKind::Failed(kind) => kind.name(),
+        }
+    }
+
+    /// ITL of this request in µs, by the run's definition: (latency − TTFT) / (output − 1).
+    pub fn itl_us(&self) -> Option<f64> {
+        let o = &self.outcome;
+        if o.kind != OutcomeKind::Succeeded {
+            return None;
+        }
+        let osl = o.output_tokens();
+        match (o.ttft_us, o.latency_us) {
+            (Some(ttft), Some(latency)) if osl >= 2 => {
+                Some(latency.saturating_sub(ttft) as f64 / (osl - 1) as f64)
+            }
+            _ => None,
+        }
     }
 }
 
@@ -280,6 +337,73 @@ pub enum MetricsDecodeError {
     },
     #[error("expected {expected} histograms, got {got}")]
     HistogramCount { expected: usize, got: usize },
+    #[error("histogram for {metric} is invalid: {reason}")]
+    Invalid {
+        metric: &'static str,
+        reason: &'static str,
+    },
+}
+
+/// Largest encoded (compressed) histogram accepted from a peer.
+pub const MAX_ENCODED_HISTOGRAM_BYTES: usize = 1 << 20;
+
+/// Largest decoded V2 histogram accepted: a header and at most this many bytes of counts.
+/// With 3 significant digits and values up to 2^53 a histogram has at most ~90,000 buckets,
+/// each at most 9 bytes in V2's LEB128 counts.
+pub const MAX_DECODED_HISTOGRAM_BYTES: usize = 40 + 90_000 * 9;
+
+/// Highest trackable value accepted from a peer (2^53 µs is 285 years).
+const MAX_HIGHEST_TRACKABLE: u64 = 1 << 53;
+
+/// Check one V2+DEFLATE histogram from a peer before the decoder trusts its lengths: the
+/// compressed length, the inflated size (inflated with a cap, never by what the header
+/// claims), the inner payload length, the precision and the value range. Returns the inner,
+/// uncompressed V2 encoding.
+fn validated_v2(bytes: &[u8], metric: &'static str) -> Result<Vec<u8>, MetricsDecodeError> {
+    use std::io::Read;
+    const V2_COOKIE: u32 = 0x1c84_9303 | 0x10;
+    const V2_COMPRESSED_COOKIE: u32 = 0x1c84_9304 | 0x10;
+    let invalid = |reason| MetricsDecodeError::Invalid { metric, reason };
+    let u32_at = |b: &[u8], at: usize| -> Option<u32> {
+        Some(u32::from_be_bytes(b.get(at..at + 4)?.try_into().ok()?))
+    };
+    let u64_at = |b: &[u8], at: usize| -> Option<u64> {
+        Some(u64::from_be_bytes(b.get(at..at + 8)?.try_into().ok()?))
+    };
+    if bytes.len() > MAX_ENCODED_HISTOGRAM_BYTES {
+        return Err(invalid("over the size limit"));
+    }
+    if u32_at(bytes, 0) != Some(V2_COMPRESSED_COOKIE) {
+        return Err(invalid("not a V2+DEFLATE histogram"));
+    }
+    let compressed_len = u32_at(bytes, 4).ok_or(invalid("truncated header"))? as usize;
+    if compressed_len != bytes.len() - 8 {
+        return Err(invalid("compressed length does not match the bytes sent"));
+    }
+    let mut inner = Vec::new();
+    flate2::read::ZlibDecoder::new(&bytes[8..])
+        .take(MAX_DECODED_HISTOGRAM_BYTES as u64 + 1)
+        .read_to_end(&mut inner)
+        .map_err(|_| invalid("not valid DEFLATE data"))?;
+    if inner.len() > MAX_DECODED_HISTOGRAM_BYTES {
+        return Err(invalid("inflates past the size limit"));
+    }
+    if u32_at(&inner, 0) != Some(V2_COOKIE) {
+        return Err(invalid("inner cookie is not V2"));
+    }
+    let payload_len = u32_at(&inner, 4).ok_or(invalid("truncated header"))? as usize;
+    if inner.len() < 40 || payload_len != inner.len() - 40 {
+        return Err(invalid("payload length does not match the data"));
+    }
+    if u32_at(&inner, 12) != Some(u32::from(SIGNIFICANT_DIGITS)) {
+        return Err(invalid("unexpected precision"));
+    }
+    let lowest = u64_at(&inner, 16).ok_or(invalid("truncated header"))?;
+    let highest = u64_at(&inner, 24).ok_or(invalid("truncated header"))?;
+    if lowest < 1 || highest < 2 * lowest || highest > MAX_HIGHEST_TRACKABLE {
+        return Err(invalid("value range out of bounds"));
+    }
+    Ok(inner)
 }
 
 /// The metrics of a run (or of one worker's share of it): mergeable.
@@ -358,6 +482,9 @@ impl RunMetrics {
             OutcomeKind::Succeeded => {}
         }
         self.counters.succeeded += 1;
+        if outcome.unstreamed {
+            self.counters.unstreamed += 1;
+        }
         self.count_token_source(outcome);
         if let Some(ttft) = outcome.ttft_us {
             self.record_value(Metric::Ttft, ttft);
@@ -401,6 +528,12 @@ impl RunMetrics {
             self.counters.usage_reported += 1;
         } else {
             self.counters.estimated += 1;
+        }
+        if let Some(cached) = outcome.cached_input_tokens {
+            self.counters.cache_reported += 1;
+            self.counters.cached_input_tokens += cached;
+            self.counters.cache_reported_input_tokens +=
+                outcome.input_tokens.unwrap_or(0).max(cached);
         }
     }
 
@@ -468,6 +601,14 @@ impl RunMetrics {
         }
     }
 
+    /// Percent of input tokens served from the prompt cache, over the requests whose usage
+    /// reported it; `None` when no request did.
+    pub fn cached_input_share_pct(&self) -> Option<f64> {
+        let c = &self.counters;
+        (c.cache_reported > 0 && c.cache_reported_input_tokens > 0)
+            .then(|| 100.0 * c.cached_input_tokens as f64 / c.cache_reported_input_tokens as f64)
+    }
+
     /// Serialize every histogram as HDR V2+DEFLATE, in [`Metric::ALL`] order.
     pub fn encode_histograms(&self) -> Vec<Vec<u8>> {
         let mut serializer = V2DeflateSerializer::new();
@@ -498,9 +639,10 @@ impl RunMetrics {
         let mut deserializer = Deserializer::new();
         let mut histograms = Vec::with_capacity(encoded.len());
         for (bytes, metric) in encoded.iter().zip(Metric::ALL) {
+            let inner = validated_v2(bytes, metric.json_key())?;
             let mut h: Histogram<u64> =
                 deserializer
-                    .deserialize(&mut bytes.as_slice())
+                    .deserialize(&mut inner.as_slice())
                     .map_err(|source| MetricsDecodeError::Histogram {
                         metric: metric.json_key(),
                         source,
@@ -582,6 +724,8 @@ mod tests {
                     sent_unix_us: Some(1_700_000_000_000_000 + rng.next() % 10_000_000),
                     transport_cause: None,
                     resent: false,
+                    unstreamed: rng.next().is_multiple_of(5),
+                    cached_input_tokens: rng.next().is_multiple_of(3).then(|| rng.next() % 100),
                 };
                 whole.record(&outcome);
                 split[(rng.next() % parts as u64) as usize].record(&outcome);
@@ -615,6 +759,40 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A ~60-byte V2+DEFLATE histogram whose inner header claims a 2 GB payload: refused
+    /// before anything is allocated for it.
+    #[test]
+    fn a_histogram_claiming_a_huge_payload_is_refused() {
+        use std::io::Write;
+        let mut inner = Vec::new();
+        inner.extend_from_slice(&(0x1c84_9303u32 | 0x10).to_be_bytes());
+        inner.extend_from_slice(&0x7fff_fff0u32.to_be_bytes()); // payload_len: 2 GB
+        inner.extend_from_slice(&0u32.to_be_bytes());
+        inner.extend_from_slice(&3u32.to_be_bytes());
+        inner.extend_from_slice(&1u64.to_be_bytes());
+        inner.extend_from_slice(&(1u64 << 40).to_be_bytes());
+        inner.extend_from_slice(&1f64.to_bits().to_be_bytes());
+        let mut zlib = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+        zlib.write_all(&inner).expect("compress");
+        let compressed = zlib.finish().expect("compress");
+        let mut bomb = Vec::new();
+        bomb.extend_from_slice(&(0x1c84_9304u32 | 0x10).to_be_bytes());
+        bomb.extend_from_slice(&(compressed.len() as u32).to_be_bytes());
+        bomb.extend_from_slice(&compressed);
+        assert!(bomb.len() < 100, "{}", bomb.len());
+        let good = RunMetrics::new().encode_histograms();
+        let mut encoded = good.clone();
+        encoded[0] = bomb;
+        let error = RunMetrics::decode(&encoded, Counters::default(), None).expect_err("refused");
+        assert!(error.to_string().contains("payload length"), "{error}");
+        // Valid ones still decode, and a truncated one is refused.
+        RunMetrics::decode(&good, Counters::default(), None).expect("valid");
+        let mut cut = good.clone();
+        let keep = cut[2].len() - 3;
+        cut[2].truncate(keep);
+        assert!(RunMetrics::decode(&cut, Counters::default(), None).is_err());
     }
 
     #[test]
@@ -651,6 +829,8 @@ mod tests {
             sent_unix_us: Some(1_000_000),
             transport_cause: None,
             resent: false,
+            unstreamed: false,
+            cached_input_tokens: None,
         };
         m.record(&outcome);
         let itl = m.stats(Metric::Itl).expect("itl");

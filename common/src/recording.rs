@@ -1,17 +1,28 @@
 //! Recording format v1: one exchange per JSON line, `.jsonl` or `.jsonl.gz`.
 //!
-//! The reader streams: it holds one line at a time, never the whole file. Every error names
-//! the file, the line and the field (`rec.jsonl:812: request.body: invalid type: ...`).
-//! Unknown fields are kept (and written back) but otherwise ignored.
+//! The reader streams: it holds one line at a time, never the whole file, and no line longer
+//! than [`MAX_LINE_BYTES`]. Every error names the file, the line and the field
+//! (`rec.jsonl:812: request.body: invalid type: ...`). Offsets (`at_ms`, `t_ms`) are checked
+//! to be finite, non-negative and under [`MAX_OFFSET_MS`], so no later arithmetic on them can
+//! overflow. A torn last line (a writer killed mid-line) is skipped and reported by
+//! [`RecordingReader::torn_last_line`], the same way for every command. Unknown fields are
+//! kept (and written back) but otherwise ignored.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::io::{BufRead, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 use base64::Engine;
 use serde::{Deserialize, Serialize};
+
+/// Longest recording line read (64 MiB): a longer one is an error naming its line, so a
+/// small compressed file cannot make the reader hold gigabytes.
+pub const MAX_LINE_BYTES: usize = 64 << 20;
+
+/// Largest arrival or frame offset accepted, in milliseconds (one year).
+pub const MAX_OFFSET_MS: f64 = 365.0 * 24.0 * 3600.0 * 1000.0;
 
 /// Request headers never written to a recording nor sent from one (credentials).
 pub const CREDENTIAL_HEADERS: &[&str] = &[
@@ -22,7 +33,126 @@ pub const CREDENTIAL_HEADERS: &[&str] = &[
     "proxy-authorization",
     "x-amz-security-token",
     "x-amz-date",
+    "x-goog-api-key",
+    "ocp-apim-subscription-key",
+    "x-auth-token",
 ];
+
+/// Parts of a header name that mark it as a credential whatever the rest is
+/// (`x-vendor-api-key`, `x-session-token`, `x-client-secret`): nothing that looks like a
+/// credential is recorded or replayed.
+pub const CREDENTIAL_HEADER_PARTS: &[&str] = &[
+    "api-key",
+    "api_key",
+    "apikey",
+    "auth",
+    "token",
+    "secret",
+    "password",
+    "passwd",
+    "subscription-key",
+    "signature",
+    "cookie",
+];
+
+/// Query parameters that carry credentials (`?key=` for Gemini, `?api-key=` for Azure,
+/// signed-URL parameters); dropped from recorded paths, replayed paths and shown URLs.
+pub const CREDENTIAL_QUERY_PARAMS: &[&str] = &[
+    "key",
+    "api-key",
+    "api_key",
+    "apikey",
+    "access_token",
+    "token",
+    "auth",
+    "password",
+    "secret",
+    "sig",
+    "signature",
+    "x-amz-signature",
+    "x-amz-credential",
+    "x-amz-security-token",
+    "code",
+];
+
+/// True when the query parameter `name` (any case) carries a credential.
+pub fn is_credential_query_param(name: &str) -> bool {
+    CREDENTIAL_QUERY_PARAMS
+        .iter()
+        .any(|c| c.eq_ignore_ascii_case(name))
+}
+
+/// `path` (with an optional `?query`) without its credential query parameters.
+pub fn strip_credential_query(path: &str) -> Cow<'_, str> {
+    let Some((base, query)) = path.split_once('?') else {
+        return Cow::Borrowed(path);
+    };
+    let (query, fragment) = match query.split_once('#') {
+        Some((q, f)) => (q, Some(f)),
+        None => (query, None),
+    };
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .filter(|pair| !is_credential_query_param(pair.split('=').next().unwrap_or_default()))
+        .collect();
+    if kept.len() == query.split('&').filter(|p| !p.is_empty()).count() {
+        return Cow::Borrowed(path);
+    }
+    let mut out = base.to_owned();
+    if !kept.is_empty() {
+        out.push('?');
+        out.push_str(&kept.join("&"));
+    }
+    if let Some(fragment) = fragment {
+        out.push('#');
+        out.push_str(fragment);
+    }
+    Cow::Owned(out)
+}
+
+/// A URL fit to show: user and password replaced by `***`, credential query values by
+/// `REDACTED`. Everything else is kept, so the target stays recognisable in a report.
+pub fn redact_url(url: &str) -> String {
+    let (scheme, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (Some(scheme), rest),
+        None => (None, url),
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let authority = match authority.rsplit_once('@') {
+        Some((_, host)) => format!("***@{host}"),
+        None => authority.to_owned(),
+    };
+    let tail = match tail.split_once('?') {
+        None => tail.to_owned(),
+        Some((path, query)) => {
+            let (query, fragment) = match query.split_once('#') {
+                Some((q, f)) => (q, Some(f)),
+                None => (query, None),
+            };
+            let query: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((name, _)) if is_credential_query_param(name) => {
+                        format!("{name}=REDACTED")
+                    }
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            let mut out = format!("{path}?{}", query.join("&"));
+            if let Some(fragment) = fragment {
+                out.push('#');
+                out.push_str(fragment);
+            }
+            out
+        }
+    };
+    match scheme {
+        Some(scheme) => format!("{scheme}://{authority}{tail}"),
+        None => format!("{authority}{tail}"),
+    }
+}
 
 /// Headers about one connection rather than the exchange (RFC 9110 §7.6.1): never forwarded,
 /// stored in a recording, or replayed from one.
@@ -44,11 +174,14 @@ pub fn is_hop_by_hop_header(name: &str) -> bool {
         .any(|h| h.eq_ignore_ascii_case(name))
 }
 
-/// True when `name` (any case) is a credential header by the built-in list.
+/// True when `name` (any case) is a credential header: in the built-in list, or containing
+/// one of [`CREDENTIAL_HEADER_PARTS`].
 pub fn is_credential_header(name: &str) -> bool {
-    CREDENTIAL_HEADERS
-        .iter()
-        .any(|c| c.eq_ignore_ascii_case(name))
+    let lower = name.to_ascii_lowercase();
+    CREDENTIAL_HEADERS.iter().any(|c| *c == lower)
+        || CREDENTIAL_HEADER_PARTS
+            .iter()
+            .any(|part| lower.contains(part))
 }
 
 /// One recorded request and (optionally) its response.
@@ -225,9 +358,6 @@ pub enum RecordingError {
         field: String,
         message: String,
     },
-    /// The last line has no newline and does not parse: a writer was killed mid-line.
-    #[error("{}:{line}: torn last line (the writer stopped mid-line); it was not read", path.display())]
-    TornLastLine { path: PathBuf, line: u64 },
 }
 
 impl RecordingError {
@@ -235,9 +365,7 @@ impl RecordingError {
     pub fn line(&self) -> Option<u64> {
         match self {
             RecordingError::Open { .. } => None,
-            RecordingError::Io { line, .. }
-            | RecordingError::Invalid { line, .. }
-            | RecordingError::TornLastLine { line, .. } => Some(*line),
+            RecordingError::Io { line, .. } | RecordingError::Invalid { line, .. } => Some(*line),
         }
     }
 }
@@ -247,8 +375,9 @@ pub struct RecordingReader {
     path: PathBuf,
     input: Box<dyn BufRead + Send>,
     line_no: u64,
-    buf: String,
+    buf: Vec<u8>,
     done: bool,
+    torn_last_line: Option<u64>,
 }
 
 impl RecordingReader {
@@ -276,9 +405,17 @@ impl RecordingReader {
             path,
             input,
             line_no: 0,
-            buf: String::new(),
+            buf: Vec::new(),
             done: false,
+            torn_last_line: None,
         }
+    }
+
+    /// The line number of a torn last line (no newline, does not parse: the writer stopped
+    /// mid-line), once the reader reached it. It is skipped, never an error: every command
+    /// reports it as a warning.
+    pub fn torn_last_line(&self) -> Option<u64> {
+        self.torn_last_line
     }
 
     /// The file this reader reads.
@@ -340,9 +477,12 @@ impl RecordingReader {
             return Err(self.invalid("request.body_b64", "expected standard base64"));
         }
         if let Some(at) = exchange.at_ms
-            && !(at.is_finite() && at >= 0.0)
+            && !offset_ok(at)
         {
-            return Err(self.invalid("at_ms", format!("expected a non-negative number, got {at}")));
+            return Err(self.invalid(
+                "at_ms",
+                format!("expected a non-negative number of milliseconds under one year, got {at}"),
+            ));
         }
         if let Some(response) = &exchange.response {
             for (i, frame) in response.frames.iter().enumerate() {
@@ -360,11 +500,13 @@ impl RecordingReader {
                     return Err(self.invalid(field("data_b64"), "expected standard base64"));
                 }
                 if let Some(t) = frame.t_ms
-                    && !(t.is_finite() && t >= 0.0)
+                    && !offset_ok(t)
                 {
                     return Err(self.invalid(
                         field("t_ms"),
-                        format!("expected a non-negative number, got {t}"),
+                        format!(
+                            "expected a non-negative number of milliseconds under one year, got {t}"
+                        ),
                     ));
                 }
             }
@@ -380,7 +522,9 @@ impl RecordingReader {
             }
             self.buf.clear();
             self.line_no += 1;
-            let read = self.input.read_line(&mut self.buf);
+            let read = (&mut self.input)
+                .take(MAX_LINE_BYTES as u64 + 1)
+                .read_until(b'\n', &mut self.buf);
             match read {
                 Ok(0) => {
                     self.done = true;
@@ -396,22 +540,34 @@ impl RecordingReader {
                     }));
                 }
             }
-            let has_newline = self.buf.ends_with('\n');
-            let line = self.buf.trim();
+            if self.buf.len() > MAX_LINE_BYTES {
+                self.done = true;
+                return Some(Err(
+                    self.invalid("(line)", format!("line over {MAX_LINE_BYTES} bytes"))
+                ));
+            }
+            let has_newline = self.buf.ends_with(b"\n");
+            let line = match std::str::from_utf8(&self.buf) {
+                Ok(line) => line.trim(),
+                Err(_) if !has_newline => {
+                    self.done = true;
+                    self.torn_last_line = Some(self.line_no);
+                    return None;
+                }
+                Err(e) => return Some(Err(self.invalid("(line)", format!("not UTF-8: {e}")))),
+            };
             if line.is_empty() {
                 continue;
             }
-            return Some(match self.parse_line(line) {
-                Ok(exchange) => Ok((self.line_no, exchange)),
+            return match self.parse_line(line) {
+                Ok(exchange) => Some(Ok((self.line_no, exchange))),
                 Err(_) if !has_newline => {
                     self.done = true;
-                    Err(RecordingError::TornLastLine {
-                        path: self.path.clone(),
-                        line: self.line_no,
-                    })
+                    self.torn_last_line = Some(self.line_no);
+                    None
                 }
-                Err(e) => Err(e),
-            });
+                Err(e) => Some(Err(e)),
+            };
         }
     }
 }
@@ -424,6 +580,10 @@ impl Iterator for RecordingReader {
     }
 }
 
+fn offset_ok(ms: f64) -> bool {
+    ms.is_finite() && (0.0..=MAX_OFFSET_MS).contains(&ms)
+}
+
 fn is_gzip_path(path: &Path) -> bool {
     path.extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("gz"))
@@ -431,56 +591,150 @@ fn is_gzip_path(path: &Path) -> bool {
 
 /// Writes exchanges, one whole line per call.
 pub struct RecordingWriter {
-    out: Box<dyn Write + Send>,
+    out: Sink,
+    /// Written to a temporary file renamed over this path by [`RecordingWriter::finish`].
+    replace: Option<(PathBuf, PathBuf)>,
 }
 
-impl RecordingWriter {
-    /// Create (truncate) `path`; `.gz` paths are gzip-compressed.
-    pub fn create(path: impl AsRef<Path>) -> std::io::Result<RecordingWriter> {
-        let path = path.as_ref();
-        let file = File::create(path)?;
-        let out: Box<dyn Write + Send> = if is_gzip_path(path) {
-            Box::new(flate2::write::GzEncoder::new(
-                BufWriter::new(file),
+/// Where the lines go; gzip is finished explicitly so a failed trailer is an error.
+enum Sink {
+    Plain(Box<dyn Write + Send>),
+    Gzip(flate2::write::GzEncoder<Box<dyn Write + Send>>),
+}
+
+impl Sink {
+    fn for_path(path: &Path, file: File) -> Sink {
+        let buffered: Box<dyn Write + Send> = Box::new(BufWriter::new(file));
+        if is_gzip_path(path) {
+            Sink::Gzip(flate2::write::GzEncoder::new(
+                buffered,
                 flate2::Compression::default(),
             ))
         } else {
-            Box::new(BufWriter::new(file))
-        };
-        Ok(RecordingWriter { out })
+            Sink::Plain(buffered)
+        }
+    }
+
+    fn writer(&mut self) -> &mut dyn Write {
+        match self {
+            Sink::Plain(out) => out,
+            Sink::Gzip(out) => out,
+        }
+    }
+}
+
+/// True when `a` and `b` name the same existing file (through links or `..` alike).
+pub fn is_same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
+/// The temporary sibling `path` is written to before it is renamed into place.
+pub fn temporary_sibling(path: &Path) -> PathBuf {
+    let mut name = path
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_default();
+    name.push(format!(".partial-{}", std::process::id()));
+    path.with_file_name(name)
+}
+
+impl RecordingWriter {
+    /// Create (truncate) `path` and append to it line by line (a recorder killed at any
+    /// moment leaves every whole line readable); `.gz` paths are gzip-compressed.
+    pub fn create(path: impl AsRef<Path>) -> std::io::Result<RecordingWriter> {
+        let path = path.as_ref();
+        let file = File::create(path)?;
+        Ok(RecordingWriter {
+            out: Sink::for_path(path, file),
+            replace: None,
+        })
+    }
+
+    /// Write a temporary sibling of `path` and rename it over `path` on
+    /// [`RecordingWriter::finish`]: `path` is never seen half-written, and an input that is
+    /// also the output is still readable while the output is written.
+    pub fn create_replacing(path: impl AsRef<Path>) -> std::io::Result<RecordingWriter> {
+        let path = path.as_ref();
+        let temporary = temporary_sibling(path);
+        let file = File::create(&temporary)?;
+        Ok(RecordingWriter {
+            out: Sink::for_path(path, file),
+            replace: Some((temporary, path.to_path_buf())),
+        })
     }
 
     /// Write to any writer.
     pub fn from_writer(out: Box<dyn Write + Send>) -> RecordingWriter {
-        RecordingWriter { out }
+        RecordingWriter {
+            out: Sink::Plain(out),
+            replace: None,
+        }
+    }
+
+    /// Write gzip-compressed to any writer.
+    pub fn from_writer_gzip(out: Box<dyn Write + Send>) -> RecordingWriter {
+        RecordingWriter {
+            out: Sink::Gzip(flate2::write::GzEncoder::new(
+                out,
+                flate2::Compression::default(),
+            )),
+            replace: None,
+        }
     }
 
     /// Append one exchange as one line. Credential headers are dropped.
     pub fn write(&mut self, exchange: &Exchange) -> std::io::Result<()> {
         let mut line = serde_json::to_vec(&without_credentials(exchange))?;
         line.push(b'\n');
-        self.out.write_all(&line)
+        self.out.writer().write_all(&line)
     }
 
     /// Flush buffered lines.
     pub fn flush(&mut self) -> std::io::Result<()> {
-        self.out.flush()
+        self.out.writer().flush()
     }
 
-    /// Flush and finish (writes the gzip trailer).
+    /// Flush and finish: writes the gzip trailer (an error is returned, not lost in a
+    /// `Drop`), and renames a replacing writer's temporary file into place.
     pub fn finish(mut self) -> std::io::Result<()> {
-        self.out.flush()
+        let replace = self.replace.take();
+        let out = std::mem::replace(&mut self.out, Sink::Plain(Box::new(std::io::sink())));
+        let mut inner = match out {
+            Sink::Plain(out) => out,
+            Sink::Gzip(encoder) => encoder.finish()?,
+        };
+        inner.flush()?;
+        drop(inner);
+        if let Some((temporary, path)) = replace {
+            std::fs::rename(&temporary, &path)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for RecordingWriter {
+    fn drop(&mut self) {
+        // Not finished (an error on the way): the temporary file is not the output.
+        if let Some((temporary, _)) = self.replace.take() {
+            let _ = std::fs::remove_file(temporary);
+        }
     }
 }
 
 fn without_credentials(exchange: &Exchange) -> Cow<'_, Exchange> {
-    if exchange
-        .request
-        .headers
-        .keys()
-        .any(|k| is_credential_header(k))
+    let path = strip_credential_query(&exchange.request.path);
+    if matches!(path, Cow::Owned(_))
+        || exchange
+            .request
+            .headers
+            .keys()
+            .any(|k| is_credential_header(k))
     {
         let mut clean = exchange.clone();
+        clean.request.path = path.into_owned();
         clean
             .request
             .headers
@@ -545,8 +799,152 @@ mod tests {
         let good = r#"{"request":{"path":"/v1/completions"}}"#;
         let mut r = reader(&format!("{good}\n{{\"request\":{{\"pa"));
         assert!(r.next().expect("line 1").is_ok());
-        let err = r.next().expect("line 2").expect_err("torn");
-        assert!(matches!(err, RecordingError::TornLastLine { line: 2, .. }));
+        assert!(r.next().is_none(), "the torn line is skipped");
+        assert_eq!(r.torn_last_line(), Some(2));
+    }
+
+    /// Accepts `room` bytes, then fails every write: a disk that fills up.
+    struct FullAfter {
+        room: usize,
+    }
+
+    impl Write for FullAfter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if self.room == 0 {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::StorageFull,
+                    "disk full",
+                ));
+            }
+            let n = buf.len().min(self.room);
+            self.room -= n;
+            Ok(n)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_gzip_trailer_that_cannot_be_written_is_an_error() {
+        let exchange: Exchange =
+            serde_json::from_str(r#"{"request":{"path":"/v1/completions"}}"#).expect("valid");
+        // How many bytes a flush writes before the trailer.
+        let mut probe = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        let mut line = serde_json::to_vec(&exchange).expect("json");
+        line.push(b'\n');
+        probe.write_all(&line).expect("write");
+        probe.flush().expect("flush");
+        let before_trailer = probe.get_ref().len();
+
+        let mut writer = RecordingWriter::from_writer_gzip(Box::new(FullAfter {
+            room: before_trailer,
+        }));
+        writer.write(&exchange).expect("buffered");
+        writer.flush().expect("the body fits");
+        assert!(
+            writer.finish().is_err(),
+            "the lost trailer must be reported"
+        );
+    }
+
+    #[test]
+    fn a_replacing_writer_leaves_the_old_file_until_it_finishes() {
+        let dir = std::env::temp_dir().join(format!("llm-replay-replace-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("r.jsonl");
+        std::fs::write(&path, "old\n").expect("write");
+        let exchange: Exchange =
+            serde_json::from_str(r#"{"request":{"path":"/v1/completions"}}"#).expect("valid");
+        let mut writer = RecordingWriter::create_replacing(&path).expect("create");
+        writer.write(&exchange).expect("write");
+        assert_eq!(std::fs::read_to_string(&path).expect("read"), "old\n");
+        drop(writer);
+        assert_eq!(std::fs::read_to_string(&path).expect("read"), "old\n");
+        assert!(
+            !temporary_sibling(&path).exists(),
+            "an unfinished output is removed"
+        );
+        let mut writer = RecordingWriter::create_replacing(&path).expect("create");
+        writer.write(&exchange).expect("write");
+        writer.finish().expect("finish");
+        assert!(
+            std::fs::read_to_string(&path)
+                .expect("read")
+                .contains("/v1/completions")
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn credentials_in_headers_queries_and_urls() {
+        for name in [
+            "Authorization",
+            "x-goog-api-key",
+            "Ocp-Apim-Subscription-Key",
+            "x-auth-token",
+            "x-vendor-api-key",
+            "X-Session-Token",
+        ] {
+            assert!(is_credential_header(name), "{name}");
+        }
+        for name in [
+            "content-type",
+            "anthropic-version",
+            "openai-organization",
+            "x-amz-content-sha256",
+        ] {
+            assert!(!is_credential_header(name), "{name}");
+        }
+        assert_eq!(
+            strip_credential_query("/v1beta/models/g:streamGenerateContent?alt=sse&key=AIza123"),
+            "/v1beta/models/g:streamGenerateContent?alt=sse"
+        );
+        assert_eq!(
+            strip_credential_query("/openai/deployments/d/chat/completions?api-key=s3cret"),
+            "/openai/deployments/d/chat/completions"
+        );
+        assert!(matches!(
+            strip_credential_query("/v1/chat/completions?api-version=1"),
+            Cow::Borrowed(_)
+        ));
+        assert_eq!(
+            redact_url("https://user:pa55@gpu:8443/base?api-key=s3cret&x=1"),
+            "https://***@gpu:8443/base?api-key=REDACTED&x=1"
+        );
+        assert_eq!(redact_url("http://127.0.0.1:8000"), "http://127.0.0.1:8000");
+    }
+
+    #[test]
+    fn huge_offsets_and_lines_are_errors_naming_the_line() {
+        let mut r = reader("{\"at_ms\":1e300,\"request\":{\"path\":\"/v1/completions\"}}\n");
+        let msg = r
+            .next()
+            .expect("line 1")
+            .expect_err("huge at_ms")
+            .to_string();
+        assert!(msg.starts_with("rec.jsonl:1: at_ms: "), "{msg}");
+        let line = r#"{"request":{"path":"/v1/completions"},"response":{"status":200,"frames":[{"t_ms":1e20,"data":"x"}]}}"#;
+        let msg = reader(&format!("{line}\n"))
+            .next()
+            .expect("line 1")
+            .expect_err("huge t_ms")
+            .to_string();
+        assert!(
+            msg.starts_with("rec.jsonl:1: response.frames[0].t_ms: "),
+            "{msg}"
+        );
+        // One line longer than the cap, read as a stream: an error, not a huge allocation.
+        let big = format!(
+            "{{\"request\":{{\"path\":\"/{}\"}}}}\n",
+            "a".repeat(MAX_LINE_BYTES)
+        );
+        let mut r = reader(&big);
+        let msg = r.next().expect("line 1").expect_err("too long").to_string();
+        assert_eq!(
+            msg,
+            format!("rec.jsonl:1: (line): line over {MAX_LINE_BYTES} bytes")
+        );
         assert!(r.next().is_none());
     }
 

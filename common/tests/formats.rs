@@ -40,6 +40,7 @@ fn own(event: Event<'_>) -> Ev {
         Event::Usage(Usage {
             input_tokens,
             output_tokens,
+            ..
         }) => Ev::Usage(input_tokens, output_tokens),
         Event::Terminal => Ev::Terminal,
         Event::Error { message } => Ev::Error(message.into_owned()),
@@ -1119,7 +1120,8 @@ fn unstreamed_bodies() {
             has_content: true,
             usage: Some(Usage {
                 input_tokens: Some(9),
-                output_tokens: Some(1)
+                output_tokens: Some(1),
+                cached_input_tokens: None
             }),
             error: None
         }
@@ -1156,7 +1158,8 @@ fn unstreamed_bodies() {
         unstreamed(Family::Anthropic, body).expect("JSON").usage,
         Some(Usage {
             input_tokens: Some(15),
-            output_tokens: Some(2)
+            output_tokens: Some(2),
+            cached_input_tokens: Some(10)
         })
     );
     let body = br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
@@ -1175,7 +1178,8 @@ fn unstreamed_bodies() {
             has_content: true,
             usage: Some(Usage {
                 input_tokens: Some(0),
-                output_tokens: Some(3)
+                output_tokens: Some(3),
+                cached_input_tokens: None
             }),
             error: None
         }

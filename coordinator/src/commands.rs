@@ -31,7 +31,8 @@ fn fail(code: u8, message: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(code)
 }
 
-/// Print the report on the terminal and write each requested file.
+/// Print the report on the terminal and write each requested file. A file that cannot be
+/// written does not stop the others: every one is attempted, the first failure is returned.
 fn emit(report: &Report, files: &ReportFiles) -> Result<(), ExitCode> {
     let color = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     print!("{}", render_terminal(report, color));
@@ -42,12 +43,66 @@ fn emit(report: &Report, files: &ReportFiles) -> Result<(), ExitCode> {
         (&files.report_html, render_html),
         (&files.junit, render_junit),
     ];
+    let mut first_failure = Ok(());
     for (path, render) in renderers {
-        if let Some(path) = path {
-            write_file(path, &render(report))?;
+        if let Some(path) = path
+            && let Err(code) = write_file(path, &render(report))
+            && first_failure.is_ok()
+        {
+            first_failure = Err(code);
+        }
+    }
+    first_failure
+}
+
+/// Every output file the run will write, checked before any load is sent: a typo in a path
+/// must not cost a long replay. Nothing is truncated here.
+fn check_outputs(files: &ReportFiles, extra: &[&Option<PathBuf>]) -> Result<(), String> {
+    let all = [
+        &files.report_json,
+        &files.report_md,
+        &files.report_html,
+        &files.junit,
+    ];
+    for path in all.into_iter().chain(extra.iter().copied()).flatten() {
+        let existed = path.exists();
+        let opened = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(path);
+        match opened {
+            Ok(_) if !existed => {
+                let _ = std::fs::remove_file(path);
+            }
+            Ok(_) => {}
+            Err(error) => return Err(format!("{}: cannot write: {error}", path.display())),
         }
     }
     Ok(())
+}
+
+/// A watch that turns true on the first SIGINT or SIGTERM.
+fn interrupt_signal() -> tokio::sync::watch::Receiver<bool> {
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        let terminate = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut signal) => {
+                    signal.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate => {}
+        }
+        eprintln!(
+            "llm-replay: interrupted: stopping the load and collecting what the workers measured"
+        );
+        let _ = tx.send(true);
+    });
+    rx
 }
 
 fn write_file(path: &Path, text: &str) -> Result<(), ExitCode> {
@@ -105,6 +160,24 @@ pub async fn run_command(args: RunArgs) -> ExitCode {
         ));
     }
 
+    if let Err(message) = check_outputs(&config.files, &[]) {
+        return fail(exit::USAGE, message);
+    }
+    let interrupt = interrupt_signal();
+    // Opened before any load is sent: a path that cannot be written is found now.
+    let requests_out = match &config.requests_out {
+        Some(path) => match crate::requests_out::RequestsOut::create(path) {
+            Ok(out) => Some(std::sync::Arc::new(out)),
+            Err(error) => {
+                return fail(
+                    exit::USAGE,
+                    format!("--requests-out {}: cannot write: {error}", path.display()),
+                );
+            }
+        },
+        None => None,
+    };
+
     // With no target, an embedded mock serves the recorded streams at their recorded timing.
     let (target, embedded) = match &config.target {
         Some(target) => (target.clone(), None),
@@ -124,6 +197,7 @@ pub async fn run_command(args: RunArgs) -> ExitCode {
         config.sweep.iter().copied().map(Some).collect()
     };
     let mut results = Vec::new();
+    let mut level_failed: Option<RunError> = None;
     for level in &levels {
         let mut load = config.load.clone();
         let mut level_config = config.clone();
@@ -142,6 +216,8 @@ pub async fn run_command(args: RunArgs) -> ExitCode {
             tag_requests: embedded.is_some() || config.tag_requests,
             exchanges: scanned.exchanges,
             pass_span_ms,
+            requests_out: requests_out.clone(),
+            interrupt: interrupt.clone(),
         };
         match replay(setup).await {
             Ok(result) => {
@@ -151,12 +227,29 @@ pub async fn run_command(args: RunArgs) -> ExitCode {
                     break;
                 }
             }
+            // A later sweep level that fails keeps the levels already measured.
+            Err(error) if !results.is_empty() => {
+                let level = level.map_or_else(String::new, |c| format!(" (concurrency {c})"));
+                warnings.push(format!(
+                    "the sweep stopped: a level{level} could not run: {error}; the levels before it are reported"
+                ));
+                level_failed = Some(error);
+                break;
+            }
             Err(RunError::Input(message)) => return fail(exit::USAGE, message),
             Err(RunError::Failed(message)) => return fail(exit::RUN_FAILED, message),
         }
     }
     if let Some(mock) = embedded {
         mock.stop().await;
+    }
+    if let Some(out) = &requests_out
+        && let Err(error) = out.finish()
+    {
+        warnings.push(format!(
+            "--requests-out {}: cannot write: {error}",
+            out.path().display()
+        ));
     }
 
     let (_, main) = results.last().expect("at least one level ran");
@@ -185,13 +278,25 @@ pub async fn run_command(args: RunArgs) -> ExitCode {
         return code;
     }
 
+    if main.interrupted {
+        return fail(
+            exit::RUN_FAILED,
+            "the run was interrupted (partial report above)",
+        );
+    }
     if main.aborted {
         return fail(
             exit::RUN_FAILED,
             "the run was aborted: a worker was lost (partial report above)",
         );
     }
-    if let Some(message) = no_response(&target, main) {
+    if let Some(error) = level_failed {
+        return fail(
+            exit::RUN_FAILED,
+            format!("a sweep level could not run: {error} (the levels before it are above)"),
+        );
+    }
+    if let Some(message) = no_response(&common::recording::redact_url(&target), main) {
         return fail(exit::RUN_FAILED, message);
     }
     if report.any_goal_failed() {
@@ -298,7 +403,7 @@ fn build_report(
             started_at: rfc3339_utc(started_us),
             duration_s: result.duration.as_secs_f64(),
             target: if config.target.is_some() {
-                result.target.clone()
+                common::recording::redact_url(&result.target)
             } else {
                 format!("embedded mock ({}) at recorded timing", result.target)
             },

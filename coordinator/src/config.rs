@@ -108,6 +108,13 @@ pub struct RunArgs {
     /// worker's environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN).
     #[arg(long, value_name = "REGION")]
     pub aws_sigv4: Option<String>,
+    /// Write one JSON line per measured request (merged from every worker) to this file.
+    #[arg(long)]
+    pub requests_out: Option<PathBuf>,
+    /// Exchanges a worker reads ahead on a recorded schedule to send them in `at_ms` order
+    /// whatever the order of lines (a recording proxy writes exchanges as they complete).
+    #[arg(long)]
+    pub reorder_window: Option<usize>,
 
     /// Goal that fails the run (exit 1) when it holds, e.g. 'llm.ttft-p95 > 800'.
     #[arg(long = "fail-if")]
@@ -120,9 +127,10 @@ pub struct RunArgs {
     pub baseline: Option<String>,
     #[command(flatten)]
     pub files: ReportFiles,
-    /// Silence after which a worker counts as lost (seconds).
-    #[arg(long, default_value_t = 5.0)]
-    pub heartbeat_timeout: f64,
+    /// Silence after which a worker counts as lost (e.g. 5s, 500ms; a bare number is
+    /// seconds).
+    #[arg(long, default_value = "5s")]
+    pub heartbeat_timeout: String,
 }
 
 /// Files the report is written to, besides the terminal (`run` and `report` alike).
@@ -169,6 +177,8 @@ pub struct FileConfig {
     pub insecure: Option<bool>,
     pub target_h2c: Option<bool>,
     pub aws_sigv4: Option<String>,
+    pub requests_out: Option<PathBuf>,
+    pub reorder_window: Option<usize>,
 }
 
 impl FileConfig {
@@ -272,6 +282,10 @@ pub struct RunConfig {
     pub baseline: BaselineSource,
     pub files: ReportFiles,
     pub heartbeat_timeout: Duration,
+    /// `--requests-out`: one JSON line per request.
+    pub requests_out: Option<PathBuf>,
+    /// Read-ahead of the recorded schedule, in exchanges.
+    pub reorder_window: usize,
     pub transport: TargetTransport,
 }
 
@@ -317,15 +331,44 @@ fn check_target(target: &str, h2c: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Default `--timeout`.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Default `--reorder-window`, in exchanges.
+pub const DEFAULT_REORDER_WINDOW: usize = 4096;
+
+/// Parse `Name: value`. Errors never echo the value: it is often a secret.
 fn split_header(text: &str) -> anyhow::Result<(String, String)> {
     let Some((name, value)) = text.split_once(':') else {
-        bail!("--header {text:?}: expected 'Name: value'");
+        bail!(
+            "--header: expected 'Name: value' ({} characters given, not shown: a header value is often a secret)",
+            text.chars().count()
+        );
     };
     let name = name.trim();
-    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_graphic()) {
-        bail!("--header {text:?}: {name:?} is not a valid header name");
+    if name.is_empty()
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+    {
+        bail!(
+            "--header: {:?} is not a valid header name (the value is not shown)",
+            name.chars().take(64).collect::<String>()
+        );
     }
     Ok((name.to_owned(), value.trim().to_owned()))
+}
+
+/// Shortest `--token` accepted when workers may join from other hosts.
+pub const MIN_TOKEN_CHARS: usize = 16;
+
+/// A duration flag that must be above zero.
+fn positive_duration_arg(flag: &str, text: &str) -> anyhow::Result<Duration> {
+    let duration = duration_arg(flag, text)?;
+    if duration.is_zero() {
+        bail!("{flag} {text:?}: must be above zero");
+    }
+    Ok(duration)
 }
 
 fn split_set(text: &str) -> anyhow::Result<(String, String)> {
@@ -371,25 +414,25 @@ impl RunArgs {
             bail!("--concurrency must be at least 1");
         }
         if let Some(rate) = rate
-            && !(rate.is_finite() && rate > 0.0)
+            && !(rate.is_finite() && (1e-6..=1e9).contains(&rate))
         {
-            bail!("--rate must be a positive number of requests per second");
+            bail!("--rate must be between 0.000001 and 1e9 requests per second");
         }
         let speed = self.speed.or(file.speed).unwrap_or(1.0);
-        if !(speed.is_finite() && speed > 0.0) {
-            bail!("--speed must be a positive number");
+        if !(speed.is_finite() && (1e-3..=1e6).contains(&speed)) {
+            bail!("--speed must be between 0.001 and 1000000 (a time scale of the recording)");
         }
         let arrival = self
             .arrival
             .or(file.arrival)
             .unwrap_or_else(|| "poisson".into());
         let duration = match self.duration.or(file.duration) {
-            Some(text) => Some(duration_arg("--duration", &text)?),
+            Some(text) => Some(positive_duration_arg("--duration", &text)?),
             None => None,
         };
         let timeout = match self.timeout.or(file.timeout) {
-            Some(text) => duration_arg("--timeout", &text)?,
-            None => Duration::from_secs(600),
+            Some(text) => positive_duration_arg("--timeout", &text)?,
+            None => DEFAULT_TIMEOUT,
         };
         let mut workers = self.workers.or(file.workers).unwrap_or(1);
         if workers == 0 {
@@ -439,20 +482,35 @@ impl RunArgs {
             }),
             _ => None,
         };
+        // An empty or blank token is no token.
+        let token = self
+            .token
+            .map(|t| t.trim().to_owned())
+            .filter(|t| !t.is_empty());
         if let WorkerSource::Remote { listen, .. } = &source {
             let loopback = listen.starts_with("127.")
                 || listen.starts_with("localhost:")
                 || listen.starts_with("[::1]:");
-            if !loopback && self.token.is_none() {
-                bail!(
+            match &token {
+                None if !loopback => bail!(
                     "--listen {listen}: a --token (or LLM_REPLAY_TOKEN) is required when workers may join from other hosts"
-                );
+                ),
+                Some(t) if !loopback && t.chars().count() < MIN_TOKEN_CHARS => bail!(
+                    "--listen {listen}: the token is {} characters; use at least {MIN_TOKEN_CHARS} when workers may join from other hosts (e.g. `openssl rand -hex 16`)",
+                    t.chars().count()
+                ),
+                _ => {}
             }
         } else if tls.is_some() {
             bail!("--tls-cert secures remote workers: use it with --listen and --expect-workers");
         }
         let max_skew = duration_arg("--max-skew", &self.max_skew)?;
-        let join_timeout = duration_arg("--join-timeout", &self.join_timeout)?;
+        let join_timeout = positive_duration_arg("--join-timeout", &self.join_timeout)?;
+        let heartbeat_timeout =
+            positive_duration_arg("--heartbeat-timeout", &self.heartbeat_timeout)?;
+        if heartbeat_timeout > Duration::from_secs(86_400) {
+            bail!("--heartbeat-timeout must be at most a day");
+        }
         if self.sweep_concurrency.contains(&0) {
             bail!("--sweep-concurrency levels must be at least 1");
         }
@@ -478,12 +536,19 @@ impl RunArgs {
             h2c: target_h2c,
             aws_sigv4_region,
         };
+        let reorder_window = self
+            .reorder_window
+            .or(file.reorder_window)
+            .unwrap_or(DEFAULT_REORDER_WINDOW);
+        if reorder_window == 0 || reorder_window > u32::MAX as usize {
+            bail!("--reorder-window must be between 1 and {}", u32::MAX);
+        }
         Ok(RunConfig {
             transport,
             tag_requests: self.tag_requests,
             source,
             reassign_on_loss: self.on_worker_loss == "reassign",
-            token: self.token,
+            token,
             tls,
             max_skew,
             join_timeout,
@@ -511,7 +576,9 @@ impl RunArgs {
             goals,
             baseline,
             files: self.files,
-            heartbeat_timeout: Duration::from_secs_f64(self.heartbeat_timeout.max(0.1)),
+            heartbeat_timeout,
+            requests_out: self.requests_out.or(file.requests_out),
+            reorder_window,
         })
     }
 }

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use common::formats::{self, Family};
-use common::measure::measure_frames;
+use common::measure::{OutcomeKind, measure_recorded};
 use common::recording::{Exchange, RecordingError, RecordingReader};
 use serde_json::{Map, Value, json};
 
@@ -86,6 +86,8 @@ pub enum ExportError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{}: the output is the recording itself; export elsewhere", path.display())]
+    SameFile { path: PathBuf },
     #[error(transparent)]
     Redact(#[from] crate::capture::redact::RedactError),
 }
@@ -134,18 +136,20 @@ pub fn export(args: &ExportArgs) -> Result<ExportSummary, ExportError> {
         path: args.output.clone(),
         source,
     };
-    let file = std::fs::File::create(&args.output).map_err(write_error)?;
+    if common::recording::is_same_file(&args.recording, &args.output) {
+        return Err(ExportError::SameFile {
+            path: args.output.clone(),
+        });
+    }
+    // Written beside the output and renamed into place once whole.
+    let temporary = common::recording::temporary_sibling(&args.output);
+    let file = std::fs::File::create(&temporary).map_err(write_error)?;
+    let mut partial = RemoveOnDrop(Some(temporary.clone()));
     let mut out = std::io::BufWriter::new(file);
     let mut summary = ExportSummary::default();
-    for item in reader {
-        let (line_no, exchange) = match item {
-            Ok(item) => item,
-            Err(RecordingError::TornLastLine { line, .. }) => {
-                summary.torn_last_line = Some(line);
-                break;
-            }
-            Err(error) => return Err(error.into()),
-        };
+    let mut reader = reader;
+    for item in reader.by_ref() {
+        let (line_no, exchange) = item?;
         let Some(mut line) = aiperf_line(&exchange, line_no) else {
             summary.skipped += 1;
             continue;
@@ -157,7 +161,22 @@ pub fn export(args: &ExportArgs) -> Result<ExportSummary, ExportError> {
         summary.written += 1;
     }
     out.flush().map_err(write_error)?;
+    out.get_ref().sync_all().map_err(write_error)?;
+    drop(out);
+    std::fs::rename(&temporary, &args.output).map_err(write_error)?;
+    partial.0 = None;
     Ok(summary)
+}
+
+/// Removes a half-written temporary output when the export stops on an error.
+struct RemoveOnDrop(Option<PathBuf>);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        if let Some(path) = self.0.take() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
 }
 
 /// One `mooncake_trace` line for `exchange`, or `None` when it has no prompt.
@@ -196,7 +215,7 @@ pub fn aiperf_line(exchange: &Exchange, line_no: u64) -> Option<Value> {
         }
         Prompt::None => return None,
     }
-    if let Some(n) = recorded_output_tokens(exchange, family).or_else(|| max_tokens(&body)) {
+    if let Some(n) = recorded_output_tokens(exchange).or_else(|| max_tokens(&body)) {
         line.insert("output_length".into(), json!(n.max(1)));
     }
     let mut extra = Map::new();
@@ -317,33 +336,13 @@ fn prompt_of(family: Option<Family>, body: &Value) -> Prompt {
     }
 }
 
-/// Output tokens from the recorded response's usage report, when it has one.
-fn recorded_output_tokens(exchange: &Exchange, family: Option<Family>) -> Option<u64> {
-    let response = exchange.response.as_ref()?;
-    if !(200..300).contains(&response.status) {
-        return None;
-    }
-    let family = family?;
-    let streaming = response
-        .header("content-type")
-        .is_some_and(formats::is_streaming_content_type);
-    if streaming {
-        let frames: Vec<Vec<u8>> = response
-            .frames
-            .iter()
-            .map(|f| f.bytes().into_owned())
-            .collect();
-        measure_frames(family, frames.iter().map(|b| (0, b.as_slice()))).usage_output_tokens
-    } else {
-        let body: Vec<u8> = response
-            .frames
-            .iter()
-            .flat_map(|f| f.bytes().into_owned())
-            .collect();
-        formats::unstreamed(family, &body)
-            .ok()?
-            .usage
-            .and_then(|u| u.output_tokens)
+/// Output tokens from the recorded response's usage report, when it has one (measured by
+/// [`measure_recorded`], as the baseline and `recording stats` do).
+fn recorded_output_tokens(exchange: &Exchange) -> Option<u64> {
+    let outcome = measure_recorded(exchange)?;
+    match outcome.kind {
+        OutcomeKind::Succeeded | OutcomeKind::EndedEarly => outcome.usage_output_tokens,
+        OutcomeKind::Failed(_) => None,
     }
 }
 

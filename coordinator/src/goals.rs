@@ -53,6 +53,8 @@ pub enum Quantity {
     ErrorRate,
     /// `llm.estimated-share`: percent of streams whose output tokens were estimated.
     EstimatedShare,
+    /// `llm.cached-input-share`: percent of input tokens served from the prompt cache.
+    CachedInputShare,
     /// `requests.total`.
     RequestsTotal,
     /// `requests.failed` (same count as `llm.errors`, named after the report key).
@@ -233,6 +235,7 @@ impl Quantity {
             Quantity::Errors,
             Quantity::ErrorRate,
             Quantity::EstimatedShare,
+            Quantity::CachedInputShare,
             Quantity::RequestsTotal,
             Quantity::RequestsFailed,
         ]);
@@ -251,6 +254,7 @@ impl Quantity {
             Quantity::Errors => "llm.errors".into(),
             Quantity::ErrorRate => "llm.error-rate".into(),
             Quantity::EstimatedShare => "llm.estimated-share".into(),
+            Quantity::CachedInputShare => "llm.cached-input-share".into(),
             Quantity::RequestsTotal => "requests.total".into(),
             Quantity::RequestsFailed => "requests.failed".into(),
         }
@@ -267,6 +271,7 @@ impl Quantity {
             Quantity::Errors | Quantity::RequestsFailed => Some(requests.failed as f64),
             Quantity::ErrorRate => requests.error_rate_pct(),
             Quantity::EstimatedShare => llm.estimated_token_share_pct,
+            Quantity::CachedInputShare => llm.cached_input_share_pct,
             Quantity::RequestsTotal => Some(requests.total as f64),
         }
     }
@@ -406,7 +411,8 @@ fn goal_value(metric: GoalMetric, report: &Report) -> (Option<f64>, Option<Strin
             Quantity::Stat { .. }
             | Quantity::OutputThroughput
             | Quantity::RequestThroughput
-            | Quantity::EstimatedShare => {
+            | Quantity::EstimatedShare
+            | Quantity::CachedInputShare => {
                 quantity.value(&baseline.llm, &RequestsSection::default())
             }
             _ => None,
@@ -587,7 +593,7 @@ mod tests {
     #[test]
     fn every_contract_name_is_valid() {
         let names = valid_metric_names();
-        assert_eq!(names.len(), 8 * 7 + 8);
+        assert_eq!(names.len(), 8 * 7 + 9);
         for family in [
             "ttft",
             "ttst",
@@ -614,6 +620,7 @@ mod tests {
             "llm.errors",
             "llm.error-rate",
             "llm.estimated-share",
+            "llm.cached-input-share",
             "requests.total",
             "requests.failed",
         ] {
@@ -689,6 +696,8 @@ mod tests {
             sent_unix_us: Some(1_000_000_000 + sent_s * 1_000_000),
             transport_cause: None,
             resent: false,
+            unstreamed: false,
+            cached_input_tokens: None,
         }
     }
 

@@ -13,6 +13,7 @@ pub mod goals;
 pub mod import;
 pub mod mock;
 pub mod report;
+pub mod requests_out;
 pub mod run;
 pub mod scan;
 pub mod server;

@@ -74,6 +74,8 @@ pub struct ReplayResult {
     pub warnings: Vec<String>,
     /// True when a worker was lost and the run was aborted.
     pub aborted: bool,
+    /// True when SIGINT or SIGTERM stopped the run (`aborted` is then true too).
+    pub interrupted: bool,
 }
 
 fn unix_ns(t: SystemTime) -> u64 {
@@ -167,6 +169,8 @@ impl AssignmentPlan {
                 .aws_sigv4_region
                 .clone()
                 .unwrap_or_default(),
+            requests_out: self.config.requests_out.is_some(),
+            reorder_window: self.config.reorder_window as u32,
         }
     }
 }
@@ -210,6 +214,7 @@ impl WorkerSlot {
                 issued: c.issued,
                 not_started: c.not_started,
                 lost: c.lost,
+                sent_out_of_order: c.sent_out_of_order,
             })
             .unwrap_or_default()
     }
@@ -234,6 +239,61 @@ impl WorkerSlot {
     fn alive(&self) -> bool {
         !self.done && self.lost.is_none()
     }
+
+    /// Take a report from this worker's stream if it is newer than the last one. A report
+    /// that does not decode, whose counters overflow, or that answers for more exchanges than
+    /// the worker was sent makes the worker lost (named in the report); the last valid
+    /// report stays, so the other workers' data and this one's earlier data are kept.
+    fn accept_report(&mut self, report: v1::Report) {
+        if self.latest.as_ref().is_some_and(|r| report.seq <= r.seq) {
+            return;
+        }
+        match self.check_report(&report) {
+            Ok(()) => {
+                self.done = report.r#final;
+                self.latest = Some(report);
+            }
+            Err(reason) => {
+                if self.lost.is_none() {
+                    self.lost = Some(format!(
+                        "it sent an invalid report ({reason}); its data after its last valid report is dropped"
+                    ));
+                }
+            }
+        }
+    }
+
+    fn check_report(&self, report: &v1::Report) -> Result<(), String> {
+        metrics_from_report(report).map_err(|e| e.to_string())?;
+        let c = report.counters.unwrap_or_default();
+        let accounted = [
+            c.succeeded,
+            c.ended_early,
+            c.failed_status,
+            c.failed_error_frame,
+            c.failed_transport,
+            c.failed_timeout,
+            c.failed_empty,
+            c.warmup,
+            c.not_started,
+            c.lost,
+        ]
+        .into_iter()
+        .try_fold(0u64, u64::checked_add)
+        .ok_or("its counters overflow")?;
+        let answered = accounted - c.not_started - c.lost;
+        if answered > c.issued {
+            return Err(format!("{answered} answered of {} issued", c.issued));
+        }
+        // Once the slice is fully fed, nobody answers for more than it was sent.
+        if self.feeder.is_none() && self.sent > 0 && accounted > self.sent {
+            return Err(format!(
+                "it accounts for {accounted} exchanges but was sent {}",
+                self.sent
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Inputs of one replay that do not change between sweep levels.
@@ -244,6 +304,10 @@ pub struct ReplaySetup<'a> {
     pub tag_requests: bool,
     pub exchanges: u64,
     pub pass_span_ms: f64,
+    /// `--requests-out`, shared by every level of a sweep.
+    pub requests_out: Option<Arc<crate::requests_out::RequestsOut>>,
+    /// Turns true on SIGINT or SIGTERM: stop the load, collect what the workers have.
+    pub interrupt: tokio::sync::watch::Receiver<bool>,
 }
 
 fn tls_server_config(
@@ -301,6 +365,7 @@ pub async fn replay(setup: ReplaySetup<'_>) -> Result<ReplayResult, RunError> {
         token.clone(),
         Box::new(move |index| assignment.for_worker(index)),
         events_tx,
+        setup.requests_out.clone(),
     ));
     let listen = match &config.source {
         WorkerSource::Local(_) => "127.0.0.1:0".to_owned(),
@@ -360,6 +425,9 @@ pub async fn replay(setup: ReplaySetup<'_>) -> Result<ReplayResult, RunError> {
                     .stdin(std::process::Stdio::null())
                     .stdout(std::process::Stdio::null())
                     .stderr(std::process::Stdio::inherit())
+                    // Their own process group: a Ctrl-C on the terminal reaches the
+                    // coordinator alone, which stops them over the link and keeps their data.
+                    .process_group(0)
                     .kill_on_drop(true)
                     .spawn()
                     .map_err(|e| RunError::Failed(format!("cannot start local worker {i}: {e}")))?;
@@ -381,6 +449,7 @@ pub async fn replay(setup: ReplaySetup<'_>) -> Result<ReplayResult, RunError> {
         &load,
         workers,
         &mut events,
+        setup.interrupt.clone(),
     )
     .await;
 
@@ -416,6 +485,9 @@ async fn sync_clocks(
                 )))
                 .await;
         }
+        // Each worker answers each ping once: a second pong (or one for another round) from
+        // the same stream does not stand in for a worker that has not answered.
+        let mut answered_by = vec![false; slots.len()];
         let mut answered = 0;
         let deadline = Instant::now() + Duration::from_secs(2);
         while answered < slots.len() {
@@ -428,7 +500,8 @@ async fn sync_clocks(
                     index,
                     pong,
                     received_unix_ns: t4,
-                } if pong.seq == seq => {
+                } if pong.seq == seq && !answered_by[index] => {
+                    answered_by[index] = true;
                     answered += 1;
                     let (t1, t2, t3) = (
                         pong.coordinator_send_unix_ns as i128,
@@ -469,6 +542,7 @@ async fn sync_clocks(
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)] // issue 8 turns this supervisor into an actor over typed events
 async fn collect(
     config: &RunConfig,
     plan: &SlicePlan,
@@ -477,13 +551,19 @@ async fn collect(
     load: &GlobalLoad,
     workers: usize,
     events: &mut mpsc::Receiver<WorkerEvent>,
+    mut interrupt: tokio::sync::watch::Receiver<bool>,
 ) -> Result<ReplayResult, RunError> {
     let mut pending: Vec<Option<WorkerSlot>> = (0..workers).map(|_| None).collect();
     let join_deadline = Instant::now() + config.join_timeout;
     let mut joined = 0;
     while joined < workers {
-        let event = tokio::time::timeout_at(join_deadline.into(), events.recv())
-            .await
+        let event = tokio::select! {
+            event = tokio::time::timeout_at(join_deadline.into(), events.recv()) => event,
+            _ = interrupt.wait_for(|i| *i) => {
+                return Err(RunError::Failed("interrupted before the load started".into()));
+            }
+        };
+        let event = event
             .map_err(|_| {
                 RunError::Failed(format!(
                     "only {joined} of {workers} workers joined within {:?}",
@@ -523,16 +603,27 @@ async fn collect(
                     "a worker could not start: {reason}"
                 )));
             }
-            WorkerEvent::Gone { reason, .. } => {
-                return Err(RunError::Failed(format!(
-                    "a worker left before the start: {reason}"
-                )));
+            WorkerEvent::Gone { index, reason } => {
+                // Its slot is free again (the service released it): wait for another.
+                if let Some(slot) = pending[index].take() {
+                    joined -= 1;
+                    tracing::warn!(
+                        worker = slot.id,
+                        reason,
+                        "a worker left before the start; its place is open again"
+                    );
+                }
             }
             _ => {}
         }
     }
     let mut slots: Vec<WorkerSlot> = pending.into_iter().flatten().collect();
-    sync_clocks(&mut slots, events).await?;
+    tokio::select! {
+        synced = sync_clocks(&mut slots, events) => synced?,
+        _ = interrupt.wait_for(|i| *i) => {
+            return Err(RunError::Failed("interrupted before the load started".into()));
+        }
+    }
     for (index, slot) in slots.iter_mut().enumerate() {
         let plan = plan.clone();
         let slice = slot.slice.clone();
@@ -561,21 +652,32 @@ async fn collect(
     // Live progress only for a person watching: quiet when output goes to a file or CI.
     let progress_on = std::io::stdout().is_terminal() && std::io::stderr().is_terminal();
     let mut aborted = false;
+    let mut interrupted = false;
     let mut warnings = Vec::new();
     let mut ticker = tokio::time::interval(Duration::from_millis(500));
     let mut feeders_done = false;
+    // Lost workers' exchanges being fed to the survivors: (lost, survivors, feeder).
+    type Reassignment = (
+        usize,
+        Vec<usize>,
+        tokio::task::JoinHandle<Result<Vec<u64>, common::recording::RecordingError>>,
+    );
+    let mut reassigning: Vec<Reassignment> = Vec::new();
     while slots.iter().any(WorkerSlot::alive) {
         tokio::select! {
+            _ = interrupt.wait_for(|i| *i), if !interrupted => {
+                interrupted = true;
+                aborted = true;
+                warnings.push("interrupted (SIGINT or SIGTERM): the load was stopped; this report holds what the workers had measured".into());
+                break;
+            }
             event = events.recv() => {
                 let Some(event) = event else { break };
                 match event {
                     WorkerEvent::Report { index, report } => {
                         let slot = &mut slots[index];
                         slot.last_heard = Instant::now();
-                        if slot.latest.as_ref().is_none_or(|r| report.seq > r.seq) {
-                            slot.done = report.r#final;
-                            slot.latest = Some(*report);
-                        }
+                        slot.accept_report(*report);
                     }
                     WorkerEvent::Heartbeat { index } | WorkerEvent::ClockPong { index, .. } => {
                         slots[index].last_heard = Instant::now();
@@ -631,6 +733,17 @@ async fn collect(
                 }
             }
             feeders_done = all;
+            if feeders_done {
+                // Reports that came before the slice counts were known are checked now.
+                for slot in slots.iter_mut().filter(|s| s.alive()) {
+                    if let Some(report) = &slot.latest
+                        && let Err(reason) = slot.check_report(report)
+                    {
+                        slot.lost = Some(format!("it sent an invalid report ({reason})"));
+                        slot.latest = None;
+                    }
+                }
+            }
         }
 
         // Worker loss.
@@ -678,12 +791,27 @@ async fn collect(
                 survivors.iter().map(|&i| slots[i].slice.clone()).collect();
             let plan = plan.clone();
             let own_issued = issued.saturating_sub(slots[dead].reassigned_in);
-            let counts = tokio::task::spawn_blocking(move || {
+            // Fed in the background: it re-reads the file and waits on the survivors'
+            // bounded channels at replay pace, while this loop keeps heartbeats going.
+            let handle = tokio::task::spawn_blocking(move || {
                 feed_reassigned(&plan, dead, own_issued, &senders)
-            })
-            .await
-            .map_err(|e| RunError::Failed(format!("reassignment: {e}")))?
-            .map_err(|e| RunError::Input(e.to_string()))?;
+            });
+            reassigning.push((dead, survivors, handle));
+        }
+        if aborted {
+            break;
+        }
+        let mut pending = 0;
+        while pending < reassigning.len() {
+            if !reassigning[pending].2.is_finished() {
+                pending += 1;
+                continue;
+            }
+            let (dead, survivors, handle) = reassigning.swap_remove(pending);
+            let counts = handle
+                .await
+                .map_err(|e| RunError::Failed(format!("reassignment: {e}")))?
+                .map_err(|e| RunError::Input(e.to_string()))?;
             let moved: u64 = counts.iter().sum();
             for (&i, n) in survivors.iter().zip(&counts) {
                 slots[i].sent += n;
@@ -695,13 +823,10 @@ async fn collect(
                 survivors.len()
             ));
         }
-        if aborted {
-            break;
-        }
 
         // Close each slice once every exchange handed to it has been started or skipped:
         // until then a lost worker's exchanges may still be reassigned to it.
-        if feeders_done && !plan.loop_forever {
+        if feeders_done && !plan.loop_forever && reassigning.is_empty() {
             let everyone_caught_up = slots.iter().filter(|s| s.alive()).all(|s| {
                 let r = s.reported();
                 r.issued + r.not_started >= s.sent
@@ -727,7 +852,11 @@ async fn collect(
                 .control
                 .send(control_message(v1::coordinator_message::Msg::Abort(
                     v1::Abort {
-                        reason: "a worker was lost (--on-worker-loss fail)".into(),
+                        reason: if interrupted {
+                            "the coordinator was interrupted".into()
+                        } else {
+                            "a worker was lost (--on-worker-loss fail)".into()
+                        },
                     },
                 )))
                 .await;
@@ -737,11 +866,7 @@ async fn collect(
         while slots.iter().any(WorkerSlot::alive) {
             match tokio::time::timeout_at(grace.into(), events.recv()).await {
                 Ok(Some(WorkerEvent::Report { index, report })) => {
-                    let slot = &mut slots[index];
-                    if slot.latest.as_ref().is_none_or(|r| report.seq > r.seq) {
-                        slot.done = report.r#final;
-                        slot.latest = Some(*report);
-                    }
+                    slots[index].accept_report(*report);
                 }
                 Ok(Some(WorkerEvent::Gone { index, reason })) if !slots[index].done => {
                     slots[index].lost = Some(reason);
@@ -769,9 +894,11 @@ async fn collect(
         }
     }
     let duration = started_instant.elapsed();
-    finish(
+    let mut result = finish(
         config, plan, run_id, target, load, workers, slots, warnings, aborted, started_at, duration,
-    )
+    )?;
+    result.interrupted = interrupted;
+    Ok(result)
 }
 
 fn progress_line(slots: &[WorkerSlot], planned: Option<u64>, started: Instant) -> String {
@@ -855,6 +982,7 @@ fn finish(
                 issued: totals.issued,
                 not_started: not_started_here,
                 lost,
+                sent_out_of_order: totals.sent_out_of_order,
             },
             metrics,
             lost: slot.lost.is_some(),
@@ -892,6 +1020,13 @@ fn finish(
             config.max_skew.as_secs_f64() * 1000.0
         ));
     }
+    let out_of_order: u64 = outcomes.iter().map(|w| w.totals.sent_out_of_order).sum();
+    if out_of_order > 0 {
+        warnings.push(format!(
+            "{out_of_order} exchanges were further out of at_ms order in the recording than --reorder-window {} exchanges: they were sent late (none was dropped); raise --reorder-window to replay them on time",
+            config.reorder_window
+        ));
+    }
     for worker in &outcomes {
         let lag_p99 = worker
             .metrics
@@ -927,5 +1062,6 @@ fn finish(
         start_skew_ms,
         warnings,
         aborted,
+        interrupted: false,
     })
 }

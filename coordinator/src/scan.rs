@@ -6,9 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use common::formats;
-use common::measure::{
-    FailureKind, OutcomeKind, RequestOutcome, estimate_input_tokens, measure_frames,
-};
+use common::measure::{RequestOutcome, estimate_input_tokens, measure_recorded};
 use common::metrics::RunMetrics;
 use common::recording::{Exchange, RecordingError, RecordingReader};
 
@@ -37,15 +35,9 @@ pub fn scan(path: &Path) -> Result<RecordingScan, RecordingError> {
     let mut out = RecordingScan::default();
     let mut baseline = RunMetrics::new();
     let mut sessions = std::collections::HashSet::new();
-    for item in RecordingReader::open(path)? {
-        let exchange = match item {
-            Ok((_, exchange)) => exchange,
-            Err(RecordingError::TornLastLine { line, .. }) => {
-                out.torn_last_line = Some(line);
-                break;
-            }
-            Err(error) => return Err(error),
-        };
+    let mut reader = RecordingReader::open(path)?;
+    for item in reader.by_ref() {
+        let (_, exchange) = item?;
         out.exchanges += 1;
         if let Some(at) = exchange.at_ms {
             out.with_arrival += 1;
@@ -64,6 +56,7 @@ pub fn scan(path: &Path) -> Result<RecordingScan, RecordingError> {
             baseline.record(&outcome);
         }
     }
+    out.torn_last_line = reader.torn_last_line();
     out.sessions = sessions.len() as u64;
     if out.with_frame_timing > 0 {
         out.baseline = Some(baseline);
@@ -74,37 +67,24 @@ pub fn scan(path: &Path) -> Result<RecordingScan, RecordingError> {
 fn family_of(exchange: &Exchange) -> Option<formats::Family> {
     let response = exchange.response.as_ref();
     let content_type = response.and_then(|r| r.header("content-type"));
-    let first = response
-        .and_then(|r| r.frames.first())
-        .map(|f| f.bytes().into_owned())
-        .unwrap_or_default();
-    formats::detect(&exchange.request.path, content_type, &first)
+    let first = response.and_then(|r| r.frames.first()).map(|f| f.bytes());
+    formats::detect(
+        &exchange.request.path,
+        content_type,
+        first.as_deref().unwrap_or_default(),
+    )
 }
 
-/// The outcome the recording itself shows for `exchange`, when its frames have timing.
+/// The outcome the recording itself shows for `exchange`, when its frames have timing
+/// (measured by [`common::measure::measure_recorded`], as `stats` and `export` do).
 pub fn recorded_outcome(exchange: &Exchange) -> Option<RequestOutcome> {
-    let response = exchange.response.as_ref()?;
-    if !response.has_timing() {
+    if !exchange.response.as_ref()?.has_timing() {
         return None;
     }
-    let sent_unix_us = exchange.at_ms.map(|ms| (ms * 1000.0) as u64);
-    let input_estimate = estimate_input_tokens(&exchange.request.body_bytes());
-    let mut outcome = if !(200..300).contains(&response.status) {
-        RequestOutcome::failed(FailureKind::Status)
-    } else {
-        let family = family_of(exchange).unwrap_or(formats::Family::OpenAiChat);
-        // Frames are borrowed where they are text; only base64 frames are decoded.
-        let frames = response
-            .frames
-            .iter()
-            .map(|f| ((f.t_ms.unwrap_or(0.0) * 1000.0).round() as u64, f.bytes()));
-        measure_frames(family, frames)
-    };
-    if outcome.kind == OutcomeKind::Succeeded || outcome.kind == OutcomeKind::EndedEarly {
-        outcome.sent_unix_us = sent_unix_us;
-    }
+    let mut outcome = measure_recorded(exchange)?;
     if outcome.input_tokens.is_none() {
-        outcome.input_tokens = input_estimate;
+        // The same estimate the replay makes when the server reports no usage.
+        outcome.input_tokens = estimate_input_tokens(&exchange.request.body_bytes());
     }
     Some(outcome)
 }

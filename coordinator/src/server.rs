@@ -53,6 +53,15 @@ pub enum WorkerEvent {
     },
 }
 
+/// Who holds which join slot. Until every slot is taken at once, a worker that leaves frees
+/// its slot (a restarted worker may take it again, under the same id); from then on the run
+/// is running and nobody can join.
+#[derive(Default)]
+struct JoinSlots {
+    slots: Vec<Option<String>>,
+    running: bool,
+}
+
 /// Builds each worker's assignment from its join index.
 pub type AssignmentFor = dyn Fn(usize) -> v1::Assignment + Send + Sync;
 
@@ -62,7 +71,9 @@ pub struct ServiceState {
     pub token: Option<String>,
     pub assignment_for: Box<AssignmentFor>,
     pub events: mpsc::Sender<WorkerEvent>,
-    joined: Mutex<Vec<String>>,
+    /// Where per-request records go (`--requests-out`).
+    pub requests_out: Option<Arc<crate::requests_out::RequestsOut>>,
+    joined: Mutex<JoinSlots>,
     slices: Mutex<HashMap<String, mpsc::Receiver<Result<v1::ExchangeChunk, Status>>>>,
 }
 
@@ -72,13 +83,15 @@ impl ServiceState {
         token: Option<String>,
         assignment_for: Box<AssignmentFor>,
         events: mpsc::Sender<WorkerEvent>,
+        requests_out: Option<Arc<crate::requests_out::RequestsOut>>,
     ) -> Self {
         ServiceState {
             expected_workers,
             token,
             assignment_for,
             events,
-            joined: Mutex::new(Vec::new()),
+            requests_out,
+            joined: Mutex::new(JoinSlots::default()),
             slices: Mutex::new(HashMap::new()),
         }
     }
@@ -154,19 +167,32 @@ impl Coordinator for CoordinatorService {
                 .joined
                 .lock()
                 .expect("join lock is never poisoned");
-            if joined.len() >= self.state.expected_workers {
+            let expected = self.state.expected_workers;
+            if joined.slots.len() < expected {
+                joined.slots.resize(expected, None);
+            }
+            if joined.running {
                 drop(joined);
                 return refuse(format!(
-                    "this run already has its {} workers and is running; a worker cannot join a running run",
-                    self.state.expected_workers
+                    "this run already has its {expected} workers and is running; a worker cannot join a running run"
                 ));
             }
-            if joined.contains(&hello.worker_id) {
+            if joined
+                .slots
+                .iter()
+                .flatten()
+                .any(|id| *id == hello.worker_id)
+            {
                 drop(joined);
                 return refuse(format!("worker id {:?} already joined", hello.worker_id));
             }
-            joined.push(hello.worker_id.clone());
-            joined.len() - 1
+            let Some(free) = joined.slots.iter().position(Option::is_none) else {
+                drop(joined);
+                return refuse(format!("this run already has its {expected} workers"));
+            };
+            joined.slots[free] = Some(hello.worker_id.clone());
+            joined.running = joined.slots.iter().all(Option::is_some);
+            free
         };
         let (slice_tx, slice_rx) = mpsc::channel(8);
         self.state
@@ -181,6 +207,9 @@ impl Coordinator for CoordinatorService {
             )))
             .await;
         let events = self.state.events.clone();
+        let requests_out = self.state.requests_out.clone();
+        let worker_id = hello.worker_id.clone();
+        let state = self.state.clone();
         let _ = events
             .send(WorkerEvent::Joined {
                 index,
@@ -215,6 +244,19 @@ impl Coordinator for CoordinatorService {
                             index,
                             reason: failed.reason,
                         },
+                        v1::worker_message::Msg::Records(batch) => {
+                            // Written here, before the report that follows them on this
+                            // stream reaches the orchestrator.
+                            if let Some(out) = &requests_out {
+                                let records: Vec<_> = batch
+                                    .records
+                                    .iter()
+                                    .filter_map(proto::convert::record_from_proto)
+                                    .collect();
+                                out.write(&worker_id, &records);
+                            }
+                            continue;
+                        }
                         v1::worker_message::Msg::Hello(_) => continue,
                     },
                     Ok(Some(_)) => continue,
@@ -228,6 +270,19 @@ impl Coordinator for CoordinatorService {
                     },
                 };
                 let gone = matches!(event, WorkerEvent::Gone { .. });
+                if gone {
+                    // Before the run is running, a worker that leaves frees its slot.
+                    let mut joined = state.joined.lock().expect("join lock is never poisoned");
+                    if !joined.running && joined.slots.get(index).is_some_and(Option::is_some) {
+                        joined.slots[index] = None;
+                        drop(joined);
+                        state
+                            .slices
+                            .lock()
+                            .expect("slice lock is never poisoned")
+                            .remove(&worker_id);
+                    }
+                }
                 if events.send(event).await.is_err() || gone {
                     return;
                 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use common::formats::{self, Family};
-use common::measure::{estimate_input_tokens, measure_frames};
+use common::measure::{estimate_input_tokens, measure_recorded};
 use common::metrics::{Stats, stats_of};
 use common::recording::{Exchange, RecordingError, RecordingReader};
 use hdrhistogram::Histogram;
@@ -78,6 +78,45 @@ pub struct RecordingStats {
     pub statuses: BTreeMap<String, u64>,
     /// Line of a torn last line that was skipped, if any.
     pub torn_last_line: Option<u64>,
+    /// How far the lines are from `at_ms` order (a recording proxy writes exchanges as they
+    /// complete, so long streams come after shorter ones that started later).
+    pub order: ArrivalOrder,
+}
+
+/// How out of `at_ms` order a recording's lines are.
+#[derive(Debug, Clone, Copy, Serialize, Default, PartialEq)]
+pub struct ArrivalOrder {
+    /// Exchanges whose `at_ms` is earlier than that of a line before them.
+    pub out_of_order: u64,
+    /// Largest such gap: the latest earlier `at_ms` minus this one, ms.
+    pub max_behind_ms: f64,
+    /// Smallest `--reorder-window` (exchanges read ahead) that replays every exchange in
+    /// `at_ms` order: the farthest any line sits after the first line scheduled later.
+    pub window_needed: u64,
+}
+
+impl ArrivalOrder {
+    /// Measure the order of `arrivals`, in file order.
+    pub fn of(arrivals: &[f64]) -> ArrivalOrder {
+        let mut order = ArrivalOrder::default();
+        // Where the running maximum rose: (line index, new maximum), increasing in both, so
+        // the first earlier line with a later `at_ms` is found by binary search.
+        let mut rises: Vec<(usize, f64)> = Vec::new();
+        for (i, &at) in arrivals.iter().enumerate() {
+            match rises.last() {
+                Some(&(_, max)) if at < max => {
+                    order.out_of_order += 1;
+                    order.max_behind_ms = order.max_behind_ms.max(max - at);
+                    let first_later = rises.partition_point(|&(_, m)| m <= at);
+                    let distance = (i - rises[first_later].0) as u64;
+                    order.window_needed = order.window_needed.max(distance + 1);
+                }
+                Some(&(_, max)) if at == max => {}
+                _ => rises.push((i, at)),
+            }
+        }
+        order
+    }
 }
 
 /// `llm-replay recording ...`.
@@ -132,15 +171,9 @@ pub fn recording_stats(path: &Path) -> Result<RecordingStats, RecordingError> {
     let mut isl = new_histogram();
     let mut osl = new_histogram();
     let mut ttft = new_histogram();
-    for item in RecordingReader::open(path)? {
-        let exchange = match item {
-            Ok((_, exchange)) => exchange,
-            Err(RecordingError::TornLastLine { line, .. }) => {
-                out.torn_last_line = Some(line);
-                break;
-            }
-            Err(error) => return Err(error),
-        };
+    let mut reader = RecordingReader::open(path)?;
+    for item in reader.by_ref() {
+        let (_, exchange) = item?;
         out.exchanges += 1;
         if let Some(at) = exchange.at_ms {
             arrivals.push(at);
@@ -161,7 +194,7 @@ pub fn recording_stats(path: &Path) -> Result<RecordingStats, RecordingError> {
             .entry(family.map_or("other", Family::name).to_owned())
             .or_default() += 1;
 
-        let (usage_in, usage_out, content_frames) = recorded_usage(&exchange, family);
+        let (usage_in, usage_out, content_frames) = recorded_usage(&exchange);
         if let Some(response) = &exchange.response {
             out.with_response += 1;
             if response.complete {
@@ -207,11 +240,13 @@ pub fn recording_stats(path: &Path) -> Result<RecordingStats, RecordingError> {
             *out.osl_sources.entry(source).or_default() += 1;
         }
     }
+    out.torn_last_line = reader.torn_last_line();
     out.sessions = sessions.len() as u64;
     out.with_arrival = arrivals.len() as u64;
     if out.exchanges > 0 {
         out.frame_timing_share_pct = 100.0 * out.with_frame_timing as f64 / out.exchanges as f64;
     }
+    out.order = ArrivalOrder::of(&arrivals);
     arrivals.sort_by(f64::total_cmp);
     if let (Some(first), Some(last)) = (arrivals.first(), arrivals.last()) {
         out.duration_s = (last - first) / 1000.0;
@@ -257,43 +292,20 @@ fn family_of(exchange: &Exchange) -> Option<Family> {
     formats::detect(&exchange.request.path, content_type, &first)
 }
 
-/// Usage input/output tokens and the content frames of a recorded response.
-fn recorded_usage(exchange: &Exchange, family: Option<Family>) -> (Option<u64>, Option<u64>, u64) {
-    let (Some(response), Some(family)) = (exchange.response.as_ref(), family) else {
-        return (None, None, 0);
-    };
-    if !(200..300).contains(&response.status) {
-        return (None, None, 0);
-    }
-    let streaming = response
-        .header("content-type")
-        .is_some_and(formats::is_streaming_content_type);
-    if streaming {
-        let frames: Vec<Vec<u8>> = response
-            .frames
-            .iter()
-            .map(|f| f.bytes().into_owned())
-            .collect();
-        let outcome = measure_frames(family, frames.iter().map(|b| (0, b.as_slice())));
-        (
-            outcome.input_tokens,
-            outcome.usage_output_tokens,
-            outcome.content_frames,
-        )
-    } else {
-        let body: Vec<u8> = response
-            .frames
-            .iter()
-            .flat_map(|f| f.bytes().into_owned())
-            .collect();
-        match formats::unstreamed(family, &body) {
-            Ok(read) => (
-                read.usage.and_then(|u| u.input_tokens),
-                read.usage.and_then(|u| u.output_tokens),
-                u64::from(read.has_content),
-            ),
-            Err(_) => (None, None, 0),
+/// Usage input/output tokens and the content frames of a recorded response (measured by
+/// [`measure_recorded`], as the baseline and `export` do).
+fn recorded_usage(exchange: &Exchange) -> (Option<u64>, Option<u64>, u64) {
+    match measure_recorded(exchange) {
+        Some(outcome)
+            if (200..300).contains(&exchange.response.as_ref().map_or(0, |r| r.status)) =>
+        {
+            (
+                outcome.input_tokens,
+                outcome.usage_output_tokens,
+                outcome.content_frames,
+            )
         }
+        _ => (None, None, 0),
     }
 }
 
@@ -375,6 +387,17 @@ pub fn render_text(s: &RecordingStats) -> String {
     out.push_str(&format!("families   {}\n", render_counts(&s.families, 8)));
     out.push_str(&format!("models     {}\n", render_counts(&s.models, 8)));
     out.push_str(&format!("statuses   {}\n", render_counts(&s.statuses, 8)));
+    if s.order.out_of_order > 0 {
+        out.push_str(&format!(
+            "order      {} exchanges out of at_ms order (at most {:.1} ms behind); the replay needs --reorder-window {} or more (default {})\n",
+            s.order.out_of_order,
+            s.order.max_behind_ms,
+            s.order.window_needed,
+            crate::config::DEFAULT_REORDER_WINDOW
+        ));
+    } else if s.with_arrival > 0 {
+        out.push_str("order      every line in at_ms order\n");
+    }
     if let Some(line) = s.torn_last_line {
         out.push_str(&format!("torn last line {line} (not counted)\n"));
     }
@@ -384,6 +407,20 @@ pub fn render_text(s: &RecordingStats) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn arrival_order_measures_how_far_lines_sit_out_of_order() {
+        assert_eq!(
+            ArrivalOrder::of(&[0.0, 1.0, 1.0, 2.0]),
+            ArrivalOrder::default()
+        );
+        // A proxy's file: the stream started at 0 ended last, after three later starts.
+        let order = ArrivalOrder::of(&[100.0, 200.0, 300.0, 0.0, 400.0, 250.0]);
+        assert_eq!(order.out_of_order, 2);
+        assert!((order.max_behind_ms - 300.0).abs() < 1e-9);
+        // Line 3 (at 0) must be read before line 0 (at 100) is sent: 4 lines ahead.
+        assert_eq!(order.window_needed, 4);
+    }
 
     #[test]
     fn arrivals_tokens_and_a_torn_last_line() {

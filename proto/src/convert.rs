@@ -1,6 +1,9 @@
 //! Conversions between protocol messages and `common`'s domain types, at the boundary.
 
-use common::metrics::{Counters, MetricsDecodeError, RunMetrics, TransportCounters, Window};
+use common::measure::{FailureKind, OutcomeKind, RequestOutcome};
+use common::metrics::{
+    Counters, MetricsDecodeError, RecordMeta, RequestRecord, RunMetrics, TransportCounters, Window,
+};
 
 use crate::v1;
 
@@ -10,6 +13,8 @@ pub struct SliceTotals {
     pub issued: u64,
     pub not_started: u64,
     pub lost: u64,
+    /// Exchanges sent late because they arrived outside the reorder window.
+    pub sent_out_of_order: u64,
 }
 
 /// Build a report message from a metrics snapshot.
@@ -48,6 +53,11 @@ pub fn report_from_metrics(
             transport_dns: c.transport.dns,
             transport_other: c.transport.other,
             resent: c.resent,
+            unstreamed: c.unstreamed,
+            cache_reported: c.cache_reported,
+            cached_input_tokens: c.cached_input_tokens,
+            cache_reported_input_tokens: c.cache_reported_input_tokens,
+            sent_out_of_order: totals.sent_out_of_order,
         }),
         window_start_unix_us: metrics.window.map(|w| w.start_unix_us).unwrap_or(0),
         window_end_unix_us: metrics.window.map(|w| w.end_unix_us).unwrap_or(0),
@@ -109,6 +119,10 @@ pub fn metrics_from_report(
             other: c.transport_other,
         },
         resent: c.resent,
+        unstreamed: c.unstreamed,
+        cache_reported: c.cache_reported,
+        cached_input_tokens: c.cached_input_tokens,
+        cache_reported_input_tokens: c.cache_reported_input_tokens,
     };
     let window = (report.window_end_unix_us > 0).then_some(Window {
         start_unix_us: report.window_start_unix_us,
@@ -119,6 +133,7 @@ pub fn metrics_from_report(
         issued: c.issued,
         not_started: c.not_started,
         lost: c.lost,
+        sent_out_of_order: c.sent_out_of_order,
     };
     let codes = report
         .status_codes
@@ -126,4 +141,61 @@ pub fn metrics_from_report(
         .filter_map(|(code, n)| u16::try_from(*code).ok().map(|code| (code, *n)))
         .collect();
     Ok((metrics, totals, codes))
+}
+
+/// A per-request record for the wire.
+pub fn record_to_proto(record: RequestRecord) -> v1::RequestRecord {
+    let o = &record.outcome;
+    v1::RequestRecord {
+        index: record.meta.index,
+        exchange_id: record.meta.id.clone().unwrap_or_default(),
+        session: record.meta.session.clone(),
+        sent_unix_us: o.sent_unix_us.unwrap_or(0),
+        schedule_lag_us: o.schedule_lag_us,
+        outcome: record.outcome_name().to_owned(),
+        status: record.status.map(u32::from),
+        ttft_us: o.ttft_us,
+        ttst_us: o.ttst_us,
+        latency_us: o.latency_us,
+        input_tokens: o.input_tokens,
+        output_tokens: o.output_tokens(),
+        usage_reported: o.usage_output_tokens.is_some(),
+        cached_input_tokens: o.cached_input_tokens,
+        unstreamed: o.unstreamed,
+    }
+}
+
+/// A per-request record from the wire; an unknown outcome name is `None`.
+pub fn record_from_proto(record: &v1::RequestRecord) -> Option<RequestRecord> {
+    let kind = match record.outcome.as_str() {
+        "succeeded" => OutcomeKind::Succeeded,
+        "ended_early" => OutcomeKind::EndedEarly,
+        "status" => OutcomeKind::Failed(FailureKind::Status),
+        "error_frame" => OutcomeKind::Failed(FailureKind::ErrorFrame),
+        "transport" => OutcomeKind::Failed(FailureKind::Transport),
+        "timeout" => OutcomeKind::Failed(FailureKind::Timeout),
+        "empty" => OutcomeKind::Failed(FailureKind::Empty),
+        _ => return None,
+    };
+    let mut outcome = RequestOutcome::failed(FailureKind::Empty);
+    outcome.kind = kind;
+    outcome.ttft_us = record.ttft_us;
+    outcome.ttst_us = record.ttst_us;
+    outcome.latency_us = record.latency_us;
+    outcome.content_frames = record.output_tokens;
+    outcome.usage_output_tokens = record.usage_reported.then_some(record.output_tokens);
+    outcome.input_tokens = record.input_tokens;
+    outcome.schedule_lag_us = record.schedule_lag_us;
+    outcome.sent_unix_us = (record.sent_unix_us > 0).then_some(record.sent_unix_us);
+    outcome.unstreamed = record.unstreamed;
+    outcome.cached_input_tokens = record.cached_input_tokens;
+    Some(RequestRecord {
+        meta: RecordMeta {
+            index: record.index,
+            id: (!record.exchange_id.is_empty()).then(|| record.exchange_id.clone()),
+            session: record.session.clone(),
+        },
+        outcome,
+        status: record.status.and_then(|s| u16::try_from(s).ok()),
+    })
 }

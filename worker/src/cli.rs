@@ -23,12 +23,13 @@ pub struct WorkerArgs {
     /// Exit after one run (for Jobs); otherwise wait for the next run.
     #[arg(long)]
     pub once: bool,
-    /// Coordinator silence after which the worker stops and exits non-zero (seconds).
-    #[arg(long, default_value_t = 5.0)]
-    pub heartbeat_timeout: f64,
-    /// How long to keep trying to reach the coordinator (seconds).
-    #[arg(long, default_value_t = 60.0)]
-    pub connect_patience: f64,
+    /// Coordinator silence after which the worker stops and exits non-zero (e.g. 5s, 500ms;
+    /// a bare number is seconds).
+    #[arg(long, default_value = "5s", value_parser = positive_duration)]
+    pub heartbeat_timeout: Duration,
+    /// How long to keep trying to reach the coordinator (e.g. 60s, 5m).
+    #[arg(long, default_value = "60s", value_parser = positive_duration)]
+    pub connect_patience: Duration,
     /// PEM CA that signed the coordinator's certificate: the link uses TLS.
     #[arg(long)]
     pub tls_ca: Option<PathBuf>,
@@ -41,6 +42,18 @@ pub struct WorkerArgs {
     /// Serve a health check (HTTP 200 with the worker's phase) on this port.
     #[arg(long)]
     pub health_port: Option<u16>,
+}
+
+/// A duration flag that must be above zero (and at most a day: a longer wait is a typo).
+fn positive_duration(text: &str) -> Result<Duration, String> {
+    let duration = common::duration::parse_duration(text)?;
+    if duration.is_zero() {
+        return Err("must be above zero".to_owned());
+    }
+    if duration > Duration::from_secs(86_400) {
+        return Err("must be at most a day".to_owned());
+    }
+    Ok(duration)
 }
 
 fn host_name() -> String {
@@ -63,8 +76,8 @@ pub fn run(args: WorkerArgs) -> ExitCode {
             .unwrap_or_else(|| format!("{host}-{}", std::process::id())),
         host,
         token: args.token.clone(),
-        connect_patience: Duration::from_secs_f64(args.connect_patience.max(0.1)),
-        heartbeat_timeout: Duration::from_secs_f64(args.heartbeat_timeout.max(0.1)),
+        connect_patience: args.connect_patience,
+        heartbeat_timeout: args.heartbeat_timeout,
         report_interval: Duration::from_millis(500),
         tls: args.tls_ca.clone().map(|ca| ClientTls {
             ca,
@@ -74,6 +87,14 @@ pub fn run(args: WorkerArgs) -> ExitCode {
     };
     if args.tls_ca.is_none() && args.tls_cert.is_some() {
         eprintln!("llm-replay-worker: --tls-cert needs --tls-ca (the CA of the coordinator)");
+        return ExitCode::from(2);
+    }
+    if args.tls_ca.is_some() && args.coordinator.starts_with("http://") {
+        // The TLS options would be silently ignored and the token sent in plaintext.
+        eprintln!(
+            "llm-replay-worker: --coordinator {}: TLS options need a TLS link; write HOST:PORT or https://HOST:PORT",
+            args.coordinator
+        );
         return ExitCode::from(2);
     }
     let load = match tokio::runtime::Builder::new_multi_thread()

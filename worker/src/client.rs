@@ -159,7 +159,8 @@ impl TargetClient {
             }
         };
         let spare = request.try_clone();
-        let url = request.url().to_string();
+        // Logged redacted: a target URL may carry credentials in its query.
+        let url = common::recording::redact_url(request.url().as_str());
         let error = match self.attempt(&self.pooled, request, &mut sent).await {
             Ok(response) => {
                 sent.result = Ok(response);
@@ -309,9 +310,16 @@ fn tls_problem(error: &rustls::Error) -> TlsProblem {
     }
 }
 
-/// `outer: inner: innermost`, for logs.
-fn chain(error: &(dyn StdError + 'static)) -> String {
-    let mut text = error.to_string();
+/// `outer: inner: innermost`, for logs, without the URL reqwest puts in its own message
+/// (the caller logs it redacted).
+fn chain(error: &reqwest::Error) -> String {
+    let mut text = String::from(if error.is_connect() {
+        "connect"
+    } else if error.is_builder() {
+        "building the request"
+    } else {
+        "request"
+    });
     let mut current = error.source();
     while let Some(e) = current {
         let more = e.to_string();

@@ -49,6 +49,10 @@ pub struct ReplayConfig {
     pub timeout: Duration,
     /// Send `x-llm-replay-exchange: <index>` so the embedded mock matches exactly.
     pub tag_requests: bool,
+    /// Keep one record per request for `--requests-out`.
+    pub requests_out: bool,
+    /// How many exchanges the recorded schedule reads ahead to send them in `at_ms` order.
+    pub reorder_window: usize,
     /// How to reach the target: TLS trust, HTTP/2, request signing.
     pub transport: TransportConfig,
 }
@@ -65,6 +69,9 @@ pub struct TransportConfig {
     /// Re-sign each request with AWS SigV4 (`--aws-sigv4 REGION`).
     pub sigv4: Option<crate::sigv4::SigV4Signer>,
 }
+
+/// Default read-ahead of the recorded schedule, in exchanges (`--reorder-window`).
+pub const DEFAULT_REORDER_WINDOW: usize = 4096;
 
 /// Header naming the recording index of a replayed exchange (embedded mock only).
 pub const EXCHANGE_HEADER: &str = "x-llm-replay-exchange";

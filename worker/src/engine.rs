@@ -7,7 +7,8 @@
 //! (closed loop), and spawns the stream task. Exchanges of one session are chained: a turn
 //! starts only after the previous turn of its session has finished.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -15,6 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use common::formats::{self, Family};
 use common::measure::{
     FailureKind, OutcomeKind, RequestOutcome, StreamMeter, estimate_input_tokens,
+    measure_unstreamed,
 };
 use rand::{Rng, SeedableRng};
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
@@ -22,7 +24,7 @@ use tokio::task::JoinSet;
 
 use crate::client::{SendFailure, TargetClient};
 use crate::config::{Arrival, ReplayConfig, Schedule, WorkItem};
-use crate::metrics_actor::MetricsHandle;
+use crate::metrics_actor::{MetricsHandle, RecordMeta};
 use crate::request::{replay_body, replay_headers};
 
 /// The instant the run starts, in both clocks.
@@ -40,6 +42,8 @@ pub struct EngineTotals {
     pub not_started: u64,
     /// Requests in flight when the run was aborted: their outcome is unknown.
     pub lost: u64,
+    /// Exchanges sent late because they arrived outside the reorder window.
+    pub sent_out_of_order: u64,
 }
 
 /// Live progress of the engine, read by the link for interval reports.
@@ -51,6 +55,8 @@ pub struct Progress {
     pub not_started: AtomicU64,
     /// Wall-clock instant the load actually started (Unix ns), 0 before.
     pub started_unix_ns: AtomicU64,
+    /// Exchanges sent late because they arrived outside the reorder window, so far.
+    pub sent_out_of_order: AtomicU64,
 }
 
 /// Wait for `start` precisely: tokio's timer has 1 ms granularity, so sleep until just before
@@ -64,6 +70,12 @@ async fn wait_for_start(start: Instant) {
         let _ = tokio::task::spawn_blocking(move || std::thread::sleep(remaining)).await;
     }
 }
+
+/// Most of an error body read (to reuse the connection); a longer one is cut off.
+pub const MAX_ERROR_BODY_BYTES: usize = 64 << 10;
+
+/// Most of a one-body (non-streamed) answer kept to read its usage (16 MiB).
+pub const MAX_UNSTREAMED_BODY_BYTES: usize = 16 << 20;
 
 /// Everything one replay of a slice needs.
 pub struct EngineRun {
@@ -80,6 +92,162 @@ pub struct EngineRun {
     pub progress: Arc<Progress>,
 }
 
+/// Where the scheduler takes its next item from.
+///
+/// On a recorded schedule the items go out in `at_ms` order whatever their order in the file
+/// (the recording proxy writes an exchange when it *completes*, so a long stream started
+/// early comes after short ones started later): up to `window` items are read ahead into a
+/// min-heap and the earliest is sent when its time comes. An item that arrives after a
+/// later-scheduled one was already sent (it was further out of order than the window) is sent
+/// at once, late, and counted; nothing is dropped. In the other modes items go out in order.
+struct Feed {
+    items: mpsc::Receiver<WorkItem>,
+    /// Read-ahead on a recorded schedule: `Reverse((at, arrival seq))` orders earliest first,
+    /// ties in file order.
+    pending: BinaryHeap<Reverse<Pending>>,
+    window: usize,
+    closed: bool,
+    arrivals: u64,
+    /// Latest recorded offset sent so far (ms).
+    latest_sent_ms: f64,
+    /// Items sent after a later-scheduled one.
+    sent_out_of_order: u64,
+}
+
+struct Pending {
+    at_ms: f64,
+    arrival: u64,
+    item: WorkItem,
+}
+
+impl PartialEq for Pending {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == std::cmp::Ordering::Equal
+    }
+}
+
+impl Eq for Pending {}
+
+impl PartialOrd for Pending {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Pending {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.at_ms
+            .total_cmp(&other.at_ms)
+            .then(self.arrival.cmp(&other.arrival))
+    }
+}
+
+/// What [`Feed::next_recorded`] produced. Returned once per request and moved at once, so
+/// the item is not boxed.
+#[allow(clippy::large_enum_variant)]
+enum Next {
+    /// An item and its intended send time.
+    Item(WorkItem, Option<Instant>),
+    /// The slice ended and every item was handed out.
+    Done,
+    /// The run was aborted while waiting.
+    Aborted,
+}
+
+impl Feed {
+    fn push(&mut self, item: WorkItem) {
+        // An item without an offset goes out at once, in file order among its kind.
+        let at_ms = item.exchange.at_ms.unwrap_or(f64::NEG_INFINITY);
+        self.arrivals += 1;
+        self.pending.push(Reverse(Pending {
+            at_ms,
+            arrival: self.arrivals,
+            item,
+        }));
+    }
+
+    /// Read ahead whatever has already arrived, up to the window.
+    fn fill(&mut self) {
+        while !self.closed && self.pending.len() < self.window {
+            match self.items.try_recv() {
+                Ok(item) => self.push(item),
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => self.closed = true,
+            }
+        }
+    }
+
+    fn pop(&mut self) -> Option<WorkItem> {
+        let Reverse(pending) = self.pending.pop()?;
+        if pending.at_ms.is_finite() {
+            if pending.at_ms < self.latest_sent_ms {
+                self.sent_out_of_order += 1;
+            }
+            self.latest_sent_ms = self.latest_sent_ms.max(pending.at_ms);
+        }
+        Some(pending.item)
+    }
+
+    /// The next item of a recorded schedule, at its intended time (`start` + offset / speed),
+    /// reading ahead while it waits.
+    async fn next_recorded(
+        &mut self,
+        start: Instant,
+        speed: f64,
+        abort: &mut watch::Receiver<bool>,
+    ) -> Next {
+        loop {
+            self.fill();
+            let Some(Reverse(head)) = self.pending.peek() else {
+                if self.closed {
+                    return Next::Done;
+                }
+                tokio::select! {
+                    biased;
+                    _ = abort.wait_for(|a| *a) => return Next::Aborted,
+                    item = self.items.recv() => match item {
+                        Some(item) => self.push(item),
+                        None => self.closed = true,
+                    },
+                }
+                continue;
+            };
+            let intended = head
+                .at_ms
+                .is_finite()
+                .then(|| start + offset(head.at_ms / 1000.0 / speed));
+            let Some(when) = intended.filter(|t| *t > Instant::now()) else {
+                let item = self.pop().expect("the heap has a head");
+                return Next::Item(item, intended);
+            };
+            let room = !self.closed && self.pending.len() < self.window;
+            tokio::select! {
+                biased;
+                _ = abort.wait_for(|a| *a) => return Next::Aborted,
+                _ = tokio::time::sleep_until(when.into()) => {
+                    let item = self.pop().expect("the heap has a head");
+                    return Next::Item(item, intended);
+                }
+                // Something earlier may still arrive: keep reading while waiting.
+                item = self.items.recv(), if room => match item {
+                    Some(item) => self.push(item),
+                    None => self.closed = true,
+                },
+            }
+        }
+    }
+
+    /// Items left unsent (read ahead or still in the channel), counted as not started.
+    fn drain_count(&mut self) -> u64 {
+        let mut n = self.pending.len() as u64;
+        self.pending.clear();
+        while self.items.try_recv().is_ok() {
+            n += 1;
+        }
+        n
+    }
+}
+
 /// Replay every item from `items` under `config`, recording outcomes into `metrics`.
 ///
 /// Returns when `items` is closed and every request has finished, or at once when `abort`
@@ -90,7 +258,7 @@ pub async fn replay(run: EngineRun) -> EngineTotals {
     let EngineRun {
         config,
         client,
-        mut items,
+        items,
         start,
         metrics,
         mut abort,
@@ -107,6 +275,23 @@ pub async fn replay(run: EngineRun) -> EngineTotals {
     let mut totals = EngineTotals::default();
     let mut aborted = false;
     let mut seq: u64 = 0;
+    let recorded_speed = match load.schedule {
+        Schedule::Recorded { speed } if load.rate.is_none() => Some(speed),
+        _ => None,
+    };
+    let mut feed = Feed {
+        items,
+        pending: BinaryHeap::new(),
+        window: if recorded_speed.is_some() {
+            config.reorder_window.max(1)
+        } else {
+            1
+        },
+        closed: false,
+        arrivals: 0,
+        latest_sent_ms: f64::NEG_INFINITY,
+        sent_out_of_order: 0,
+    };
 
     // Every worker starts at the coordinator's one instant, whatever the load model.
     tokio::select! {
@@ -117,31 +302,36 @@ pub async fn replay(run: EngineRun) -> EngineTotals {
     }
 
     'items: while !aborted {
-        let item = tokio::select! {
-            biased;
-            _ = abort.wait_for(|a| *a) => { aborted = true; break 'items; }
-            item = items.recv() => item,
-        };
-        let Some(item) = item else { break };
-
-        // When this item should be sent.
-        let intended = if let Some(rate) = load.rate {
-            let at = start.instant + Duration::from_secs_f64(next_rate_offset);
-            let gap = match load.arrival {
-                Arrival::Constant => 1.0 / rate,
-                Arrival::Poisson => {
-                    let u: f64 = rate_rng.random_range(f64::EPSILON..1.0);
-                    -u.ln() / rate
+        // The next item and when it should be sent.
+        let (item, intended) = if let Some(speed) = recorded_speed {
+            match feed.next_recorded(start.instant, speed, &mut abort).await {
+                Next::Item(item, intended) => (item, intended),
+                Next::Done => break 'items,
+                Next::Aborted => {
+                    aborted = true;
+                    break 'items;
                 }
-            };
-            next_rate_offset += gap;
-            Some(at)
-        } else if let Schedule::Recorded { speed } = load.schedule {
-            item.exchange
-                .at_ms
-                .map(|ms| start.instant + Duration::from_secs_f64(ms / 1000.0 / speed))
+            }
         } else {
-            None
+            let item = tokio::select! {
+                biased;
+                _ = abort.wait_for(|a| *a) => { aborted = true; break 'items; }
+                item = feed.items.recv() => item,
+            };
+            let Some(item) = item else { break };
+            let intended = load.rate.map(|rate| {
+                let at = start.instant + offset(next_rate_offset);
+                let gap = match load.arrival {
+                    Arrival::Constant => 1.0 / rate,
+                    Arrival::Poisson => {
+                        let u: f64 = rate_rng.random_range(f64::EPSILON..1.0);
+                        -u.ln() / rate
+                    }
+                };
+                next_rate_offset += gap;
+                at
+            });
+            (item, intended)
         };
         if let (Some(deadline), Some(intended)) = (deadline, intended)
             && intended >= deadline
@@ -149,7 +339,9 @@ pub async fn replay(run: EngineRun) -> EngineTotals {
             totals.not_started += 1;
             break;
         }
-        if let Some(intended) = intended {
+        if let Some(intended) = intended
+            && recorded_speed.is_none()
+        {
             tokio::select! {
                 biased;
                 _ = abort.wait_for(|a| *a) => { aborted = true; totals.not_started += 1; break 'items; }
@@ -181,6 +373,9 @@ pub async fn replay(run: EngineRun) -> EngineTotals {
         seq += 1;
         totals.issued += 1;
         progress.issued.store(totals.issued, Ordering::Relaxed);
+        progress
+            .sent_out_of_order
+            .store(feed.sent_out_of_order, Ordering::Relaxed);
         let config = config.clone();
         let client = client.clone();
         let metrics = metrics.clone();
@@ -199,7 +394,12 @@ pub async fn replay(run: EngineRun) -> EngineTotals {
                 None => None,
             };
             let (outcome, status) = send_one(&config, &client, &item, intended).await;
-            metrics.record(outcome, warmup, status).await;
+            let meta = config.requests_out.then(|| RecordMeta {
+                index: item.index,
+                id: item.exchange.id.clone(),
+                session: item.exchange.session.clone(),
+            });
+            metrics.record(outcome, warmup, status, meta).await;
         });
 
         // Reap finished tasks and forget finished sessions so both stay small.
@@ -209,7 +409,16 @@ pub async fn replay(run: EngineRun) -> EngineTotals {
                 .retain(|_, rx| matches!(rx.try_recv(), Err(oneshot::error::TryRecvError::Empty)));
         }
     }
+    totals.sent_out_of_order = feed.sent_out_of_order;
+    progress
+        .sent_out_of_order
+        .store(feed.sent_out_of_order, Ordering::Relaxed);
 
+    // Items read ahead but not sent (duration reached) are not started.
+    if !open_ended {
+        totals.not_started += feed.pending.len() as u64;
+        feed.pending.clear();
+    }
     progress
         .not_started
         .store(totals.not_started, Ordering::Relaxed);
@@ -219,7 +428,7 @@ pub async fn replay(run: EngineRun) -> EngineTotals {
             tokio::select! {
                 biased;
                 _ = abort.wait_for(|a| *a) => { aborted = true; break; }
-                item = items.recv() => match item {
+                item = feed.items.recv() => match item {
                     Some(_) => {
                         totals.not_started += 1;
                         progress.not_started.store(totals.not_started, Ordering::Relaxed);
@@ -244,12 +453,20 @@ pub async fn replay(run: EngineRun) -> EngineTotals {
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
         if !open_ended {
-            while let Ok(_item) = items.try_recv() {
-                totals.not_started += 1;
-            }
+            totals.not_started += feed.drain_count();
         }
     }
     totals
+}
+
+/// An offset from the start instant, clamped to ten years: the coordinator validates every
+/// input, and no value that slipped through can make the clock arithmetic panic.
+fn offset(seconds: f64) -> Duration {
+    const TEN_YEARS_S: f64 = 10.0 * 365.0 * 86_400.0;
+    if seconds.is_nan() {
+        return Duration::ZERO;
+    }
+    Duration::from_secs_f64(seconds.clamp(0.0, TEN_YEARS_S))
 }
 
 fn unix_nanos(t: SystemTime) -> u64 {
@@ -258,7 +475,8 @@ fn unix_nanos(t: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
-/// Send one request and measure its response.
+/// Send one request and measure its response. Returns the outcome and the response's HTTP
+/// status when one came.
 async fn send_one(
     config: &ReplayConfig,
     client: &TargetClient,
@@ -268,17 +486,12 @@ async fn send_one(
     let exchange = &item.exchange;
     let method = reqwest::Method::from_bytes(exchange.request.method.as_bytes())
         .unwrap_or(reqwest::Method::POST);
-    let url = format!(
-        "{}{}",
-        config.target.trim_end_matches('/'),
-        exchange.request.path
-    );
-    let body = replay_body(exchange, &config.sets);
-    let input_estimate = estimate_input_tokens(&body);
+    let url = crate::request::replay_url(&config.target, &exchange.request.path);
+    let body = bytes::Bytes::from(replay_body(exchange, &config.sets));
     let request = client
         .request(method, &url)
         .headers(replay_headers(exchange, config, item.index))
-        .body(body);
+        .body(body.clone());
 
     let sent = client.send(request, config.timeout).await;
     let (t0, deadline, sent_unix_us, resent) =
@@ -290,7 +503,8 @@ async fn send_one(
         outcome.sent_unix_us = Some(sent_unix_us);
         outcome.resent = resent;
         if outcome.input_tokens.is_none() {
-            outcome.input_tokens = input_estimate;
+            // Only now, off the measured path: most servers report usage.
+            outcome.input_tokens = estimate_input_tokens(&body);
         }
         outcome
     };
@@ -305,107 +519,131 @@ async fn send_one(
         }
     };
     let status = response.status();
+    let code = Some(status.as_u16());
     if !status.is_success() {
-        // Drain (bounded by the deadline) so the connection can be reused.
-        let _ = tokio::time::timeout_at(deadline, response.bytes()).await;
-        return (
-            finish(RequestOutcome::failed(FailureKind::Status)),
-            Some(status.as_u16()),
-        );
+        // Drain a short error body (bounded by the deadline) so the connection can be
+        // reused; past the cap the connection is dropped instead of reading on.
+        let drain = async {
+            let mut read = 0usize;
+            while let Ok(Some(chunk)) = response.chunk().await {
+                read += chunk.len();
+                if read > MAX_ERROR_BODY_BYTES {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout_at(deadline, drain).await;
+        return (finish(RequestOutcome::failed(FailureKind::Status)), code);
     }
     let content_type = response
         .headers()
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    let content_type = content_type.as_deref();
     let path = exchange.request.path.as_str();
-    let streamed = content_type
-        .as_deref()
-        .is_some_and(formats::is_streaming_content_type);
 
-    if !streamed {
-        // One JSON body: it is one content frame, stamped when the whole body has arrived.
-        let body = tokio::select! {
-            body = response.bytes() => body,
-            _ = tokio::time::sleep_until(deadline) => {
-                return (finish(RequestOutcome::failed(FailureKind::Timeout)), None);
-            }
-        };
-        let t_us = t0.elapsed().as_micros() as u64;
-        let Ok(body) = body else {
-            return (finish(RequestOutcome::failed(FailureKind::Transport)), None);
-        };
-        let family = formats::detect(path, content_type.as_deref(), &body);
-        return (finish(unstreamed_outcome(family, &body, t_us)), None);
+    // The first read decides between a stream and one body: content types lie behind
+    // gateways (SSE as `text/plain`, or none at all), the bytes do not.
+    let first = tokio::select! {
+        chunk = response.chunk() => chunk,
+        _ = tokio::time::sleep_until(deadline) => {
+            return (finish(RequestOutcome::failed(FailureKind::Timeout)), code);
+        }
+    };
+    let t_first = t0.elapsed().as_micros() as u64;
+    let first = match first {
+        Ok(Some(bytes)) => bytes,
+        Ok(None) => return (finish(RequestOutcome::failed(FailureKind::Empty)), code),
+        Err(error) => {
+            let cause = crate::client::classify(&error);
+            tracing::debug!(error = %error.without_url(), url = %common::recording::redact_url(&url), cause = cause.name(), "body failed before its first byte");
+            return (finish(RequestOutcome::transport_failure(cause)), code);
+        }
+    };
+
+    if !formats::response_is_streamed(path, content_type, &body, &first) {
+        // One body: its latency is when the whole of it has arrived; no TTFT or ITL. At most
+        // MAX_UNSTREAMED_BODY_BYTES are kept to read its usage; the rest is timed, not held.
+        let mut whole = first.to_vec();
+        let mut truncated = false;
+        let mut t_last = t_first;
+        loop {
+            let chunk = tokio::select! {
+                chunk = response.chunk() => chunk,
+                _ = tokio::time::sleep_until(deadline) => {
+                    return (finish(RequestOutcome::failed(FailureKind::Timeout)), code);
+                }
+            };
+            t_last = match chunk {
+                Ok(Some(bytes)) => {
+                    if whole.len() + bytes.len() <= MAX_UNSTREAMED_BODY_BYTES {
+                        whole.extend_from_slice(&bytes);
+                    } else {
+                        truncated = true;
+                    }
+                    t0.elapsed().as_micros() as u64
+                }
+                Ok(None) => break,
+                Err(error) => {
+                    tracing::debug!(error = %error.without_url(), url = %common::recording::redact_url(&url), "body cut");
+                    return (finish(RequestOutcome::failed(FailureKind::Transport)), code);
+                }
+            };
+        }
+        if truncated {
+            // Too large to keep: it arrived whole, so it succeeded; its tokens are estimated.
+            tracing::warn!(
+                limit = MAX_UNSTREAMED_BODY_BYTES,
+                "a one-body answer was larger than the limit; its usage was not read"
+            );
+            let mut outcome = RequestOutcome::failed(FailureKind::Empty);
+            outcome.kind = common::measure::OutcomeKind::Succeeded;
+            outcome.unstreamed = true;
+            outcome.latency_us = Some(t_last);
+            outcome.content_frames = 1;
+            return (finish(outcome), code);
+        }
+        let family = formats::detect(path, content_type, &whole);
+        return (finish(measure_unstreamed(family, &whole, t_last)), code);
     }
 
-    let mut meter: Option<StreamMeter> = None;
-    let mut family_hint = formats::detect(path, content_type.as_deref(), &[]);
+    let family = formats::detect(path, content_type, &first).unwrap_or(Family::OpenAiChat);
+    let mut meter = StreamMeter::new(family);
+    if meter.on_read(t_first, &first).is_err() {
+        return (finish(meter.finish_broken()), code);
+    }
     loop {
+        if meter.is_terminal() {
+            // The stream is complete at its terminal marker, whether or not the server
+            // keeps the connection open after it.
+            let t_us = t0.elapsed().as_micros() as u64;
+            return (finish(meter.finish(t_us, false)), code);
+        }
         let chunk = tokio::select! {
             chunk = response.chunk() => chunk,
             _ = tokio::time::sleep_until(deadline) => {
-                return (finish(RequestOutcome::failed(FailureKind::Timeout)), None);
+                return (finish(RequestOutcome::failed(FailureKind::Timeout)), code);
             }
         };
         // Timestamp at the edge: the read returned; parse after.
         let t_us = t0.elapsed().as_micros() as u64;
         match chunk {
             Ok(Some(bytes)) => {
-                let live = meter.get_or_insert_with(|| {
-                    let family = family_hint
-                        .take()
-                        .or_else(|| formats::detect(path, content_type.as_deref(), &bytes))
-                        .unwrap_or(Family::OpenAiChat);
-                    StreamMeter::new(family)
-                });
-                if live.on_read(t_us, &bytes).is_err() {
-                    let broken = meter.take().expect("the meter was just created");
-                    return (finish(broken.finish_broken()), None);
+                if meter.on_read(t_us, &bytes).is_err() {
+                    return (finish(meter.finish_broken()), code);
                 }
             }
-            Ok(None) => {
-                let outcome = match meter {
-                    Some(meter) => meter.finish(t_us, false),
-                    None => RequestOutcome::failed(FailureKind::Empty),
-                };
-                return (finish(outcome), None);
-            }
+            Ok(None) => return (finish(meter.finish(t_us, false)), code),
             Err(error) => {
                 let cause = crate::client::classify(&error);
-                tracing::debug!(%error, url, cause = cause.name(), "stream cut");
-                let mut outcome = match meter {
-                    Some(meter) => meter.finish(t_us, true),
-                    None => RequestOutcome::failed(FailureKind::Transport),
-                };
+                tracing::debug!(error = %error.without_url(), url = %common::recording::redact_url(&url), cause = cause.name(), "stream cut");
+                let mut outcome = meter.finish(t_us, true);
                 if outcome.kind == OutcomeKind::Failed(FailureKind::Transport) {
                     outcome.transport_cause = Some(cause);
                 }
-                return (finish(outcome), None);
+                return (finish(outcome), code);
             }
         }
     }
-}
-
-fn unstreamed_outcome(family: Option<Family>, body: &[u8], t_us: u64) -> RequestOutcome {
-    let parsed = family.map(|f| formats::unstreamed(f, body));
-    let mut outcome = RequestOutcome::failed(FailureKind::Empty);
-    match &parsed {
-        Some(Err(_)) => outcome.kind = common::measure::OutcomeKind::Failed(FailureKind::Transport),
-        Some(Ok(p)) if p.error.is_some() => {
-            outcome.kind = common::measure::OutcomeKind::Failed(FailureKind::ErrorFrame)
-        }
-        Some(Ok(p)) if !p.has_content => {}
-        _ => {
-            outcome.kind = common::measure::OutcomeKind::Succeeded;
-            outcome.ttft_us = Some(t_us);
-            outcome.latency_us = Some(t_us);
-            outcome.content_frames = 1;
-            if let Some(usage) = parsed.and_then(|p| p.ok()).and_then(|p| p.usage) {
-                outcome.usage_output_tokens = usage.output_tokens;
-                outcome.input_tokens = usage.input_tokens;
-            }
-        }
-    }
-    outcome
 }

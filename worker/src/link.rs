@@ -150,7 +150,11 @@ async fn connect(
     let mut endpoint = tonic::transport::Endpoint::from_shared(url.clone())
         .map_err(|_| LinkError::Address(options.coordinator.clone()))?
         .tcp_nodelay(true)
-        .connect_timeout(Duration::from_secs(2));
+        .connect_timeout(Duration::from_secs(2))
+        // A peer that stops answering is noticed on the link itself, not only by silence.
+        .http2_keep_alive_interval(Duration::from_secs(1))
+        .keep_alive_timeout(options.heartbeat_timeout)
+        .keep_alive_while_idle(true);
     if let Some(tls) = &options.tls {
         let mut config = tonic::transport::ClientTlsConfig::new()
             .ca_certificate(tonic::transport::Certificate::from_pem(read_pem(&tls.ca)?));
@@ -239,6 +243,11 @@ fn replay_config(
             600.0
         }),
         tag_requests: assignment.tag_requests,
+        requests_out: assignment.requests_out,
+        reorder_window: match assignment.reorder_window {
+            0 => crate::config::DEFAULT_REORDER_WINDOW,
+            n => n as usize,
+        },
         transport: TransportConfig {
             extra_ca_pem: assignment.target_ca_pem.clone(),
             insecure: assignment.insecure,
@@ -250,6 +259,31 @@ fn replay_config(
             },
         },
     })
+}
+
+/// Records per message: a batch stays far below gRPC's 4 MiB message limit.
+const RECORDS_PER_MESSAGE: usize = 1024;
+
+/// Send per-request records in bounded batches.
+async fn send_records(
+    out_tx: &mpsc::Sender<v1::WorkerMessage>,
+    records: Vec<crate::metrics_actor::RequestRecord>,
+) -> Result<(), ()> {
+    let mut records = records.into_iter().peekable();
+    while records.peek().is_some() {
+        let batch = records
+            .by_ref()
+            .take(RECORDS_PER_MESSAGE)
+            .map(proto::convert::record_to_proto)
+            .collect();
+        let message = v1::WorkerMessage {
+            msg: Some(v1::worker_message::Msg::Records(v1::RequestRecords {
+                records: batch,
+            })),
+        };
+        out_tx.send(message).await.map_err(|_| ())?;
+    }
+    Ok(())
 }
 
 fn cpu_seconds() -> f64 {
@@ -287,14 +321,21 @@ pub async fn run_once(
         })))
         .await
         .map_err(|_| LinkError::Protocol("outbound stream closed".into()))?;
-    let mut inbound = client
-        .join(ReceiverStream::new(out_rx))
+    // Every wait is bounded: a peer that accepts the connection and never answers is not a
+    // coordinator.
+    let answer_within = options.heartbeat_timeout;
+    let silent = |what: &str| coordinator_lost(&format!("no {what} within {answer_within:?}"));
+    let mut inbound = tokio::time::timeout(answer_within, client.join(ReceiverStream::new(out_rx)))
         .await
+        .map_err(|_| silent("answer to the join"))?
         .map_err(|status| LinkError::Refused(status.message().to_owned()))?
         .into_inner();
 
     let assignment = loop {
-        match inbound.message().await {
+        let message = tokio::time::timeout(answer_within, inbound.message())
+            .await
+            .map_err(|_| silent("assignment"))?;
+        match message {
             Ok(Some(v1::CoordinatorMessage {
                 msg: Some(v1::coordinator_message::Msg::Assignment(a)),
             })) => break a,
@@ -333,13 +374,14 @@ pub async fn run_once(
 
     // The slice arrives on its own stream; the forwarder blocks on the bounded items channel
     // when the engine is behind, which back-pressures the coordinator through HTTP/2.
-    let mut slice = client
-        .exchanges(v1::SliceRequest {
-            run_id: assignment.run_id.clone(),
-            worker_id: options.worker_id.clone(),
-            token: options.token.clone().unwrap_or_default(),
-        })
+    let slice_request = client.exchanges(v1::SliceRequest {
+        run_id: assignment.run_id.clone(),
+        worker_id: options.worker_id.clone(),
+        token: options.token.clone().unwrap_or_default(),
+    });
+    let mut slice = tokio::time::timeout(answer_within, slice_request)
         .await
+        .map_err(|_| silent("slice stream"))?
         .map_err(|status| LinkError::Protocol(format!("slice stream: {}", status.message())))?
         .into_inner();
     let (items_tx, items_rx) = mpsc::channel::<WorkItem>(2048);
@@ -437,6 +479,9 @@ pub async fn run_once(
             .not_started
             .load(std::sync::atomic::Ordering::Relaxed),
         lost: 0,
+        sent_out_of_order: progress
+            .sent_out_of_order
+            .load(std::sync::atomic::Ordering::Relaxed),
     };
 
     let mut seq = 0u64;
@@ -445,9 +490,14 @@ pub async fn run_once(
     let mut failure: Option<LinkError> = None;
     let totals = loop {
         tokio::select! {
-            finished = &mut engine_task => {
-                break finished.unwrap_or_default();
-            }
+            finished = &mut engine_task => match finished {
+                Ok(totals) => break totals,
+                Err(error) => {
+                    // Never silent zeros: a failed engine is a failed worker.
+                    failure.get_or_insert(LinkError::Protocol(format!("the load engine failed: {error}")));
+                    break engine::EngineTotals::default();
+                }
+            },
             _ = ticker.tick() => {
                 if !started_sent {
                     let started = progress.started_unix_ns.load(std::sync::atomic::Ordering::Relaxed);
@@ -457,6 +507,10 @@ pub async fn run_once(
                     }
                 }
                 let snapshot = metrics.snapshot().await;
+                if send_records(&out_tx, snapshot.records).await.is_err() {
+                    failure.get_or_insert(coordinator_lost("its report stream closed"));
+                    let _ = abort_tx.send(true);
+                }
                 seq += 1;
                 let mut report = report_from_metrics(seq, false, &snapshot.metrics, live_totals(&progress), &snapshot.status_codes, cpu_seconds());
                 report.tls_problems = snapshot.tls_problems.clone().into_iter().collect();
@@ -517,6 +571,9 @@ pub async fn run_once(
         })));
     }
     let snapshot = metrics.snapshot().await;
+    // The records go before the final report, on the same stream, so the coordinator has
+    // every one of them when it reads the final counts.
+    let records_sent = send_records(&out_tx, snapshot.records).await;
     seq += 1;
     let mut report = report_from_metrics(
         seq,
@@ -526,11 +583,15 @@ pub async fn run_once(
             issued: totals.issued,
             not_started: totals.not_started,
             lost: totals.lost,
+            sent_out_of_order: totals.sent_out_of_order,
         },
         &snapshot.status_codes,
         cpu_seconds(),
     );
     report.tls_problems = snapshot.tls_problems.clone().into_iter().collect();
+    if records_sent.is_err() {
+        failure.get_or_insert(coordinator_lost("its report stream closed"));
+    }
     if let Some(failure) = failure {
         // Best effort: the coordinator may still be there (abort) and want the partial numbers.
         let _ = tokio::time::timeout(

@@ -3,6 +3,10 @@
 //! Stream tasks send one message per finished request over a bounded channel (4,096); when it
 //! is full they wait, which only happens if recording falls behind by thousands of requests —
 //! recording a sample is a few hundred nanoseconds. Snapshots are cloned out on request.
+//!
+//! With `--requests-out`, the actor also keeps one [`RequestRecord`] per measured request
+//! until the next snapshot takes them: the buffer holds at most one report interval's worth
+//! of requests (the link takes a snapshot every 0.5 s), so memory stays flat on a long run.
 
 use std::collections::BTreeMap;
 
@@ -18,13 +22,18 @@ pub struct Snapshot {
     pub status_codes: BTreeMap<u16, u64>,
     /// TLS failures by problem (`unknown issuer` → count).
     pub tls_problems: BTreeMap<String, u64>,
+    /// Per-request records measured since the previous snapshot (with `--requests-out`).
+    pub records: Vec<RequestRecord>,
 }
+
+pub use common::metrics::{RecordMeta, RequestRecord};
 
 enum Message {
     Record {
         outcome: RequestOutcome,
         warmup: bool,
         status: Option<u16>,
+        meta: Option<RecordMeta>,
     },
     Snapshot {
         reply: oneshot::Sender<Snapshot>,
@@ -49,12 +58,20 @@ impl MetricsHandle {
                         outcome,
                         warmup,
                         status,
+                        meta,
                     } => {
                         if warmup {
                             snapshot.metrics.counters.warmup += 1;
                             continue;
                         }
-                        if let Some(code) = status {
+                        if let Some(code) = status.filter(|_| {
+                            matches!(
+                                outcome.kind,
+                                common::measure::OutcomeKind::Failed(
+                                    common::measure::FailureKind::Status
+                                )
+                            )
+                        }) {
                             *snapshot.status_codes.entry(code).or_default() += 1;
                         }
                         if let Some(TransportCause::Tls(problem)) = outcome.transport_cause {
@@ -64,9 +81,22 @@ impl MetricsHandle {
                                 .or_default() += 1;
                         }
                         snapshot.metrics.record(&outcome);
+                        if let Some(meta) = meta {
+                            snapshot.records.push(RequestRecord {
+                                meta,
+                                outcome,
+                                status,
+                            });
+                        }
                     }
                     Message::Snapshot { reply } => {
-                        let _ = reply.send(snapshot.clone());
+                        let records = std::mem::take(&mut snapshot.records);
+                        let _ = reply.send(Snapshot {
+                            metrics: snapshot.metrics.clone(),
+                            status_codes: snapshot.status_codes.clone(),
+                            tls_problems: snapshot.tls_problems.clone(),
+                            records,
+                        });
                     }
                 }
             }
@@ -74,8 +104,15 @@ impl MetricsHandle {
         MetricsHandle { tx }
     }
 
-    /// Record one finished request. `status` is the HTTP status of a failed-by-status request.
-    pub async fn record(&self, outcome: RequestOutcome, warmup: bool, status: Option<u16>) {
+    /// Record one finished request. `status` is the HTTP status of the response when one
+    /// came; `meta` asks for a per-request record (`--requests-out`).
+    pub async fn record(
+        &self,
+        outcome: RequestOutcome,
+        warmup: bool,
+        status: Option<u16>,
+        meta: Option<RecordMeta>,
+    ) {
         // The actor only stops when every handle is gone, so this cannot fail while we hold one.
         let _ = self
             .tx
@@ -83,6 +120,7 @@ impl MetricsHandle {
                 outcome,
                 warmup,
                 status,
+                meta,
             })
             .await;
     }

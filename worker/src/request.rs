@@ -1,7 +1,9 @@
 //! Builds the replayed HTTP request from a recorded one: the recorded method, path, body and
 //! non-credential headers, plus `--header` values and `--set` body overrides.
 
-use common::recording::{Exchange, is_credential_header, is_hop_by_hop_header};
+use common::recording::{
+    Exchange, is_credential_header, is_hop_by_hop_header, strip_credential_query,
+};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::config::{EXCHANGE_HEADER, ReplayConfig};
@@ -76,6 +78,33 @@ pub fn expand_headers(
         .collect()
 }
 
+/// The URL a recorded `path` (with an optional query) is sent to: the target's own path
+/// prefix, then the recorded path; then the recorded query, without credential parameters,
+/// and the target's own query (the user's, e.g. Azure's `api-version`). A target with a query
+/// gets the path inserted before it, never appended after it.
+pub fn replay_url(target: &str, path: &str) -> String {
+    let path = strip_credential_query(path);
+    let (target_base, target_query) = match target.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (target, None),
+    };
+    let (recorded_path, recorded_query) = match path.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (path.as_ref(), None),
+    };
+    let mut url = format!("{}{recorded_path}", target_base.trim_end_matches('/'));
+    let queries: Vec<&str> = [recorded_query, target_query]
+        .into_iter()
+        .flatten()
+        .filter(|q| !q.is_empty())
+        .collect();
+    if !queries.is_empty() {
+        url.push('?');
+        url.push_str(&queries.join("&"));
+    }
+    url
+}
+
 /// The body to send: the recorded body with `sets` applied to its top-level JSON object.
 /// A body that is not a JSON object is sent unchanged.
 pub fn replay_body(exchange: &Exchange, sets: &[(String, serde_json::Value)]) -> Vec<u8> {
@@ -141,6 +170,28 @@ mod tests {
     }
 
     #[test]
+    fn urls_join_paths_and_queries_and_drop_recorded_credentials() {
+        assert_eq!(
+            replay_url("http://h:8000/", "/v1/chat/completions"),
+            "http://h:8000/v1/chat/completions"
+        );
+        assert_eq!(
+            replay_url(
+                "https://h/openai?api-version=2024-06-01",
+                "/deployments/d/chat/completions"
+            ),
+            "https://h/openai/deployments/d/chat/completions?api-version=2024-06-01"
+        );
+        assert_eq!(
+            replay_url(
+                "http://h",
+                "/v1beta/models/g:streamGenerateContent?alt=sse&key=AIza"
+            ),
+            "http://h/v1beta/models/g:streamGenerateContent?alt=sse"
+        );
+    }
+
+    #[test]
     fn set_overrides_top_level_fields() {
         let exchange: Exchange = serde_json::from_str(
             r#"{"request":{"path":"/v1/chat/completions","body":"{\"model\":\"a\",\"stream\":true}"}}"#,
@@ -174,6 +225,8 @@ mod tests {
             timeout: std::time::Duration::from_secs(1),
             tag_requests: true,
             transport: Default::default(),
+            requests_out: false,
+            reorder_window: crate::config::DEFAULT_REORDER_WINDOW,
         };
         let headers = replay_headers(&exchange, &config, 7);
         assert!(headers.get("x-api-key").is_none());

@@ -72,6 +72,7 @@ impl AnthropicSemantics {
                         on_event(Event::Usage(Usage {
                             input_tokens: Some(input),
                             output_tokens: None,
+                            cached_input_tokens: self.cached_input(),
                         }));
                     }
                 }
@@ -87,6 +88,11 @@ impl AnthropicSemantics {
                                 None
                             },
                             output_tokens: usage.output_tokens.0,
+                            cached_input_tokens: if repeats_input {
+                                self.cached_input()
+                            } else {
+                                None
+                            },
                         },
                         on_event,
                     );
@@ -98,6 +104,7 @@ impl AnthropicSemantics {
                     on_event(Event::Usage(Usage {
                         input_tokens: metrics.input_token_count.0,
                         output_tokens: metrics.output_token_count.0,
+                        cached_input_tokens: None,
                     }));
                 }
                 on_event(Event::Terminal);
@@ -128,6 +135,7 @@ impl AnthropicSemantics {
                     on_event(Event::Usage(Usage {
                         input_tokens: metrics.input_token_count.0,
                         output_tokens: metrics.output_token_count.0,
+                        cached_input_tokens: None,
                     }));
                     on_event(Event::Terminal);
                 }
@@ -154,6 +162,11 @@ impl AnthropicSemantics {
             any = true;
         }
         any
+    }
+
+    /// Cache reads, once the input is known (a report without them read none).
+    fn cached_input(&self) -> Option<u64> {
+        self.input_tokens.map(|_| self.cache_read_input_tokens)
     }
 
     /// Total input: uncached + cache writes + cache reads.
@@ -248,7 +261,9 @@ mod tests {
         );
         assert_eq!(
             seen,
-            vec!["Usage(Usage { input_tokens: Some(125), output_tokens: None })"]
+            vec![
+                "Usage(Usage { input_tokens: Some(125), output_tokens: None, cached_input_tokens: Some(20) })"
+            ]
         );
         let seen = run(
             &mut semantics,
@@ -256,7 +271,9 @@ mod tests {
         );
         assert_eq!(
             seen,
-            vec!["Usage(Usage { input_tokens: Some(126), output_tokens: Some(30) })"]
+            vec![
+                "Usage(Usage { input_tokens: Some(126), output_tokens: Some(30), cached_input_tokens: Some(20) })"
+            ]
         );
     }
 

@@ -101,8 +101,14 @@ impl ConverseSemantics {
                 if let Some(usage) = payload.usage {
                     super::emit_usage(
                         Usage {
-                            input_tokens: usage.input_tokens.0,
+                            // Like Anthropic's, Bedrock's `inputTokens` leaves out the cached
+                            // parts: the prompt's length is all three.
+                            input_tokens: usage.input_tokens.0.map(|n| {
+                                n.saturating_add(usage.cache_read_input_tokens.0.unwrap_or(0))
+                                    .saturating_add(usage.cache_write_input_tokens.0.unwrap_or(0))
+                            }),
                             output_tokens: usage.output_tokens.0,
+                            cached_input_tokens: usage.cache_read_input_tokens.0,
                         },
                         on_event,
                     );
@@ -205,6 +211,10 @@ struct ConverseUsage {
     input_tokens: Count,
     #[serde(default, rename = "outputTokens")]
     output_tokens: Count,
+    #[serde(default, rename = "cacheReadInputTokens")]
+    cache_read_input_tokens: Count,
+    #[serde(default, rename = "cacheWriteInputTokens")]
+    cache_write_input_tokens: Count,
 }
 
 #[derive(Deserialize)]

@@ -66,6 +66,62 @@ pub fn is_streaming_content_type(content_type: &str) -> bool {
     .any(|known| media.eq_ignore_ascii_case(known))
 }
 
+/// Whether a response is a stream of frames (to be timed frame by frame) or one body, decided
+/// from what a client sees: the content type when it names a stream framing, else the first
+/// bytes (SSE field lines, an event-stream prelude), else the request itself (its `stream`
+/// flag, Ollama's default of streaming, Bedrock's streaming operations).
+///
+/// Gateways often send SSE as `text/plain` or with no content type at all; a JSON first byte
+/// is one body unless the request asked an Ollama server to stream (NDJSON).
+pub fn response_is_streamed(
+    path: &str,
+    content_type: Option<&str>,
+    request_body: &[u8],
+    first_bytes: &[u8],
+) -> bool {
+    if content_type.is_some_and(is_streaming_content_type) {
+        return true;
+    }
+    let first = first_bytes
+        .strip_prefix(b"\xEF\xBB\xBF")
+        .unwrap_or(first_bytes);
+    let first = &first[..first.len().min(SNIFF_BYTES)];
+    let first = first.trim_ascii_start();
+    if looks_like_sse(first) || eventstream::first_event_type(first).is_some() {
+        return true;
+    }
+    let family = family_for_path(path);
+    if first.starts_with(b"{") || first.starts_with(b"[") {
+        return family == Some(Family::Ollama) && request_asks_stream(family, path, request_body);
+    }
+    // Nothing in the bytes settles it (an empty first read): what the request asked for.
+    request_asks_stream(family, path, request_body)
+}
+
+/// SSE field lines: `data:`, `event:`, `id:`, `retry:` or a `:` comment.
+fn looks_like_sse(bytes: &[u8]) -> bool {
+    [&b"data:"[..], b"event:", b"id:", b"retry:", b":"]
+        .iter()
+        .any(|field| bytes.starts_with(field))
+}
+
+/// Whether the request asked for a streamed answer.
+fn request_asks_stream(family: Option<Family>, path: &str, body: &[u8]) -> bool {
+    let path = path.split(['?', '#']).next().unwrap_or_default();
+    if path.ends_with("/converse-stream") || path.ends_with("/invoke-with-response-stream") {
+        return true;
+    }
+    #[derive(serde::Deserialize)]
+    struct StreamFlag {
+        stream: Option<bool>,
+    }
+    let flag = serde_json::from_slice::<StreamFlag>(body)
+        .ok()
+        .and_then(|f| f.stream);
+    // Ollama's native API streams unless told not to.
+    flag.unwrap_or(family == Some(Family::Ollama))
+}
+
 pub(crate) fn detect(path: &str, content_type: Option<&str>, first_bytes: &[u8]) -> Option<Family> {
     if let Some(family) = family_for_path(path) {
         return Some(family);

@@ -73,6 +73,10 @@ pub struct Usage {
     pub input_tokens: Option<u64>,
     /// Generated (output) tokens including reasoning, when the report has them.
     pub output_tokens: Option<u64>,
+    /// Input tokens served from the server's prompt cache (OpenAI
+    /// `prompt_tokens_details.cached_tokens`, Anthropic `cache_read_input_tokens`, Bedrock
+    /// `cacheReadInputTokens`), when the report has them. Part of `input_tokens`.
+    pub cached_input_tokens: Option<u64>,
 }
 
 /// One thing the parser recognised in the stream.
@@ -167,14 +171,17 @@ mod detect;
 mod json;
 mod unstreamed;
 
-pub use detect::{family_for_path, is_streaming_content_type};
+pub use detect::{family_for_path, is_streaming_content_type, response_is_streamed};
 pub use eventstream::MAX_EVENT_STREAM_FRAME_BYTES;
 pub use unstreamed::{Unstreamed, unstreamed};
 
 /// Report a usage that says something: a report with neither count would only tell the meter
 /// "usage seen" without a number.
 fn emit_usage(usage: Usage, on_event: &mut dyn FnMut(Event<'_>)) {
-    if usage.input_tokens.is_some() || usage.output_tokens.is_some() {
+    if usage.input_tokens.is_some()
+        || usage.output_tokens.is_some()
+        || usage.cached_input_tokens.is_some()
+    {
         on_event(Event::Usage(usage));
     }
 }

@@ -53,6 +53,7 @@ impl OllamaSemantics {
             on_event(Event::Usage(Usage {
                 input_tokens: Some(line.prompt_eval_count.0.unwrap_or(0)),
                 output_tokens: Some(line.eval_count.0.unwrap_or(0)),
+                cached_input_tokens: None,
             }));
             on_event(Event::Terminal);
         }
@@ -133,7 +134,7 @@ mod tests {
         assert_eq!(
             run(r#"{"model":"m","response":"","done":true,"done_reason":"load"}"#),
             vec![
-                "Usage(Usage { input_tokens: Some(0), output_tokens: Some(0) })",
+                "Usage(Usage { input_tokens: Some(0), output_tokens: Some(0), cached_input_tokens: None })",
                 "Terminal"
             ]
         );

@@ -56,6 +56,7 @@ impl ChatSemantics {
             let usage = Usage {
                 input_tokens: believe(usage.prompt_tokens),
                 output_tokens: believe(usage.completion_tokens),
+                cached_input_tokens: usage.prompt_tokens_details.and_then(|d| d.cached_tokens.0),
             };
             if usage.input_tokens.is_some() || usage.output_tokens.is_some() {
                 on_event(Event::Usage(usage));
@@ -112,6 +113,15 @@ struct ChunkUsage {
     prompt_tokens: Count,
     #[serde(default)]
     completion_tokens: Count,
+    #[serde(default)]
+    prompt_tokens_details: Option<CachedTokens>,
+}
+
+/// `prompt_tokens_details` (chat) or `input_tokens_details` (Responses): the cached part.
+#[derive(Deserialize, Clone, Copy)]
+struct CachedTokens {
+    #[serde(default)]
+    cached_tokens: Count,
 }
 
 /// `choices` folded to what measuring needs: the first choice's generated content, the number
@@ -337,6 +347,9 @@ impl ResponsesSemantics {
                         Usage {
                             input_tokens: usage.input_tokens.0,
                             output_tokens: usage.output_tokens.0,
+                            cached_input_tokens: usage
+                                .input_tokens_details
+                                .and_then(|d| d.cached_tokens.0),
                         },
                         on_event,
                     );
@@ -400,6 +413,8 @@ struct ResponseUsage {
     input_tokens: Count,
     #[serde(default)]
     output_tokens: Count,
+    #[serde(default)]
+    input_tokens_details: Option<CachedTokens>,
 }
 
 #[cfg(test)]
@@ -464,7 +479,9 @@ mod tests {
         let seen = chat(r#"{"choices":[],"usage":{"prompt_tokens":0,"completion_tokens":0}}"#);
         assert_eq!(
             seen,
-            vec!["Usage(Usage { input_tokens: Some(0), output_tokens: Some(0) })"]
+            vec![
+                "Usage(Usage { input_tokens: Some(0), output_tokens: Some(0), cached_input_tokens: None })"
+            ]
         );
     }
 }

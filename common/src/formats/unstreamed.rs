@@ -56,6 +56,7 @@ fn openai_chat(body: &Value) -> Unstreamed {
     let usage = body["usage"].is_object().then(|| Usage {
         input_tokens: body["usage"]["prompt_tokens"].as_u64(),
         output_tokens: body["usage"]["completion_tokens"].as_u64(),
+        cached_input_tokens: body["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64(),
     });
     Unstreamed {
         has_content,
@@ -89,6 +90,7 @@ fn openai_responses(body: &Value) -> Unstreamed {
     let usage = body["usage"].is_object().then(|| Usage {
         input_tokens: body["usage"]["input_tokens"].as_u64(),
         output_tokens: body["usage"]["output_tokens"].as_u64(),
+        cached_input_tokens: body["usage"]["input_tokens_details"]["cached_tokens"].as_u64(),
     });
     Unstreamed {
         has_content,
@@ -116,6 +118,8 @@ fn anthropic(body: &Value) -> Unstreamed {
         Usage {
             input_tokens: input,
             output_tokens: usage["output_tokens"].as_u64(),
+            cached_input_tokens: input
+                .map(|_| usage["cache_read_input_tokens"].as_u64().unwrap_or(0)),
         }
     });
     Unstreamed {
@@ -138,6 +142,7 @@ fn ollama(body: &Value) -> Unstreamed {
     let usage = (body["done"] == true || body["eval_count"].is_u64()).then(|| Usage {
         input_tokens: Some(body["prompt_eval_count"].as_u64().unwrap_or(0)),
         output_tokens: Some(body["eval_count"].as_u64().unwrap_or(0)),
+        cached_input_tokens: None,
     });
     Unstreamed {
         has_content,
@@ -157,9 +162,16 @@ fn bedrock_converse(body: &Value) -> Unstreamed {
                 || block["toolUse"].is_object()
                 || non_empty_str(&block["reasoningContent"]["reasoningText"]["text"])
         });
-    let usage = body["usage"].is_object().then(|| Usage {
-        input_tokens: body["usage"]["inputTokens"].as_u64(),
-        output_tokens: body["usage"]["outputTokens"].as_u64(),
+    let usage = body["usage"].is_object().then(|| {
+        let usage = &body["usage"];
+        Usage {
+            input_tokens: usage["inputTokens"].as_u64().map(|n| {
+                n + usage["cacheReadInputTokens"].as_u64().unwrap_or(0)
+                    + usage["cacheWriteInputTokens"].as_u64().unwrap_or(0)
+            }),
+            output_tokens: usage["outputTokens"].as_u64(),
+            cached_input_tokens: usage["cacheReadInputTokens"].as_u64(),
+        }
     });
     Unstreamed {
         has_content,

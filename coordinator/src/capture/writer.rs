@@ -11,7 +11,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 
-use common::recording::{Exchange, is_credential_header};
+use common::recording::{Exchange, is_credential_header, strip_credential_query};
 use tokio::sync::mpsc;
 
 use super::redact::Redactor;
@@ -41,6 +41,9 @@ impl Scrub {
 
     /// Remove credentials and redact bodies in place.
     pub fn apply(&self, exchange: &mut Exchange) {
+        if let std::borrow::Cow::Owned(path) = strip_credential_query(&exchange.request.path) {
+            exchange.request.path = path;
+        }
         exchange
             .request
             .headers

@@ -116,6 +116,8 @@ pub enum ImportError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{}: the output is the input file; write the recording elsewhere", path.display())]
+    SameFile { path: PathBuf },
     #[error(transparent)]
     Synth(#[from] synth::SynthError),
 }
@@ -125,7 +127,10 @@ impl ImportError {
     pub fn is_input(&self) -> bool {
         matches!(
             self,
-            ImportError::Invalid { .. } | ImportError::Open { .. } | ImportError::Synth(_)
+            ImportError::Invalid { .. }
+                | ImportError::Open { .. }
+                | ImportError::SameFile { .. }
+                | ImportError::Synth(_)
         )
     }
 }
@@ -182,10 +187,11 @@ pub struct Sink {
 impl Sink {
     /// Create the output recording.
     pub fn create(output: &Path, limit: Option<u64>) -> Result<Sink, ImportError> {
-        let writer = RecordingWriter::create(output).map_err(|source| ImportError::Write {
-            path: output.to_path_buf(),
-            source,
-        })?;
+        let writer =
+            RecordingWriter::create_replacing(output).map_err(|source| ImportError::Write {
+                path: output.to_path_buf(),
+                source,
+            })?;
         Ok(Sink {
             writer,
             output: output.to_path_buf(),
@@ -322,6 +328,11 @@ pub fn run_import(args: &ImportArgs) -> Result<u64, ImportError> {
     };
     // Open the source before creating the output, so a wrong path leaves no empty file.
     drop(source.open()?);
+    if common::recording::is_same_file(&args.file, &args.output) {
+        return Err(ImportError::SameFile {
+            path: args.output.clone(),
+        });
+    }
     if args.block_size == 0 {
         return Err(source.invalid(0, "--block-size", "expected a positive number of tokens"));
     }

@@ -234,8 +234,18 @@ pub(super) fn token_sources(report: &Report) -> String {
         .llm
         .estimated_token_share_pct
         .map_or_else(|| NO_VALUE.to_string(), |p| format!("{p:.1} %"));
+    let cached = report
+        .llm
+        .cached_input_share_pct
+        .map_or_else(String::new, |p| {
+            format!(" · prompt cache {p:.1} % of input")
+        });
+    let unstreamed = match report.requests.unstreamed {
+        0 => String::new(),
+        n => format!(" · unstreamed {n}"),
+    };
     format!(
-        "usage-reported {} · estimated {} ({share} estimated)",
+        "usage-reported {} · estimated {} ({share} estimated){cached}{unstreamed}",
         report.requests.usage_reported, report.requests.estimated
     )
 }

@@ -176,6 +176,10 @@ pub struct RequestsSection {
     /// before any response byte (each still counts once above).
     #[serde(default)]
     pub resent: u64,
+    /// Succeeded requests answered with one body rather than a stream: they count in
+    /// latency, ISL, OSL and throughput, and have no TTFT, TTST or ITL.
+    #[serde(default)]
+    pub unstreamed: u64,
 }
 
 /// Failures by kind.
@@ -226,6 +230,10 @@ pub struct LlmSection {
     pub requests_per_second: Option<f64>,
     /// Percent of streams whose output tokens were estimated; `null` when there were none.
     pub estimated_token_share_pct: Option<f64>,
+    /// Percent of input tokens the server served from its prompt cache, over the requests
+    /// whose usage reported cached tokens; `null` when none did.
+    #[serde(default)]
+    pub cached_input_share_pct: Option<f64>,
     /// Output tokens of succeeded requests.
     #[serde(default)]
     pub output_tokens: u64,
@@ -474,6 +482,7 @@ impl RequestsSection {
             status_codes: totals.status_codes.clone(),
             warmup: counters.warmup,
             resent: counters.resent,
+            unstreamed: counters.unstreamed,
         }
     }
 
@@ -503,6 +512,7 @@ impl LlmSection {
             requests_per_second: measured.then(|| metrics.requests_per_second()),
             estimated_token_share_pct: (token_sources > 0)
                 .then(|| metrics.estimated_token_share_pct()),
+            cached_input_share_pct: metrics.cached_input_share_pct(),
             output_tokens: metrics.counters.output_tokens,
             measured_window_s: measured.then(|| metrics.window_seconds()),
         }

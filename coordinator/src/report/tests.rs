@@ -35,6 +35,8 @@ fn succeeded(
         sent_unix_us: Some(T0_US + i * 500_000),
         transport_cause: None,
         resent: false,
+        unstreamed: false,
+        cached_input_tokens: None,
     }
 }
 
@@ -56,6 +58,8 @@ fn replayed_metrics() -> RunMetrics {
         sent_unix_us: Some(T0_US + 100_000),
         transport_cause: None,
         resent: false,
+        unstreamed: false,
+        cached_input_tokens: None,
     });
     m.record(&RequestOutcome::failed(FailureKind::Status));
     m.record(&RequestOutcome::failed(FailureKind::ErrorFrame));

@@ -1,0 +1,105 @@
+//! `--requests-out`: one JSON line per measured request, merged from every worker as their
+//! batches arrive, so a percentile can be traced back to the requests that made it.
+//!
+//! Workers send their records in bounded batches before each report; the gRPC service hands
+//! each batch here and it goes straight to a buffered file, so the coordinator's memory does
+//! not grow with the run.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use common::metrics::RequestRecord;
+use serde_json::json;
+
+/// The per-request output file of one run.
+pub struct RequestsOut {
+    path: PathBuf,
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    out: BufWriter<File>,
+    lines: u64,
+    /// The first write error; reported at the end, never silently dropped.
+    error: Option<std::io::Error>,
+}
+
+impl RequestsOut {
+    /// Create (truncate) `path`.
+    pub fn create(path: &Path) -> std::io::Result<RequestsOut> {
+        let file = File::create(path)?;
+        Ok(RequestsOut {
+            path: path.to_path_buf(),
+            inner: Mutex::new(Inner {
+                out: BufWriter::with_capacity(256 << 10, file),
+                lines: 0,
+                error: None,
+            }),
+        })
+    }
+
+    /// Where the lines go.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Append the records one worker sent.
+    pub fn write(&self, worker: &str, records: &[RequestRecord]) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if inner.error.is_some() {
+            return;
+        }
+        for record in records {
+            let line = record_line(worker, record);
+            let written = serde_json::to_writer(&mut inner.out, &line)
+                .map_err(std::io::Error::from)
+                .and_then(|()| inner.out.write_all(b"\n"));
+            if let Err(error) = written {
+                inner.error = Some(error);
+                return;
+            }
+            inner.lines += 1;
+        }
+    }
+
+    /// Flush and return the number of lines written, or the first error.
+    pub fn finish(&self) -> std::io::Result<u64> {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(error) = inner.error.take() {
+            return Err(error);
+        }
+        inner.out.flush()?;
+        inner.out.get_ref().sync_data()?;
+        Ok(inner.lines)
+    }
+}
+
+fn ms(us: Option<u64>) -> Option<f64> {
+    us.map(|us| us as f64 / 1000.0)
+}
+
+/// The JSON line of one request (the keys are the contract's).
+pub fn record_line(worker: &str, record: &RequestRecord) -> serde_json::Value {
+    let o = &record.outcome;
+    json!({
+        "exchange": record.meta.id.clone().unwrap_or_else(|| record.meta.index.to_string()),
+        "index": record.meta.index,
+        "worker": worker,
+        "session": record.meta.session,
+        "sent_unix_ms": o.sent_unix_us.map(|us| us as f64 / 1000.0),
+        "schedule_lag_ms": ms(o.schedule_lag_us),
+        "outcome": record.outcome_name(),
+        "status": record.status,
+        "unstreamed": o.unstreamed,
+        "ttft_ms": ms(o.ttft_us),
+        "ttst_ms": ms(o.ttst_us),
+        "latency_ms": ms(o.latency_us),
+        "itl_ms": record.itl_us().map(|us| us / 1000.0),
+        "input_tokens": o.input_tokens,
+        "output_tokens": o.output_tokens(),
+        "token_source": if o.usage_output_tokens.is_some() { "usage" } else { "estimated" },
+        "cached_input_tokens": o.cached_input_tokens,
+    })
+}
