@@ -309,24 +309,26 @@ fn read_target_ca(path: &Path) -> anyhow::Result<String> {
     Ok(text)
 }
 
-/// A target must be an absolute http:// or https:// URL.
+/// A target must be an absolute http:// or https:// URL. Messages show it redacted: its query
+/// may carry a credential.
 fn check_target(target: &str, h2c: bool) -> anyhow::Result<()> {
+    let shown = common::recording::redact_url(target);
     let uri: http::Uri = target
         .parse()
-        .map_err(|e| anyhow::anyhow!("--target {target:?}: not a URL: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("--target {shown:?}: not a URL: {e}"))?;
     match uri.scheme_str() {
         Some("http") => {}
         Some("https") if h2c => bail!(
             "--target-h2c is cleartext HTTP/2 for http:// targets; https targets negotiate HTTP/2 by ALPN"
         ),
         Some("https") => {}
-        Some(other) => bail!(
-            "--target {target:?}: scheme {other:?} is not supported (use http:// or https://)"
-        ),
-        None => bail!("--target {target:?}: expected http://HOST[:PORT] or https://HOST[:PORT]"),
+        Some(other) => {
+            bail!("--target {shown:?}: scheme {other:?} is not supported (use http:// or https://)")
+        }
+        None => bail!("--target {shown:?}: expected http://HOST[:PORT] or https://HOST[:PORT]"),
     }
     if uri.authority().is_none() {
-        bail!("--target {target:?}: no host");
+        bail!("--target {shown:?}: no host");
     }
     Ok(())
 }
