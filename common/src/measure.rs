@@ -39,6 +39,85 @@ impl FailureKind {
     }
 }
 
+/// Why a transport failure happened, as far as the client can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportCause {
+    /// Nothing listened on the target's port.
+    Refused,
+    /// The peer reset the connection (or the write hit a broken pipe).
+    Reset,
+    /// The connection closed before a whole response head arrived.
+    ClosedBeforeResponse,
+    /// The TLS handshake failed; the problem says why.
+    Tls(TlsProblem),
+    /// The target's host name did not resolve.
+    Dns,
+    /// Anything else: broken framing, a body the parser rejected, an unclassified I/O error.
+    Other,
+}
+
+/// Why a TLS handshake failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsProblem {
+    /// The certificate chain does not lead to a trusted root (a private CA without
+    /// `--target-ca`, or a self-signed certificate).
+    UnknownIssuer,
+    /// The certificate is not valid for the target's host name.
+    NameMismatch,
+    /// The certificate has expired.
+    Expired,
+    /// The certificate is not valid yet.
+    NotYetValid,
+    /// The certificate was revoked.
+    Revoked,
+    /// The certificate's signature does not verify.
+    BadSignature,
+    /// The peer sent a TLS alert or broke the handshake protocol.
+    Handshake,
+    /// Any other certificate or TLS error.
+    Other,
+}
+
+impl TransportCause {
+    /// Every cause's report name, in report order (`Tls` of any problem is `tls`).
+    pub const NAMES: [&'static str; 6] = [
+        "refused",
+        "reset",
+        "closed_before_response",
+        "tls",
+        "dns",
+        "other",
+    ];
+
+    /// Stable name used in reports and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportCause::Refused => "refused",
+            TransportCause::Reset => "reset",
+            TransportCause::ClosedBeforeResponse => "closed_before_response",
+            TransportCause::Tls(_) => "tls",
+            TransportCause::Dns => "dns",
+            TransportCause::Other => "other",
+        }
+    }
+}
+
+impl TlsProblem {
+    /// A short human description (`unknown issuer`), used as a report key.
+    pub fn description(self) -> &'static str {
+        match self {
+            TlsProblem::UnknownIssuer => "unknown issuer",
+            TlsProblem::NameMismatch => "name mismatch",
+            TlsProblem::Expired => "expired",
+            TlsProblem::NotYetValid => "not yet valid",
+            TlsProblem::Revoked => "revoked",
+            TlsProblem::BadSignature => "bad signature",
+            TlsProblem::Handshake => "handshake failed",
+            TlsProblem::Other => "certificate rejected",
+        }
+    }
+}
+
 /// How a request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OutcomeKind {
@@ -69,6 +148,12 @@ pub struct RequestOutcome {
     pub schedule_lag_us: Option<u64>,
     /// Wall-clock send time, microseconds since the Unix epoch (for throughput windows).
     pub sent_unix_us: Option<u64>,
+    /// Why a transport failure happened (`None` for other outcomes; a transport failure
+    /// without one counts as `other`).
+    pub transport_cause: Option<TransportCause>,
+    /// The request failed on a reused connection before any response byte and was sent once
+    /// more on a fresh one; this outcome is the second attempt's.
+    pub resent: bool,
     /// The answer was one body, not a stream: it has a latency but no TTFT, TTST or ITL.
     pub unstreamed: bool,
     /// Input tokens the server reported serving from its prompt cache.
@@ -90,6 +175,16 @@ impl RequestOutcome {
             sent_unix_us: None,
             unstreamed: false,
             cached_input_tokens: None,
+            transport_cause: None,
+            resent: false,
+        }
+    }
+
+    /// A transport failure with its cause.
+    pub fn transport_failure(cause: TransportCause) -> Self {
+        RequestOutcome {
+            transport_cause: Some(cause),
+            ..RequestOutcome::failed(FailureKind::Transport)
         }
     }
 
@@ -235,6 +330,8 @@ impl StreamMeter {
             input_tokens: state.usage.input_tokens,
             schedule_lag_us: None,
             sent_unix_us: None,
+            transport_cause: None,
+            resent: false,
             unstreamed: false,
             cached_input_tokens: state.usage.cached_input_tokens,
         }

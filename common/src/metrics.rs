@@ -8,7 +8,7 @@
 use hdrhistogram::Histogram;
 use hdrhistogram::serialization::{Deserializer, Serializer, V2DeflateSerializer};
 
-use crate::measure::{FailureKind, OutcomeKind, RequestOutcome};
+use crate::measure::{FailureKind, OutcomeKind, RequestOutcome, TransportCause};
 
 /// Significant digits kept by every histogram.
 pub const SIGNIFICANT_DIGITS: u8 = 3;
@@ -176,6 +176,65 @@ pub struct Counters {
     pub cached_input_tokens: u64,
     /// Input tokens over those same requests (the denominator of the cached share).
     pub cache_reported_input_tokens: u64,
+    /// `failed_transport` by cause (they sum to it; see [`TransportCause`]).
+    #[serde(default)]
+    pub transport: TransportCounters,
+    /// Requests sent a second time on a fresh connection after their reused connection
+    /// closed before any response byte (counted once, by the second attempt's outcome).
+    #[serde(default)]
+    pub resent: u64,
+}
+
+/// Transport failures by cause.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct TransportCounters {
+    pub refused: u64,
+    pub reset: u64,
+    pub closed_before_response: u64,
+    pub tls: u64,
+    pub dns: u64,
+    pub other: u64,
+}
+
+impl TransportCounters {
+    /// Count one failure of `cause`.
+    pub fn count(&mut self, cause: TransportCause) {
+        match cause {
+            TransportCause::Refused => self.refused += 1,
+            TransportCause::Reset => self.reset += 1,
+            TransportCause::ClosedBeforeResponse => self.closed_before_response += 1,
+            TransportCause::Tls(_) => self.tls += 1,
+            TransportCause::Dns => self.dns += 1,
+            TransportCause::Other => self.other += 1,
+        }
+    }
+
+    /// `(name, count)` for every cause, in [`TransportCause::NAMES`] order.
+    pub fn by_name(&self) -> [(&'static str, u64); 6] {
+        let n = TransportCause::NAMES;
+        [
+            (n[0], self.refused),
+            (n[1], self.reset),
+            (n[2], self.closed_before_response),
+            (n[3], self.tls),
+            (n[4], self.dns),
+            (n[5], self.other),
+        ]
+    }
+
+    /// Failures where no connection could be made at all (refused, DNS).
+    pub fn no_connection(&self) -> u64 {
+        self.refused + self.dns
+    }
+
+    fn add(&mut self, other: &TransportCounters) {
+        self.refused += other.refused;
+        self.reset += other.reset;
+        self.closed_before_response += other.closed_before_response;
+        self.tls += other.tls;
+        self.dns += other.dns;
+        self.other += other.other;
+    }
 }
 
 impl Counters {
@@ -205,6 +264,8 @@ impl Counters {
         self.estimated += other.estimated;
         self.output_tokens += other.output_tokens;
         self.warmup += other.warmup;
+        self.transport.add(&other.transport);
+        self.resent += other.resent;
         self.unstreamed += other.unstreamed;
         self.cache_reported += other.cache_reported;
         self.cached_input_tokens += other.cached_input_tokens;
@@ -391,12 +452,20 @@ impl RunMetrics {
         if let Some(lag) = outcome.schedule_lag_us {
             self.record_value(Metric::ScheduleLag, lag);
         }
+        if outcome.resent {
+            self.counters.resent += 1;
+        }
         match outcome.kind {
             OutcomeKind::Failed(kind) => {
                 match kind {
                     FailureKind::Status => self.counters.failed_status += 1,
                     FailureKind::ErrorFrame => self.counters.failed_error_frame += 1,
-                    FailureKind::Transport => self.counters.failed_transport += 1,
+                    FailureKind::Transport => {
+                        self.counters.failed_transport += 1;
+                        self.counters
+                            .transport
+                            .count(outcome.transport_cause.unwrap_or(TransportCause::Other));
+                    }
                     FailureKind::Timeout => self.counters.failed_timeout += 1,
                     FailureKind::Empty => self.counters.failed_empty += 1,
                 }
@@ -653,6 +722,8 @@ mod tests {
                     input_tokens: Some(rng.next() % 5000),
                     schedule_lag_us: Some(rng.next() % 20_000),
                     sent_unix_us: Some(1_700_000_000_000_000 + rng.next() % 10_000_000),
+                    transport_cause: None,
+                    resent: false,
                     unstreamed: rng.next().is_multiple_of(5),
                     cached_input_tokens: rng.next().is_multiple_of(3).then(|| rng.next() % 100),
                 };
@@ -756,6 +827,8 @@ mod tests {
             input_tokens: Some(10),
             schedule_lag_us: None,
             sent_unix_us: Some(1_000_000),
+            transport_cause: None,
+            resent: false,
             unstreamed: false,
             cached_input_tokens: None,
         };

@@ -5,8 +5,6 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use common::metrics::RunMetrics;
-
 use crate::config::{BaselineSource, ReportFiles, RunArgs, RunConfig};
 use crate::goals::{Goal, parse_goals};
 use crate::report::{
@@ -149,6 +147,12 @@ pub async fn run_command(args: RunArgs) -> ExitCode {
         _ => None,
     };
     let mut warnings = Vec::new();
+    if config.transport.insecure {
+        warnings.push(
+            "INSECURE: the target's TLS certificate was not verified (--insecure); anyone on the path could have answered"
+                .to_string(),
+        );
+    }
     if let Some(line) = scanned.torn_last_line {
         warnings.push(format!(
             "{}:{line}: torn last line (the recorder stopped mid-line); it was not replayed",
@@ -292,14 +296,8 @@ pub async fn run_command(args: RunArgs) -> ExitCode {
             format!("a sweep level could not run: {error} (the levels before it are above)"),
         );
     }
-    if unreachable(&main.metrics) {
-        return fail(
-            exit::RUN_FAILED,
-            format!(
-                "the target {} was unreachable: no request got a response",
-                common::recording::redact_url(&target)
-            ),
-        );
+    if let Some(message) = no_response(&common::recording::redact_url(&target), main) {
+        return fail(exit::RUN_FAILED, message);
     }
     if report.any_goal_failed() {
         return ExitCode::from(exit::GOAL_FAILED);
@@ -307,10 +305,40 @@ pub async fn run_command(args: RunArgs) -> ExitCode {
     ExitCode::from(exit::OK)
 }
 
-/// Every request failed before any response arrived (connection refused, DNS, ...).
-fn unreachable(metrics: &RunMetrics) -> bool {
-    let c = &metrics.counters;
-    c.failed_transport > 0 && c.completed() == c.failed_transport && c.warmup == 0
+/// When every request failed before any response arrived, why: "unreachable" only when no
+/// connection could be made at all (refused, DNS); a TLS failure names its problem.
+fn no_response(target: &str, result: &ReplayResult) -> Option<String> {
+    let c = &result.metrics.counters;
+    if !(c.failed_transport > 0 && c.completed() == c.failed_transport && c.warmup == 0) {
+        return None;
+    }
+    let causes = c
+        .transport
+        .by_name()
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(name, n)| format!("{} {n}", name.replace('_', " ")))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if c.transport.no_connection() == c.failed_transport {
+        return Some(format!(
+            "the target {target} was unreachable: no connection could be made ({causes})"
+        ));
+    }
+    if c.transport.tls > 0 {
+        let problems = result
+            .tls_problems
+            .iter()
+            .map(|(problem, n)| format!("{problem} ×{n}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        return Some(format!(
+            "TLS with the target {target} failed: {problems} ({causes}); --target-ca FILE trusts a private CA, --insecure skips verification"
+        ));
+    }
+    Some(format!(
+        "no request to {target} got a response: every one failed in transport ({causes})"
+    ))
 }
 
 fn request_totals(result: &ReplayResult) -> RequestTotals {
@@ -318,6 +346,7 @@ fn request_totals(result: &ReplayResult) -> RequestTotals {
         lost: result.lost,
         not_started: result.not_started,
         status_codes: result.status_codes.clone(),
+        tls_problems: result.tls_problems.clone(),
     }
 }
 
@@ -381,6 +410,7 @@ fn build_report(
             load: result.load.clone(),
             start_skew_ms: result.start_skew_ms,
             workers,
+            insecure: config.transport.insecure,
         },
         metrics: &result.metrics,
         requests: request_totals(result),

@@ -93,6 +93,21 @@ pub struct RunArgs {
     /// replayed requests to recorded exchanges in server logs.
     #[arg(long)]
     pub tag_requests: bool,
+    /// PEM file of a CA an https target's certificate may chain to, trusted besides the
+    /// Mozilla roots (repeatable). Its contents go to the workers.
+    #[arg(long = "target-ca", value_name = "FILE")]
+    pub target_ca: Vec<PathBuf>,
+    /// Skip verification of an https target's certificate (the report warns).
+    #[arg(long)]
+    pub insecure: bool,
+    /// Speak cleartext HTTP/2 (prior knowledge) to an http:// target. https targets use
+    /// HTTP/2 whenever the server offers it (ALPN).
+    #[arg(long)]
+    pub target_h2c: bool,
+    /// Re-sign every request with AWS SigV4 for Bedrock in REGION, with credentials from each
+    /// worker's environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN).
+    #[arg(long, value_name = "REGION")]
+    pub aws_sigv4: Option<String>,
     /// Write one JSON line per measured request (merged from every worker) to this file.
     #[arg(long)]
     pub requests_out: Option<PathBuf>,
@@ -157,6 +172,11 @@ pub struct FileConfig {
     pub sets: Vec<String>,
     pub timeout: Option<String>,
     pub baseline: Option<String>,
+    #[serde(default)]
+    pub target_ca: Vec<PathBuf>,
+    pub insecure: Option<bool>,
+    pub target_h2c: Option<bool>,
+    pub aws_sigv4: Option<String>,
     pub requests_out: Option<PathBuf>,
     pub reorder_window: Option<usize>,
 }
@@ -227,6 +247,19 @@ pub struct LinkTls {
     pub client_ca: Option<PathBuf>,
 }
 
+/// How workers reach the target, beyond its URL.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TargetTransport {
+    /// PEM contents of the `--target-ca` files, in order.
+    pub ca_pem: Vec<String>,
+    /// `--insecure`: no certificate verification.
+    pub insecure: bool,
+    /// `--target-h2c`: cleartext HTTP/2 with prior knowledge.
+    pub h2c: bool,
+    /// `--aws-sigv4 REGION`.
+    pub aws_sigv4_region: Option<String>,
+}
+
 /// The validated run configuration.
 #[derive(Debug, Clone)]
 pub struct RunConfig {
@@ -253,6 +286,51 @@ pub struct RunConfig {
     pub requests_out: Option<PathBuf>,
     /// Read-ahead of the recorded schedule, in exchanges.
     pub reorder_window: usize,
+    pub transport: TargetTransport,
+}
+
+/// Read a `--target-ca` file: it must hold at least one PEM certificate.
+fn read_target_ca(path: &Path) -> anyhow::Result<String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--target-ca {}: cannot read", path.display()))?;
+    let mut certificates = 0;
+    for cert in CertificateDer::pem_slice_iter(text.as_bytes()) {
+        cert.map_err(|e| anyhow::anyhow!("--target-ca {}: {e}", path.display()))?;
+        certificates += 1;
+    }
+    if certificates == 0 {
+        bail!(
+            "--target-ca {}: holds no PEM certificate (expected -----BEGIN CERTIFICATE-----)",
+            path.display()
+        );
+    }
+    Ok(text)
+}
+
+/// A target must be an absolute http:// or https:// URL. Messages show it redacted: its query
+/// may carry a credential.
+fn check_target(target: &str, h2c: bool) -> anyhow::Result<()> {
+    let shown = common::recording::redact_url(target);
+    let uri: http::Uri = target
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--target {shown:?}: not a URL: {e}"))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") if h2c => bail!(
+            "--target-h2c is cleartext HTTP/2 for http:// targets; https targets negotiate HTTP/2 by ALPN"
+        ),
+        Some("https") => {}
+        Some(other) => {
+            bail!("--target {shown:?}: scheme {other:?} is not supported (use http:// or https://)")
+        }
+        None => bail!("--target {shown:?}: expected http://HOST[:PORT] or https://HOST[:PORT]"),
+    }
+    if uri.authority().is_none() {
+        bail!("--target {shown:?}: no host");
+    }
+    Ok(())
 }
 
 /// Default `--timeout`.
@@ -438,6 +516,28 @@ impl RunArgs {
         if self.sweep_concurrency.contains(&0) {
             bail!("--sweep-concurrency levels must be at least 1");
         }
+        let target = self.target.or(file.target);
+        let target_h2c = self.target_h2c || file.target_h2c.unwrap_or(false);
+        if let Some(target) = &target {
+            check_target(target, target_h2c)?;
+        }
+        let mut ca_pem = Vec::new();
+        for path in file.target_ca.iter().chain(&self.target_ca) {
+            ca_pem.push(read_target_ca(path)?);
+        }
+        let aws_sigv4_region = self.aws_sigv4.or(file.aws_sigv4);
+        if aws_sigv4_region
+            .as_deref()
+            .is_some_and(|r| r.trim().is_empty())
+        {
+            bail!("--aws-sigv4 needs a region, e.g. us-east-1");
+        }
+        let transport = TargetTransport {
+            ca_pem,
+            insecure: self.insecure || file.insecure.unwrap_or(false),
+            h2c: target_h2c,
+            aws_sigv4_region,
+        };
         let reorder_window = self
             .reorder_window
             .or(file.reorder_window)
@@ -446,6 +546,7 @@ impl RunArgs {
             bail!("--reorder-window must be between 1 and {}", u32::MAX);
         }
         Ok(RunConfig {
+            transport,
             tag_requests: self.tag_requests,
             source,
             reassign_on_loss: self.on_worker_loss == "reassign",
@@ -454,7 +555,7 @@ impl RunArgs {
             max_skew,
             join_timeout,
             recording: self.recording,
-            target: self.target.or(file.target),
+            target,
             load: GlobalLoad {
                 recorded_schedule,
                 speed,

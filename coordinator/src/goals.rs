@@ -694,6 +694,8 @@ mod tests {
             input_tokens: Some(100),
             schedule_lag_us: None,
             sent_unix_us: Some(1_000_000_000 + sent_s * 1_000_000),
+            transport_cause: None,
+            resent: false,
             unstreamed: false,
             cached_input_tokens: None,
         }
@@ -708,6 +710,7 @@ mod tests {
             load: serde_json::Value::Null,
             start_skew_ms: None,
             workers: Vec::new(),
+            insecure: false,
         }
     }
 

@@ -64,6 +64,8 @@ pub struct ReplayResult {
     pub metrics: RunMetrics,
     pub workers: Vec<WorkerOutcome>,
     pub status_codes: BTreeMap<u16, u64>,
+    /// TLS failures by problem (`unknown issuer` → count).
+    pub tls_problems: BTreeMap<String, u64>,
     pub load: serde_json::Value,
     pub not_started: u64,
     pub lost: u64,
@@ -158,6 +160,15 @@ impl AssignmentPlan {
             timeout_s: self.config.timeout.as_secs_f64(),
             tag_requests: self.tag_requests,
             worker_index: index as u32,
+            target_ca_pem: self.config.transport.ca_pem.clone(),
+            insecure: self.config.transport.insecure,
+            h2c: self.config.transport.h2c,
+            aws_sigv4_region: self
+                .config
+                .transport
+                .aws_sigv4_region
+                .clone()
+                .unwrap_or_default(),
             requests_out: self.config.requests_out.is_some(),
             reorder_window: self.config.reorder_window as u32,
         }
@@ -931,6 +942,7 @@ fn finish(
 ) -> Result<ReplayResult, RunError> {
     let mut merged = RunMetrics::new();
     let mut status_codes = BTreeMap::new();
+    let mut tls_problems: BTreeMap<String, u64> = BTreeMap::new();
     let mut outcomes = Vec::new();
     let (mut assigned_total, mut not_started, mut lost_total) = (0u64, 0u64, 0u64);
     for slot in &slots {
@@ -943,6 +955,11 @@ fn finish(
         merged.merge(&metrics);
         for (code, n) in codes {
             *status_codes.entry(code).or_default() += n;
+        }
+        if let Some(report) = &slot.latest {
+            for (problem, n) in &report.tls_problems {
+                *tls_problems.entry(problem.clone()).or_default() += n;
+            }
         }
         let answered = metrics.counters.completed();
         let warmup = metrics.counters.warmup;
@@ -1038,6 +1055,7 @@ fn finish(
         metrics: merged,
         workers: outcomes,
         status_codes,
+        tls_problems,
         load: describe_load(load, workers),
         not_started,
         lost: lost_total,

@@ -2,7 +2,7 @@
 
 use common::measure::{FailureKind, OutcomeKind, RequestOutcome};
 use common::metrics::{
-    Counters, MetricsDecodeError, RecordMeta, RequestRecord, RunMetrics, Window,
+    Counters, MetricsDecodeError, RecordMeta, RequestRecord, RunMetrics, TransportCounters, Window,
 };
 
 use crate::v1;
@@ -46,6 +46,13 @@ pub fn report_from_metrics(
             not_started: totals.not_started,
             lost: totals.lost,
             issued: totals.issued,
+            transport_refused: c.transport.refused,
+            transport_reset: c.transport.reset,
+            transport_closed_before_response: c.transport.closed_before_response,
+            transport_tls: c.transport.tls,
+            transport_dns: c.transport.dns,
+            transport_other: c.transport.other,
+            resent: c.resent,
             unstreamed: c.unstreamed,
             cache_reported: c.cache_reported,
             cached_input_tokens: c.cached_input_tokens,
@@ -63,6 +70,7 @@ pub fn report_from_metrics(
         cores: std::thread::available_parallelism()
             .map(|n| n.get() as u32)
             .unwrap_or(1),
+        tls_problems: Default::default(),
     }
 }
 
@@ -102,6 +110,15 @@ pub fn metrics_from_report(
         estimated: c.estimated,
         output_tokens: c.output_tokens,
         warmup: c.warmup,
+        transport: TransportCounters {
+            refused: c.transport_refused,
+            reset: c.transport_reset,
+            closed_before_response: c.transport_closed_before_response,
+            tls: c.transport_tls,
+            dns: c.transport_dns,
+            other: c.transport_other,
+        },
+        resent: c.resent,
         unstreamed: c.unstreamed,
         cache_reported: c.cache_reported,
         cached_input_tokens: c.cached_input_tokens,

@@ -32,6 +32,7 @@ fn profile() -> &'static str {
 /// Path of a workspace binary (`llm-replay`, `llm-replay-worker`), building it once if needed.
 pub fn bin(name: &str) -> PathBuf {
     static BUILT: OnceLock<()> = OnceLock::new();
+    install_crypto_provider();
     if let Ok(path) = std::env::var("LLM_REPLAY_BIN")
         && name == "llm-replay"
     {
@@ -58,6 +59,15 @@ pub fn bin(name: &str) -> PathBuf {
         assert!(status.success(), "building the binaries failed");
     });
     target.join(profile()).join(name)
+}
+
+/// Make ring the process's rustls provider: reqwest is built with `rustls-no-provider` when
+/// the workspace is built together (the worker needs it), and then a test's
+/// `reqwest::Client::new()` needs a provider installed. Every fixture that starts a process
+/// calls this through [`bin`].
+pub fn install_crypto_provider() {
+    // Err = already installed: fine.
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 /// A temporary directory removed on drop.
@@ -112,7 +122,7 @@ impl MockServer {
             .expect("the mock prints a readiness line");
         let url = line
             .split_whitespace()
-            .find(|w| w.starts_with("http://"))
+            .find(|w| w.starts_with("http://") || w.starts_with("https://"))
             .unwrap_or_else(|| panic!("no URL in the mock's readiness line {line:?}"))
             .to_owned();
         MockServer { child, url }

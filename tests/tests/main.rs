@@ -13,4 +13,5 @@ mod memory;
 mod raw_server;
 mod real_traffic;
 mod timing;
+mod transport;
 mod usage;

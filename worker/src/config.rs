@@ -53,6 +53,21 @@ pub struct ReplayConfig {
     pub requests_out: bool,
     /// How many exchanges the recorded schedule reads ahead to send them in `at_ms` order.
     pub reorder_window: usize,
+    /// How to reach the target: TLS trust, HTTP/2, request signing.
+    pub transport: TransportConfig,
+}
+
+/// How the worker talks to the target.
+#[derive(Debug, Clone, Default)]
+pub struct TransportConfig {
+    /// PEM contents of extra CAs trusted besides the Mozilla roots.
+    pub extra_ca_pem: Vec<String>,
+    /// Skip certificate verification (`--insecure`).
+    pub insecure: bool,
+    /// Cleartext HTTP/2 with prior knowledge (`--target-h2c`).
+    pub h2c: bool,
+    /// Re-sign each request with AWS SigV4 (`--aws-sigv4 REGION`).
+    pub sigv4: Option<crate::sigv4::SigV4Signer>,
 }
 
 /// Default read-ahead of the recorded schedule, in exchanges (`--reorder-window`).

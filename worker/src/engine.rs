@@ -15,12 +15,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::formats::{self, Family};
 use common::measure::{
-    FailureKind, RequestOutcome, StreamMeter, estimate_input_tokens, measure_unstreamed,
+    FailureKind, OutcomeKind, RequestOutcome, StreamMeter, estimate_input_tokens,
+    measure_unstreamed,
 };
 use rand::{Rng, SeedableRng};
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 
+use crate::client::{SendFailure, TargetClient};
 use crate::config::{Arrival, ReplayConfig, Schedule, WorkItem};
 use crate::metrics_actor::{MetricsHandle, RecordMeta};
 use crate::request::{replay_body, replay_headers};
@@ -75,20 +77,10 @@ pub const MAX_ERROR_BODY_BYTES: usize = 64 << 10;
 /// Most of a one-body (non-streamed) answer kept to read its usage (16 MiB).
 pub const MAX_UNSTREAMED_BODY_BYTES: usize = 16 << 20;
 
-/// Build the HTTP client used for every request of a run.
-pub fn build_client() -> reqwest::Result<reqwest::Client> {
-    reqwest::Client::builder()
-        .tcp_nodelay(true)
-        .pool_max_idle_per_host(4096)
-        .pool_idle_timeout(Duration::from_secs(90))
-        .http1_only()
-        .build()
-}
-
 /// Everything one replay of a slice needs.
 pub struct EngineRun {
     pub config: Arc<ReplayConfig>,
-    pub client: reqwest::Client,
+    pub client: TargetClient,
     /// The slice, as it arrives.
     pub items: mpsc::Receiver<WorkItem>,
     pub start: StartAt,
@@ -483,17 +475,11 @@ fn unix_nanos(t: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
-fn unix_micros(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
-}
-
 /// Send one request and measure its response. Returns the outcome and the response's HTTP
 /// status when one came.
 async fn send_one(
     config: &ReplayConfig,
-    client: &reqwest::Client,
+    client: &TargetClient,
     item: &WorkItem,
     intended: Option<Instant>,
 ) -> (RequestOutcome, Option<u16>) {
@@ -507,13 +493,15 @@ async fn send_one(
         .headers(replay_headers(exchange, config, item.index))
         .body(body.clone());
 
-    let sent_unix_us = unix_micros(SystemTime::now());
-    let t0 = Instant::now();
-    let deadline = tokio::time::Instant::from_std(t0 + config.timeout);
-    let lag = intended.map(|t| t0.saturating_duration_since(t).as_micros() as u64);
+    let sent = client.send(request, config.timeout).await;
+    let (t0, deadline, sent_unix_us, resent) =
+        (sent.t0, sent.deadline, sent.sent_unix_us, sent.resent);
+    // Lag is the scheduler's: measured at the first attempt, whatever happened after.
+    let lag = intended.map(|t| sent.first_t0.saturating_duration_since(t).as_micros() as u64);
     let finish = |mut outcome: RequestOutcome| {
         outcome.schedule_lag_us = lag;
         outcome.sent_unix_us = Some(sent_unix_us);
+        outcome.resent = resent;
         if outcome.input_tokens.is_none() {
             // Only now, off the measured path: most servers report usage.
             outcome.input_tokens = estimate_input_tokens(&body);
@@ -521,22 +509,13 @@ async fn send_one(
         outcome
     };
 
-    let response = tokio::select! {
-        response = request.send() => response,
-        _ = tokio::time::sleep_until(deadline) => {
+    let mut response = match sent.result {
+        Ok(response) => response,
+        Err(SendFailure::Timeout) => {
             return (finish(RequestOutcome::failed(FailureKind::Timeout)), None);
         }
-    };
-    let mut response = match response {
-        Ok(response) => response,
-        Err(error) => {
-            let kind = if error.is_timeout() {
-                FailureKind::Timeout
-            } else {
-                FailureKind::Transport
-            };
-            tracing::debug!(error = %error.without_url(), url = %common::recording::redact_url(&url), "request failed before a response");
-            return (finish(RequestOutcome::failed(kind)), None);
+        Err(SendFailure::Transport(cause)) => {
+            return (finish(RequestOutcome::transport_failure(cause)), None);
         }
     };
     let status = response.status();
@@ -577,8 +556,9 @@ async fn send_one(
         Ok(Some(bytes)) => bytes,
         Ok(None) => return (finish(RequestOutcome::failed(FailureKind::Empty)), code),
         Err(error) => {
-            tracing::debug!(error = %error.without_url(), url = %common::recording::redact_url(&url), "body failed before its first byte");
-            return (finish(RequestOutcome::failed(FailureKind::Transport)), code);
+            let cause = crate::client::classify(&error);
+            tracing::debug!(error = %error.without_url(), url = %common::recording::redact_url(&url), cause = cause.name(), "body failed before its first byte");
+            return (finish(RequestOutcome::transport_failure(cause)), code);
         }
     };
 
@@ -656,8 +636,13 @@ async fn send_one(
             }
             Ok(None) => return (finish(meter.finish(t_us, false)), code),
             Err(error) => {
-                tracing::debug!(error = %error.without_url(), url = %common::recording::redact_url(&url), "stream cut");
-                return (finish(meter.finish(t_us, true)), code);
+                let cause = crate::client::classify(&error);
+                tracing::debug!(error = %error.without_url(), url = %common::recording::redact_url(&url), cause = cause.name(), "stream cut");
+                let mut outcome = meter.finish(t_us, true);
+                if outcome.kind == OutcomeKind::Failed(FailureKind::Transport) {
+                    outcome.transport_cause = Some(cause);
+                }
+                return (finish(outcome), code);
             }
         }
     }

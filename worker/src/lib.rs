@@ -1,5 +1,7 @@
 //! The worker: replays its slice of a recording against a target and measures every frame.
 //!
+//! - [`client`]: the HTTP client: TLS trust, HTTP/2, one resend, transport-failure causes;
+//! - [`sigv4`]: AWS SigV4 signing of replayed Bedrock requests;
 //! - [`config`]: the typed replay configuration (load model, target, headers, overrides);
 //! - [`engine`]: the scheduler and one stream task per request;
 //! - [`metrics_actor`]: the actor that owns the HDR histograms;
@@ -7,9 +9,11 @@
 //! - [`link`]: the gRPC link to the coordinator (the only place that knows `proto`).
 
 pub mod cli;
+pub mod client;
 pub mod config;
 pub mod engine;
 pub mod health;
 pub mod link;
 pub mod metrics_actor;
 pub mod request;
+pub mod sigv4;

@@ -15,10 +15,12 @@ use proto::v1::coordinator_client::CoordinatorClient;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::config::{Arrival, LoadModel, ReplayConfig, Schedule, WorkItem};
+use crate::client::TargetClient;
+use crate::config::{Arrival, LoadModel, ReplayConfig, Schedule, TransportConfig, WorkItem};
 use crate::engine::{self, StartAt};
 use crate::metrics_actor::MetricsHandle;
 use crate::request::expand_headers;
+use crate::sigv4::SigV4Signer;
 
 /// How the link behaves.
 #[derive(Debug, Clone)]
@@ -95,8 +97,10 @@ pub enum LinkError {
     Protocol(String),
     #[error(transparent)]
     Header(#[from] crate::request::HeaderTemplateError),
-    #[error("could not build the HTTP client: {0}")]
-    Client(#[source] reqwest::Error),
+    #[error(transparent)]
+    Client(#[from] crate::client::ClientError),
+    #[error(transparent)]
+    SigV4(#[from] crate::sigv4::SigV4Error),
     #[error("TLS: {path}: {source}")]
     TlsFile {
         path: PathBuf,
@@ -244,6 +248,16 @@ fn replay_config(
             0 => crate::config::DEFAULT_REORDER_WINDOW,
             n => n as usize,
         },
+        transport: TransportConfig {
+            extra_ca_pem: assignment.target_ca_pem.clone(),
+            insecure: assignment.insecure,
+            h2c: assignment.h2c,
+            sigv4: if assignment.aws_sigv4_region.is_empty() {
+                None
+            } else {
+                Some(SigV4Signer::from_env(&assignment.aws_sigv4_region, lookup)?)
+            },
+        },
     })
 }
 
@@ -340,8 +354,12 @@ pub async fn run_once(
             Err(status) => return Err(LinkError::Refused(status.message().to_owned())),
         }
     };
-    let config = match replay_config(&assignment, &|var| std::env::var(var).ok()) {
-        Ok(config) => Arc::new(config),
+    let prepared = replay_config(&assignment, &|var| std::env::var(var).ok()).and_then(|config| {
+        let client = TargetClient::new(&config.transport)?;
+        Ok((Arc::new(config), client))
+    });
+    let (config, client_http) = match prepared {
+        Ok(prepared) => prepared,
         Err(error) => {
             let _ = out_tx
                 .send(send(v1::worker_message::Msg::Failed(v1::WorkerFailed {
@@ -435,7 +453,6 @@ pub async fn run_once(
         instant: Instant::now() + Duration::from_nanos(start_unix_ns.saturating_sub(now_ns)),
     };
 
-    let client_http = engine::build_client().map_err(LinkError::Client)?;
     let (abort_tx, abort_rx) = watch::channel(false);
     let open_ended = assignment.exchange_count == 0;
     let metrics = {
@@ -495,7 +512,8 @@ pub async fn run_once(
                     let _ = abort_tx.send(true);
                 }
                 seq += 1;
-                let report = report_from_metrics(seq, false, &snapshot.metrics, live_totals(&progress), &snapshot.status_codes, cpu_seconds());
+                let mut report = report_from_metrics(seq, false, &snapshot.metrics, live_totals(&progress), &snapshot.status_codes, cpu_seconds());
+                report.tls_problems = snapshot.tls_problems.clone().into_iter().collect();
                 if out_tx.send(send(v1::worker_message::Msg::Report(report))).await.is_err() {
                     failure.get_or_insert(coordinator_lost("its report stream closed"));
                     let _ = abort_tx.send(true);
@@ -557,7 +575,7 @@ pub async fn run_once(
     // every one of them when it reads the final counts.
     let records_sent = send_records(&out_tx, snapshot.records).await;
     seq += 1;
-    let report = report_from_metrics(
+    let mut report = report_from_metrics(
         seq,
         true,
         &snapshot.metrics,
@@ -570,6 +588,7 @@ pub async fn run_once(
         &snapshot.status_codes,
         cpu_seconds(),
     );
+    report.tls_problems = snapshot.tls_problems.clone().into_iter().collect();
     if records_sent.is_err() {
         failure.get_or_insert(coordinator_lost("its report stream closed"));
     }

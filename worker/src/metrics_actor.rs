@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use common::measure::RequestOutcome;
+use common::measure::{RequestOutcome, TransportCause};
 use common::metrics::RunMetrics;
 use tokio::sync::{mpsc, oneshot};
 
@@ -20,6 +20,8 @@ pub struct Snapshot {
     pub metrics: RunMetrics,
     /// HTTP status of failed-by-status requests: code → count.
     pub status_codes: BTreeMap<u16, u64>,
+    /// TLS failures by problem (`unknown issuer` → count).
+    pub tls_problems: BTreeMap<String, u64>,
     /// Per-request records measured since the previous snapshot (with `--requests-out`).
     pub records: Vec<RequestRecord>,
 }
@@ -72,6 +74,12 @@ impl MetricsHandle {
                         }) {
                             *snapshot.status_codes.entry(code).or_default() += 1;
                         }
+                        if let Some(TransportCause::Tls(problem)) = outcome.transport_cause {
+                            *snapshot
+                                .tls_problems
+                                .entry(problem.description().to_owned())
+                                .or_default() += 1;
+                        }
                         snapshot.metrics.record(&outcome);
                         if let Some(meta) = meta {
                             snapshot.records.push(RequestRecord {
@@ -86,6 +94,7 @@ impl MetricsHandle {
                         let _ = reply.send(Snapshot {
                             metrics: snapshot.metrics.clone(),
                             status_codes: snapshot.status_codes.clone(),
+                            tls_problems: snapshot.tls_problems.clone(),
                             records,
                         });
                     }

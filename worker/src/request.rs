@@ -224,6 +224,7 @@ mod tests {
             sets: vec![],
             timeout: std::time::Duration::from_secs(1),
             tag_requests: true,
+            transport: Default::default(),
             requests_out: false,
             reorder_window: crate::config::DEFAULT_REORDER_WINDOW,
         };

@@ -121,6 +121,16 @@ pub struct MockArgs {
     /// Serve the responses of this recording (format v1) at their recorded timing.
     #[arg(long)]
     pub recording: Option<PathBuf>,
+    /// Speak HTTP/1.1 only: no cleartext HTTP/2, no h2 offered by ALPN (like most model
+    /// servers).
+    #[arg(long)]
+    pub http1_only: bool,
+    /// PEM certificate chain: serve https (HTTP/1.1 and HTTP/2 by ALPN), with --tls-key.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
 }
 
 /// Fault injection rates (fractions in `[0, 1]`).
@@ -151,6 +161,10 @@ pub struct MockConfig {
     pub request_log: Option<PathBuf>,
     /// Recorded responses to serve, if any.
     pub recording: Option<Arc<Recorded>>,
+    /// Serve https with this configuration (ALPN h2 and http/1.1) instead of cleartext.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// HTTP/1.1 only (no h2c, no ALPN h2).
+    pub http1_only: bool,
 }
 
 impl Default for MockConfig {
@@ -170,6 +184,8 @@ impl Default for MockConfig {
             seed: None,
             request_log: None,
             recording: None,
+            tls: None,
+            http1_only: false,
         }
     }
 }
@@ -180,6 +196,16 @@ impl MockArgs {
         let recording = match &self.recording {
             Some(path) => Some(Arc::new(Recorded::load(path)?)),
             None => None,
+        };
+        let tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => {
+                let mut config = tls_server_config(cert, key)?;
+                if self.http1_only {
+                    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+                }
+                Some(Arc::new(config))
+            }
+            _ => None,
         };
         Ok(MockConfig {
             ttft: self.ttft,
@@ -199,8 +225,39 @@ impl MockArgs {
             seed: self.seed,
             request_log: self.request_log,
             recording,
+            tls,
+            http1_only: self.http1_only,
         })
     }
+}
+
+/// The mock's https configuration: the certificate chain and key of `cert`/`key` (PEM), ring,
+/// ALPN `h2` then `http/1.1`.
+pub fn tls_server_config(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> anyhow::Result<rustls::ServerConfig> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let chain = CertificateDer::pem_file_iter(cert)
+        .with_context(|| format!("--tls-cert {}", cert.display()))?
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("--tls-cert {}", cert.display()))?;
+    if chain.is_empty() {
+        anyhow::bail!("--tls-cert {}: holds no PEM certificate", cert.display());
+    }
+    let key = PrivateKeyDer::from_pem_file(key)
+        .with_context(|| format!("--tls-key {}", key.display()))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .context("TLS protocol versions")?
+    .with_no_client_auth()
+    .with_single_cert(chain, key)
+    .context("--tls-cert/--tls-key")?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(config)
 }
 
 /// The `llm-replay mock` command: bind, print the readiness line, serve until Ctrl-C/SIGTERM.
@@ -214,7 +271,12 @@ pub async fn run_cli(args: MockArgs) -> anyhow::Result<()> {
     {
         // The one line of user-facing output: scripts wait for it to learn the port.
         let mut stdout = std::io::stdout().lock();
-        writeln!(stdout, "llm-replay mock listening on http://{addr}")
+        let scheme = if config.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        writeln!(stdout, "llm-replay mock listening on {scheme}://{addr}")
             .and_then(|()| stdout.flush())
             .context("writing the readiness line")?;
     }
@@ -256,7 +318,15 @@ pub async fn serve(
     let state = Arc::new(State::new(config, pacer_thread.pacer())?);
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections: JoinSet<()> = JoinSet::new();
-    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    if state.config.http1_only {
+        builder = builder.http1_only();
+    }
+    let acceptor = state
+        .config
+        .tls
+        .clone()
+        .map(tokio_rustls::TlsAcceptor::from);
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -277,26 +347,19 @@ pub async fn serve(
                 }
                 let state = Arc::clone(&state);
                 let builder = builder.clone();
-                let mut stop = stop_rx.clone();
+                let stop = stop_rx.clone();
+                let acceptor = acceptor.clone();
                 connections.spawn(async move {
                     let service = hyper::service::service_fn(move |req| {
                         let state = Arc::clone(&state);
                         async move { Ok::<_, Infallible>(handle(&state, req).await) }
                     });
-                    let conn = builder.serve_connection(TokioIo::new(stream), service);
-                    tokio::pin!(conn);
-                    let stopping = tokio::select! {
-                        result = conn.as_mut() => {
-                            if let Err(error) = result {
-                                tracing::debug!(%error, %peer, "connection ended with an error");
-                            }
-                            false
-                        }
-                        _ = stop.wait_for(|stopped| *stopped) => true,
-                    };
-                    if stopping {
-                        conn.as_mut().graceful_shutdown();
-                        let _ = conn.await;
+                    match acceptor {
+                        None => serve_connection(&builder, TokioIo::new(stream), service, stop, peer).await,
+                        Some(acceptor) => match acceptor.accept(stream).await {
+                            Ok(tls) => serve_connection(&builder, TokioIo::new(tls), service, stop, peer).await,
+                            Err(error) => tracing::debug!(%error, %peer, "TLS handshake failed"),
+                        },
                     }
                 });
             }
@@ -319,6 +382,37 @@ pub async fn serve(
     // Every body is gone with its connection; only now stop the thread that paces them.
     pacer_thread.stop();
     Ok(())
+}
+
+/// Serve one accepted connection (cleartext or TLS) until it ends or the server stops.
+async fn serve_connection<I, S>(
+    builder: &hyper_util::server::conn::auto::Builder<TokioExecutor>,
+    io: I,
+    service: S,
+    mut stop: watch::Receiver<bool>,
+    peer: SocketAddr,
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::Service<Request<Incoming>, Response = MockResponse, Error = Infallible>
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let conn = builder.serve_connection(io, service);
+    tokio::pin!(conn);
+    let stopping = tokio::select! {
+        result = conn.as_mut() => {
+            if let Err(error) = result {
+                tracing::debug!(%error, %peer, "connection ended with an error");
+            }
+            false
+        }
+        _ = stop.wait_for(|stopped| *stopped) => true,
+    };
+    if stopping {
+        conn.as_mut().graceful_shutdown();
+        let _ = conn.await;
+    }
 }
 
 /// Shared server state.
@@ -365,7 +459,13 @@ impl State {
         })
     }
 
-    fn log_request(&self, method: &Method, path: &str, exchange: Option<&str>) {
+    fn log_request(
+        &self,
+        method: &Method,
+        path: &str,
+        exchange: Option<&str>,
+        version: http::Version,
+    ) {
         let Some(log) = &self.request_log else {
             return;
         };
@@ -378,6 +478,7 @@ impl State {
             "method": method.as_str(),
             "path": path,
             "exchange": exchange,
+            "version": format!("{version:?}"),
         });
         let mut text = line.to_string();
         text.push('\n');
@@ -449,7 +550,7 @@ async fn handle(state: &State, req: Request<Incoming>) -> MockResponse {
         .headers()
         .get(EXCHANGE_HEADER)
         .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
-    state.log_request(&method, &path, exchange.as_deref());
+    state.log_request(&method, &path, exchange.as_deref(), req.version());
 
     if method == Method::GET {
         return match path.as_str() {

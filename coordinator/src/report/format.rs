@@ -176,9 +176,42 @@ pub(super) fn comparison_rows(report: &Report) -> Vec<ComparisonRow> {
 pub(super) fn failed_by_kind(report: &Report) -> String {
     let k = &report.requests.failed_by_kind;
     format!(
-        "status {} · error frame {} · transport {} · timeout {} · empty {}",
-        k.status, k.error_frame, k.transport, k.timeout, k.empty
+        "status {} · error frame {} · transport {}{} · timeout {} · empty {}",
+        k.status,
+        k.error_frame,
+        k.transport,
+        transport_causes(k),
+        k.timeout,
+        k.empty
     )
+}
+
+/// ` (refused 3 · tls 2: unknown issuer ×2)` for the transport failures, empty when none.
+fn transport_causes(k: &super::FailedByKind) -> String {
+    let parts: Vec<String> = k
+        .transport_causes
+        .by_name()
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(name, n)| {
+            let name = name.replace('_', " ");
+            if name == "tls" && !k.tls_problems.is_empty() {
+                let problems: Vec<String> = k
+                    .tls_problems
+                    .iter()
+                    .map(|(problem, n)| format!("{problem} ×{n}"))
+                    .collect();
+                format!("tls {n}: {}", problems.join(", "))
+            } else {
+                format!("{name} {n}")
+            }
+        })
+        .collect();
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", parts.join(" · "))
+    }
 }
 
 /// `200 ×8 · 429 ×1`, or `-` when none were recorded.

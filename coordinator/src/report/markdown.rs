@@ -68,6 +68,13 @@ pub fn render_markdown(report: &Report) -> String {
         r.total, r.succeeded, r.failed, r.ended_early, r.lost, r.not_started
     );
     let _ = writeln!(out, "- Failed by kind: {}", format::failed_by_kind(report));
+    if report.requests.resent > 0 {
+        let _ = writeln!(
+            out,
+            "- Resent on a fresh connection: {}",
+            report.requests.resent
+        );
+    }
     let _ = writeln!(out, "- Status codes: {}", format::status_codes(report));
     let _ = writeln!(out, "- Output tokens: {}", format::token_sources(report));
     if r.warmup > 0 {

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use common::metrics::{Counters, Metric, RunMetrics, Stats, Unit};
+use common::metrics::{Counters, Metric, RunMetrics, Stats, TransportCounters, Unit};
 use serde::{Deserialize, Serialize};
 
 use crate::goals::{self, Goal, GoalResult, Stat};
@@ -86,6 +86,9 @@ pub struct RunInfo {
     pub start_skew_ms: Option<f64>,
     /// The workers that took part.
     pub workers: Vec<WorkerInfo>,
+    /// True when the target's TLS certificate was not verified (`--insecure`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub insecure: bool,
 }
 
 /// One worker of the run.
@@ -137,6 +140,8 @@ pub struct RequestTotals {
     pub not_started: u64,
     /// HTTP status code → number of responses with it (measured requests only).
     pub status_codes: BTreeMap<u16, u64>,
+    /// TLS failures by problem (`unknown issuer` → count).
+    pub tls_problems: BTreeMap<String, u64>,
 }
 
 /// The `requests` section.
@@ -167,6 +172,10 @@ pub struct RequestsSection {
     /// Warm-up requests, left out of every other number.
     #[serde(default)]
     pub warmup: u64,
+    /// Requests sent once more on a fresh connection because their reused connection closed
+    /// before any response byte (each still counts once above).
+    #[serde(default)]
+    pub resent: u64,
     /// Succeeded requests answered with one body rather than a stream: they count in
     /// latency, ISL, OSL and throughput, and have no TTFT, TTST or ITL.
     #[serde(default)]
@@ -174,7 +183,7 @@ pub struct RequestsSection {
 }
 
 /// Failures by kind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct FailedByKind {
     /// Non-2xx status.
     pub status: u64,
@@ -186,6 +195,12 @@ pub struct FailedByKind {
     pub timeout: u64,
     /// Complete response without content.
     pub empty: u64,
+    /// `transport` by cause: refused, reset, closed_before_response, tls, dns, other.
+    #[serde(default)]
+    pub transport_causes: TransportCounters,
+    /// `transport_causes.tls` by problem (`unknown issuer` → count).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tls_problems: BTreeMap<String, u64>,
 }
 
 /// The `llm` section: one summary per distribution (`null` when it has no samples) and the
@@ -461,9 +476,12 @@ impl RequestsSection {
                 transport: counters.failed_transport,
                 timeout: counters.failed_timeout,
                 empty: counters.failed_empty,
+                transport_causes: counters.transport,
+                tls_problems: totals.tls_problems.clone(),
             },
             status_codes: totals.status_codes.clone(),
             warmup: counters.warmup,
+            resent: counters.resent,
             unstreamed: counters.unstreamed,
         }
     }

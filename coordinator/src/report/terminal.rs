@@ -87,6 +87,13 @@ pub fn render_terminal(report: &Report, color: bool) -> String {
     if r.warmup > 0 {
         let _ = writeln!(out, "  warm-up          {} requests excluded", r.warmup);
     }
+    if r.resent > 0 {
+        let _ = writeln!(
+            out,
+            "  resent           {} (a reused connection closed before any response byte; sent once more on a fresh one)",
+            r.resent
+        );
+    }
 
     out.push('\n');
     title(&mut out, "Throughput");

@@ -33,6 +33,8 @@ fn succeeded(
         input_tokens: Some(500 + 10 * i),
         schedule_lag_us: Some(100 * i),
         sent_unix_us: Some(T0_US + i * 500_000),
+        transport_cause: None,
+        resent: false,
         unstreamed: false,
         cached_input_tokens: None,
     }
@@ -54,6 +56,8 @@ fn replayed_metrics() -> RunMetrics {
         input_tokens: None,
         schedule_lag_us: Some(50),
         sent_unix_us: Some(T0_US + 100_000),
+        transport_cause: None,
+        resent: false,
         unstreamed: false,
         cached_input_tokens: None,
     });
@@ -114,6 +118,7 @@ fn run_info() -> RunInfo {
                 cpu_pct: None,
             },
         ],
+        insecure: false,
     }
 }
 
@@ -122,6 +127,7 @@ fn totals() -> RequestTotals {
         lost: 1,
         not_started: 2,
         status_codes: BTreeMap::from([(200, 10), (429, 1)]),
+        tls_problems: BTreeMap::new(),
     }
 }
 
@@ -641,4 +647,73 @@ fn rfc3339_formats_known_instants() {
         rfc3339_utc(4_107_542_399_999_000),
         "2100-02-28T23:59:59.999Z"
     );
+}
+
+#[test]
+fn transport_failures_show_their_causes_and_resends_their_count() {
+    use common::measure::{TlsProblem, TransportCause};
+    let mut m = RunMetrics::new();
+    m.record(&RequestOutcome {
+        resent: true,
+        ..succeeded(0, 100, 10, 5, true)
+    });
+    for cause in [
+        TransportCause::Refused,
+        TransportCause::Tls(TlsProblem::UnknownIssuer),
+        TransportCause::Tls(TlsProblem::UnknownIssuer),
+    ] {
+        m.record(&RequestOutcome::transport_failure(cause));
+    }
+    // A transport failure without a cause counts as `other`, so the causes sum to the total.
+    m.record(&RequestOutcome::failed(FailureKind::Transport));
+    let report = Report::build(ReportInput {
+        run: RunInfo {
+            insecure: true,
+            ..run_info()
+        },
+        metrics: &m,
+        requests: RequestTotals {
+            tls_problems: BTreeMap::from([("unknown issuer".to_string(), 2)]),
+            ..RequestTotals::default()
+        },
+        baseline: None,
+        sweep: Vec::new(),
+        warnings: Vec::new(),
+    });
+    let json: Value = serde_json::from_str(&report.to_json_pretty()).expect("json");
+    assert_eq!(get(&json, "requests/resent"), 1);
+    assert_eq!(get(&json, "requests/succeeded"), 1);
+    assert_eq!(get(&json, "requests/failed_by_kind/transport"), 4);
+    assert_eq!(
+        get(&json, "requests/failed_by_kind/transport_causes/refused"),
+        1
+    );
+    assert_eq!(
+        get(&json, "requests/failed_by_kind/transport_causes/tls"),
+        2
+    );
+    assert_eq!(
+        get(&json, "requests/failed_by_kind/transport_causes/other"),
+        1
+    );
+    assert_eq!(
+        get(&json, "requests/failed_by_kind/transport_causes/reset"),
+        0
+    );
+    assert_eq!(
+        get(&json, "requests/failed_by_kind/tls_problems")["unknown issuer"],
+        2
+    );
+    assert_eq!(get(&json, "run/insecure"), true);
+    let text = render_terminal(&report, false);
+    assert!(
+        text.contains("transport 4 (refused 1 · tls 2: unknown issuer ×2 · other 1)"),
+        "{text}"
+    );
+    assert!(text.contains("resent           1"), "{text}");
+    assert!(render_markdown(&report).contains("Resent on a fresh connection: 1"));
+    // Read back: the new keys survive a round trip.
+    let back = Report::from_json(&report.to_json_pretty()).expect("reads back");
+    assert_eq!(back.requests, report.requests);
+    assert!(back.run.insecure);
 }
