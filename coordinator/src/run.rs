@@ -603,8 +603,15 @@ async fn collect(
                     "a worker could not start: {reason}"
                 )));
             }
+            WorkerEvent::Gone { reason, .. } if matches!(config.source, WorkerSource::Local(_)) => {
+                // A local worker process that dies before the start will not come back.
+                return Err(RunError::Failed(format!(
+                    "a worker left before the start: {reason}"
+                )));
+            }
             WorkerEvent::Gone { index, reason } => {
-                // Its slot is free again (the service released it): wait for another.
+                // A remote worker's slot is free again (the service released it): wait for
+                // another, e.g. the same worker restarted by its orchestrator.
                 if let Some(slot) = pending[index].take() {
                     joined -= 1;
                     tracing::warn!(
