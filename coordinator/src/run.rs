@@ -171,6 +171,8 @@ impl AssignmentPlan {
                 .unwrap_or_default(),
             requests_out: self.config.requests_out.is_some(),
             reorder_window: self.config.reorder_window as u32,
+            // Set per worker by the service, after the token challenge.
+            slice_key: String::new(),
         }
     }
 }
@@ -409,6 +411,23 @@ pub async fn replay(setup: ReplaySetup<'_>) -> Result<ReplayResult, RunError> {
             let exe = std::env::current_exe().map_err(|e| {
                 RunError::Failed(format!("cannot find this program to start workers: {e}"))
             })?;
+            // Local workers run with the user's own environment: they may read what the
+            // user's own options name, and nothing else.
+            let mut allow_env: Vec<String> = config
+                .headers
+                .iter()
+                .flat_map(|(_, value)| worker::request::template_vars(value))
+                .collect();
+            if config.transport.aws_sigv4_region.is_some() {
+                allow_env.extend(
+                    [
+                        "AWS_ACCESS_KEY_ID",
+                        "AWS_SECRET_ACCESS_KEY",
+                        "AWS_SESSION_TOKEN",
+                    ]
+                    .map(str::to_owned),
+                );
+            }
             for i in 0..*n {
                 let child = tokio::process::Command::new(&exe)
                     .args([
@@ -421,6 +440,7 @@ pub async fn replay(setup: ReplaySetup<'_>) -> Result<ReplayResult, RunError> {
                         "--heartbeat-timeout",
                         &config.heartbeat_timeout.as_secs_f64().to_string(),
                     ])
+                    .args(allow_env.iter().flat_map(|v| ["--allow-env", v.as_str()]))
                     .env("LLM_REPLAY_TOKEN", token.clone().unwrap_or_default())
                     .stdin(std::process::Stdio::null())
                     .stdout(std::process::Stdio::null())

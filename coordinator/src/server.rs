@@ -53,6 +53,8 @@ pub enum WorkerEvent {
     },
 }
 
+type SliceReceiver = mpsc::Receiver<Result<v1::ExchangeChunk, Status>>;
+
 /// Who holds which join slot. Until every slot is taken at once, a worker that leaves frees
 /// its slot (a restarted worker may take it again, under the same id); from then on the run
 /// is running and nobody can join.
@@ -74,7 +76,8 @@ pub struct ServiceState {
     /// Where per-request records go (`--requests-out`).
     pub requests_out: Option<Arc<crate::requests_out::RequestsOut>>,
     joined: Mutex<JoinSlots>,
-    slices: Mutex<HashMap<String, mpsc::Receiver<Result<v1::ExchangeChunk, Status>>>>,
+    /// Each joined worker's slice stream, behind the random key its assignment carries.
+    slices: Mutex<HashMap<String, (String, SliceReceiver)>>,
 }
 
 impl ServiceState {
@@ -110,18 +113,6 @@ fn message(msg: v1::coordinator_message::Msg) -> Result<v1::CoordinatorMessage, 
 type JoinStream = Pin<Box<dyn Stream<Item = Result<v1::CoordinatorMessage, Status>> + Send>>;
 type SliceStream = Pin<Box<dyn Stream<Item = Result<v1::ExchangeChunk, Status>> + Send>>;
 
-fn token_matches(expected: &Option<String>, given: &str) -> bool {
-    match expected {
-        None => true,
-        Some(token) => {
-            // Constant-time comparison: do not leak the token's prefix through timing.
-            let a = token.as_bytes();
-            let b = given.as_bytes();
-            a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-        }
-    }
-}
-
 #[tonic::async_trait]
 impl Coordinator for CoordinatorService {
     type JoinStream = JoinStream;
@@ -142,152 +133,22 @@ impl Coordinator for CoordinatorService {
                 ));
             }
         };
-        let (control_tx, control_rx) = mpsc::channel(64);
-        let refuse = |reason: String| -> Result<Response<Self::JoinStream>, Status> {
+        if hello.protocol_version != proto::PROTOCOL_VERSION {
+            let reason = format!(
+                "protocol version {} is not supported (this coordinator speaks {})",
+                hello.protocol_version,
+                proto::PROTOCOL_VERSION
+            );
             tracing::warn!(worker = hello.worker_id, reason, "refused a worker");
             let (tx, rx) = mpsc::channel(1);
             let _ = tx.try_send(message(v1::coordinator_message::Msg::Refused(
                 v1::Refused { reason },
             )));
-            Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
-        };
-        if hello.protocol_version != proto::PROTOCOL_VERSION {
-            return refuse(format!(
-                "protocol version {} is not supported (this coordinator speaks {})",
-                hello.protocol_version,
-                proto::PROTOCOL_VERSION
-            ));
+            return Ok(Response::new(Box::pin(ReceiverStream::new(rx))));
         }
-        if !token_matches(&self.state.token, &hello.token) {
-            return refuse("wrong or missing token (--token / LLM_REPLAY_TOKEN)".to_owned());
-        }
-        let index = {
-            let mut joined = self
-                .state
-                .joined
-                .lock()
-                .expect("join lock is never poisoned");
-            let expected = self.state.expected_workers;
-            if joined.slots.len() < expected {
-                joined.slots.resize(expected, None);
-            }
-            if joined.running {
-                drop(joined);
-                return refuse(format!(
-                    "this run already has its {expected} workers and is running; a worker cannot join a running run"
-                ));
-            }
-            if joined
-                .slots
-                .iter()
-                .flatten()
-                .any(|id| *id == hello.worker_id)
-            {
-                drop(joined);
-                return refuse(format!("worker id {:?} already joined", hello.worker_id));
-            }
-            let Some(free) = joined.slots.iter().position(Option::is_none) else {
-                drop(joined);
-                return refuse(format!("this run already has its {expected} workers"));
-            };
-            joined.slots[free] = Some(hello.worker_id.clone());
-            joined.running = joined.slots.iter().all(Option::is_some);
-            free
-        };
-        let (slice_tx, slice_rx) = mpsc::channel(8);
-        self.state
-            .slices
-            .lock()
-            .expect("slice lock is never poisoned")
-            .insert(hello.worker_id.clone(), slice_rx);
-        let assignment = (self.state.assignment_for)(index);
-        let _ = control_tx
-            .send(message(v1::coordinator_message::Msg::Assignment(
-                assignment,
-            )))
-            .await;
-        let events = self.state.events.clone();
-        let requests_out = self.state.requests_out.clone();
-        let worker_id = hello.worker_id.clone();
-        let state = self.state.clone();
-        let _ = events
-            .send(WorkerEvent::Joined {
-                index,
-                id: hello.worker_id.clone(),
-                host: hello.host.clone(),
-                control: control_tx,
-                slice: slice_tx,
-            })
-            .await;
-        tokio::spawn(async move {
-            loop {
-                let event = match inbound.message().await {
-                    Ok(Some(v1::WorkerMessage { msg: Some(msg) })) => match msg {
-                        v1::worker_message::Msg::Report(report) => WorkerEvent::Report {
-                            index,
-                            report: Box::new(report),
-                        },
-                        v1::worker_message::Msg::Heartbeat(_) => WorkerEvent::Heartbeat { index },
-                        v1::worker_message::Msg::ClockPong(pong) => WorkerEvent::ClockPong {
-                            index,
-                            pong,
-                            received_unix_ns: std::time::SystemTime::now()
-                                .duration_since(std::time::UNIX_EPOCH)
-                                .map(|d| d.as_nanos() as u64)
-                                .unwrap_or(0),
-                        },
-                        v1::worker_message::Msg::Started(started) => WorkerEvent::Started {
-                            index,
-                            unix_ns: started.unix_ns,
-                        },
-                        v1::worker_message::Msg::Failed(failed) => WorkerEvent::Failed {
-                            index,
-                            reason: failed.reason,
-                        },
-                        v1::worker_message::Msg::Records(batch) => {
-                            // Written here, before the report that follows them on this
-                            // stream reaches the orchestrator.
-                            if let Some(out) = &requests_out {
-                                let records: Vec<_> = batch
-                                    .records
-                                    .iter()
-                                    .filter_map(proto::convert::record_from_proto)
-                                    .collect();
-                                out.write(&worker_id, &records);
-                            }
-                            continue;
-                        }
-                        v1::worker_message::Msg::Hello(_) => continue,
-                    },
-                    Ok(Some(_)) => continue,
-                    Ok(None) => WorkerEvent::Gone {
-                        index,
-                        reason: "its stream ended".to_owned(),
-                    },
-                    Err(status) => WorkerEvent::Gone {
-                        index,
-                        reason: format!("its stream broke: {}", status.message()),
-                    },
-                };
-                let gone = matches!(event, WorkerEvent::Gone { .. });
-                if gone {
-                    // Before the run is running, a worker that leaves frees its slot.
-                    let mut joined = state.joined.lock().expect("join lock is never poisoned");
-                    if !joined.running && joined.slots.get(index).is_some_and(Option::is_some) {
-                        joined.slots[index] = None;
-                        drop(joined);
-                        state
-                            .slices
-                            .lock()
-                            .expect("slice lock is never poisoned")
-                            .remove(&worker_id);
-                    }
-                }
-                if events.send(event).await.is_err() || gone {
-                    return;
-                }
-            }
-        });
+        // The response stream goes back at once: the challenge is a round trip on it.
+        let (control_tx, control_rx) = mpsc::channel(64);
+        tokio::spawn(serve_worker(self.state.clone(), hello, inbound, control_tx));
         Ok(Response::new(Box::pin(ReceiverStream::new(control_rx))))
     }
 
@@ -296,16 +157,207 @@ impl Coordinator for CoordinatorService {
         request: Request<v1::SliceRequest>,
     ) -> Result<Response<Self::ExchangesStream>, Status> {
         let request = request.into_inner();
-        if !token_matches(&self.state.token, &request.token) {
-            return Err(Status::unauthenticated("wrong or missing token"));
-        }
-        let slice = self
+        let mut slices = self
             .state
             .slices
             .lock()
-            .expect("slice lock is never poisoned")
+            .expect("slice lock is never poisoned");
+        let Some((key, _)) = slices.get(&request.worker_id) else {
+            return Err(Status::not_found("no slice for this worker (join first)"));
+        };
+        // The key came in this worker's assignment, after the token challenge.
+        if !proto::auth::verify(key.as_bytes(), request.token.as_bytes()) {
+            return Err(Status::unauthenticated("wrong slice key"));
+        }
+        let (_, slice) = slices
             .remove(&request.worker_id)
-            .ok_or_else(|| Status::not_found("no slice for this worker (join first)"))?;
+            .expect("looked up just above");
         Ok(Response::new(Box::pin(ReceiverStream::new(slice))))
+    }
+}
+
+/// One worker's join stream: the challenge, a join slot, the assignment, then every message
+/// it sends, forwarded as events.
+async fn serve_worker(
+    state: Arc<ServiceState>,
+    hello: v1::Hello,
+    mut inbound: Streaming<v1::WorkerMessage>,
+    control_tx: mpsc::Sender<Result<v1::CoordinatorMessage, Status>>,
+) {
+    let refuse = |reason: String| {
+        let control_tx = control_tx.clone();
+        let worker = hello.worker_id.clone();
+        async move {
+            tracing::warn!(worker, reason, "refused a worker");
+            let _ = control_tx
+                .send(message(v1::coordinator_message::Msg::Refused(
+                    v1::Refused { reason },
+                )))
+                .await;
+        }
+    };
+    if let Some(token) = &state.token
+        && let Err(reason) = challenge(token, &hello, &mut inbound, &control_tx).await
+    {
+        return refuse(reason).await;
+    }
+    // Decided under the lock, refused after it (no guard held across an await).
+    let slot: Result<usize, String> = {
+        let mut joined = state.joined.lock().expect("join lock is never poisoned");
+        let expected = state.expected_workers;
+        if joined.slots.len() < expected {
+            joined.slots.resize(expected, None);
+        }
+        if joined.running {
+            Err(format!(
+                "this run already has its {expected} workers and is running; a worker cannot join a running run"
+            ))
+        } else if joined
+            .slots
+            .iter()
+            .flatten()
+            .any(|id| *id == hello.worker_id)
+        {
+            Err(format!("worker id {:?} already joined", hello.worker_id))
+        } else if let Some(free) = joined.slots.iter().position(Option::is_none) {
+            joined.slots[free] = Some(hello.worker_id.clone());
+            joined.running = joined.slots.iter().all(Option::is_some);
+            Ok(free)
+        } else {
+            Err(format!("this run already has its {expected} workers"))
+        }
+    };
+    let index = match slot {
+        Ok(index) => index,
+        Err(reason) => return refuse(reason).await,
+    };
+    let (slice_tx, slice_rx) = mpsc::channel(8);
+    let slice_key = uuid::Uuid::new_v4().to_string();
+    state
+        .slices
+        .lock()
+        .expect("slice lock is never poisoned")
+        .insert(hello.worker_id.clone(), (slice_key.clone(), slice_rx));
+    let mut assignment = (state.assignment_for)(index);
+    assignment.slice_key = slice_key;
+    let _ = control_tx
+        .send(message(v1::coordinator_message::Msg::Assignment(
+            assignment,
+        )))
+        .await;
+    let events = state.events.clone();
+    let requests_out = state.requests_out.clone();
+    let worker_id = hello.worker_id.clone();
+    let _ = events
+        .send(WorkerEvent::Joined {
+            index,
+            id: hello.worker_id.clone(),
+            host: hello.host.clone(),
+            control: control_tx,
+            slice: slice_tx,
+        })
+        .await;
+    {
+        loop {
+            let event = match inbound.message().await {
+                Ok(Some(v1::WorkerMessage { msg: Some(msg) })) => match msg {
+                    v1::worker_message::Msg::Report(report) => WorkerEvent::Report {
+                        index,
+                        report: Box::new(report),
+                    },
+                    v1::worker_message::Msg::Heartbeat(_) => WorkerEvent::Heartbeat { index },
+                    v1::worker_message::Msg::ClockPong(pong) => WorkerEvent::ClockPong {
+                        index,
+                        pong,
+                        received_unix_ns: std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map(|d| d.as_nanos() as u64)
+                            .unwrap_or(0),
+                    },
+                    v1::worker_message::Msg::Started(started) => WorkerEvent::Started {
+                        index,
+                        unix_ns: started.unix_ns,
+                    },
+                    v1::worker_message::Msg::Failed(failed) => WorkerEvent::Failed {
+                        index,
+                        reason: failed.reason,
+                    },
+                    v1::worker_message::Msg::Records(batch) => {
+                        // Written here, before the report that follows them on this
+                        // stream reaches the orchestrator.
+                        if let Some(out) = &requests_out {
+                            let records: Vec<_> = batch
+                                .records
+                                .iter()
+                                .filter_map(proto::convert::record_from_proto)
+                                .collect();
+                            out.write(&worker_id, &records);
+                        }
+                        continue;
+                    }
+                    v1::worker_message::Msg::Hello(_) | v1::worker_message::Msg::Answer(_) => {
+                        continue;
+                    }
+                },
+                Ok(Some(_)) => continue,
+                Ok(None) => WorkerEvent::Gone {
+                    index,
+                    reason: "its stream ended".to_owned(),
+                },
+                Err(status) => WorkerEvent::Gone {
+                    index,
+                    reason: format!("its stream broke: {}", status.message()),
+                },
+            };
+            let gone = matches!(event, WorkerEvent::Gone { .. });
+            if gone {
+                // Before the run is running, a worker that leaves frees its slot.
+                let mut joined = state.joined.lock().expect("join lock is never poisoned");
+                if !joined.running && joined.slots.get(index).is_some_and(Option::is_some) {
+                    joined.slots[index] = None;
+                    drop(joined);
+                    state
+                        .slices
+                        .lock()
+                        .expect("slice lock is never poisoned")
+                        .remove(&worker_id);
+                }
+            }
+            if events.send(event).await.is_err() || gone {
+                return;
+            }
+        }
+    }
+}
+
+/// Prove to the worker that this coordinator knows the token, then check its proof.
+async fn challenge(
+    token: &str,
+    hello: &v1::Hello,
+    inbound: &mut Streaming<v1::WorkerMessage>,
+    control_tx: &mpsc::Sender<Result<v1::CoordinatorMessage, Status>>,
+) -> Result<(), String> {
+    let nonce = proto::auth::nonce();
+    let proof = proto::auth::coordinator_proof(token, &hello.nonce, &nonce, &hello.worker_id);
+    control_tx
+        .send(message(v1::coordinator_message::Msg::Challenge(
+            v1::Challenge {
+                nonce: nonce.clone(),
+                proof,
+            },
+        )))
+        .await
+        .map_err(|_| "the worker left".to_owned())?;
+    let answer = match tokio::time::timeout(Duration::from_secs(10), inbound.message()).await {
+        Ok(Ok(Some(v1::WorkerMessage {
+            msg: Some(v1::worker_message::Msg::Answer(answer)),
+        }))) => answer,
+        _ => return Err("no answer to the token challenge".to_owned()),
+    };
+    let expected = proto::auth::worker_proof(token, &hello.nonce, &nonce, &hello.worker_id);
+    if proto::auth::verify(&expected, &answer.proof) {
+        Ok(())
+    } else {
+        Err("wrong or missing token (--token / LLM_REPLAY_TOKEN)".to_owned())
     }
 }

@@ -3,8 +3,11 @@
 //! Generated types stay here and in the gRPC layers of `worker` and `coordinator`; the rest of
 //! the code works on domain types from `common`.
 
-/// Protocol version sent in `Hello`; the coordinator refuses any other.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// Protocol version sent in `Hello`; the coordinator refuses any other. Version 2: the token
+/// never crosses the link (a challenge in both directions, see [`auth`]).
+pub const PROTOCOL_VERSION: u32 = 2;
+
+pub mod auth;
 
 #[allow(clippy::all, missing_docs)]
 pub mod v1 {

@@ -85,6 +85,7 @@ async fn hostile_worker(addr: String, id: &str, lie: Lie) {
             host: "hostile".into(),
             capacity: 0,
             token: String::new(),
+            nonce: proto::auth::nonce(),
         })))
         .await
         .expect("hello");
@@ -111,7 +112,7 @@ async fn hostile_worker(addr: String, id: &str, lie: Lie) {
         .exchanges(v1::SliceRequest {
             run_id: assignment.run_id.clone(),
             worker_id: id.to_owned(),
-            token: String::new(),
+            token: assignment.slice_key.clone(),
         })
         .await
         .expect("slice")
@@ -240,4 +241,169 @@ fn a_worker_claiming_more_than_it_was_sent_is_dropped() {
 #[test]
 fn counters_that_wrap_are_refused() {
     run_with_a_liar(Lie::Overflow);
+}
+
+/// A peer that accepts workers like a coordinator but does not know their token: it either
+/// skips the challenge or fakes its proof, and asks for `${HOME}` in a header.
+struct FakeCoordinator {
+    fake_proof: bool,
+    hello_tokens: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+type Stream<T> =
+    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<T, tonic::Status>> + Send>>;
+
+#[tonic::async_trait]
+impl v1::coordinator_server::Coordinator for FakeCoordinator {
+    type JoinStream = Stream<v1::CoordinatorMessage>;
+    type ExchangesStream = Stream<v1::ExchangeChunk>;
+
+    async fn join(
+        &self,
+        request: tonic::Request<tonic::Streaming<v1::WorkerMessage>>,
+    ) -> Result<tonic::Response<Self::JoinStream>, tonic::Status> {
+        let mut inbound = request.into_inner();
+        if let Ok(Some(v1::WorkerMessage {
+            msg: Some(v1::worker_message::Msg::Hello(hello)),
+        })) = inbound.message().await
+        {
+            self.hello_tokens.lock().expect("lock").push(hello.token);
+        }
+        let (tx, rx) = mpsc::channel(4);
+        let message = |msg| Ok(v1::CoordinatorMessage { msg: Some(msg) });
+        if self.fake_proof {
+            let _ = tx
+                .send(message(v1::coordinator_message::Msg::Challenge(
+                    v1::Challenge {
+                        nonce: proto::auth::nonce(),
+                        proof: vec![7; 32],
+                    },
+                )))
+                .await;
+        }
+        let _ = tx
+            .send(message(v1::coordinator_message::Msg::Assignment(
+                v1::Assignment {
+                    run_id: "fake".into(),
+                    target: "http://127.0.0.1:9".into(),
+                    headers: vec![v1::Header {
+                        name: "x-leak".into(),
+                        value: "${HOME}".into(),
+                    }],
+                    ..Default::default()
+                },
+            )))
+            .await;
+        tokio::spawn(async move { while let Ok(Some(_)) = inbound.message().await {} });
+        Ok(tonic::Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn exchanges(
+        &self,
+        _request: tonic::Request<v1::SliceRequest>,
+    ) -> Result<tonic::Response<Self::ExchangesStream>, tonic::Status> {
+        Err(tonic::Status::unavailable("fake"))
+    }
+}
+
+/// Item 3: a worker with a token trusts nothing from a peer that cannot prove it knows the
+/// token, and the token itself never crosses the link.
+#[test]
+fn a_worker_does_not_trust_a_peer_that_cannot_prove_the_token() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    for fake_proof in [false, true] {
+        let hello_tokens = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let service = v1::coordinator_server::CoordinatorServer::new(FakeCoordinator {
+            fake_proof,
+            hello_tokens: hello_tokens.clone(),
+        });
+        let server = runtime.spawn(
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        let mut worker = worker(
+            &addr,
+            "careful",
+            &[
+                "--token",
+                "a-long-enough-shared-token",
+                "--allow-env",
+                "HOME",
+            ],
+            &[],
+        );
+        let code = worker.wait_timeout(Duration::from_secs(20));
+        server.abort();
+        let stderr = worker.stderr();
+        println!("fake proof {fake_proof}: {stderr}");
+        assert!(matches!(code, Some(c) if c != 0), "{code:?}: {stderr}");
+        assert!(
+            stderr.contains("not trusted") && stderr.contains("prov"),
+            "the worker did not say why: {stderr}"
+        );
+        let tokens = hello_tokens.lock().expect("lock").clone();
+        assert_eq!(tokens.len(), 1);
+        assert!(
+            !tokens[0].contains("a-long-enough"),
+            "the token crossed the link"
+        );
+        assert!(!worker.stdout().contains("ready"), "{}", worker.stdout());
+    }
+}
+
+/// Item 3: a coordinator's `--header '${VAR}'` expands only variables the worker allows.
+#[test]
+fn a_worker_expands_only_the_variables_it_allows() {
+    let server = crate::raw_server::start_gateway(crate::raw_server::Gateway {
+        content_type: Some("text/event-stream"),
+        hold_after_done: Duration::ZERO,
+        big_body: None,
+    });
+    let dir = TempDir::new("allow-env");
+    let recording = dir.join("rec.jsonl");
+    write_chat_recording(&recording, 2, 5, None);
+    for allow in [false, true] {
+        let (mut coordinator, addr) = coordinator(
+            &[
+                recording.to_str().expect("utf-8"),
+                "--target",
+                &server.url,
+                "--header",
+                "x-leak: ${LEAK_ME}",
+                "--join-timeout",
+                "20s",
+            ],
+            1,
+            &[],
+        );
+        let mut args = vec![];
+        if allow {
+            args.extend(["--allow-env", "LEAK_ME"]);
+        }
+        let mut w = worker(&addr, "w", &args, &[("LEAK_ME", "top-secret-value")]);
+        let code = coordinator.wait_timeout(Duration::from_secs(40));
+        let _ = w.wait_timeout(Duration::from_secs(10));
+        let heads = server.heads.lock().expect("heads").join("\n");
+        if allow {
+            assert_eq!(code, Some(0), "{}", coordinator.stderr());
+            assert!(heads.contains("top-secret-value"), "{heads}");
+        } else {
+            assert!(
+                matches!(code, Some(c) if c != 0),
+                "{}",
+                coordinator.stderr()
+            );
+            assert!(w.stderr().contains("--allow-env LEAK_ME"), "{}", w.stderr());
+            assert!(!heads.contains("top-secret-value"), "{heads}");
+        }
+    }
 }

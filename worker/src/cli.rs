@@ -42,6 +42,11 @@ pub struct WorkerArgs {
     /// Serve a health check (HTTP 200 with the worker's phase) on this port.
     #[arg(long)]
     pub health_port: Option<u16>,
+    /// An environment variable the coordinator's `--header '...${NAME}...'` (or
+    /// `--aws-sigv4`: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN) may read on
+    /// this worker; repeatable. Nothing else in the environment is ever expanded or sent.
+    #[arg(long = "allow-env")]
+    pub allow_env: Vec<String>,
 }
 
 /// A duration flag that must be above zero (and at most a day: a longer wait is a typo).
@@ -84,6 +89,7 @@ pub fn run(args: WorkerArgs) -> ExitCode {
             identity: args.tls_cert.clone().zip(args.tls_key.clone()),
         }),
         health: Arc::new(HealthState::default()),
+        allow_env: args.allow_env.clone(),
     };
     if args.tls_ca.is_none() && args.tls_cert.is_some() {
         eprintln!("llm-replay-worker: --tls-cert needs --tls-ca (the CA of the coordinator)");

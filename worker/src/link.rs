@@ -40,6 +40,8 @@ pub struct LinkOptions {
     pub tls: Option<ClientTls>,
     /// What the health endpoint reports.
     pub health: Arc<HealthState>,
+    /// Environment variables the coordinator's assignment may expand (`--allow-env`).
+    pub allow_env: Vec<String>,
 }
 
 /// TLS settings of the link.
@@ -89,6 +91,8 @@ pub enum LinkError {
     Address(String),
     #[error("the coordinator refused this worker: {0}")]
     Refused(String),
+    #[error("not trusted, nothing sent and nothing run: {0}")]
+    Untrusted(String),
     #[error("the coordinator went away ({0}); stopped issuing requests")]
     CoordinatorLost(String),
     #[error("the coordinator aborted the run: {0}")]
@@ -188,6 +192,29 @@ async fn connect(
                 backoff = (backoff * 2).min(Duration::from_secs(2));
             }
         }
+    }
+}
+
+/// Every environment variable the assignment would read (`${VAR}` in headers, the AWS
+/// credentials for `--aws-sigv4`) must be allowed by this worker's `--allow-env`: a
+/// coordinator cannot make a worker send its environment anywhere.
+fn check_allowed_env(assignment: &v1::Assignment, allowed: &[String]) -> Result<(), LinkError> {
+    let mut wanted: Vec<String> = assignment
+        .headers
+        .iter()
+        .flat_map(|h| crate::request::template_vars(&h.value))
+        .collect();
+    if !assignment.aws_sigv4_region.is_empty() {
+        wanted.extend([
+            "AWS_ACCESS_KEY_ID".to_owned(),
+            "AWS_SECRET_ACCESS_KEY".to_owned(),
+        ]);
+    }
+    match wanted.into_iter().find(|v| !allowed.iter().any(|a| a == v)) {
+        None => Ok(()),
+        Some(var) => Err(LinkError::Protocol(format!(
+            "the run asks this worker to expand ${{{var}}}, which it does not allow: start it with --allow-env {var}"
+        ))),
     }
 }
 
@@ -311,13 +338,16 @@ pub async fn run_once(
     let mut client = connect(options).await?;
     let (out_tx, out_rx) = mpsc::channel::<v1::WorkerMessage>(64);
     let send = |msg: v1::worker_message::Msg| v1::WorkerMessage { msg: Some(msg) };
+    let worker_nonce = proto::auth::nonce();
     out_tx
         .send(send(v1::worker_message::Msg::Hello(v1::Hello {
             protocol_version: proto::PROTOCOL_VERSION,
             worker_id: options.worker_id.clone(),
             host: options.host.clone(),
             capacity: 0,
-            token: options.token.clone().unwrap_or_default(),
+            // The token itself never crosses the link: see the challenge below.
+            token: String::new(),
+            nonce: worker_nonce.clone(),
         })))
         .await
         .map_err(|_| LinkError::Protocol("outbound stream closed".into()))?;
@@ -331,14 +361,61 @@ pub async fn run_once(
         .map_err(|status| LinkError::Refused(status.message().to_owned()))?
         .into_inner();
 
+    let token = options
+        .token
+        .as_deref()
+        .map(str::trim)
+        .filter(|t| !t.is_empty());
+    let mut authenticated = false;
     let assignment = loop {
         let message = tokio::time::timeout(answer_within, inbound.message())
             .await
             .map_err(|_| silent("assignment"))?;
         match message {
             Ok(Some(v1::CoordinatorMessage {
+                msg: Some(v1::coordinator_message::Msg::Challenge(challenge)),
+            })) => {
+                let Some(token) = token else {
+                    return Err(LinkError::Refused(
+                        "the coordinator asks for a token: give this worker --token (or LLM_REPLAY_TOKEN)".into(),
+                    ));
+                };
+                let expected = proto::auth::coordinator_proof(
+                    token,
+                    &worker_nonce,
+                    &challenge.nonce,
+                    &options.worker_id,
+                );
+                if !proto::auth::verify(&expected, &challenge.proof) {
+                    return Err(LinkError::Untrusted(
+                        "the peer could not prove it knows the token: it is not the coordinator this worker was given the token for".into(),
+                    ));
+                }
+                authenticated = true;
+                let proof = proto::auth::worker_proof(
+                    token,
+                    &worker_nonce,
+                    &challenge.nonce,
+                    &options.worker_id,
+                );
+                out_tx
+                    .send(send(v1::worker_message::Msg::Answer(v1::ChallengeAnswer {
+                        proof,
+                    })))
+                    .await
+                    .map_err(|_| LinkError::Protocol("outbound stream closed".into()))?;
+            }
+            Ok(Some(v1::CoordinatorMessage {
                 msg: Some(v1::coordinator_message::Msg::Assignment(a)),
-            })) => break a,
+            })) => {
+                if token.is_some() && !authenticated {
+                    // Nothing it says is trusted: not its target, not its ${VAR}s.
+                    return Err(LinkError::Untrusted(
+                        "the peer sent an assignment without proving it knows the token".into(),
+                    ));
+                }
+                break a;
+            }
             Ok(Some(v1::CoordinatorMessage {
                 msg: Some(v1::coordinator_message::Msg::Refused(r)),
             })) => return Err(LinkError::Refused(r.reason)),
@@ -354,10 +431,20 @@ pub async fn run_once(
             Err(status) => return Err(LinkError::Refused(status.message().to_owned())),
         }
     };
-    let prepared = replay_config(&assignment, &|var| std::env::var(var).ok()).and_then(|config| {
-        let client = TargetClient::new(&config.transport)?;
-        Ok((Arc::new(config), client))
-    });
+    let allowed = |var: &str| {
+        options
+            .allow_env
+            .iter()
+            .any(|a| a == var)
+            .then(|| std::env::var(var).ok())
+            .flatten()
+    };
+    let prepared = check_allowed_env(&assignment, &options.allow_env)
+        .and_then(|()| replay_config(&assignment, &allowed))
+        .and_then(|config| {
+            let client = TargetClient::new(&config.transport)?;
+            Ok((Arc::new(config), client))
+        });
     let (config, client_http) = match prepared {
         Ok(prepared) => prepared,
         Err(error) => {
@@ -377,7 +464,7 @@ pub async fn run_once(
     let slice_request = client.exchanges(v1::SliceRequest {
         run_id: assignment.run_id.clone(),
         worker_id: options.worker_id.clone(),
-        token: options.token.clone().unwrap_or_default(),
+        token: assignment.slice_key.clone(),
     });
     let mut slice = tokio::time::timeout(answer_within, slice_request)
         .await
