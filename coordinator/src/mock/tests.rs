@@ -571,6 +571,8 @@ async fn request_log_has_one_line_per_request_on_arrival() {
 
 #[tokio::test]
 async fn recorded_mode_serves_recorded_bytes_at_recorded_offsets() {
+    // Frame offsets are asserted to ±5 ms.
+    let _timing = crate::test_timing::timing_lock().await;
     let path = temp_path("recording.jsonl");
     let lines = [
         serde_json::json!({
