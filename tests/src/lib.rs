@@ -1,11 +1,31 @@
 //! Shared fixtures for the integration tests: locate the built binaries, start a real mock
-//! server process on 127.0.0.1:0, run `llm-replay` as a real process and read its JSON report.
+//! server process on 127.0.0.1:0, run `llm-replay` as a real process and read its JSON report,
+//! and the lock that keeps timing measurements apart from each other.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
+
+/// Hold this for the whole of any test that asserts on measured time (TTFT, ITL, latency,
+/// start skew, "within N %" of a baseline, "no request after t + 1 ms"), or that loads the
+/// machine hard enough to disturb such a measurement (100,000 requests, hundreds of open
+/// streams):
+///
+/// `let _timing = fixtures::timing_lock();` as the test's first line.
+///
+/// `cargo test` runs the tests of this binary on several threads at once. Tests holding the
+/// lock run one at a time, so no timing measurement shares the cores with another one or with
+/// a load generator; every other test runs in parallel with them and with each other. A test
+/// that failed while holding the lock poisons it; the next holder takes it anyway (the lock
+/// guards no data, only the cores).
+pub fn timing_lock() -> MutexGuard<'static, ()> {
+    static TIMING: Mutex<()> = Mutex::new(());
+    TIMING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// The workspace root (the folder holding `Cargo.toml` of the workspace).
 pub fn workspace_root() -> PathBuf {
@@ -15,9 +35,12 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// `../shared/data/...` (read-only real data beside the repository).
-pub fn shared_data(relative: &str) -> PathBuf {
-    workspace_root().join("../shared/data").join(relative)
+/// `tests/data/...`: small slices of real public data, each file's source and licence in
+/// `tests/data/README.md`. Tests read nothing outside the repository.
+pub fn test_data(relative: &str) -> PathBuf {
+    let path = workspace_root().join("tests/data").join(relative);
+    assert!(path.exists(), "missing test data file {}", path.display());
+    path
 }
 
 /// The profile the test binary was built with; the binaries under test use the same one.
@@ -29,19 +52,21 @@ fn profile() -> &'static str {
     }
 }
 
-/// Path of a workspace binary (`llm-replay`, `llm-replay-worker`), building it once if needed.
+/// Path of a workspace binary (`llm-replay`, `llm-replay-worker`), built once per test process.
+///
+/// `cargo test` builds the binaries of the package under test only, so the first call runs
+/// `cargo build --bins -p llm-replay-coordinator -p llm-replay-worker` with this binary's
+/// profile (a no-op when they are up to date; the other tests wait for it). The binaries land
+/// beside this test binary: `target/<profile>/deps/this-test` → `target/<profile>/NAME`.
+/// `LLM_REPLAY_BIN` overrides the path of `llm-replay` and skips the build.
 pub fn bin(name: &str) -> PathBuf {
-    static BUILT: OnceLock<()> = OnceLock::new();
+    static PROFILE_DIR: OnceLock<PathBuf> = OnceLock::new();
     if let Ok(path) = std::env::var("LLM_REPLAY_BIN")
         && name == "llm-replay"
     {
         return PathBuf::from(path);
     }
-    let target = std::env::var("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| workspace_root().join("target"));
-    BUILT.get_or_init(|| {
-        // Make sure the binaries match the sources under test (cheap when up to date).
+    let profile_dir = PROFILE_DIR.get_or_init(|| {
         let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
         cargo.current_dir(workspace_root()).args([
             "build",
@@ -56,8 +81,23 @@ pub fn bin(name: &str) -> PathBuf {
         }
         let status = cargo.status().expect("cargo runs");
         assert!(status.success(), "building the binaries failed");
+        profile_dir()
     });
-    target.join(profile()).join(name)
+    profile_dir.join(name)
+}
+
+/// `target/<profile>`: where cargo put this test binary (in `deps/`) and the workspace's bins.
+fn profile_dir() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.to_path_buf()))
+        .filter(|dir| dir.ends_with(profile()))
+        .unwrap_or_else(|| {
+            std::env::var("CARGO_TARGET_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|_| workspace_root().join("target"))
+                .join(profile())
+        })
 }
 
 /// A temporary directory removed on drop.

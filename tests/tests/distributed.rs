@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use fixtures::{
     MockServer, Spawned, TempDir, bin, coordinator, eventually, llm_replay, num, request_log,
-    worker, write_chat_recording,
+    timing_lock, worker, write_chat_recording,
 };
 
 fn recording(dir: &TempDir, n: usize, tokens: u32) -> String {
@@ -19,6 +19,7 @@ fn recording(dir: &TempDir, n: usize, tokens: u32) -> String {
 /// and ITL p50/p95 agree within 2 %, and every exchange is accounted for.
 #[test]
 fn four_workers_merge_like_one() {
+    let _timing = timing_lock();
     let mock = MockServer::start(&["--ttft", "100ms", "--itl", "5ms", "--tokens", "10"]);
     let dir = TempDir::new("merge");
     let rec = recording(&dir, 2000, 10);
@@ -204,6 +205,8 @@ fn worker_loss_with_reassign_replays_everything() {
 
 #[test]
 fn coordinator_loss_stops_every_worker() {
+    // Asserts that no request arrived more than 1 ms after the workers noticed.
+    let _timing = timing_lock();
     let dir = TempDir::new("coordloss");
     let mock_log = dir.join("requests.jsonl");
     let mock = MockServer::start(&[
@@ -445,6 +448,7 @@ fn mutual_tls_admits_only_certified_workers() {
 
 #[test]
 fn recorded_schedule_starts_four_workers_together() {
+    let _timing = timing_lock();
     let mock = MockServer::start(&["--ttft", "5ms", "--itl", "1ms", "--tokens", "5"]);
     let dir = TempDir::new("skew");
     let path = dir.join("rec.jsonl");
