@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use fixtures::{MockServer, TempDir, bin, eventually, llm_replay, num, test_data, timing_lock};
+use fixtures::{
+    MockServer, TempDir, bin, eventually, llm_replay, num, parallel_lock, test_data, timing_lock,
+};
 use serde_json::{Value, json};
 
 /// A `llm-replay record` process; killed (SIGKILL) on drop unless stopped.
@@ -303,6 +305,7 @@ fn sigkill_during_200_streams_leaves_a_readable_recording() {
 
 #[test]
 fn cut_streams_are_recorded_incomplete() {
+    let _parallel = parallel_lock();
     let mock = MockServer::start(&["--ttft", "5ms", "--itl", "20ms"]);
     let dir = TempDir::new("capture-cut");
     let recorded = dir.join("recorded.jsonl");
@@ -391,6 +394,7 @@ fn all_output(paths: &[&Path]) -> String {
 
 #[test]
 fn no_credential_or_redacted_body_text_reaches_any_output() {
+    let _parallel = parallel_lock();
     let mock = MockServer::start(&["--ttft", "2ms", "--itl", "1ms", "--tokens", "3"]);
     let dir = TempDir::new("capture-secrets");
     let recorded = dir.join("recorded.jsonl");
@@ -492,6 +496,7 @@ fn no_credential_or_redacted_body_text_reaches_any_output() {
 
 #[test]
 fn proxymock_real_files_import_and_replay() {
+    let _parallel = parallel_lock();
     let dir = TempDir::new("capture-proxymock");
     let expected = [
         ("anthropic-message-streaming", 1),
@@ -581,6 +586,7 @@ fn to_markdown(rr: &Value, bodies: &(String, String)) -> String {
 
 #[test]
 fn proxymock_markdown_and_har_forms_match_the_json_import() {
+    let _parallel = parallel_lock();
     let dir = TempDir::new("capture-md-har");
     let source = test_data("proxymock/anthropic-message-streaming.jsonl");
     let rr = read_lines(&source).remove(0);
@@ -674,6 +680,7 @@ fn azure_ms(timestamp: &str) -> f64 {
 /// checked, so a slice proves what the whole file would.
 #[test]
 fn azure_conversation_trace_imports_every_row_at_its_millisecond() {
+    let _parallel = parallel_lock();
     let dir = TempDir::new("capture-azure");
     let csv = test_data("azure-2023/AzureLLMInferenceTrace_conv_2000.csv");
     let out = dir.join("azure.jsonl");
@@ -728,6 +735,7 @@ fn azure_conversation_trace_imports_every_row_at_its_millisecond() {
 
 #[test]
 fn mooncake_trace_imports_with_shared_prefixes_and_replays() {
+    let _parallel = parallel_lock();
     let dir = TempDir::new("capture-mooncake");
     let trace = test_data("mooncake/conversation_trace_200.jsonl");
     let out = dir.join("mooncake.jsonl");
@@ -797,6 +805,7 @@ fn mooncake_trace_imports_with_shared_prefixes_and_replays() {
 
 #[test]
 fn burstgpt_columns_are_read_by_header_name() {
+    let _parallel = parallel_lock();
     let dir = TempDir::new("capture-burstgpt");
     // Rows from the real Azure code trace (seconds, tokens), in two BurstGPT layouts.
     let azure =
@@ -857,6 +866,7 @@ fn burstgpt_columns_are_read_by_header_name() {
 
 #[test]
 fn openai_batch_input_imports_and_replays() {
+    let _parallel = parallel_lock();
     let dir = TempDir::new("capture-batch");
     // Batch-input lines built from the real MT-Bench questions.
     let questions = std::fs::read_to_string(test_data("prompts/mt_bench_questions_25.jsonl"))
@@ -902,6 +912,7 @@ fn openai_batch_input_imports_and_replays() {
 
 #[test]
 fn export_aiperf_writes_only_mooncake_trace_keys() {
+    let _parallel = parallel_lock();
     let dir = TempDir::new("capture-export");
     let imported = dir.join("pm.jsonl");
     let all = dir.join("all.jsonl");
@@ -958,6 +969,7 @@ fn export_aiperf_writes_only_mooncake_trace_keys() {
 
 #[test]
 fn record_speaks_http2_to_the_upstream_with_h2c() {
+    let _parallel = parallel_lock();
     let mock = MockServer::start(&["--ttft", "5ms", "--itl", "1ms", "--tokens", "6"]);
     let dir = TempDir::new("capture-h2c");
     let recorded = dir.join("recorded.jsonl");
@@ -989,6 +1001,7 @@ fn record_speaks_http2_to_the_upstream_with_h2c() {
 
 #[test]
 fn a_client_gone_before_the_response_is_still_recorded() {
+    let _parallel = parallel_lock();
     // One stream slot: a second request waits in the mock's queue, before any header.
     let mock = MockServer::start(&["--ttft", "5ms", "--itl", "20ms", "--max-streams", "1"]);
     let dir = TempDir::new("capture-early");
@@ -1048,6 +1061,7 @@ fn a_client_gone_before_the_response_is_still_recorded() {
 
 #[test]
 fn every_family_is_recorded_complete_through_the_proxy() {
+    let _parallel = parallel_lock();
     let mock = MockServer::start(&["--ttft", "2ms", "--itl", "1ms", "--tokens", "4"]);
     let dir = TempDir::new("capture-families");
     let recorded = dir.join("recorded.jsonl");
