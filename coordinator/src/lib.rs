@@ -19,3 +19,6 @@ pub mod scan;
 pub mod server;
 pub mod shard;
 pub mod stats;
+
+#[cfg(test)]
+pub(crate) mod test_timing;

@@ -1,6 +1,6 @@
-"""AIPerf itself accepts `llm-replay export aiperf`: a recording (imported from the real
-Mooncake trace) is exported to `mooncake_trace` JSONL and `aiperf profile` replays it against
-`llm-replay mock` on loopback with no request errors.
+"""AIPerf itself accepts `llm-replay export aiperf`: a recording (imported from a slice of the
+real Mooncake trace in `tests/data`) is exported to `mooncake_trace` JSONL and `aiperf profile`
+replays it against `llm-replay mock` on loopback with no request errors.
 
 AIPerf needs a tokenizer; a small byte-level BPE one is trained at test time with the
 `tokenizers` package and saved to a temp folder, so nothing is downloaded.
@@ -27,7 +27,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("LLM_REPLAY_BIN", REPO_ROOT / "target" / "release" / "llm-replay"))
 if not BIN.is_absolute():
     BIN = REPO_ROOT / BIN
-DATA = REPO_ROOT.parent / "shared" / "data"
+DATA = REPO_ROOT / "tests" / "data"
 LINES = 16
 SECRET = "sk-live-EXPORTSECRET42"
 
@@ -88,10 +88,10 @@ def start_mock():
 def test_aiperf_profiles_the_export_without_errors(tmp_path):
     if not BIN.exists():
         pytest.fail(f"binary not found at {BIN}: build it or set LLM_REPLAY_BIN")
-    corpus = DATA / "corpus" / "shakespeare.txt"
+    corpus = DATA / "corpus" / "shakespeare_256k.txt"
     recording = tmp_path / "recording.jsonl"
     llm_replay(
-        "import", "mooncake", str(DATA / "traces" / "mooncake" / "conversation_trace.jsonl"),
+        "import", "mooncake", str(DATA / "mooncake" / "conversation_trace_200.jsonl"),
         "-o", str(recording), "--corpus", str(corpus), "--model", "mock-model",
         "--limit", str(LINES),
     )

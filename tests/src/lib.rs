@@ -1,11 +1,38 @@
 //! Shared fixtures for the integration tests: locate the built binaries, start a real mock
-//! server process on 127.0.0.1:0, run `llm-replay` as a real process and read its JSON report.
+//! server process on 127.0.0.1:0, run `llm-replay` as a real process and read its JSON report,
+//! and the lock that keeps timing measurements apart from each other.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::OnceLock;
+use std::sync::{OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
+
+/// Every test of the integration binary takes one of two guards as its first line:
+///
+/// - `let _timing = fixtures::timing_lock();` in a test that asserts on measured time (TTFT,
+///   ITL, latency, start skew, "within N %" of another run or of a baseline, "no request
+///   after t + 1 ms"), or that loads the machine hard enough to disturb such a measurement
+///   (100,000 requests, hundreds of open streams). It runs alone.
+/// - `let _parallel = fixtures::parallel_lock();` in every other test. These run in parallel
+///   with each other (`cargo test` uses one thread per core), never beside a timing test.
+///
+/// A test taking neither runs whenever its thread gets to it, beside anything: it may make a
+/// timing test fail. A waiting timing test goes before new parallel ones (the lock prefers
+/// writers on Linux), so timing tests are not starved. A test that failed while holding a
+/// guard poisons the lock; the next holder takes it anyway (it guards the cores, no data).
+pub fn timing_lock() -> RwLockWriteGuard<'static, ()> {
+    CORES.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The guard of a test that measures no time and loads the machine no more than a few
+/// hundred short requests do: see [`timing_lock`].
+pub fn parallel_lock() -> RwLockReadGuard<'static, ()> {
+    CORES.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Timing tests hold it exclusively, the others shared.
+static CORES: RwLock<()> = RwLock::new(());
 
 /// The workspace root (the folder holding `Cargo.toml` of the workspace).
 pub fn workspace_root() -> PathBuf {
@@ -15,9 +42,12 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// `../shared/data/...` (read-only real data beside the repository).
-pub fn shared_data(relative: &str) -> PathBuf {
-    workspace_root().join("../shared/data").join(relative)
+/// `tests/data/...`: small slices of real public data, each file's source and licence in
+/// `tests/data/README.md`. Tests read nothing outside the repository.
+pub fn test_data(relative: &str) -> PathBuf {
+    let path = workspace_root().join("tests/data").join(relative);
+    assert!(path.exists(), "missing test data file {}", path.display());
+    path
 }
 
 /// The profile the test binary was built with; the binaries under test use the same one.
@@ -29,36 +59,69 @@ fn profile() -> &'static str {
     }
 }
 
-/// Path of a workspace binary (`llm-replay`, `llm-replay-worker`), building it once if needed.
+/// Path of a workspace binary (`llm-replay`, `llm-replay-worker`), built once per test process.
+///
+/// `cargo test` builds the binaries of the package under test only, so the first call runs
+/// `cargo build --workspace --bins --examples` with this binary's profile; the other tests
+/// wait for it. Selecting the examples makes cargo resolve features as `cargo test` did (with
+/// dev-dependencies), so the build reuses every library `cargo test` just built and only
+/// links the two binaries (a no-op when they are up to date). The variables cargo set for
+/// this test process are removed first: build scripts (ring's) rerun when one of them, such
+/// as `CARGO_PKG_NAME`, differs, and the two builds would then rebuild each other's crates.
+/// The binaries land beside this test binary: `target/<profile>/deps/this-test` →
+/// `target/<profile>/NAME`. `LLM_REPLAY_BIN` overrides the path of `llm-replay`.
 pub fn bin(name: &str) -> PathBuf {
-    static BUILT: OnceLock<()> = OnceLock::new();
+    static PROFILE_DIR: OnceLock<PathBuf> = OnceLock::new();
     install_crypto_provider();
     if let Ok(path) = std::env::var("LLM_REPLAY_BIN")
         && name == "llm-replay"
     {
         return PathBuf::from(path);
     }
-    let target = std::env::var("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| workspace_root().join("target"));
-    BUILT.get_or_init(|| {
-        // Make sure the binaries match the sources under test (cheap when up to date).
+    let profile_dir = PROFILE_DIR.get_or_init(|| {
         let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-        cargo.current_dir(workspace_root()).args([
-            "build",
-            "--bins",
-            "-p",
-            "llm-replay-coordinator",
-            "-p",
-            "llm-replay-worker",
-        ]);
+        cargo
+            .current_dir(workspace_root())
+            .args(["build", "--workspace", "--bins", "--examples"]);
         if profile() == "release" {
             cargo.arg("--release");
         }
+        for (key, _) in std::env::vars_os() {
+            let key = key.to_string_lossy();
+            let set_for_this_test = key.starts_with("CARGO_PKG_")
+                || key.starts_with("CARGO_MANIFEST_")
+                || matches!(
+                    key.as_ref(),
+                    "CARGO_CRATE_NAME"
+                        | "CARGO_BIN_NAME"
+                        | "CARGO_PRIMARY_PACKAGE"
+                        | "CARGO_TARGET_TMPDIR"
+                        | "CARGO_RUSTC_CURRENT_DIR"
+                        | "OUT_DIR"
+                );
+            if set_for_this_test {
+                cargo.env_remove(key.as_ref());
+            }
+        }
         let status = cargo.status().expect("cargo runs");
         assert!(status.success(), "building the binaries failed");
+        profile_dir()
     });
-    target.join(profile()).join(name)
+    profile_dir.join(name)
+}
+
+/// `target/<profile>`: where cargo put this test binary (in `deps/`) and the workspace's bins.
+fn profile_dir() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.to_path_buf()))
+        .filter(|dir| dir.ends_with(profile()))
+        .unwrap_or_else(|| {
+            std::env::var("CARGO_TARGET_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|_| workspace_root().join("target"))
+                .join(profile())
+        })
 }
 
 /// Make ring the process's rustls provider: reqwest is built with `rustls-no-provider` when

@@ -1,15 +1,17 @@
 //! Capture and interop: `llm-replay record` in front of a real mock process, the importers on
-//! the real files under `../shared/data`, `recording stats` and `export aiperf`.
+//! slices of real files under `tests/data`, `recording stats` and `export aiperf`.
 //!
-//! The shared data has no HAR, BurstGPT or OpenAI batch file; those tests build their input
-//! from real data that is there (proxymock RRPairs, the Azure trace, MT-Bench questions).
+//! The data has no HAR, BurstGPT or OpenAI batch file; those tests build their input from
+//! real data that is there (proxymock RRPairs, the Azure trace, MT-Bench questions).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use fixtures::{MockServer, TempDir, bin, eventually, llm_replay, num, shared_data};
+use fixtures::{
+    MockServer, TempDir, bin, eventually, llm_replay, num, parallel_lock, test_data, timing_lock,
+};
 use serde_json::{Value, json};
 
 /// A `llm-replay record` process; killed (SIGKILL) on drop unless stopped.
@@ -171,6 +173,7 @@ fn stats_json(recording: &Path) -> Value {
 
 #[test]
 fn record_in_front_of_mock_keeps_ttft_and_replays_within_3_percent() {
+    let _timing = timing_lock();
     let mock = MockServer::start(&["--ttft", "300ms", "--itl", "10ms", "--tokens", "20"]);
     let dir = TempDir::new("capture-ttft");
     let recorded = dir.join("recorded.jsonl");
@@ -223,6 +226,8 @@ fn record_in_front_of_mock_keeps_ttft_and_replays_within_3_percent() {
 
 #[test]
 fn sigkill_during_200_streams_leaves_a_readable_recording() {
+    // 200 open streams load both cores: keep them away from timing measurements.
+    let _timing = timing_lock();
     let mock = MockServer::start(&["--ttft", "20ms", "--itl", "20ms"]);
     let dir = TempDir::new("capture-kill");
     let recorded = dir.join("recorded.jsonl");
@@ -300,6 +305,7 @@ fn sigkill_during_200_streams_leaves_a_readable_recording() {
 
 #[test]
 fn cut_streams_are_recorded_incomplete() {
+    let _parallel = parallel_lock();
     let mock = MockServer::start(&["--ttft", "5ms", "--itl", "20ms"]);
     let dir = TempDir::new("capture-cut");
     let recorded = dir.join("recorded.jsonl");
@@ -388,6 +394,7 @@ fn all_output(paths: &[&Path]) -> String {
 
 #[test]
 fn no_credential_or_redacted_body_text_reaches_any_output() {
+    let _parallel = parallel_lock();
     let mock = MockServer::start(&["--ttft", "2ms", "--itl", "1ms", "--tokens", "3"]);
     let dir = TempDir::new("capture-secrets");
     let recorded = dir.join("recorded.jsonl");
@@ -454,7 +461,7 @@ fn no_credential_or_redacted_body_text_reaches_any_output() {
     let imported = dir.join("imported.jsonl");
     import(
         "proxymock",
-        &shared_data("recordings/proxymock/openai-chat-completion.jsonl"),
+        &test_data("proxymock/openai-chat-completion.jsonl"),
         &imported,
         &[],
     );
@@ -489,6 +496,7 @@ fn no_credential_or_redacted_body_text_reaches_any_output() {
 
 #[test]
 fn proxymock_real_files_import_and_replay() {
+    let _parallel = parallel_lock();
     let dir = TempDir::new("capture-proxymock");
     let expected = [
         ("anthropic-message-streaming", 1),
@@ -499,7 +507,7 @@ fn proxymock_real_files_import_and_replay() {
         ("openai-structured-outputs", 1),
     ];
     for (name, count) in expected {
-        let source = shared_data(&format!("recordings/proxymock/{name}.jsonl"));
+        let source = test_data(&format!("proxymock/{name}.jsonl"));
         let out = dir.join(&format!("{name}.jsonl"));
         import("proxymock", &source, &out, &[]);
         let lines = read_lines(&out);
@@ -578,8 +586,9 @@ fn to_markdown(rr: &Value, bodies: &(String, String)) -> String {
 
 #[test]
 fn proxymock_markdown_and_har_forms_match_the_json_import() {
+    let _parallel = parallel_lock();
     let dir = TempDir::new("capture-md-har");
-    let source = shared_data("recordings/proxymock/anthropic-message-streaming.jsonl");
+    let source = test_data("proxymock/anthropic-message-streaming.jsonl");
     let rr = read_lines(&source).remove(0);
     let from_json = dir.join("json.jsonl");
     import("proxymock", &source, &from_json, &[]);
@@ -667,16 +676,22 @@ fn azure_ms(timestamp: &str) -> f64 {
     ((h * 3600.0 + m * 60.0) * 1000.0) + s * 1000.0
 }
 
+/// The first 2,000 of the trace's 19,366 rows (7 minutes of arrivals): every row is
+/// checked, so a slice proves what the whole file would.
 #[test]
 fn azure_conversation_trace_imports_every_row_at_its_millisecond() {
+    let _parallel = parallel_lock();
     let dir = TempDir::new("capture-azure");
-    let csv = shared_data("traces/azure-2023/AzureLLMInferenceTrace_conv.csv");
+    let csv = test_data("azure-2023/AzureLLMInferenceTrace_conv_2000.csv");
     let out = dir.join("azure.jsonl");
     import(
         "azure-trace",
         &csv,
         &out,
-        &["--corpus", path_str(&shared_data("corpus/shakespeare.txt"))],
+        &[
+            "--corpus",
+            path_str(&test_data("corpus/shakespeare_256k.txt")),
+        ],
     );
     let rows: Vec<(f64, u64)> = std::fs::read_to_string(&csv)
         .expect("csv")
@@ -690,7 +705,7 @@ fn azure_conversation_trace_imports_every_row_at_its_millisecond() {
             )
         })
         .collect();
-    assert_eq!(rows.len(), 19_366);
+    assert_eq!(rows.len(), 2_000);
     let lines = read_lines(&out);
     assert_eq!(lines.len(), rows.len());
     let zero = rows[0].0;
@@ -711,17 +726,18 @@ fn azure_conversation_trace_imports_every_row_at_its_millisecond() {
         assert_eq!(line["synth"]["tokenizer"], json!("o200k_base"));
     }
     let stats = stats_json(&out);
-    assert_eq!(stats["exchanges"], json!(19_366));
+    assert_eq!(stats["exchanges"], json!(2_000));
     let span = (rows[rows.len() - 1].0 - zero) / 1000.0;
     assert!((stats["duration_s"].as_f64().expect("duration") - span).abs() < 1e-6);
-    assert_eq!(stats["isl_sources"]["synth"], json!(19_366));
+    assert_eq!(stats["isl_sources"]["synth"], json!(2_000));
     replays_against_mock(&out, 30);
 }
 
 #[test]
 fn mooncake_trace_imports_with_shared_prefixes_and_replays() {
+    let _parallel = parallel_lock();
     let dir = TempDir::new("capture-mooncake");
-    let trace = shared_data("traces/mooncake/conversation_trace.jsonl");
+    let trace = test_data("mooncake/conversation_trace_200.jsonl");
     let out = dir.join("mooncake.jsonl");
     let n = 150;
     import(
@@ -730,7 +746,7 @@ fn mooncake_trace_imports_with_shared_prefixes_and_replays() {
         &out,
         &[
             "--corpus",
-            path_str(&shared_data("corpus/shakespeare.txt")),
+            path_str(&test_data("corpus/shakespeare_256k.txt")),
             "--model",
             "mock-model",
             "--limit",
@@ -789,12 +805,12 @@ fn mooncake_trace_imports_with_shared_prefixes_and_replays() {
 
 #[test]
 fn burstgpt_columns_are_read_by_header_name() {
+    let _parallel = parallel_lock();
     let dir = TempDir::new("capture-burstgpt");
     // Rows from the real Azure code trace (seconds, tokens), in two BurstGPT layouts.
-    let azure = std::fs::read_to_string(shared_data(
-        "traces/azure-2023/AzureLLMInferenceTrace_code.csv",
-    ))
-    .expect("csv");
+    let azure =
+        std::fs::read_to_string(test_data("azure-2023/AzureLLMInferenceTrace_code_300.csv"))
+            .expect("csv");
     let rows: Vec<(f64, u64, u64)> = azure
         .lines()
         .skip(1)
@@ -850,9 +866,10 @@ fn burstgpt_columns_are_read_by_header_name() {
 
 #[test]
 fn openai_batch_input_imports_and_replays() {
+    let _parallel = parallel_lock();
     let dir = TempDir::new("capture-batch");
     // Batch-input lines built from the real MT-Bench questions.
-    let questions = std::fs::read_to_string(shared_data("prompts/mt_bench_questions.jsonl"))
+    let questions = std::fs::read_to_string(test_data("prompts/mt_bench_questions_25.jsonl"))
         .expect("questions");
     let mut batch = String::new();
     for (i, line) in questions.lines().take(25).enumerate() {
@@ -895,6 +912,7 @@ fn openai_batch_input_imports_and_replays() {
 
 #[test]
 fn export_aiperf_writes_only_mooncake_trace_keys() {
+    let _parallel = parallel_lock();
     let dir = TempDir::new("capture-export");
     let imported = dir.join("pm.jsonl");
     let all = dir.join("all.jsonl");
@@ -905,7 +923,7 @@ fn export_aiperf_writes_only_mooncake_trace_keys() {
         "openai-structured-outputs",
     ] {
         text.push_str(
-            &std::fs::read_to_string(shared_data(&format!("recordings/proxymock/{name}.jsonl")))
+            &std::fs::read_to_string(test_data(&format!("proxymock/{name}.jsonl")))
                 .expect("rrpair"),
         );
     }
@@ -951,6 +969,7 @@ fn export_aiperf_writes_only_mooncake_trace_keys() {
 
 #[test]
 fn record_speaks_http2_to_the_upstream_with_h2c() {
+    let _parallel = parallel_lock();
     let mock = MockServer::start(&["--ttft", "5ms", "--itl", "1ms", "--tokens", "6"]);
     let dir = TempDir::new("capture-h2c");
     let recorded = dir.join("recorded.jsonl");
@@ -982,6 +1001,7 @@ fn record_speaks_http2_to_the_upstream_with_h2c() {
 
 #[test]
 fn a_client_gone_before_the_response_is_still_recorded() {
+    let _parallel = parallel_lock();
     // One stream slot: a second request waits in the mock's queue, before any header.
     let mock = MockServer::start(&["--ttft", "5ms", "--itl", "20ms", "--max-streams", "1"]);
     let dir = TempDir::new("capture-early");
@@ -1041,6 +1061,7 @@ fn a_client_gone_before_the_response_is_still_recorded() {
 
 #[test]
 fn every_family_is_recorded_complete_through_the_proxy() {
+    let _parallel = parallel_lock();
     let mock = MockServer::start(&["--ttft", "2ms", "--itl", "1ms", "--tokens", "4"]);
     let dir = TempDir::new("capture-families");
     let recorded = dir.join("recorded.jsonl");

@@ -171,6 +171,7 @@ const CHAT: &str = r#"{"model":"mock-model","stream":true,"max_tokens":2,"messag
 
 #[test]
 fn a_200_mb_response_passes_whole_with_bounded_memory_and_a_truncated_record() {
+    let _timing = fixtures::timing_lock();
     const TOTAL: usize = 200 << 20;
     let upstream = start_upstream(Upstream::Huge(TOTAL));
     let dir = TempDir::new("capture-huge");
@@ -239,6 +240,7 @@ fn a_200_mb_response_passes_whole_with_bounded_memory_and_a_truncated_record() {
 
 #[test]
 fn max_recorded_bytes_takes_a_size_with_a_unit() {
+    let _parallel = fixtures::parallel_lock();
     let upstream = start_upstream(Upstream::Huge(1 << 20));
     let dir = TempDir::new("capture-cap");
     let out = dir.join("recorded.jsonl");
@@ -284,6 +286,7 @@ fn max_recorded_bytes_takes_a_size_with_a_unit() {
 
 #[test]
 fn a_silent_upstream_is_cut_at_the_idle_timeout_and_recorded_incomplete() {
+    let _parallel = fixtures::parallel_lock();
     let upstream = start_upstream(Upstream::SilentAfterOneChunk);
     let dir = TempDir::new("capture-idle");
     let out = dir.join("recorded.jsonl");
@@ -340,6 +343,7 @@ fn a_silent_upstream_is_cut_at_the_idle_timeout_and_recorded_incomplete() {
 
 #[test]
 fn an_upstream_without_headers_gets_504_at_the_idle_timeout() {
+    let _parallel = fixtures::parallel_lock();
     let upstream = start_upstream(Upstream::SilentBeforeHeaders);
     let dir = TempDir::new("capture-no-headers");
     let out = dir.join("recorded.jsonl");
@@ -367,6 +371,7 @@ fn an_upstream_without_headers_gets_504_at_the_idle_timeout() {
 
 #[test]
 fn a_recording_that_cannot_be_written_is_reported_at_once_then_503() {
+    let _parallel = fixtures::parallel_lock();
     let full = Path::new("/dev/full");
     assert!(full.exists(), "this test needs Linux's /dev/full");
     let mock = MockServer::start(&["--ttft", "0ms", "--itl", "0ms", "--tokens", "2"]);

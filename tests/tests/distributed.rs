@@ -5,8 +5,8 @@
 use std::time::{Duration, Instant};
 
 use fixtures::{
-    MockServer, Spawned, TempDir, bin, coordinator, eventually, llm_replay, num, request_log,
-    worker, write_chat_recording,
+    MockServer, Spawned, TempDir, bin, coordinator, eventually, llm_replay, num, parallel_lock,
+    request_log, timing_lock, worker, write_chat_recording,
 };
 
 fn recording(dir: &TempDir, n: usize, tokens: u32) -> String {
@@ -19,6 +19,7 @@ fn recording(dir: &TempDir, n: usize, tokens: u32) -> String {
 /// and ITL p50/p95 agree within 2 %, and every exchange is accounted for.
 #[test]
 fn four_workers_merge_like_one() {
+    let _timing = timing_lock();
     let mock = MockServer::start(&["--ttft", "100ms", "--itl", "5ms", "--tokens", "10"]);
     let dir = TempDir::new("merge");
     let rec = recording(&dir, 2000, 10);
@@ -147,6 +148,7 @@ fn identity_holds(report: &serde_json::Value) {
 
 #[test]
 fn worker_loss_with_fail_aborts_with_partial_report() {
+    let _parallel = parallel_lock();
     let mut run = run_and_kill_a_worker("fail");
     let killed = Instant::now();
     let code = run.coordinator.wait_timeout(Duration::from_secs(10));
@@ -176,6 +178,7 @@ fn worker_loss_with_fail_aborts_with_partial_report() {
 
 #[test]
 fn worker_loss_with_reassign_replays_everything() {
+    let _parallel = parallel_lock();
     let mut run = run_and_kill_a_worker("reassign");
     let code = run.coordinator.wait_timeout(Duration::from_secs(60));
     assert_eq!(code, Some(0), "stderr:\n{}", run.coordinator.stderr());
@@ -204,6 +207,8 @@ fn worker_loss_with_reassign_replays_everything() {
 
 #[test]
 fn coordinator_loss_stops_every_worker() {
+    // Asserts that no request arrived more than 1 ms after the workers noticed.
+    let _timing = timing_lock();
     let dir = TempDir::new("coordloss");
     let mock_log = dir.join("requests.jsonl");
     let mock = MockServer::start(&[
@@ -266,6 +271,7 @@ fn coordinator_loss_stops_every_worker() {
 
 #[test]
 fn wrong_token_is_refused() {
+    let _parallel = parallel_lock();
     let mock = MockServer::start(&["--ttft", "5ms", "--itl", "1ms", "--tokens", "5"]);
     let dir = TempDir::new("token");
     let rec = recording(&dir, 10, 5);
@@ -292,88 +298,42 @@ fn wrong_token_is_refused() {
     );
 }
 
-fn openssl(dir: &TempDir, args: &[&str]) {
-    let status = std::process::Command::new("openssl")
-        .current_dir(dir.path())
-        .args(args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .expect("openssl runs");
-    assert!(status.success(), "openssl {args:?}");
-}
-
-/// A throwaway CA, a server certificate for 127.0.0.1 and a client certificate.
+/// A throwaway CA, a server certificate for 127.0.0.1 and localhost, and a client
+/// certificate, written as PEM files (`ca.pem`, `server.pem`/`.key`, `client.pem`/`.key`).
 fn throwaway_pki(dir: &TempDir) {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=llm-replay test CA",
-        ],
-    );
-    std::fs::write(
-        dir.join("server.ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-    )
-    .expect("write ext");
-    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").expect("write ext");
-    for (name, ext) in [("server", "server.ext"), ("client", "client.ext")] {
-        openssl(
-            dir,
-            &[
-                "req",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-                "-nodes",
-                "-keyout",
-                &format!("{name}.key"),
-                "-out",
-                &format!("{name}.csr"),
-                "-subj",
-                &format!("/CN={name}"),
-            ],
-        );
-        openssl(
-            dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &format!("{name}.csr"),
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-out",
-                &format!("{name}.pem"),
-                "-days",
-                "1",
-                "-extfile",
-                ext,
-            ],
-        );
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+        KeyPair, SanType,
+    };
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "llm-replay test CA");
+    let ca_key = KeyPair::generate().expect("CA key");
+    let ca_cert = ca_params.self_signed(&ca_key).expect("CA certificate");
+    std::fs::write(dir.join("ca.pem"), ca_cert.pem()).expect("write ca.pem");
+    let issuer = Issuer::new(ca_params, ca_key);
+    for name in ["server", "client"] {
+        let mut params = CertificateParams::new(vec!["localhost".to_owned()]).expect("params");
+        params.distinguished_name.push(DnType::CommonName, name);
+        if name == "server" {
+            params
+                .subject_alt_names
+                .push(SanType::IpAddress([127, 0, 0, 1].into()));
+        } else {
+            params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        }
+        let key = KeyPair::generate().expect("key");
+        let cert = params.signed_by(&key, &issuer).expect("certificate");
+        std::fs::write(dir.join(&format!("{name}.pem")), cert.pem()).expect("write pem");
+        std::fs::write(dir.join(&format!("{name}.key")), key.serialize_pem()).expect("write key");
     }
 }
 
 #[test]
 fn mutual_tls_admits_only_certified_workers() {
+    let _parallel = parallel_lock();
     let mock = MockServer::start(&["--ttft", "5ms", "--itl", "1ms", "--tokens", "5"]);
     let dir = TempDir::new("mtls");
     throwaway_pki(&dir);
@@ -445,6 +405,7 @@ fn mutual_tls_admits_only_certified_workers() {
 
 #[test]
 fn recorded_schedule_starts_four_workers_together() {
+    let _timing = timing_lock();
     let mock = MockServer::start(&["--ttft", "5ms", "--itl", "1ms", "--tokens", "5"]);
     let dir = TempDir::new("skew");
     let path = dir.join("rec.jsonl");
@@ -478,6 +439,7 @@ fn recorded_schedule_starts_four_workers_together() {
 
 #[test]
 fn late_worker_is_refused_and_health_port_answers() {
+    let _parallel = parallel_lock();
     let mock = MockServer::start(&["--ttft", "100ms", "--itl", "5ms", "--tokens", "10"]);
     let dir = TempDir::new("late");
     let rec = recording(&dir, 20, 10);

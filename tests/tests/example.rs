@@ -1,10 +1,11 @@
 //! Acceptance: the shipped example replays against the embedded mock with no other argument,
 //! exits 0, and shows baseline and replayed TTFT p50 within 5 % of each other.
 
-use fixtures::{TempDir, llm_replay, num, workspace_root};
+use fixtures::{TempDir, llm_replay, num, timing_lock, workspace_root};
 
 #[test]
 fn example_replays_against_embedded_mock() {
+    let _timing = timing_lock();
     let example = workspace_root().join("examples/qwen3-sharegpt.jsonl");
     let dir = TempDir::new("example");
     let report_path = dir.join("report.json");

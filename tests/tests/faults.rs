@@ -2,10 +2,11 @@
 //! over 1,000 requests, every request is accounted for, each count is within ±4 points of its
 //! injected rate, and ended-early streams stay out of latency and ITL.
 
-use fixtures::{MockServer, TempDir, llm_replay, num, write_chat_recording};
+use fixtures::{MockServer, TempDir, llm_replay, num, parallel_lock, write_chat_recording};
 
 #[test]
 fn injected_faults_are_counted_not_hidden() {
+    let _parallel = parallel_lock();
     let mock = MockServer::start(&[
         "--ttft",
         "2ms",

@@ -2,7 +2,7 @@
 //! not exits 0, an unknown metric exits 2 listing the valid names, and a malformed recording
 //! line exits 2 naming the file and the line.
 
-use fixtures::{MockServer, TempDir, llm_replay, write_chat_recording};
+use fixtures::{MockServer, TempDir, llm_replay, parallel_lock, write_chat_recording};
 
 fn quick_run(extra: &[&str]) -> fixtures::RunOutput {
     let mock = MockServer::start(&["--ttft", "3ms", "--itl", "1ms", "--tokens", "5"]);
@@ -23,6 +23,7 @@ fn quick_run(extra: &[&str]) -> fixtures::RunOutput {
 
 #[test]
 fn goal_that_holds_fails_the_run() {
+    let _parallel = parallel_lock();
     let out = quick_run(&["--fail-if", "llm.ttft-p95 > 1"]);
     assert_eq!(
         out.code, 1,
@@ -34,6 +35,7 @@ fn goal_that_holds_fails_the_run() {
 
 #[test]
 fn goal_that_does_not_hold_passes() {
+    let _parallel = parallel_lock();
     // `--fail-if` fails the run when its condition holds (the contract's
     // `--fail-if 'llm.ttft-p95 > 800'`); a TTFT of a few ms is not above 100 s.
     let out = quick_run(&["--fail-if", "llm.ttft-p95 > 100000"]);
@@ -47,6 +49,7 @@ fn goal_that_does_not_hold_passes() {
 
 #[test]
 fn unknown_metric_is_a_usage_error_listing_names() {
+    let _parallel = parallel_lock();
     let out = quick_run(&["--fail-if", "llm.nope > 1"]);
     assert_eq!(out.code, 2, "stderr:\n{}", out.stderr);
     assert!(out.stderr.contains("llm.nope"), "{}", out.stderr);
@@ -59,6 +62,7 @@ fn unknown_metric_is_a_usage_error_listing_names() {
 
 #[test]
 fn malformed_recording_line_names_file_and_line() {
+    let _parallel = parallel_lock();
     let dir = TempDir::new("badline");
     let recording = dir.join("broken.jsonl");
     write_chat_recording(&recording, 5, 5, None);
@@ -82,6 +86,7 @@ fn malformed_recording_line_names_file_and_line() {
 
 #[test]
 fn goals_from_a_config_file() {
+    let _parallel = parallel_lock();
     let dir = TempDir::new("config");
     let config = dir.join("goals.yaml");
     std::fs::write(&config, "goals:\n  - 'llm.ttft-p50 > 1'\n").expect("write config");

@@ -44,6 +44,7 @@ fn all_output(out: &std::process::Output) -> String {
 /// Item 1: an empty, blank or short token does not open the coordinator to other hosts.
 #[test]
 fn empty_blank_or_short_tokens_are_refused_off_loopback() {
+    let _parallel = fixtures::parallel_lock();
     let dir = TempDir::new("token");
     let recording = small_recording(&dir);
     let base = [
@@ -84,6 +85,7 @@ fn empty_blank_or_short_tokens_are_refused_off_loopback() {
 /// Item 2: TLS options with an `http://` coordinator are a usage error, not a plaintext link.
 #[test]
 fn worker_tls_options_with_an_http_coordinator_are_refused() {
+    let _parallel = fixtures::parallel_lock();
     let out = Command::new(bin("llm-replay-worker"))
         .args([
             "--coordinator",
@@ -102,6 +104,7 @@ fn worker_tls_options_with_an_http_coordinator_are_refused() {
 /// Item 6: a malformed `--header` does not echo its value.
 #[test]
 fn a_malformed_header_does_not_echo_its_value() {
+    let _parallel = fixtures::parallel_lock();
     let dir = TempDir::new("header");
     let recording = small_recording(&dir);
     for header in [
@@ -120,6 +123,7 @@ fn a_malformed_header_does_not_echo_its_value() {
 /// every output, and a target with a query gets the path before the query.
 #[test]
 fn credentials_are_neither_replayed_nor_shown() {
+    let _parallel = fixtures::parallel_lock();
     let server = start_gateway(Gateway {
         content_type: Some("text/event-stream"),
         hold_after_done: Duration::ZERO,
@@ -200,6 +204,7 @@ fn credentials_are_neither_replayed_nor_shown() {
 /// Item 4: the recording proxy does not store those credentials either.
 #[test]
 fn the_proxy_does_not_record_credentials_outside_the_old_list() {
+    let _parallel = fixtures::parallel_lock();
     let mock = MockServer::start(&["--ttft", "1ms", "--itl", "1ms", "--tokens", "3"]);
     let dir = TempDir::new("proxy-credentials");
     let out_path = dir.join("recorded.jsonl");
@@ -264,6 +269,7 @@ fn the_proxy_does_not_record_credentials_outside_the_old_list() {
 /// panic; item 22: zero durations are refused; item 23: every time flag takes a duration.
 #[test]
 fn numbers_are_validated_at_the_edge() {
+    let _parallel = fixtures::parallel_lock();
     let dir = TempDir::new("numbers");
     let recording = small_recording(&dir);
     let huge = dir.join("huge.jsonl");
@@ -324,6 +330,7 @@ fn numbers_are_validated_at_the_edge() {
 /// Item 18: a torn last line is a warning everywhere, including with the embedded mock.
 #[test]
 fn a_torn_last_line_is_a_warning_with_the_embedded_mock_too() {
+    let _parallel = fixtures::parallel_lock();
     let dir = TempDir::new("torn");
     let recording = dir.join("torn.jsonl");
     let line = json!({
@@ -351,6 +358,7 @@ fn a_torn_last_line_is_a_warning_with_the_embedded_mock_too() {
 /// whole.
 #[test]
 fn an_output_that_is_the_input_is_refused() {
+    let _parallel = fixtures::parallel_lock();
     let dir = TempDir::new("same-file");
     let recording = small_recording(&dir);
     let before = std::fs::read(&recording).expect("read");
@@ -395,6 +403,7 @@ fn an_output_that_is_the_input_is_refused() {
 /// within its heartbeat timeout instead of hanging.
 #[test]
 fn a_worker_gives_up_on_a_silent_peer() {
+    let _parallel = fixtures::parallel_lock();
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
     let held = std::thread::spawn(move || {
@@ -432,6 +441,7 @@ fn a_worker_gives_up_on_a_silent_peer() {
 /// Item 10: a huge error body and a huge one-body answer are not held whole by the worker.
 #[test]
 fn huge_bodies_are_capped_in_the_worker() {
+    let _timing = fixtures::timing_lock();
     const BIG: usize = 256 << 20;
     for (status, expect_key) in [(500u16, "failed"), (200u16, "succeeded")] {
         let server = start_gateway(Gateway {
@@ -478,6 +488,7 @@ fn huge_bodies_are_capped_in_the_worker() {
 /// that fails at the end does not stop the others from being written.
 #[test]
 fn output_paths_are_checked_before_the_load_and_each_is_written() {
+    let _parallel = fixtures::parallel_lock();
     let mock = MockServer::start(&["--ttft", "1ms", "--itl", "1ms", "--tokens", "3"]);
     let dir = TempDir::new("outputs");
     let recording = small_recording(&dir);
@@ -540,6 +551,7 @@ fn output_paths_are_checked_before_the_load_and_each_is_written() {
 /// every requested output and exits 3.
 #[test]
 fn sigterm_during_a_run_writes_the_partial_report() {
+    let _parallel = fixtures::parallel_lock();
     let mock = MockServer::start(&["--ttft", "20ms", "--itl", "10ms", "--tokens", "50"]);
     let dir = TempDir::new("sigterm");
     let recording = dir.join("rec.jsonl");
@@ -592,6 +604,7 @@ fn sigterm_during_a_run_writes_the_partial_report() {
 /// Item 14: a sweep level that fails keeps the levels already measured.
 #[test]
 fn a_failed_sweep_level_keeps_the_levels_before_it() {
+    let _parallel = fixtures::parallel_lock();
     let mock = MockServer::start(&["--ttft", "20ms", "--itl", "10ms", "--tokens", "20"]);
     let dir = TempDir::new("sweep-fail");
     let recording = dir.join("rec.jsonl");
@@ -637,6 +650,7 @@ fn a_failed_sweep_level_keeps_the_levels_before_it() {
 /// the same id takes it and the run completes.
 #[test]
 fn a_worker_that_leaves_before_the_start_can_be_replaced() {
+    let _parallel = fixtures::parallel_lock();
     let mock = MockServer::start(&["--ttft", "2ms", "--itl", "1ms", "--tokens", "3"]);
     let dir = TempDir::new("rejoin");
     let recording = dir.join("rec.jsonl");
@@ -683,6 +697,7 @@ fn a_worker_that_leaves_before_the_start_can_be_replaced() {
 /// heartbeats go on, the survivor is not timed out, and every exchange is replayed.
 #[test]
 fn reassignment_does_not_stall_the_coordinator() {
+    let _timing = fixtures::timing_lock();
     let mock = MockServer::start(&["--ttft", "1ms", "--itl", "1ms", "--tokens", "1"]);
     let dir = TempDir::new("reassign-stall");
     let recording = dir.join("rec.jsonl");

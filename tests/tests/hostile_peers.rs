@@ -230,16 +230,19 @@ fn run_with_a_liar(lie: Lie) {
 
 #[test]
 fn a_histogram_bomb_drops_the_peer_and_keeps_the_rest() {
+    let _parallel = fixtures::parallel_lock();
     run_with_a_liar(Lie::HistogramBomb);
 }
 
 #[test]
 fn a_worker_claiming_more_than_it_was_sent_is_dropped() {
+    let _parallel = fixtures::parallel_lock();
     run_with_a_liar(Lie::TooManySuccesses);
 }
 
 #[test]
 fn counters_that_wrap_are_refused() {
+    let _parallel = fixtures::parallel_lock();
     run_with_a_liar(Lie::Overflow);
 }
 
@@ -310,6 +313,7 @@ impl v1::coordinator_server::Coordinator for FakeCoordinator {
 /// token, and the token itself never crosses the link.
 #[test]
 fn a_worker_does_not_trust_a_peer_that_cannot_prove_the_token() {
+    let _parallel = fixtures::parallel_lock();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -363,6 +367,7 @@ fn a_worker_does_not_trust_a_peer_that_cannot_prove_the_token() {
 /// Item 3: a coordinator's `--header '${VAR}'` expands only variables the worker allows.
 #[test]
 fn a_worker_expands_only_the_variables_it_allows() {
+    let _parallel = fixtures::parallel_lock();
     let server = crate::raw_server::start_gateway(crate::raw_server::Gateway {
         content_type: Some("text/event-stream"),
         hold_after_done: Duration::ZERO,

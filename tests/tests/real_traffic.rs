@@ -57,6 +57,7 @@ fn sse_response(ttft_ms: f64, itl_ms: f64, tokens: u32, usage: Value) -> Value {
 /// latency 30, each within 3 % of the recording's own baseline.
 #[test]
 fn unstreamed_answers_count_in_latency_only_and_match_the_baseline() {
+    let _timing = fixtures::timing_lock();
     let dir = TempDir::new("unstreamed");
     let recording = dir.join("mixed.jsonl");
     let mut lines = Vec::new();
@@ -141,6 +142,7 @@ fn replay_against(url: &str, dir: &TempDir, extra: &[&str]) -> Value {
 /// measured as a stream (it used to fail as "transport").
 #[test]
 fn sse_behind_a_gateway_that_mislabels_it_is_measured() {
+    let _parallel = fixtures::parallel_lock();
     for content_type in [Some("text/plain; charset=utf-8"), None] {
         let url = start_gateway(Gateway {
             content_type,
@@ -167,6 +169,7 @@ fn sse_behind_a_gateway_that_mislabels_it_is_measured() {
 /// its latency is the stream's (~50 ms), not the hold (3 s).
 #[test]
 fn a_stream_held_open_after_done_ends_at_done() {
+    let _parallel = fixtures::parallel_lock();
     let url = start_gateway(Gateway {
         content_type: Some("text/event-stream"),
         hold_after_done: Duration::from_secs(3),
@@ -209,6 +212,7 @@ fn write_out_of_order_recording(path: &Path) {
 /// `recording stats` tells how out of order a file is.
 #[test]
 fn recorded_schedule_follows_at_ms_whatever_the_line_order() {
+    let _timing = fixtures::timing_lock();
     let mock = MockServer::start(&["--ttft", "5ms", "--itl", "1ms", "--tokens", "5"]);
     let dir = TempDir::new("order");
     let recording = dir.join("proxy-order.jsonl");
@@ -265,6 +269,7 @@ fn recorded_schedule_follows_at_ms_whatever_the_line_order() {
 /// within 1 %.
 #[test]
 fn requests_out_has_one_line_per_request_from_every_worker() {
+    let _parallel = fixtures::parallel_lock();
     let mock = MockServer::start(&["--ttft", "20ms", "--itl", "2ms", "--tokens", "10"]);
     let dir = TempDir::new("requests-out");
     let recording = dir.join("rec.jsonl");
@@ -338,6 +343,7 @@ fn requests_out_has_one_line_per_request_from_every_worker() {
 /// `llm.cached_input_share_pct`, and a goal can gate on it.
 #[test]
 fn prompt_cache_share_is_reported_and_gated() {
+    let _parallel = fixtures::parallel_lock();
     let dir = TempDir::new("cache");
     let recording = dir.join("cached.jsonl");
     let lines: Vec<Value> = (0..10u32)

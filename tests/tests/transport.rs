@@ -69,6 +69,7 @@ fn run_args<'a>(recording: &'a str, target: &'a str, extra: &[&'a str]) -> Vec<&
 
 #[test]
 fn https_target_with_private_ca_over_http1_and_http2() {
+    let _parallel = fixtures::parallel_lock();
     let dir = TempDir::new("tls-ca");
     private_ca(&dir);
     let recording = dir.join("rec.jsonl");
@@ -123,6 +124,7 @@ fn https_target_with_private_ca_over_http1_and_http2() {
 
 #[test]
 fn untrusted_certificate_is_named_and_insecure_is_warned() {
+    let _parallel = fixtures::parallel_lock();
     let dir = TempDir::new("tls-untrusted");
     private_ca(&dir);
     let recording = dir.join("rec.jsonl");
@@ -182,6 +184,7 @@ fn untrusted_certificate_is_named_and_insecure_is_warned() {
 
 #[test]
 fn a_bad_target_ca_is_a_usage_error_naming_the_file() {
+    let _parallel = fixtures::parallel_lock();
     let dir = TempDir::new("tls-bad-ca");
     let recording = dir.join("rec.jsonl");
     write_chat_recording(&recording, 1, 5, None);
@@ -210,6 +213,7 @@ fn a_bad_target_ca_is_a_usage_error_naming_the_file() {
 
 #[test]
 fn target_h2c_speaks_cleartext_http2() {
+    let _parallel = fixtures::parallel_lock();
     let dir = TempDir::new("h2c");
     let recording = dir.join("rec.jsonl");
     write_chat_recording(&recording, 8, 5, None);
@@ -321,6 +325,7 @@ fn closing_server() -> String {
 
 #[test]
 fn a_server_closing_keep_alive_connections_loses_no_request() {
+    let _parallel = fixtures::parallel_lock();
     let url = closing_server();
     let dir = TempDir::new("resend");
     let recording = dir.join("rec.jsonl");
@@ -355,6 +360,7 @@ fn a_server_closing_keep_alive_connections_loses_no_request() {
 
 #[test]
 fn a_refused_connection_is_reported_as_refused() {
+    let _parallel = fixtures::parallel_lock();
     let port = {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         listener.local_addr().expect("addr").port()

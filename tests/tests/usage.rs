@@ -2,7 +2,7 @@
 //! 0 %), and from the content-frame count when it does not (100 %); OSL equals `--tokens`
 //! both ways.
 
-use fixtures::{MockServer, TempDir, llm_replay, num, write_chat_recording};
+use fixtures::{MockServer, TempDir, llm_replay, num, parallel_lock, write_chat_recording};
 
 fn run_against(usage: &str) -> serde_json::Value {
     let mock = MockServer::start(&[
@@ -33,6 +33,7 @@ fn run_against(usage: &str) -> serde_json::Value {
 
 #[test]
 fn usage_reported_means_no_estimate() {
+    let _parallel = parallel_lock();
     let report = run_against("on");
     assert_eq!(num(&report, &["llm", "estimated_token_share_pct"]), 0.0);
     assert_eq!(num(&report, &["requests", "usage_reported"]), 40.0);
@@ -43,6 +44,7 @@ fn usage_reported_means_no_estimate() {
 
 #[test]
 fn no_usage_means_every_stream_estimated() {
+    let _parallel = parallel_lock();
     let report = run_against("off");
     assert_eq!(num(&report, &["llm", "estimated_token_share_pct"]), 100.0);
     assert_eq!(num(&report, &["requests", "estimated"]), 40.0);

@@ -397,14 +397,15 @@ mod tests {
     }
 }
 
-/// Imports of the real files under `../shared/data`, checked with the tokenizer itself.
+/// Imports of slices of real files (`tests/data`, sources in its README), checked with the
+/// tokenizer itself.
 #[cfg(test)]
 mod real_data_tests {
     use super::*;
 
-    fn shared(relative: &str) -> PathBuf {
+    fn test_data(relative: &str) -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../shared/data")
+            .join("../tests/data")
             .join(relative)
     }
 
@@ -425,7 +426,7 @@ mod real_data_tests {
             file,
             output,
             model: Some("m".into()),
-            corpus: Some(shared("corpus/shakespeare.txt")),
+            corpus: Some(test_data("corpus/shakespeare_256k.txt")),
             tokenizer: TokenizerName::O200kBase,
             block_size: 512,
             limit,
@@ -443,8 +444,10 @@ mod real_data_tests {
 
     #[test]
     fn azure_prompts_have_exactly_context_tokens() {
+        // Tokenizing keeps a core busy: not beside a timing test.
+        let _timing = crate::test_timing::timing_lock_blocking();
         let out = temp("azure.jsonl");
-        let csv = shared("traces/azure-2023/AzureLLMInferenceTrace_code.csv");
+        let csv = test_data("azure-2023/AzureLLMInferenceTrace_code_300.csv");
         let written = run_import(&args(
             ImportFormat::AzureTrace,
             csv.clone(),
@@ -477,8 +480,10 @@ mod real_data_tests {
 
     #[test]
     fn mooncake_prompts_within_two_percent_and_shared_prefixes() {
+        // Tokenizing keeps a core busy: not beside a timing test.
+        let _timing = crate::test_timing::timing_lock_blocking();
         let out = temp("mooncake.jsonl");
-        let trace = shared("traces/mooncake/conversation_trace.jsonl");
+        let trace = test_data("mooncake/conversation_trace_200.jsonl");
         let n = 200;
         run_import(&args(
             ImportFormat::Mooncake,
@@ -512,7 +517,7 @@ mod real_data_tests {
         // of those k blocks.
         let synth = Synth::from_path(
             TokenizerName::O200kBase,
-            Some(&shared("corpus/shakespeare.txt")),
+            Some(&test_data("corpus/shakespeare_256k.txt")),
         )
         .expect("corpus");
         let ids = |v: &Value| -> Vec<u64> {

@@ -50,6 +50,10 @@ pub(crate) struct TimedBody {
     pacer: Option<Pacer>,
     /// The deadline a wake-up is registered for.
     registered_for: Option<Instant>,
+    /// A data frame was handed to hyper since the body last returned `Pending`. hyper buffers
+    /// the frames of one write pass and flushes them when the body is pending; an error in
+    /// the same pass closes the connection with them still buffered.
+    unflushed: bool,
     /// `Some` for a body known whole up front, so hyper sends `content-length`.
     exact_len: Option<u64>,
     /// Holds the concurrent-stream slot until the body is done or dropped.
@@ -72,6 +76,7 @@ impl TimedBody {
             ending,
             pacer: Some(pacer),
             registered_for: None,
+            unflushed: false,
             exact_len: None,
             _permit: permit,
         }
@@ -110,6 +115,7 @@ impl TimedBody {
             ending: Ending::Clean,
             pacer: None,
             registered_for: None,
+            unflushed: false,
             exact_len: Some(len),
             _permit: None,
         }
@@ -150,6 +156,7 @@ impl Body for TimedBody {
                 }
                 this.registered_for = Some(deadline);
             }
+            this.unflushed = false;
             return Poll::Pending;
         }
         this.registered_for = None;
@@ -157,7 +164,16 @@ impl Body for TimedBody {
             Some(frame) => {
                 let bytes = frame.bytes.clone();
                 this.next += 1;
+                this.unflushed = true;
                 Poll::Ready(Some(Ok(Frame::data(bytes))))
+            }
+            None if this.unflushed => {
+                // The cut is due in the same write pass as frames before it (the task ran
+                // late, or they share an offset): yield once so hyper writes them out first.
+                // Otherwise a drop would lose the frames it keeps, depending on scheduling.
+                this.unflushed = false;
+                cx.waker().wake_by_ref();
+                Poll::Pending
             }
             None => {
                 this._permit = None;

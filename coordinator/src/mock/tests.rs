@@ -571,6 +571,8 @@ async fn request_log_has_one_line_per_request_on_arrival() {
 
 #[tokio::test]
 async fn recorded_mode_serves_recorded_bytes_at_recorded_offsets() {
+    // Frame offsets are asserted to ±5 ms.
+    let _timing = crate::test_timing::timing_lock().await;
     let path = temp_path("recording.jsonl");
     let lines = [
         serde_json::json!({
@@ -789,6 +791,43 @@ async fn recorded_mode_drop_fault_cuts_after_half_the_frames() {
     .await;
     assert_eq!(response.text(), "data: 1\n\ndata: 2\n\n");
     assert!(!response.terminated);
+    server.shutdown().await;
+    let _ = std::fs::remove_file(&path);
+}
+
+#[tokio::test]
+async fn drop_fault_writes_the_kept_frames_even_when_the_cut_is_due_with_them() {
+    // Every frame and the cut share offset 0: they fall due in one write pass, as they do
+    // when the server task runs late. The kept frames still reach the client before the cut.
+    let path = temp_path("recording-drop-at-once.jsonl");
+    let line = serde_json::json!({
+        "request": {"method": "POST", "path": "/v1/chat/completions", "body": "{}"},
+        "response": {"status": 200, "headers": {"content-type": "text/event-stream"},
+                     "frames": [{"t_ms": 0.0, "data": "data: 1\n\n"}, {"t_ms": 0.0, "data": "data: 2\n\n"},
+                                {"t_ms": 0.0, "data": "data: 3\n\n"}, {"t_ms": 0.0, "data": "data: [DONE]\n\n"}]}
+    });
+    std::fs::write(&path, format!("{line}\n")).expect("write recording");
+    let server = Server::start(MockConfig {
+        recording: Some(Arc::new(Recorded::load(&path).expect("load"))),
+        faults: FaultConfig {
+            drop_rate: 1.0,
+            ..fast().faults
+        },
+        ..fast()
+    })
+    .await;
+    for _ in 0..5 {
+        let response = request(
+            server.addr,
+            "POST",
+            "/v1/chat/completions",
+            &[(EXCHANGE_HEADER, "0")],
+            "{}",
+        )
+        .await;
+        assert_eq!(response.text(), "data: 1\n\ndata: 2\n\n");
+        assert!(!response.terminated);
+    }
     server.shutdown().await;
     let _ = std::fs::remove_file(&path);
 }
