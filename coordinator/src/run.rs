@@ -134,7 +134,7 @@ impl AssignmentPlan {
                     .unwrap_or(0),
                 rate: load.rate.map(|r| r / self.workers as f64).unwrap_or(0.0),
                 arrival: if load.poisson { "poisson" } else { "constant" }.to_owned(),
-                duration_s: load.duration.map(|d| d.as_secs_f64()).unwrap_or(0.0),
+                duration_s: load.duration.map(|d| d.as_secs_f64()),
                 warmup: share(load.warmup),
                 seed: 0x5eed_0000 + index as u64,
             }),
@@ -157,7 +157,7 @@ impl AssignmentPlan {
                 })
                 .collect(),
             exchange_count: if self.open_ended { 0 } else { 1 },
-            timeout_s: self.config.timeout.as_secs_f64(),
+            timeout_s: Some(self.config.timeout.as_secs_f64()),
             tag_requests: self.tag_requests,
             worker_index: index as u32,
             target_ca_pem: self.config.transport.ca_pem.clone(),

@@ -291,11 +291,14 @@ fn wrong_token_is_refused() {
     let mut intruder = worker(&addr, "intruder", &["--token", "wrong-token"], &[]);
     let code = intruder.wait_timeout(Duration::from_secs(15));
     assert!(matches!(code, Some(c) if c != 0), "exit {code:?}");
+    // The token never crosses the link: the intruder finds the coordinator cannot prove its
+    // (wrong) token, and says so.
     let stderr = intruder.stderr();
     assert!(
-        stderr.contains("refused") && stderr.contains("token"),
+        stderr.contains("not trusted") && stderr.contains("--token is wrong"),
         "{stderr}"
     );
+    assert!(!intruder.stdout().contains("ready"), "{}", intruder.stdout());
 }
 
 /// A throwaway CA, a server certificate for 127.0.0.1 and localhost, and a client

@@ -218,6 +218,18 @@ fn check_allowed_env(assignment: &v1::Assignment, allowed: &[String]) -> Result<
     }
 }
 
+/// A duration from the wire: positive, finite and at most ten years, or a protocol error
+/// naming the field (never a panic).
+fn wire_seconds(field: &str, seconds: f64) -> Result<Duration, LinkError> {
+    if seconds.is_finite() && seconds > 0.0 && seconds <= 10.0 * 365.0 * 86_400.0 {
+        Ok(Duration::from_secs_f64(seconds))
+    } else {
+        Err(LinkError::Protocol(format!(
+            "assignment {field} = {seconds}: expected a positive number of seconds"
+        )))
+    }
+}
+
 /// Convert the protocol's assignment into the engine's typed config.
 fn replay_config(
     assignment: &v1::Assignment,
@@ -258,17 +270,21 @@ fn replay_config(
             } else {
                 Arrival::Constant
             },
-            duration: (load.duration_s > 0.0).then(|| Duration::from_secs_f64(load.duration_s)),
+            duration: match load.duration_s {
+                None => None,
+                Some(s) => Some(wire_seconds("load.duration_s", s)?),
+            },
             warmup: load.warmup,
             seed: load.seed,
         },
         headers,
         sets,
-        timeout: Duration::from_secs_f64(if assignment.timeout_s > 0.0 {
-            assignment.timeout_s
-        } else {
-            600.0
-        }),
+        timeout: wire_seconds(
+            "timeout_s",
+            assignment
+                .timeout_s
+                .ok_or_else(|| LinkError::Protocol("assignment without timeout_s".into()))?,
+        )?,
         tag_requests: assignment.tag_requests,
         requests_out: assignment.requests_out,
         reorder_window: match assignment.reorder_window {
@@ -388,7 +404,7 @@ pub async fn run_once(
                 );
                 if !proto::auth::verify(&expected, &challenge.proof) {
                     return Err(LinkError::Untrusted(
-                        "the peer could not prove it knows the token: it is not the coordinator this worker was given the token for".into(),
+                        "the coordinator could not prove it knows this worker's token: this worker's --token is wrong, or the peer is not the coordinator the token belongs to".into(),
                     ));
                 }
                 authenticated = true;
