@@ -298,7 +298,11 @@ fn wrong_token_is_refused() {
         stderr.contains("not trusted") && stderr.contains("--token is wrong"),
         "{stderr}"
     );
-    assert!(!intruder.stdout().contains("ready"), "{}", intruder.stdout());
+    assert!(
+        !intruder.stdout().contains("ready"),
+        "{}",
+        intruder.stdout()
+    );
 }
 
 /// A throwaway CA, a server certificate for 127.0.0.1 and localhost, and a client
