@@ -22,6 +22,10 @@ enum Lie {
     TooManySuccesses,
     /// Counters whose sum wraps a u64.
     Overflow,
+    /// Answers every clock ping twice.
+    DoublePong,
+    /// Never answers a clock ping (but keeps its stream open).
+    NoPong,
 }
 
 fn bomb() -> Vec<u8> {
@@ -57,6 +61,7 @@ fn lying_report(lie: Lie) -> v1::Report {
             counters.failed_status = 5;
             counters.issued = u64::MAX;
         }
+        Lie::DoublePong | Lie::NoPong => {}
     }
     v1::Report {
         seq: 1,
@@ -129,15 +134,22 @@ async fn hostile_worker(addr: String, id: &str, lie: Lie) {
             Ok(Some(v1::CoordinatorMessage {
                 msg: Some(v1::coordinator_message::Msg::ClockPing(ping)),
             })) => {
-                let t = now_ns();
-                let _ = out_tx
-                    .send(send(v1::worker_message::Msg::ClockPong(v1::ClockPong {
-                        seq: ping.seq,
-                        coordinator_send_unix_ns: ping.coordinator_send_unix_ns,
-                        worker_receive_unix_ns: t,
-                        worker_send_unix_ns: t,
-                    })))
-                    .await;
+                let answers = match lie {
+                    Lie::NoPong => 0,
+                    Lie::DoublePong => 2,
+                    _ => 1,
+                };
+                for _ in 0..answers {
+                    let t = now_ns();
+                    let _ = out_tx
+                        .send(send(v1::worker_message::Msg::ClockPong(v1::ClockPong {
+                            seq: ping.seq,
+                            coordinator_send_unix_ns: ping.coordinator_send_unix_ns,
+                            worker_receive_unix_ns: t,
+                            worker_send_unix_ns: t,
+                        })))
+                        .await;
+                }
             }
             Ok(Some(v1::CoordinatorMessage {
                 msg: Some(v1::coordinator_message::Msg::Start(_)),
@@ -411,4 +423,45 @@ fn a_worker_expands_only_the_variables_it_allows() {
             assert!(!heads.contains("top-secret-value"), "{heads}");
         }
     }
+}
+
+/// Item 25: one worker answering every clock ping twice does not stand in for a worker that
+/// never answers: the coordinator stops at the clock sync instead of starting a run that
+/// cannot finish.
+#[test]
+fn a_duplicate_pong_does_not_stand_in_for_a_missing_one() {
+    let _parallel = fixtures::parallel_lock();
+    let mock = MockServer::start(&["--ttft", "5ms", "--itl", "2ms", "--tokens", "5"]);
+    let dir = TempDir::new("pongs");
+    let recording = dir.join("rec.jsonl");
+    write_chat_recording(&recording, 10, 5, None);
+    let (mut coordinator, addr) = coordinator(
+        &[
+            recording.to_str().expect("utf-8"),
+            "--target",
+            &mock.url,
+            "--concurrency",
+            "2",
+        ],
+        2,
+        &[],
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let double = runtime.spawn(hostile_worker(addr.clone(), "double", Lie::DoublePong));
+    let mute = runtime.spawn(hostile_worker(addr.clone(), "mute", Lie::NoPong));
+    let code = coordinator.wait_timeout(Duration::from_secs(30));
+    double.abort();
+    mute.abort();
+    let stderr = coordinator.stderr();
+    println!("{stderr}");
+    assert_eq!(
+        code,
+        Some(3),
+        "the run did not stop at the clock sync: {stderr}"
+    );
+    assert!(stderr.contains("clock ping"), "{stderr}");
 }
