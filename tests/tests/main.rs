@@ -3,6 +3,7 @@
 
 mod capture;
 mod capture_limits;
+mod containers;
 mod distributed;
 mod example;
 mod faults;

@@ -1,0 +1,529 @@
+//! The container examples: `deploy/build-image.sh` builds the image from the binaries this
+//! test run built, and `deploy/compose.yaml` runs end to end with Docker Compose, handing
+//! back its reports on the host and the coordinator's exit code; the Kubernetes manifests in
+//! `deploy/k8s/` parse and agree with each other (no cluster here to run them).
+//!
+//! The Compose test needs the engine on the machine (nothing is pulled: the image is built
+//! on `scratch`). Without `docker` it says so on stderr and passes, except under `CI=true`,
+//! where a missing `docker` fails it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use fixtures::{Spawned, TempDir, num, parallel_lock, timing_lock, workspace_root};
+
+/// The goal of issue 9 for `docker image ls`'s size (decimal megabytes, as docker prints).
+const IMAGE_SIZE_LIMIT_BYTES: u64 = 40_000_000;
+
+/// The uid the image runs as (deploy/Dockerfile).
+const IMAGE_UID: u32 = 65532;
+
+#[test]
+fn compose_example_hands_back_reports_and_the_coordinators_exit_code() {
+    let _timing = timing_lock();
+    let Some(compose) = container_tools() else {
+        return;
+    };
+    let image = Image::build();
+
+    // The report directory of the issue ("cannot write: Permission denied"): a host directory
+    // the non-root coordinator may not write. The run stops before any load, and Compose
+    // exits with the coordinator's code, 2.
+    let closed = TempDir::new("compose-closed");
+    set_mode(closed.path(), 0o755);
+    let mut run = ComposeRun::start(&compose, &image, closed.path(), "closed");
+    let (code, output) = run.wait(Duration::from_secs(180));
+    assert_eq!(
+        code, 2,
+        "compose up should exit with the coordinator's 2:\n{output}"
+    );
+    assert!(output.contains("cannot write"), "{output}");
+    drop(run);
+
+    // A directory the coordinator's user can write (here world-writable; deploy/README.md
+    // also shows running as yourself): the run succeeds and its reports land on the host.
+    let reports = TempDir::new("compose-reports");
+    set_mode(reports.path(), 0o777);
+    let started = Instant::now();
+    let mut run = ComposeRun::start(&compose, &image, reports.path(), "open");
+    let (code, output) = run.wait(Duration::from_secs(300));
+    let wall = started.elapsed();
+    eprintln!(
+        "compose example: `up --exit-code-from coordinator` took {:.1} s",
+        wall.as_secs_f64()
+    );
+    assert_eq!(code, 0, "compose up should exit 0:\n{output}");
+    for name in ["report.json", "report.html", "report.md"] {
+        let path = reports.join(name);
+        let size = std::fs::metadata(&path)
+            .unwrap_or_else(|e| panic!("{} is missing ({e}):\n{output}", path.display()))
+            .len();
+        assert!(size > 0, "{} is empty", path.display());
+    }
+
+    let text = std::fs::read_to_string(reports.join("report.json")).expect("report.json");
+    let report: serde_json::Value = serde_json::from_str(&text).expect("report.json is JSON");
+    let recorded = std::fs::read_to_string(workspace_root().join("examples/qwen3-sharegpt.jsonl"))
+        .expect("the example recording")
+        .lines()
+        .filter(|line| !line.trim().is_empty())
+        .count() as f64;
+    assert_eq!(num(&report, &["requests", "total"]), recorded, "{report:#}");
+    assert_eq!(
+        num(&report, &["requests", "succeeded"]),
+        recorded,
+        "{report:#}"
+    );
+    let workers = report["run"]["workers"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no run.workers: {report:#}"));
+    assert_eq!(workers.len(), 2, "two worker containers: {report:#}");
+    let completed: f64 = workers
+        .iter()
+        .map(|worker| num(worker, &["completed"]))
+        .sum();
+    assert_eq!(completed, recorded, "{report:#}");
+    assert!(
+        workers[0]["id"] != workers[1]["id"],
+        "two distinct workers: {report:#}"
+    );
+    let goals = report["goals"].as_array().expect("goals");
+    assert!(
+        !goals.is_empty() && goals.iter().all(|goal| goal["failed"] == false),
+        "the example's goal holds: {report:#}"
+    );
+    let html = std::fs::read_to_string(reports.join("report.html")).expect("report.html");
+    assert!(html.contains("<html"), "report.html is HTML");
+
+    // Written by the image's non-root user (the host sees the container's uid unless the
+    // engine maps uids: rootless or userns-remap).
+    if !engine_maps_uids() {
+        use std::os::unix::fs::MetadataExt;
+        let owner = std::fs::metadata(reports.join("report.json"))
+            .expect("report.json")
+            .uid();
+        assert_eq!(owner, IMAGE_UID, "report.json written by uid {owner}");
+    }
+}
+
+#[test]
+fn kubernetes_example_manifests_agree_with_each_other() {
+    let _parallel = parallel_lock();
+    let coordinator = manifests("deploy/k8s/coordinator.yaml");
+    let workers = manifests("deploy/k8s/workers.yaml");
+    let collect = manifests("deploy/k8s/collect.yaml");
+
+    let service = of_kind(&coordinator, "Service");
+    let claim = of_kind(&coordinator, "PersistentVolumeClaim");
+    let coordinator_job = of_kind(&coordinator, "Job");
+    let workers_job = of_kind(&workers, "Job");
+    let collect_pod = of_kind(&collect, "Pod");
+
+    // Workers dial the Service, which selects the coordinator's pod.
+    let service_name = text(&service["metadata"]["name"]);
+    let port = service["spec"]["ports"][0]["port"]
+        .as_u64()
+        .expect("service port");
+    let pod = &coordinator_job["spec"]["template"];
+    for (key, value) in service["spec"]["selector"]
+        .as_mapping()
+        .expect("service selector")
+    {
+        assert_eq!(
+            &pod["metadata"]["labels"][key], value,
+            "the Service selects the coordinator's pod"
+        );
+    }
+    let worker_container = &workers_job["spec"]["template"]["spec"]["containers"][0];
+    let worker_args = strings(&worker_container["args"]);
+    assert_eq!(
+        flag(&worker_args, "--coordinator"),
+        Some(format!("{service_name}:{port}")),
+        "workers dial the Service: {worker_args:?}"
+    );
+    assert!(
+        worker_args.iter().any(|a| a == "--once"),
+        "a Job's worker runs once"
+    );
+
+    // The coordinator listens on the Service's port, waits for the workers Job's pods, and
+    // writes its reports on the claim that the collect pod mounts.
+    let container = &pod["spec"]["containers"][0];
+    let args = strings(&container["args"]);
+    assert_eq!(args.first().map(String::as_str), Some("run"), "{args:?}");
+    assert_eq!(
+        flag(&args, "--listen"),
+        Some(format!("0.0.0.0:{port}")),
+        "{args:?}"
+    );
+    let parallelism = workers_job["spec"]["parallelism"]
+        .as_u64()
+        .expect("parallelism");
+    assert_eq!(
+        workers_job["spec"]["completions"].as_u64(),
+        Some(parallelism)
+    );
+    assert_eq!(
+        flag(&args, "--expect-workers"),
+        Some(parallelism.to_string()),
+        "{args:?}"
+    );
+    assert_eq!(pod["spec"]["restartPolicy"].as_str(), Some("Never"));
+    let claim_name = text(&claim["metadata"]["name"]);
+    let reports_dir = mount_of_claim(&pod["spec"], container, &claim_name)
+        .expect("the coordinator mounts the report claim");
+    for report_flag in ["--report-json", "--report-html", "--report-md"] {
+        let path = flag(&args, report_flag).unwrap_or_else(|| panic!("no {report_flag}"));
+        assert!(
+            Path::new(&path).starts_with(&reports_dir),
+            "{report_flag} {path} is not on the claim mounted at {reports_dir}"
+        );
+    }
+    let collect_container = &collect_pod["spec"]["containers"][0];
+    assert_eq!(
+        mount_of_claim(&collect_pod["spec"], collect_container, &claim_name).as_deref(),
+        Some("/reports"),
+        "the collect pod mounts the claim where deploy/k8s/run-ci.sh copies from"
+    );
+    let script = std::fs::read_to_string(workspace_root().join("deploy/k8s/run-ci.sh"))
+        .expect("deploy/k8s/run-ci.sh");
+    assert!(
+        script.contains("llm-replay-collect:/reports/"),
+        "run-ci.sh copies the reports"
+    );
+
+    // Both run as the image's non-root user.
+    for spec in [&pod["spec"], &workers_job["spec"]["template"]["spec"]] {
+        assert_eq!(
+            spec["securityContext"]["runAsUser"].as_u64(),
+            Some(u64::from(IMAGE_UID))
+        );
+    }
+}
+
+#[test]
+fn compose_example_writes_reports_to_a_host_volume() {
+    let _parallel = parallel_lock();
+    let compose = manifests("deploy/compose.yaml");
+    let services = &compose[0]["services"];
+    let coordinator = &services["coordinator"];
+    let args = strings(&coordinator["entrypoint"]);
+    let volumes = strings(&coordinator["volumes"]);
+    for report_flag in ["--report-json", "--report-html", "--report-md"] {
+        let path = flag(&args, report_flag).unwrap_or_else(|| panic!("no {report_flag}"));
+        assert!(
+            volumes
+                .iter()
+                .filter_map(|volume| mount_target(volume))
+                .any(|mounted| Path::new(&path).starts_with(mounted)),
+            "{report_flag} {path} is not on a host volume: {volumes:?}"
+        );
+    }
+    let worker = &services["worker"];
+    assert_eq!(
+        flag(&args, "--expect-workers"),
+        worker["deploy"]["replicas"].as_u64().map(|n| n.to_string())
+    );
+    // The coordinator runs as the image's non-root user unless told otherwise.
+    assert_eq!(
+        coordinator["user"].as_str(),
+        Some(format!("${{LLM_REPLAY_USER:-{IMAGE_UID}:{IMAGE_UID}}}").as_str())
+    );
+}
+
+/// The Compose command (`docker compose` or `docker-compose`), or `None` when `docker` is
+/// not installed and this is not CI (the test then passes, saying loudly that it skipped).
+fn container_tools() -> Option<Vec<String>> {
+    if !succeeds(&["docker", "--version"]) {
+        let in_ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
+        assert!(
+            !in_ci,
+            "CI=true but `docker` is not installed: the container test cannot run"
+        );
+        eprintln!(
+            "\n*** SKIPPED compose_example_hands_back_reports_and_the_coordinators_exit_code: \
+             `docker` is not installed (under CI=true this fails) ***\n"
+        );
+        return None;
+    }
+    if succeeds(&["docker", "compose", "version"]) {
+        return Some(vec!["docker".into(), "compose".into()]);
+    }
+    assert!(
+        succeeds(&["docker-compose", "version"]),
+        "docker is installed but neither `docker compose` nor `docker-compose` is"
+    );
+    Some(vec!["docker-compose".into()])
+}
+
+fn succeeds(command: &[&str]) -> bool {
+    Command::new(command[0])
+        .args(&command[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success())
+}
+
+fn output_text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// Whether the engine maps container uids to others on the host (rootless, userns-remap).
+fn engine_maps_uids() -> bool {
+    let output = Command::new("docker")
+        .args(["info", "--format", "{{json .SecurityOptions}}"])
+        .output()
+        .expect("docker info runs");
+    let options = String::from_utf8_lossy(&output.stdout);
+    options.contains("rootless") || options.contains("userns")
+}
+
+/// An image built by `deploy/build-image.sh` under a tag of its own, removed on drop.
+struct Image {
+    tag: String,
+}
+
+impl Image {
+    /// Build from the binaries of this test run (`--prebuilt`: the script runs no cargo, so
+    /// it cannot rebuild anything with other features), and check its size and user.
+    fn build() -> Image {
+        let worker = fixtures::bin("llm-replay-worker");
+        let bin_dir = worker.parent().expect("a binary lives in a directory");
+        let coordinator = fixtures::bin("llm-replay");
+        assert!(
+            coordinator.parent() == Some(bin_dir),
+            "LLM_REPLAY_BIN points elsewhere: the image takes both binaries from {}",
+            bin_dir.display()
+        );
+        let image = Image {
+            tag: format!("llm-replay:test-{}-{}", std::process::id(), unique()),
+        };
+        let output = Command::new(workspace_root().join("deploy/build-image.sh"))
+            .arg("--prebuilt")
+            .arg(bin_dir)
+            .arg(&image.tag)
+            .stdin(Stdio::null())
+            .output()
+            .expect("deploy/build-image.sh runs");
+        assert!(
+            output.status.success(),
+            "deploy/build-image.sh failed:\n{}",
+            output_text(&output)
+        );
+        eprintln!("{}", output_text(&output).trim());
+
+        let inspect = Command::new("docker")
+            .args(["image", "inspect", "-f", "{{.Size}} {{.Config.User}}"])
+            .arg(&image.tag)
+            .output()
+            .expect("docker image inspect runs");
+        let inspected = String::from_utf8_lossy(&inspect.stdout).into_owned();
+        let mut fields = inspected.split_whitespace();
+        let size: u64 = fields
+            .next()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("no size in {inspected:?}"));
+        assert_eq!(
+            fields.next(),
+            Some(format!("{IMAGE_UID}:{IMAGE_UID}").as_str())
+        );
+        // Issue 9's goal holds for release binaries (the ones shipped); a debug build's are
+        // several times larger.
+        if !cfg!(debug_assertions) {
+            assert!(
+                size <= IMAGE_SIZE_LIMIT_BYTES,
+                "the image is {size} bytes, over {IMAGE_SIZE_LIMIT_BYTES}"
+            );
+        }
+        image
+    }
+}
+
+impl Drop for Image {
+    fn drop(&mut self) {
+        let _ = Command::new("docker")
+            .args(["image", "rm", "-f", &self.tag])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// One `compose up --exit-code-from coordinator` of deploy/compose.yaml under a project
+/// name of its own; `down -v` on drop, whatever happened.
+struct ComposeRun {
+    compose: Vec<String>,
+    project: String,
+    env: Vec<(String, String)>,
+    process: Spawned,
+}
+
+impl ComposeRun {
+    fn start(compose: &[String], image: &Image, reports: &Path, tag: &str) -> ComposeRun {
+        let project = format!("llm-replay-test-{}-{}-{tag}", std::process::id(), unique());
+        let env = vec![
+            ("LLM_REPLAY_IMAGE".to_owned(), image.tag.clone()),
+            (
+                "LLM_REPLAY_REPORTS".to_owned(),
+                reports.to_str().expect("utf-8 temp path").to_owned(),
+            ),
+            (
+                "LLM_REPLAY_TOKEN".to_owned(),
+                format!("test-token-{project}"),
+            ),
+            // Empty = the compose file's default, the image's non-root user.
+            ("LLM_REPLAY_USER".to_owned(), String::new()),
+        ];
+        let mut args = compose_args(compose, &project);
+        args.extend(["up", "--exit-code-from", "coordinator"].map(String::from));
+        let env_refs: Vec<(&str, &str)> =
+            env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let process = Spawned::start(Path::new(&compose[0]), &arg_refs, &env_refs);
+        ComposeRun {
+            compose: compose.to_vec(),
+            project,
+            env,
+            process,
+        }
+    }
+
+    /// The exit code of `compose up` (-1 when it did not end within `patience`) and
+    /// everything it printed.
+    fn wait(&mut self, patience: Duration) -> (i32, String) {
+        let code = self.process.wait_timeout(patience).unwrap_or(-1);
+        let output = format!("{}{}", self.process.stdout(), self.process.stderr());
+        (code, output)
+    }
+}
+
+fn compose_args(compose: &[String], project: &str) -> Vec<String> {
+    let mut args: Vec<String> = compose[1..].to_vec();
+    args.extend(["-p".to_owned(), project.to_owned()]);
+    args.extend([
+        "-f".to_owned(),
+        workspace_root()
+            .join("deploy/compose.yaml")
+            .to_str()
+            .expect("utf-8 path")
+            .to_owned(),
+    ]);
+    args
+}
+
+impl Drop for ComposeRun {
+    fn drop(&mut self) {
+        self.process.kill();
+        let mut args = compose_args(&self.compose, &self.project);
+        args.extend(["down", "-v", "--remove-orphans", "-t", "1"].map(String::from));
+        let _ = Command::new(&self.compose[0])
+            .args(&args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+fn unique() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default()
+}
+
+fn set_mode(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+/// Every YAML document of a file of the repository (split at `---` lines).
+fn manifests(relative: &str) -> Vec<serde_yaml::Value> {
+    let path: PathBuf = workspace_root().join(relative);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{relative}: {e}"));
+    let mut documents = vec![String::new()];
+    for line in text.lines() {
+        if line.trim_end() == "---" {
+            documents.push(String::new());
+        } else if let Some(document) = documents.last_mut() {
+            document.push_str(line);
+            document.push('\n');
+        }
+    }
+    documents
+        .iter()
+        .map(|document| {
+            serde_yaml::from_str(document)
+                .unwrap_or_else(|e| panic!("{relative} does not parse: {e}"))
+        })
+        .filter(|document: &serde_yaml::Value| !document.is_null())
+        .collect()
+}
+
+fn of_kind<'a>(documents: &'a [serde_yaml::Value], kind: &str) -> &'a serde_yaml::Value {
+    documents
+        .iter()
+        .find(|document| document["kind"].as_str() == Some(kind))
+        .unwrap_or_else(|| panic!("no {kind} among the documents"))
+}
+
+fn text(value: &serde_yaml::Value) -> String {
+    value
+        .as_str()
+        .unwrap_or_else(|| panic!("expected a string, found {value:?}"))
+        .to_owned()
+}
+
+fn strings(value: &serde_yaml::Value) -> Vec<String> {
+    value
+        .as_sequence()
+        .unwrap_or_else(|| panic!("expected a list, found {value:?}"))
+        .iter()
+        .map(text)
+        .collect()
+}
+
+/// The value following `name` in an argument list.
+fn flag(args: &[String], name: &str) -> Option<String> {
+    args.iter()
+        .position(|arg| arg == name)
+        .and_then(|at| args.get(at + 1))
+        .cloned()
+}
+
+/// The container path of a short-syntax Compose volume, `SOURCE:TARGET[:MODE]` (the
+/// source may hold `${VAR:-default}`).
+fn mount_target(volume: &str) -> Option<&str> {
+    let volume = volume
+        .strip_suffix(":ro")
+        .or_else(|| volume.strip_suffix(":rw"))
+        .unwrap_or(volume);
+    volume.rsplit_once(':').map(|(_, target)| target)
+}
+
+/// Where `container` mounts the pod volume backed by the claim `claim`.
+fn mount_of_claim(
+    pod_spec: &serde_yaml::Value,
+    container: &serde_yaml::Value,
+    claim: &str,
+) -> Option<String> {
+    let volume = pod_spec["volumes"]
+        .as_sequence()?
+        .iter()
+        .find(|volume| volume["persistentVolumeClaim"]["claimName"].as_str() == Some(claim))?;
+    let volume_name = volume["name"].as_str()?;
+    container["volumeMounts"]
+        .as_sequence()?
+        .iter()
+        .find(|mount| mount["name"].as_str() == Some(volume_name))
+        .and_then(|mount| mount["mountPath"].as_str())
+        .map(str::to_owned)
+}
