@@ -13,6 +13,7 @@ use crate::report::{
 };
 use crate::run::{ReplayResult, ReplaySetup, RunError, replay};
 use crate::scan::{RecordingScan, scan};
+use crate::supervisor::Progress;
 
 /// Exit codes of the contract.
 pub mod exit {
@@ -103,6 +104,49 @@ fn interrupt_signal() -> tokio::sync::watch::Receiver<bool> {
         let _ = tx.send(true);
     });
     rx
+}
+
+/// Live progress only for a person watching: quiet when output goes to a file or CI. The
+/// line is redrawn on each update and ends when the replay drops its sender.
+fn show_progress(
+    mut setup: ReplaySetup<'_>,
+) -> (ReplaySetup<'_>, Option<tokio::task::JoinHandle<()>>) {
+    use std::io::IsTerminal;
+    if !(std::io::stdout().is_terminal() && std::io::stderr().is_terminal()) {
+        return (setup, None);
+    }
+    let (tx, mut rx) = tokio::sync::watch::channel(Progress::default());
+    setup.progress = Some(tx);
+    let task = tokio::spawn(async move {
+        let mut shown = false;
+        while rx.changed().await.is_ok() {
+            eprint!("\r{}", progress_line(&rx.borrow_and_update()));
+            shown = true;
+        }
+        if shown {
+            eprintln!();
+        }
+    });
+    (setup, Some(task))
+}
+
+fn progress_line(progress: &Progress) -> String {
+    let ttft = progress
+        .ttft_ms
+        .map(|(p50, p95)| format!("{p50:.1}/{p95:.1} ms"))
+        .unwrap_or_else(|| "-".into());
+    let total = progress
+        .planned
+        .map(|n| n.to_string())
+        .unwrap_or_else(|| "?".into());
+    format!(
+        "[{}/{total}] {:>6.1} s  TTFT p50/p95 {ttft}  errors {}  workers {}/{}   ",
+        progress.answered,
+        progress.elapsed.as_secs_f64(),
+        progress.errors,
+        progress.alive,
+        progress.workers
+    )
 }
 
 fn write_file(path: &Path, text: &str) -> Result<(), ExitCode> {
@@ -218,8 +262,14 @@ pub async fn run_command(args: RunArgs) -> ExitCode {
             pass_span_ms,
             requests_out: requests_out.clone(),
             interrupt: interrupt.clone(),
+            progress: None,
         };
-        match replay(setup).await {
+        let (setup, progress) = show_progress(setup);
+        let replayed = replay(setup).await;
+        if let Some(progress) = progress {
+            let _ = progress.await;
+        }
+        match replayed {
             Ok(result) => {
                 let aborted = result.aborted;
                 results.push((*level, result));

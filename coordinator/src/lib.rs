@@ -19,6 +19,7 @@ pub mod scan;
 pub mod server;
 pub mod shard;
 pub mod stats;
+pub mod supervisor;
 
 #[cfg(test)]
 pub(crate) mod test_timing;
