@@ -11,6 +11,7 @@ pub mod embedded;
 pub mod export;
 pub mod goals;
 pub mod import;
+pub mod live;
 pub mod mock;
 pub mod report;
 pub mod requests_out;

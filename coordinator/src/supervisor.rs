@@ -77,17 +77,28 @@ pub struct RunIdentity {
     pub scheduled: bool,
 }
 
-/// The live state for a person watching (the CLI renders it).
-#[derive(Debug, Clone, Default, PartialEq)]
+/// The live state of a replay, published on every tick and once at the end: the CLI draws
+/// the progress line from it and `live` serves it to Prometheus.
+#[derive(Debug, Clone, Default)]
 pub struct Progress {
+    pub run_id: String,
+    /// Every worker's last report, merged.
+    pub metrics: std::sync::Arc<RunMetrics>,
+    /// Requests answered (measured, not warm-up).
     pub answered: u64,
     pub planned: Option<u64>,
     pub elapsed: Duration,
     /// TTFT p50 and p95 so far, ms.
     pub ttft_ms: Option<(f64, f64)>,
     pub errors: u64,
+    /// Requests sent and not answered yet.
+    pub in_flight: u64,
+    pub not_started: u64,
+    pub lost: u64,
     pub alive: usize,
     pub workers: usize,
+    /// The replay is over: these are its final numbers.
+    pub finished: bool,
 }
 
 /// The run supervisor. [`Supervisor::run`] consumes it and returns the merged result.
@@ -271,11 +282,32 @@ impl Supervisor {
         self.spawn_feeders();
         let (started_at, started) = self.start();
         self.supervise(started).await?;
-        self.publish_progress(started);
         self.stop().await;
         self.background.abort_all();
         let duration = started.elapsed();
-        self.finish(started_at, duration)
+        let progress = self.progress.take();
+        let planned = self.plan.planned_total();
+        let result = self.finish(started_at, duration)?;
+        if let Some(progress) = progress {
+            // The final numbers are the report's, accounting of lost workers included.
+            let metrics = &result.metrics;
+            progress.send_replace(Progress {
+                run_id: result.run_id.clone(),
+                answered: metrics.counters.completed(),
+                planned,
+                elapsed: duration,
+                ttft_ms: metrics.stats(Metric::Ttft).map(|s| (s.p50, s.p95)),
+                errors: metrics.counters.failed(),
+                in_flight: 0,
+                not_started: result.not_started,
+                lost: result.lost,
+                alive: result.workers.iter().filter(|w| !w.lost).count(),
+                workers: result.workers.len(),
+                finished: true,
+                metrics: std::sync::Arc::new(metrics.clone()),
+            });
+        }
+        Ok(result)
     }
 
     /// Wait for every worker's join, within the join timeout.
@@ -728,17 +760,29 @@ impl Supervisor {
             return;
         };
         let mut merged = RunMetrics::new();
-        for report in self.slots.iter().filter_map(|s| s.latest.as_ref()) {
-            merged.merge(&report.metrics);
+        let (mut in_flight, mut not_started, mut lost) = (0, 0, 0);
+        for slot in &self.slots {
+            if let Some(report) = &slot.latest {
+                merged.merge(&report.metrics);
+                in_flight += report.totals.issued.saturating_sub(report.answered());
+                not_started += report.totals.not_started;
+                lost += report.totals.lost;
+            }
         }
         progress.send_replace(Progress {
+            run_id: self.identity.run_id.clone(),
             answered: merged.counters.completed(),
             planned: self.plan.planned_total(),
             elapsed: Instant::now().saturating_duration_since(started),
             ttft_ms: merged.stats(Metric::Ttft).map(|s| (s.p50, s.p95)),
             errors: merged.counters.failed(),
+            in_flight,
+            not_started,
+            lost,
             alive: self.slots.iter().filter(|s| s.lost.is_none()).count(),
             workers: self.slots.len(),
+            finished: false,
+            metrics: std::sync::Arc::new(merged),
         });
     }
 
