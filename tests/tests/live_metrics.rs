@@ -172,4 +172,28 @@ fn a_scrape_during_the_run_grows_and_the_final_one_matches_the_report() {
     assert!(tokens >= 120.0 * 19.0, "output tokens {tokens}");
     assert_eq!(sample(&last, "llm_replay_in_flight_requests", &[]), 0.0);
     assert_eq!(sample(&last, "llm_replay_workers_alive", &[]), 2.0);
+
+    // The example Grafana dashboard asks only for series this endpoint serves.
+    let dashboard = std::fs::read_to_string(
+        fixtures::workspace_root().join("deploy/grafana/llm-replay-dashboard.json"),
+    )
+    .expect("the dashboard example exists");
+    let dashboard: serde_json::Value = serde_json::from_str(&dashboard).expect("JSON");
+    let mut asked = 0;
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().expect("targets") {
+            let expr = target["expr"].as_str().expect("expr");
+            for name in expr
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| w.starts_with("llm_replay_"))
+            {
+                asked += 1;
+                assert!(
+                    last.lines().any(|l| l.starts_with(name)),
+                    "the dashboard asks for {name}, which /metrics does not serve"
+                );
+            }
+        }
+    }
+    assert!(asked >= 7, "{asked}");
 }
