@@ -13,6 +13,7 @@ use crate::report::{
 };
 use crate::run::{ReplayResult, ReplaySetup, RunError, replay};
 use crate::scan::{RecordingScan, scan};
+use crate::supervisor::Progress;
 
 /// Exit codes of the contract.
 pub mod exit {
@@ -105,6 +106,40 @@ fn interrupt_signal() -> tokio::sync::watch::Receiver<bool> {
     rx
 }
 
+/// Live progress only for a person watching (stdout and stderr on a terminal): the line is
+/// redrawn on each update and ends with each replay (each level of a sweep).
+fn show_progress(mut state: tokio::sync::watch::Receiver<Progress>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while state.changed().await.is_ok() {
+            let progress = state.borrow_and_update().clone();
+            if progress.finished {
+                eprintln!("\r{}", progress_line(&progress));
+            } else {
+                eprint!("\r{}", progress_line(&progress));
+            }
+        }
+    })
+}
+
+fn progress_line(progress: &Progress) -> String {
+    let ttft = progress
+        .ttft_ms
+        .map(|(p50, p95)| format!("{p50:.1}/{p95:.1} ms"))
+        .unwrap_or_else(|| "-".into());
+    let total = progress
+        .planned
+        .map(|n| n.to_string())
+        .unwrap_or_else(|| "?".into());
+    format!(
+        "[{}/{total}] {:>6.1} s  TTFT p50/p95 {ttft}  errors {}  workers {}/{}   ",
+        progress.answered,
+        progress.elapsed.as_secs_f64(),
+        progress.errors,
+        progress.alive,
+        progress.workers
+    )
+}
+
 fn write_file(path: &Path, text: &str) -> Result<(), ExitCode> {
     std::fs::write(path, text).map_err(|e| {
         fail(
@@ -116,6 +151,47 @@ fn write_file(path: &Path, text: &str) -> Result<(), ExitCode> {
 
 /// `llm-replay run`.
 pub async fn run_command(args: RunArgs) -> ExitCode {
+    let mut live = None;
+    let code = replay_command(args, &mut live).await;
+    if let Some(live) = live {
+        live.linger_and_stop().await;
+    }
+    code
+}
+
+/// `--metrics-listen`: the Prometheus endpoint, served until the run's reports are written
+/// and the linger time has passed.
+struct LiveServer {
+    linger: std::time::Duration,
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl LiveServer {
+    async fn start(
+        addr: &str,
+        linger: std::time::Duration,
+        state: tokio::sync::watch::Receiver<Progress>,
+    ) -> Result<LiveServer, String> {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("--metrics-listen {addr}: cannot listen: {e}"))?;
+        if let Ok(local) = listener.local_addr() {
+            eprintln!("llm-replay: live metrics on http://{local}/metrics");
+        }
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(crate::live::serve(listener, state, stopped));
+        Ok(LiveServer { linger, stop, task })
+    }
+
+    async fn linger_and_stop(self) {
+        tokio::time::sleep(self.linger).await;
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+    }
+}
+
+async fn replay_command(args: RunArgs, live: &mut Option<LiveServer>) -> ExitCode {
     let recording = args.recording.clone();
     let scanned = {
         let path = recording.clone();
@@ -178,6 +254,25 @@ pub async fn run_command(args: RunArgs) -> ExitCode {
         None => None,
     };
 
+    // Live state for the terminal's progress line and the Prometheus endpoint, one channel
+    // for every level of a sweep.
+    let on_terminal = {
+        use std::io::IsTerminal;
+        std::io::stdout().is_terminal() && std::io::stderr().is_terminal()
+    };
+    let progress = (on_terminal || config.metrics_listen.is_some())
+        .then(|| tokio::sync::watch::channel(Progress::default()).0);
+    if let (Some(addr), Some(progress)) = (&config.metrics_listen, &progress) {
+        match LiveServer::start(addr, config.metrics_linger, progress.subscribe()).await {
+            Ok(server) => *live = Some(server),
+            Err(message) => return fail(exit::USAGE, message),
+        }
+    }
+    let progress_line_task = match (&progress, on_terminal) {
+        (Some(progress), true) => Some(show_progress(progress.subscribe())),
+        _ => None,
+    };
+
     // With no target, an embedded mock serves the recorded streams at their recorded timing.
     let (target, embedded) = match &config.target {
         Some(target) => (target.clone(), None),
@@ -218,6 +313,7 @@ pub async fn run_command(args: RunArgs) -> ExitCode {
             pass_span_ms,
             requests_out: requests_out.clone(),
             interrupt: interrupt.clone(),
+            progress: progress.clone(),
         };
         match replay(setup).await {
             Ok(result) => {
@@ -239,6 +335,12 @@ pub async fn run_command(args: RunArgs) -> ExitCode {
             Err(RunError::Input(message)) => return fail(exit::USAGE, message),
             Err(RunError::Failed(message)) => return fail(exit::RUN_FAILED, message),
         }
+    }
+    // The progress line is complete before the report is printed: the line's task draws
+    // the last state and ends once the sender is gone (the live server keeps its receiver).
+    drop(progress);
+    if let Some(task) = progress_line_task {
+        let _ = task.await;
     }
     if let Some(mock) = embedded {
         mock.stop().await;

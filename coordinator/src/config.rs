@@ -115,6 +115,15 @@ pub struct RunArgs {
     /// whatever the order of lines (a recording proxy writes exchanges as they complete).
     #[arg(long)]
     pub reorder_window: Option<usize>,
+    /// Serve live Prometheus metrics on http://ADDR/metrics while the run goes (merged
+    /// TTFT, ITL, latency and schedule-lag histograms, request counters by outcome, tokens,
+    /// in-flight requests, workers alive), labelled with the run id.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
+    /// With --metrics-listen: keep serving the final numbers this long after the run, so a
+    /// scraper gets them (e.g. 15s for a 10 s scrape interval).
+    #[arg(long, value_name = "DURATION", default_value = "0s")]
+    pub metrics_linger: String,
 
     /// Goal that fails the run (exit 1) when it holds, e.g. 'llm.ttft-p95 > 800'.
     #[arg(long = "fail-if")]
@@ -286,6 +295,10 @@ pub struct RunConfig {
     pub requests_out: Option<PathBuf>,
     /// Read-ahead of the recorded schedule, in exchanges.
     pub reorder_window: usize,
+    /// `--metrics-listen`: where live Prometheus metrics are served.
+    pub metrics_listen: Option<String>,
+    /// How long the final metrics stay served after the run.
+    pub metrics_linger: Duration,
     pub transport: TargetTransport,
 }
 
@@ -510,6 +523,10 @@ impl RunArgs {
         let join_timeout = positive_duration_arg("--join-timeout", &self.join_timeout)?;
         let heartbeat_timeout =
             positive_duration_arg("--heartbeat-timeout", &self.heartbeat_timeout)?;
+        let metrics_linger = duration_arg("--metrics-linger", &self.metrics_linger)?;
+        if metrics_linger > Duration::from_secs(86_400) {
+            bail!("--metrics-linger {:?}: at most a day", self.metrics_linger);
+        }
         if heartbeat_timeout > Duration::from_secs(86_400) {
             bail!("--heartbeat-timeout must be at most a day");
         }
@@ -581,6 +598,8 @@ impl RunArgs {
             heartbeat_timeout,
             requests_out: self.requests_out.or(file.requests_out),
             reorder_window,
+            metrics_listen: self.metrics_listen,
+            metrics_linger,
         })
     }
 }

@@ -11,6 +11,7 @@ pub mod embedded;
 pub mod export;
 pub mod goals;
 pub mod import;
+pub mod live;
 pub mod mock;
 pub mod report;
 pub mod requests_out;
@@ -19,6 +20,7 @@ pub mod scan;
 pub mod server;
 pub mod shard;
 pub mod stats;
+pub mod supervisor;
 
 #[cfg(test)]
 pub(crate) mod test_timing;

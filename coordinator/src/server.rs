@@ -7,36 +7,43 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use proto::convert::{WorkerReport, report_from_proto};
 use proto::v1;
 use proto::v1::coordinator_server::Coordinator;
 use tokio::sync::mpsc;
-use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
+
+use crate::shard::{SliceChunk, SliceSender};
 use tonic::{Request, Response, Status, Streaming};
 
-/// What the orchestrator hears from the service.
+/// What the run supervisor hears from the service: domain events, decoded once here (no
+/// protocol type goes further than this module).
 #[derive(Debug)]
 pub enum WorkerEvent {
     Joined {
         index: usize,
         id: String,
         host: String,
-        control: mpsc::Sender<Result<v1::CoordinatorMessage, Status>>,
-        slice: mpsc::Sender<Result<v1::ExchangeChunk, Status>>,
+        control: WorkerControl,
+        slice: SliceSender,
     },
     Report {
         index: usize,
         /// Boxed: a report is far larger than every other event.
-        report: Box<v1::Report>,
+        report: Box<WorkerReport>,
+    },
+    /// A report that does not decode (corrupt histograms): the worker cannot be trusted.
+    InvalidReport {
+        index: usize,
+        reason: String,
     },
     Heartbeat {
         index: usize,
     },
     ClockPong {
         index: usize,
-        pong: v1::ClockPong,
-        /// Coordinator clock when the pong arrived (t4).
-        received_unix_ns: u64,
+        sample: ClockSample,
     },
     Started {
         index: usize,
@@ -53,7 +60,104 @@ pub enum WorkerEvent {
     },
 }
 
-type SliceReceiver = mpsc::Receiver<Result<v1::ExchangeChunk, Status>>;
+/// One NTP-style clock sample: ping sent (t1, coordinator clock), received and answered by
+/// the worker (t2, t3, worker clock), answer received (t4, coordinator clock). Unix ns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClockSample {
+    pub seq: u64,
+    pub t1: u64,
+    pub t2: u64,
+    pub t3: u64,
+    pub t4: u64,
+}
+
+/// What the supervisor tells one worker.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Control {
+    ClockPing {
+        seq: u64,
+        sent_unix_ns: u64,
+    },
+    /// Start at this instant, in the worker's own clock (Unix ns).
+    Start {
+        unix_ns: u64,
+    },
+    Heartbeat {
+        unix_ns: u64,
+    },
+    Abort {
+        reason: String,
+    },
+    Finish,
+}
+
+/// The supervisor's handle on one worker's control stream (a bounded channel that this
+/// module turns into protocol messages).
+#[derive(Debug, Clone)]
+pub struct WorkerControl {
+    tx: mpsc::Sender<Control>,
+}
+
+impl WorkerControl {
+    /// A handle and the receiving end of its messages, `capacity` deep.
+    pub fn channel(capacity: usize) -> (WorkerControl, mpsc::Receiver<Control>) {
+        let (tx, rx) = mpsc::channel(capacity);
+        (WorkerControl { tx }, rx)
+    }
+
+    /// Send without waiting. Heartbeats and pings are dropped when the worker's stream is
+    /// this far behind (it will be found silent); a start, abort or finish waits for room
+    /// in a task of its own, so the supervisor never blocks on one slow worker.
+    pub fn send(&self, message: Control) {
+        match self.tx.try_send(message) {
+            Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
+            Err(mpsc::error::TrySendError::Full(message)) => {
+                if matches!(
+                    message,
+                    Control::Heartbeat { .. } | Control::ClockPing { .. }
+                ) {
+                    return;
+                }
+                let tx = self.tx.clone();
+                tokio::spawn(async move {
+                    let _ = tokio::time::timeout(Duration::from_secs(10), tx.send(message)).await;
+                });
+            }
+        }
+    }
+}
+
+fn control_to_proto(control: Control) -> v1::coordinator_message::Msg {
+    use v1::coordinator_message::Msg;
+    match control {
+        Control::ClockPing { seq, sent_unix_ns } => Msg::ClockPing(v1::ClockPing {
+            seq,
+            coordinator_send_unix_ns: sent_unix_ns,
+        }),
+        Control::Start { unix_ns } => Msg::Start(v1::Start {
+            start_unix_ns: unix_ns,
+        }),
+        Control::Heartbeat { unix_ns } => Msg::Heartbeat(v1::Heartbeat { unix_ns }),
+        Control::Abort { reason } => Msg::Abort(v1::Abort { reason }),
+        Control::Finish => Msg::Finish(v1::Finish {}),
+    }
+}
+
+fn chunk_to_proto(chunk: SliceChunk) -> Result<v1::ExchangeChunk, Status> {
+    Ok(v1::ExchangeChunk {
+        exchanges: chunk
+            .exchanges
+            .into_iter()
+            .map(|e| v1::Exchange {
+                index: e.index,
+                json: e.json,
+            })
+            .collect(),
+        last: chunk.last,
+    })
+}
+
+type SliceReceiver = mpsc::Receiver<SliceChunk>;
 
 /// Who holds which join slot. Until every slot is taken at once, a worker that leaves frees
 /// its slot (a restarted worker may take it again, under the same id); from then on the run
@@ -106,7 +210,7 @@ pub struct CoordinatorService {
     pub state: Arc<ServiceState>,
 }
 
-fn message(msg: v1::coordinator_message::Msg) -> Result<v1::CoordinatorMessage, Status> {
+fn message_of(msg: v1::coordinator_message::Msg) -> Result<v1::CoordinatorMessage, Status> {
     Ok(v1::CoordinatorMessage { msg: Some(msg) })
 }
 
@@ -141,7 +245,7 @@ impl Coordinator for CoordinatorService {
             );
             tracing::warn!(worker = hello.worker_id, reason, "refused a worker");
             let (tx, rx) = mpsc::channel(1);
-            let _ = tx.try_send(message(v1::coordinator_message::Msg::Refused(
+            let _ = tx.try_send(message_of(v1::coordinator_message::Msg::Refused(
                 v1::Refused { reason },
             )));
             return Ok(Response::new(Box::pin(ReceiverStream::new(rx))));
@@ -172,7 +276,9 @@ impl Coordinator for CoordinatorService {
         let (_, slice) = slices
             .remove(&request.worker_id)
             .expect("looked up just above");
-        Ok(Response::new(Box::pin(ReceiverStream::new(slice))))
+        Ok(Response::new(Box::pin(
+            ReceiverStream::new(slice).map(chunk_to_proto),
+        )))
     }
 }
 
@@ -190,7 +296,7 @@ async fn serve_worker(
         async move {
             tracing::warn!(worker, reason, "refused a worker");
             let _ = control_tx
-                .send(message(v1::coordinator_message::Msg::Refused(
+                .send(message_of(v1::coordinator_message::Msg::Refused(
                     v1::Refused { reason },
                 )))
                 .await;
@@ -241,19 +347,32 @@ async fn serve_worker(
     let mut assignment = (state.assignment_for)(index);
     assignment.slice_key = slice_key;
     let _ = control_tx
-        .send(message(v1::coordinator_message::Msg::Assignment(
+        .send(message_of(v1::coordinator_message::Msg::Assignment(
             assignment,
         )))
         .await;
     let events = state.events.clone();
     let requests_out = state.requests_out.clone();
     let worker_id = hello.worker_id.clone();
+    // The supervisor speaks domain messages; they become protocol messages here.
+    let (control, mut control_rx) = WorkerControl::channel(64);
+    tokio::spawn(async move {
+        while let Some(message) = control_rx.recv().await {
+            if control_tx
+                .send(message_of(control_to_proto(message)))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    });
     let _ = events
         .send(WorkerEvent::Joined {
             index,
             id: hello.worker_id.clone(),
             host: hello.host.clone(),
-            control: control_tx,
+            control,
             slice: slice_tx,
         })
         .await;
@@ -261,18 +380,30 @@ async fn serve_worker(
         loop {
             let event = match inbound.message().await {
                 Ok(Some(v1::WorkerMessage { msg: Some(msg) })) => match msg {
-                    v1::worker_message::Msg::Report(report) => WorkerEvent::Report {
-                        index,
-                        report: Box::new(report),
+                    // Decoded once, here, as it arrives.
+                    v1::worker_message::Msg::Report(report) => match report_from_proto(&report) {
+                        Ok(report) => WorkerEvent::Report {
+                            index,
+                            report: Box::new(report),
+                        },
+                        Err(error) => WorkerEvent::InvalidReport {
+                            index,
+                            reason: error.to_string(),
+                        },
                     },
                     v1::worker_message::Msg::Heartbeat(_) => WorkerEvent::Heartbeat { index },
                     v1::worker_message::Msg::ClockPong(pong) => WorkerEvent::ClockPong {
                         index,
-                        pong,
-                        received_unix_ns: std::time::SystemTime::now()
-                            .duration_since(std::time::UNIX_EPOCH)
-                            .map(|d| d.as_nanos() as u64)
-                            .unwrap_or(0),
+                        sample: ClockSample {
+                            seq: pong.seq,
+                            t1: pong.coordinator_send_unix_ns,
+                            t2: pong.worker_receive_unix_ns,
+                            t3: pong.worker_send_unix_ns,
+                            t4: std::time::SystemTime::now()
+                                .duration_since(std::time::UNIX_EPOCH)
+                                .map(|d| d.as_nanos() as u64)
+                                .unwrap_or(0),
+                        },
                     },
                     v1::worker_message::Msg::Started(started) => WorkerEvent::Started {
                         index,
@@ -340,7 +471,7 @@ async fn challenge(
     let nonce = proto::auth::nonce();
     let proof = proto::auth::coordinator_proof(token, &hello.nonce, &nonce, &hello.worker_id);
     control_tx
-        .send(message(v1::coordinator_message::Msg::Challenge(
+        .send(message_of(v1::coordinator_message::Msg::Challenge(
             v1::Challenge {
                 nonce: nonce.clone(),
                 proof,

@@ -10,14 +10,28 @@
 use std::path::PathBuf;
 
 use common::recording::{Exchange, RecordingError, RecordingReader};
-use proto::v1;
 use tokio::sync::mpsc;
 
 /// Exchanges per chunk sent to a worker.
 pub const CHUNK_EXCHANGES: usize = 64;
 
-/// A worker's slice stream.
-pub type SliceSender = mpsc::Sender<Result<v1::ExchangeChunk, tonic::Status>>;
+/// One exchange of a slice: its index in the whole run and its recording v1 JSON without
+/// the response.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SliceExchange {
+    pub index: u64,
+    pub json: Vec<u8>,
+}
+
+/// A batch of a worker's slice; `last` closes the slice.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SliceChunk {
+    pub exchanges: Vec<SliceExchange>,
+    pub last: bool,
+}
+
+/// The sending end of a worker's slice (the gRPC service streams it to the worker).
+pub type SliceSender = mpsc::Sender<SliceChunk>;
 
 /// How the recording is turned into the run's stream of exchanges.
 #[derive(Debug, Clone)]
@@ -103,7 +117,7 @@ fn walk(
 
 /// Buffers exchanges into chunks per destination.
 struct Chunker {
-    chunk: Vec<v1::Exchange>,
+    chunk: Vec<SliceExchange>,
 }
 
 impl Chunker {
@@ -116,7 +130,7 @@ impl Chunker {
     /// Add one exchange; returns false when the destination is gone.
     fn push(&mut self, tx: &SliceSender, index: u64, exchange: &Exchange) -> bool {
         let json = serde_json::to_vec(exchange).expect("an exchange always serializes");
-        self.chunk.push(v1::Exchange { index, json });
+        self.chunk.push(SliceExchange { index, json });
         if self.chunk.len() == CHUNK_EXCHANGES {
             return self.flush(tx);
         }
@@ -128,10 +142,10 @@ impl Chunker {
             return true;
         }
         let full = std::mem::replace(&mut self.chunk, Vec::with_capacity(CHUNK_EXCHANGES));
-        tx.blocking_send(Ok(v1::ExchangeChunk {
+        tx.blocking_send(SliceChunk {
             exchanges: full,
             last: false,
-        }))
+        })
         .is_ok()
     }
 }

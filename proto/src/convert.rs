@@ -86,6 +86,71 @@ pub fn peak_rss_bytes() -> u64 {
         .unwrap_or(0)
 }
 
+/// A worker's cumulative report, decoded once when it arrives: everything the coordinator
+/// reads from a `v1::Report`.
+#[derive(Debug, Clone, Default)]
+pub struct WorkerReport {
+    pub seq: u64,
+    /// The worker's last report: its slice is done.
+    pub is_final: bool,
+    pub metrics: RunMetrics,
+    pub totals: SliceTotals,
+    /// Status codes of failed requests: code → count.
+    pub status_codes: std::collections::BTreeMap<u16, u64>,
+    /// TLS failures by problem (`unknown issuer` → count).
+    pub tls_problems: std::collections::BTreeMap<String, u64>,
+    pub cpu_seconds: f64,
+    pub peak_rss_bytes: u64,
+    pub cores: u32,
+}
+
+impl WorkerReport {
+    /// Requests this report answers for (measured or warm-up), out of those issued.
+    pub fn answered(&self) -> u64 {
+        self.metrics.counters.completed() + self.metrics.counters.warmup
+    }
+
+    /// Every exchange this report accounts for (answered, never started, lost in flight), or
+    /// `None` when the counters overflow (a hostile or broken worker).
+    pub fn accounted(&self) -> Option<u64> {
+        let c = &self.metrics.counters;
+        [
+            c.succeeded,
+            c.ended_early,
+            c.failed_status,
+            c.failed_error_frame,
+            c.failed_transport,
+            c.failed_timeout,
+            c.failed_empty,
+            c.warmup,
+            self.totals.not_started,
+            self.totals.lost,
+        ]
+        .into_iter()
+        .try_fold(0u64, u64::checked_add)
+    }
+}
+
+/// Decode a report message into the coordinator's domain form.
+pub fn report_from_proto(report: &v1::Report) -> Result<WorkerReport, MetricsDecodeError> {
+    let (metrics, totals, status_codes) = metrics_from_report(report)?;
+    Ok(WorkerReport {
+        seq: report.seq,
+        is_final: report.r#final,
+        metrics,
+        totals,
+        status_codes,
+        tls_problems: report
+            .tls_problems
+            .iter()
+            .map(|(problem, n)| (problem.clone(), *n))
+            .collect(),
+        cpu_seconds: report.cpu_seconds,
+        peak_rss_bytes: report.peak_rss_bytes,
+        cores: report.cores,
+    })
+}
+
 /// Decode a report message into metrics, slice totals and status codes.
 pub fn metrics_from_report(
     report: &v1::Report,

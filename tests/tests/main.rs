@@ -10,6 +10,7 @@ mod faults;
 mod goals;
 mod hardening;
 mod hostile_peers;
+mod live_metrics;
 mod memory;
 mod raw_server;
 mod real_traffic;

@@ -1,0 +1,548 @@
+//! The supervisor under `tokio::time::pause`: workers are played by the test over the same
+//! typed channels the gRPC service uses (join, clock pongs, reports, heartbeats), so join,
+//! start, loss, reassignment and abort are checked without sockets and without waiting.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::metrics::RunMetrics;
+use proto::convert::{SliceTotals, WorkerReport};
+use tokio::sync::{mpsc, watch};
+
+use super::*;
+use crate::server::{ClockSample, Control, WorkerControl, WorkerEvent};
+use crate::shard::{SliceChunk, SlicePlan};
+
+/// A recording of `n` exchanges without sessions (striped over the workers), in a file
+/// removed on drop.
+struct Recording(PathBuf);
+
+impl Recording {
+    fn new(tag: &str, n: usize) -> Recording {
+        let path = std::env::temp_dir().join(format!(
+            "llm-replay-supervisor-{tag}-{}.jsonl",
+            std::process::id()
+        ));
+        let lines: String = (0..n)
+            .map(|i| {
+                format!(
+                    "{{\"id\":\"e{i}\",\"at_ms\":{i},\"request\":{{\"method\":\"POST\",\"path\":\"/v1/chat/completions\",\"body\":\"{{}}\"}}}}\n"
+                )
+            })
+            .collect();
+        std::fs::write(&path, lines).expect("the temp dir is writable");
+        Recording(path)
+    }
+}
+
+impl Drop for Recording {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn settings(workers: usize, reassign_on_loss: bool) -> Settings {
+    Settings {
+        workers,
+        join_timeout: Duration::from_secs(30),
+        heartbeat_timeout: Duration::from_secs(5),
+        reassign_on_loss,
+        local_workers: false,
+        max_skew: Duration::from_millis(5),
+        reorder_window: 4096,
+        start_lead: Duration::from_millis(500),
+        clock_samples: 3,
+        clock_patience: Duration::from_secs(2),
+        abort_grace: Duration::from_secs(3),
+        tick: Duration::from_millis(500),
+    }
+}
+
+fn plan(recording: &Recording, workers: usize, exchanges: u64) -> SlicePlan {
+    SlicePlan {
+        recording: recording.0.clone(),
+        workers,
+        exchanges,
+        requests: None,
+        loop_forever: false,
+        pass_span_ms: 0.0,
+    }
+}
+
+fn identity() -> RunIdentity {
+    RunIdentity {
+        run_id: "test-run".into(),
+        target: "http://127.0.0.1:1".into(),
+        load: serde_json::json!({}),
+        scheduled: false,
+    }
+}
+
+struct Harness {
+    events: mpsc::Sender<WorkerEvent>,
+    interrupt: watch::Sender<bool>,
+    run: tokio::task::JoinHandle<Result<ReplayResult, RunError>>,
+}
+
+fn start_supervisor(settings: Settings, plan: SlicePlan) -> Harness {
+    let (events_tx, events) = mpsc::channel(1024);
+    let (interrupt, interrupt_rx) = watch::channel(false);
+    let supervisor = Supervisor::new(settings, plan, identity(), events, interrupt_rx, None);
+    Harness {
+        events: events_tx,
+        interrupt,
+        run: tokio::spawn(supervisor.run()),
+    }
+}
+
+/// One worker as the supervisor sees it: the test plays its side of the link.
+struct FakeWorker {
+    index: usize,
+    events: mpsc::Sender<WorkerEvent>,
+    control: mpsc::Receiver<Control>,
+    slice: mpsc::Receiver<SliceChunk>,
+    /// Worker clock − coordinator clock, ns.
+    offset_ns: i64,
+    seq: u64,
+    received: Vec<u64>,
+}
+
+impl FakeWorker {
+    async fn join(harness: &Harness, index: usize, offset_ns: i64) -> FakeWorker {
+        let (control, control_rx) = WorkerControl::channel(64);
+        let (slice, slice_rx) = mpsc::channel(8);
+        harness
+            .events
+            .send(WorkerEvent::Joined {
+                index,
+                id: format!("w{index}"),
+                host: "test".into(),
+                control,
+                slice,
+            })
+            .await
+            .expect("the supervisor is running");
+        FakeWorker {
+            index,
+            events: harness.events.clone(),
+            control: control_rx,
+            slice: slice_rx,
+            offset_ns,
+            seq: 0,
+            received: Vec::new(),
+        }
+    }
+
+    async fn send(&self, event: WorkerEvent) {
+        let _ = self.events.send(event).await;
+    }
+
+    async fn next_control(&mut self) -> Control {
+        self.control
+            .recv()
+            .await
+            .expect("the supervisor keeps the control stream open")
+    }
+
+    /// Answer clock pings (with no network delay) until the start; returns the start
+    /// instant in this worker's clock.
+    async fn sync_until_start(&mut self) -> u64 {
+        loop {
+            match self.next_control().await {
+                Control::ClockPing { seq, sent_unix_ns } => {
+                    let worker_time = (sent_unix_ns as i64 + self.offset_ns) as u64;
+                    self.send(WorkerEvent::ClockPong {
+                        index: self.index,
+                        sample: ClockSample {
+                            seq,
+                            t1: sent_unix_ns,
+                            t2: worker_time,
+                            t3: worker_time,
+                            t4: sent_unix_ns,
+                        },
+                    })
+                    .await;
+                }
+                Control::Start { unix_ns } => {
+                    self.send(WorkerEvent::Started {
+                        index: self.index,
+                        unix_ns,
+                    })
+                    .await;
+                    return unix_ns;
+                }
+                Control::Heartbeat { .. } => {}
+                other => panic!("unexpected before the start: {other:?}"),
+            }
+        }
+    }
+
+    /// Receive slice chunks until `n` exchanges have arrived in total.
+    async fn receive(&mut self, n: usize) {
+        while self.received.len() < n {
+            let chunk = self.slice.recv().await.expect("the slice stays open");
+            assert!(!chunk.last, "the slice closed after {:?}", self.received);
+            self.received
+                .extend(chunk.exchanges.iter().map(|e| e.index));
+        }
+    }
+
+    /// Wait for the closing chunk.
+    async fn until_slice_closed(&mut self) {
+        loop {
+            let chunk = self.slice.recv().await.expect("the slice stays open");
+            self.received
+                .extend(chunk.exchanges.iter().map(|e| e.index));
+            if chunk.last {
+                return;
+            }
+        }
+    }
+
+    async fn report(&mut self, is_final: bool, succeeded: u64, totals: SliceTotals) {
+        self.seq += 1;
+        let mut metrics = RunMetrics::new();
+        metrics.counters.succeeded = succeeded;
+        self.send(WorkerEvent::Report {
+            index: self.index,
+            report: Box::new(WorkerReport {
+                seq: self.seq,
+                is_final,
+                metrics,
+                totals,
+                ..WorkerReport::default()
+            }),
+        })
+        .await;
+    }
+
+    /// Report every received exchange as succeeded.
+    async fn report_all(&mut self, is_final: bool) {
+        let n = self.received.len() as u64;
+        self.report(
+            is_final,
+            n,
+            SliceTotals {
+                issued: n,
+                ..SliceTotals::default()
+            },
+        )
+        .await;
+    }
+
+    /// Wait for a control message other than heartbeats.
+    async fn next_order(&mut self) -> Control {
+        loop {
+            match self.next_control().await {
+                Control::Heartbeat { .. } => {}
+                other => return other,
+            }
+        }
+    }
+}
+
+/// Send heartbeats every second (virtual time) until the returned sender is dropped.
+fn keep_alive(events: mpsc::Sender<WorkerEvent>, index: usize) -> tokio::sync::oneshot::Sender<()> {
+    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = &mut stopped => return,
+                _ = ticker.tick() => {
+                    if events.send(WorkerEvent::Heartbeat { index }).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    stop
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_run_joins_starts_everyone_in_its_own_clock_and_merges_the_final_reports() {
+    let recording = Recording::new("happy", 20);
+    let harness = start_supervisor(settings(2, false), plan(&recording, 2, 20));
+    let mut w0 = FakeWorker::join(&harness, 0, 0).await;
+    let mut w1 = FakeWorker::join(&harness, 1, 3_000_000_000).await;
+    let (start0, start1) = tokio::join!(w0.sync_until_start(), w1.sync_until_start());
+    // One instant, told to each worker in its own clock (offsets measured exactly here).
+    assert_eq!(start1 as i64 - start0 as i64, 3_000_000_000);
+
+    tokio::join!(w0.receive(10), w1.receive(10));
+    let mut all: Vec<u64> = w0.received.iter().chain(&w1.received).copied().collect();
+    all.sort_unstable();
+    assert_eq!(all, (0..20).collect::<Vec<u64>>(), "every exchange once");
+    w0.report_all(false).await;
+    w1.report_all(false).await;
+    // Everything handed out was started: the slices close, the workers send final reports.
+    tokio::join!(w0.until_slice_closed(), w1.until_slice_closed());
+    w0.report_all(true).await;
+    w1.report_all(true).await;
+    assert_eq!(w0.next_order().await, Control::Finish);
+    assert_eq!(w1.next_order().await, Control::Finish);
+
+    let result = harness
+        .run
+        .await
+        .expect("no panic")
+        .expect("the run completes");
+    assert!(!result.aborted);
+    assert_eq!(result.metrics.counters.succeeded, 20);
+    assert_eq!(result.workers.iter().map(|w| w.assigned).sum::<u64>(), 20);
+    assert_eq!(result.not_started, 0);
+    assert_eq!(result.start_skew_ms, Some(0.0));
+    assert!(result.warnings.is_empty(), "{:?}", result.warnings);
+}
+
+#[tokio::test(start_paused = true)]
+async fn missing_workers_fail_the_join_at_the_join_timeout() {
+    let recording = Recording::new("join", 4);
+    let harness = start_supervisor(settings(2, false), plan(&recording, 2, 4));
+    let _w0 = FakeWorker::join(&harness, 0, 0).await;
+    let started = tokio::time::Instant::now();
+    let error = harness
+        .run
+        .await
+        .expect("no panic")
+        .expect_err("one worker never joins");
+    assert!(
+        error.to_string().contains("only 1 of 2 workers joined"),
+        "{error}"
+    );
+    assert_eq!(started.elapsed().as_secs(), 30, "waited the join timeout");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_remote_worker_that_leaves_before_everyone_joined_frees_its_place() {
+    let recording = Recording::new("rejoin", 4);
+    let harness = start_supervisor(settings(2, false), plan(&recording, 2, 4));
+    let gone = FakeWorker::join(&harness, 1, 0).await;
+    gone.send(WorkerEvent::Gone {
+        index: 1,
+        reason: "its stream ended".into(),
+    })
+    .await;
+    let mut w0 = FakeWorker::join(&harness, 0, 0).await;
+    // The same place taken again, e.g. by the worker restarted by its orchestrator.
+    let mut w1 = FakeWorker::join(&harness, 1, 0).await;
+    tokio::join!(w0.sync_until_start(), w1.sync_until_start());
+    tokio::join!(w0.receive(2), w1.receive(2));
+    w0.report_all(true).await;
+    w1.report_all(true).await;
+    let result = harness
+        .run
+        .await
+        .expect("no panic")
+        .expect("the run completes");
+    assert_eq!(result.metrics.counters.succeeded, 4);
+    assert!(!result.aborted);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_that_leaves_during_the_clock_sync_fails_the_start() {
+    let recording = Recording::new("leave", 4);
+    let harness = start_supervisor(settings(2, false), plan(&recording, 2, 4));
+    let _w0 = FakeWorker::join(&harness, 0, 0).await;
+    let gone = FakeWorker::join(&harness, 1, 0).await;
+    gone.send(WorkerEvent::Gone {
+        index: 1,
+        reason: "its stream ended".into(),
+    })
+    .await;
+    let error = harness
+        .run
+        .await
+        .expect("no panic")
+        .expect_err("a worker left during the clock sync");
+    assert!(
+        error
+            .to_string()
+            .contains("worker w1 left before the start"),
+        "{error}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_silent_worker_is_lost_and_its_exchanges_go_to_the_survivor() {
+    let recording = Recording::new("reassign", 20);
+    let harness = start_supervisor(settings(2, true), plan(&recording, 2, 20));
+    let mut w0 = FakeWorker::join(&harness, 0, 0).await;
+    let mut w1 = FakeWorker::join(&harness, 1, 0).await;
+    tokio::join!(w0.sync_until_start(), w1.sync_until_start());
+    let _alive = keep_alive(harness.events.clone(), 0);
+    tokio::join!(w0.receive(10), w1.receive(10));
+    // Worker 1 started 4 of its 10, answered 3, then went silent.
+    w1.report(
+        false,
+        3,
+        SliceTotals {
+            issued: 4,
+            ..SliceTotals::default()
+        },
+    )
+    .await;
+    let silent_since = tokio::time::Instant::now();
+    // Its 6 unstarted exchanges reach the survivor (while heartbeats keep going).
+    w0.receive(16).await;
+    // Virtual time may run on while the blocking feeder reads the file: only a lower bound.
+    let waited = silent_since.elapsed();
+    assert!(
+        waited >= Duration::from_secs(5),
+        "lost only after the heartbeat timeout (5 s), took {waited:?}"
+    );
+    let mut reassigned: Vec<u64> = w0.received[10..].to_vec();
+    reassigned.sort_unstable();
+    let mut unstarted: Vec<u64> = w1.received[4..].to_vec();
+    unstarted.sort_unstable();
+    assert_eq!(
+        reassigned, unstarted,
+        "exactly the lost worker's unstarted exchanges"
+    );
+    w0.report_all(false).await;
+    w0.until_slice_closed().await;
+    w0.report_all(true).await;
+    assert_eq!(w0.next_order().await, Control::Finish);
+
+    let result = harness
+        .run
+        .await
+        .expect("no panic")
+        .expect("the run completes");
+    assert!(!result.aborted, "reassign keeps the run going");
+    assert_eq!(result.metrics.counters.succeeded, 16 + 3);
+    assert_eq!(result.lost, 1, "the one in flight on the lost worker");
+    let assigned: Vec<u64> = result.workers.iter().map(|w| w.assigned).collect();
+    assert_eq!(assigned, vec![16, 4]);
+    assert!(result.workers[1].lost);
+    assert!(
+        result
+            .warnings
+            .iter()
+            .any(|w| w.contains("6 exchanges of worker w1") && w.contains("reassigned")),
+        "{:?}",
+        result.warnings
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn fail_mode_aborts_and_keeps_the_survivors_partial_report() {
+    let recording = Recording::new("abort", 20);
+    let harness = start_supervisor(settings(2, false), plan(&recording, 2, 20));
+    let mut w0 = FakeWorker::join(&harness, 0, 0).await;
+    let mut w1 = FakeWorker::join(&harness, 1, 0).await;
+    tokio::join!(w0.sync_until_start(), w1.sync_until_start());
+    tokio::join!(w0.receive(10), w1.receive(10));
+    w0.report(
+        false,
+        5,
+        SliceTotals {
+            issued: 6,
+            ..SliceTotals::default()
+        },
+    )
+    .await;
+    w1.send(WorkerEvent::Gone {
+        index: 1,
+        reason: "its stream broke: connection reset".into(),
+    })
+    .await;
+    match w0.next_order().await {
+        Control::Abort { reason } => assert!(reason.contains("worker was lost"), "{reason}"),
+        other => panic!("expected an abort, got {other:?}"),
+    }
+    // The survivor's partial final report: one more answered, one lost in flight, 3 never
+    // started.
+    w0.report(
+        true,
+        6,
+        SliceTotals {
+            issued: 7,
+            not_started: 3,
+            lost: 1,
+            ..SliceTotals::default()
+        },
+    )
+    .await;
+    let result = harness.run.await.expect("no panic").expect("a result");
+    assert!(result.aborted);
+    assert!(!result.interrupted);
+    assert_eq!(result.metrics.counters.succeeded, 6);
+    // Worker 1 never reported: its 10 were never started (planned − assigned).
+    assert_eq!(result.not_started, 3 + 10);
+    assert_eq!(result.lost, 1);
+    let total = result.metrics.counters.completed() + result.not_started + result.lost;
+    assert_eq!(total, 20, "every planned exchange accounted for");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_interrupt_aborts_and_waits_only_the_grace_period() {
+    let recording = Recording::new("interrupt", 8);
+    let harness = start_supervisor(settings(1, false), plan(&recording, 1, 8));
+    let mut w0 = FakeWorker::join(&harness, 0, 0).await;
+    w0.sync_until_start().await;
+    w0.receive(8).await;
+    let _alive = keep_alive(harness.events.clone(), 0);
+    harness.interrupt.send_replace(true);
+    match w0.next_order().await {
+        Control::Abort { reason } => assert!(reason.contains("interrupted"), "{reason}"),
+        other => panic!("expected an abort, got {other:?}"),
+    }
+    let asked = tokio::time::Instant::now();
+    // The worker never answers: the supervisor gives up after the grace period.
+    let result = harness
+        .run
+        .await
+        .expect("no panic")
+        .expect("a partial result");
+    let waited = asked.elapsed();
+    assert!(
+        waited >= Duration::from_secs(3) && waited < Duration::from_millis(3500),
+        "the 3 s grace period, took {waited:?}"
+    );
+    assert!(result.interrupted && result.aborted);
+    assert_eq!(result.not_started, 8);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_report_answering_for_more_than_issued_loses_the_worker_but_keeps_its_last_valid_data() {
+    let recording = Recording::new("invalid", 10);
+    let harness = start_supervisor(settings(1, false), plan(&recording, 1, 10));
+    let mut w0 = FakeWorker::join(&harness, 0, 0).await;
+    w0.sync_until_start().await;
+    w0.receive(10).await;
+    w0.report(
+        false,
+        2,
+        SliceTotals {
+            issued: 2,
+            ..SliceTotals::default()
+        },
+    )
+    .await;
+    w0.report(
+        false,
+        9,
+        SliceTotals {
+            issued: 3,
+            ..SliceTotals::default()
+        },
+    )
+    .await;
+    let result = harness.run.await.expect("no panic").expect("a result");
+    assert!(result.aborted);
+    assert!(result.workers[0].lost);
+    assert_eq!(
+        result.metrics.counters.succeeded, 2,
+        "the last valid report"
+    );
+    assert!(
+        result
+            .warnings
+            .iter()
+            .any(|w| w.contains("invalid report (9 answered of 3 issued)")),
+        "{:?}",
+        result.warnings
+    );
+}
