@@ -265,6 +265,10 @@ pub async fn run_command(args: RunArgs) -> ExitCode {
             })
             .collect()
     };
+    let timeline = crate::timeline::join_levels(results.iter().map(|(level, result)| {
+        let level = level.map(|c| c as u32);
+        (level, result.started_at, &result.timeline[..])
+    }));
     let report = build_report(
         &config,
         &scanned,
@@ -273,6 +277,7 @@ pub async fn run_command(args: RunArgs) -> ExitCode {
         warnings,
         &goals,
         saved_baseline,
+        timeline,
     );
     if let Err(code) = emit(&report, &config.files) {
         return code;
@@ -350,6 +355,7 @@ fn request_totals(result: &ReplayResult) -> RequestTotals {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn build_report(
     config: &RunConfig,
     scanned: &RecordingScan,
@@ -358,6 +364,7 @@ fn build_report(
     warnings: Vec<String>,
     goals: &[Goal],
     saved_baseline: Option<(PathBuf, Report)>,
+    timeline: Vec<crate::report::TimelinePoint>,
 ) -> Report {
     let started_us = result
         .started_at
@@ -417,6 +424,7 @@ fn build_report(
         baseline: recorded_baseline,
         sweep,
         warnings: all_warnings,
+        timeline,
     });
     let report = match saved_baseline {
         Some((path, saved)) => compare_reports(&report, &saved, &path.display().to_string()),

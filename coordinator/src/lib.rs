@@ -12,6 +12,7 @@ pub mod export;
 pub mod goals;
 pub mod import;
 pub mod mock;
+pub mod progress;
 pub mod report;
 pub mod requests_out;
 pub mod run;
@@ -19,6 +20,7 @@ pub mod scan;
 pub mod server;
 pub mod shard;
 pub mod stats;
+pub mod timeline;
 
 #[cfg(test)]
 pub(crate) mod test_timing;

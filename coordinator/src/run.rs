@@ -4,7 +4,6 @@
 //! merge them.
 
 use std::collections::BTreeMap;
-use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -76,6 +75,8 @@ pub struct ReplayResult {
     pub aborted: bool,
     /// True when SIGINT or SIGTERM stopped the run (`aborted` is then true too).
     pub interrupted: bool,
+    /// The run over time (issue 10, `crate::timeline`).
+    pub timeline: Vec<crate::report::TimelinePoint>,
 }
 
 fn unix_ns(t: SystemTime) -> u64 {
@@ -676,8 +677,9 @@ async fn collect(
     }
 
     let planned = plan.planned_total();
-    // Live progress only for a person watching: quiet when output goes to a file or CI.
-    let progress_on = std::io::stdout().is_terminal() && std::io::stderr().is_terminal();
+    // Issue 10: the run's time series, and the progress bar (quiet unless on a terminal).
+    let mut timeline = crate::timeline::Timeline::new(started_at, slots.len());
+    let progress = crate::progress::Progress::new(planned);
     let mut aborted = false;
     let mut interrupted = false;
     let mut warnings = Vec::new();
@@ -736,9 +738,8 @@ async fn collect(
                         v1::Heartbeat { unix_ns: unix_ns(SystemTime::now()) },
                     )));
                 }
-                if progress_on {
-                    eprint!("\r{}", progress_line(&slots, planned, started_instant));
-                }
+                let live = timeline.sample(slots.iter().map(|s| s.latest.as_ref())); // issue 10
+                progress.update(&live, slots.iter().filter(|s| s.lost.is_none()).count(), slots.len());
             }
         }
 
@@ -869,9 +870,7 @@ async fn collect(
             }
         }
     }
-    if progress_on {
-        eprintln!("\r{}", progress_line(&slots, planned, started_instant));
-    }
+    progress.finish(); // issue 10
 
     if aborted {
         for slot in slots.iter().filter(|s| s.alive()) {
@@ -921,36 +920,13 @@ async fn collect(
         }
     }
     let duration = started_instant.elapsed();
+    let timeline = timeline.finish(slots.iter().map(|s| s.latest.as_ref())); // issue 10
     let mut result = finish(
         config, plan, run_id, target, load, workers, slots, warnings, aborted, started_at, duration,
     )?;
     result.interrupted = interrupted;
+    result.timeline = timeline; // issue 10
     Ok(result)
-}
-
-fn progress_line(slots: &[WorkerSlot], planned: Option<u64>, started: Instant) -> String {
-    let mut merged = RunMetrics::new();
-    let mut answered = 0u64;
-    for slot in slots {
-        if let Some(report) = &slot.latest
-            && let Ok((metrics, _, _)) = metrics_from_report(report)
-        {
-            answered += metrics.counters.completed();
-            merged.merge(&metrics);
-        }
-    }
-    let alive = slots.iter().filter(|s| s.lost.is_none()).count();
-    let ttft = merged
-        .stats(Metric::Ttft)
-        .map(|s| format!("{:.1}/{:.1} ms", s.p50, s.p95))
-        .unwrap_or_else(|| "-".into());
-    let total = planned.map(|n| n.to_string()).unwrap_or_else(|| "?".into());
-    format!(
-        "[{answered}/{total}] {:>6.1} s  TTFT p50/p95 {ttft}  errors {}  workers {alive}/{}   ",
-        started.elapsed().as_secs_f64(),
-        merged.counters.failed(),
-        slots.len()
-    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1090,5 +1066,6 @@ fn finish(
         warnings,
         aborted,
         interrupted: false,
+        timeline: Vec::new(),
     })
 }
