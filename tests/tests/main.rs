@@ -9,6 +9,7 @@ mod faults;
 mod goals;
 mod hardening;
 mod hostile_peers;
+mod html_report;
 mod memory;
 mod raw_server;
 mod real_traffic;
