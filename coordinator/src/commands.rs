@@ -106,38 +106,27 @@ fn interrupt_signal() -> tokio::sync::watch::Receiver<bool> {
     rx
 }
 
-/// Live progress only for a person watching (stdout and stderr on a terminal): the line is
-/// redrawn on each update and ends with each replay (each level of a sweep).
+/// Live progress only for a person watching (stdout and stderr on a terminal): one bar per
+/// replay (each level of a sweep), left on screen when it finishes.
 fn show_progress(mut state: tokio::sync::watch::Receiver<Progress>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
+        let mut bar: Option<(String, crate::progress::Progress)> = None;
         while state.changed().await.is_ok() {
-            let progress = state.borrow_and_update().clone();
-            if progress.finished {
-                eprintln!("\r{}", progress_line(&progress));
-            } else {
-                eprint!("\r{}", progress_line(&progress));
+            let current = state.borrow_and_update().clone();
+            if bar.as_ref().is_none_or(|(run, _)| *run != current.run_id) {
+                bar = Some((
+                    current.run_id.clone(),
+                    crate::progress::Progress::new(current.planned),
+                ));
+            }
+            if let Some((_, bar)) = &bar {
+                bar.update(&current);
+                if current.finished {
+                    bar.finish();
+                }
             }
         }
     })
-}
-
-fn progress_line(progress: &Progress) -> String {
-    let ttft = progress
-        .ttft_ms
-        .map(|(p50, p95)| format!("{p50:.1}/{p95:.1} ms"))
-        .unwrap_or_else(|| "-".into());
-    let total = progress
-        .planned
-        .map(|n| n.to_string())
-        .unwrap_or_else(|| "?".into());
-    format!(
-        "[{}/{total}] {:>6.1} s  TTFT p50/p95 {ttft}  errors {}  workers {}/{}   ",
-        progress.answered,
-        progress.elapsed.as_secs_f64(),
-        progress.errors,
-        progress.alive,
-        progress.workers
-    )
 }
 
 fn write_file(path: &Path, text: &str) -> Result<(), ExitCode> {
@@ -367,6 +356,10 @@ async fn replay_command(args: RunArgs, live: &mut Option<LiveServer>) -> ExitCod
             })
             .collect()
     };
+    let timeline = crate::timeline::join_levels(results.iter().map(|(level, result)| {
+        let level = level.map(|c| c as u32);
+        (level, result.started_at, &result.timeline[..])
+    }));
     let report = build_report(
         &config,
         &scanned,
@@ -375,6 +368,7 @@ async fn replay_command(args: RunArgs, live: &mut Option<LiveServer>) -> ExitCod
         warnings,
         &goals,
         saved_baseline,
+        timeline,
     );
     if let Err(code) = emit(&report, &config.files) {
         return code;
@@ -452,6 +446,7 @@ fn request_totals(result: &ReplayResult) -> RequestTotals {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn build_report(
     config: &RunConfig,
     scanned: &RecordingScan,
@@ -460,6 +455,7 @@ fn build_report(
     warnings: Vec<String>,
     goals: &[Goal],
     saved_baseline: Option<(PathBuf, Report)>,
+    timeline: Vec<crate::report::TimelinePoint>,
 ) -> Report {
     let started_us = result
         .started_at
@@ -519,6 +515,7 @@ fn build_report(
         baseline: recorded_baseline,
         sweep,
         warnings: all_warnings,
+        timeline,
     });
     let report = match saved_baseline {
         Some((path, saved)) => compare_reports(&report, &saved, &path.display().to_string()),

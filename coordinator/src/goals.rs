@@ -737,6 +737,7 @@ mod tests {
             }),
             sweep: Vec::new(),
             warnings: Vec::new(),
+            timeline: Vec::new(),
         })
     }
 

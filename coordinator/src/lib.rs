@@ -13,6 +13,7 @@ pub mod goals;
 pub mod import;
 pub mod live;
 pub mod mock;
+pub mod progress;
 pub mod report;
 pub mod requests_out;
 pub mod run;
@@ -21,6 +22,7 @@ pub mod server;
 pub mod shard;
 pub mod stats;
 pub mod supervisor;
+pub mod timeline;
 
 #[cfg(test)]
 pub(crate) mod test_timing;

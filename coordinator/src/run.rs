@@ -74,6 +74,8 @@ pub struct ReplayResult {
     pub aborted: bool,
     /// True when SIGINT or SIGTERM stopped the run (`aborted` is then true too).
     pub interrupted: bool,
+    /// The run over time (`crate::timeline`).
+    pub timeline: Vec<crate::report::TimelinePoint>,
 }
 
 /// The load model description shown in reports.

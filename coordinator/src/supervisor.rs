@@ -22,6 +22,7 @@ use crate::config::{RunConfig, WorkerSource};
 use crate::run::{ClockEstimate, ReplayResult, RunError, WorkerOutcome};
 use crate::server::{ClockSample, Control, WorkerControl, WorkerEvent};
 use crate::shard::{SliceChunk, SlicePlan, SliceSender, feed_reassigned, feed_slice};
+use crate::timeline::Timeline;
 
 /// How the supervisor behaves; from the run's config, or set directly by tests.
 #[derive(Debug, Clone)]
@@ -116,6 +117,8 @@ pub struct Supervisor {
     warnings: Vec<String>,
     aborted: bool,
     interrupted: bool,
+    /// The run over time, from the start on.
+    timeline: Option<Timeline>,
 }
 
 /// One worker, from its join to the end of the run.
@@ -272,6 +275,7 @@ impl Supervisor {
             warnings: Vec::new(),
             aborted: false,
             interrupted: false,
+            timeline: None,
         }
     }
 
@@ -287,7 +291,12 @@ impl Supervisor {
         let duration = started.elapsed();
         let progress = self.progress.take();
         let planned = self.plan.planned_total();
-        let result = self.finish(started_at, duration)?;
+        let timeline = self
+            .timeline
+            .take()
+            .map(|timeline| timeline.finish(self.slots.iter().map(|s| s.latest.as_deref())));
+        let mut result = self.finish(started_at, duration)?;
+        result.timeline = timeline.unwrap_or_default();
         if let Some(progress) = progress {
             // The final numbers are the report's, accounting of lost workers included.
             let metrics = &result.metrics;
@@ -483,6 +492,7 @@ impl Supervisor {
             });
             slot.last_heard = Instant::now();
         }
+        self.timeline = Some(Timeline::new(started_at, self.slots.len()));
         (started_at, started)
     }
 
@@ -577,6 +587,9 @@ impl Supervisor {
             slot.control.send(Control::Heartbeat {
                 unix_ns: unix_ns(SystemTime::now()),
             });
+        }
+        if let Some(timeline) = &mut self.timeline {
+            timeline.sample(self.slots.iter().map(|s| s.latest.as_deref()));
         }
         self.publish_progress(started);
     }
@@ -913,6 +926,7 @@ impl Supervisor {
             warnings,
             aborted,
             interrupted,
+            timeline: Vec::new(),
         })
     }
 }

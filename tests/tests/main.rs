@@ -10,6 +10,7 @@ mod faults;
 mod goals;
 mod hardening;
 mod hostile_peers;
+mod html_report;
 mod live_metrics;
 mod memory;
 mod raw_server;

@@ -1,24 +1,68 @@
 //! The HTML rendering of a report (`--report-html`): one self-contained file with inline CSS
-//! and no script, so it opens from a CI artifact store or an e-mail as it is.
+//! and inline SVG charts and no script, so it opens from a CI artifact store or an e-mail as
+//! it is, follows the reader's light or dark scheme, and prints on white.
+//!
+//! Order: headline numbers, regressions against the baseline, goals, warnings, the TTFT and
+//! ITL distributions (baseline overlaid), the run over time, the concurrency sweep's knee
+//! plots, then the full tables (metrics, requests, comparison, workers).
 
 use std::fmt::Write as _;
 
-use common::metrics::Metric;
+use common::metrics::{Metric, Stats};
 
-use super::Report;
 use super::format::{self, HIGHLIGHT_NOTE, STAT_COLUMNS};
+use super::svg::{BASELINE_COLOR, Band, Chart, Series, SeriesKind};
+use super::{Change, Report, TimelinePoint};
+
+/// Colours of the light scheme (also used when printing).
+const LIGHT: &str = "--bg:#ffffff;--fg:#1f2328;--muted:#59636e;--border:#d0d7de;--head:#f6f8fa;\
+--grid:#e4e7eb;--bad-bg:#ffebe9;--bad-fg:#a40e26;--good-bg:#dafbe1;--good-fg:#116329;\
+--warn-bg:#fff8c5;--band:rgba(9,105,218,.07);--c0:#0969da;--c1:#bc4c00;--c2:#1a7f37;\
+--c3:#8250df;--c4:#cf222e;--c9:#6e7781";
+
+/// Colours of the dark scheme.
+const DARK: &str = "--bg:#0d1117;--fg:#e6edf3;--muted:#9198a1;--border:#3d444d;--head:#151b23;\
+--grid:#262c36;--bad-bg:#3c1618;--bad-fg:#ff9492;--good-bg:#0f2d1a;--good-fg:#6fdd8b;\
+--warn-bg:#3a2e05;--band:rgba(88,166,255,.10);--c0:#58a6ff;--c1:#f0883e;--c2:#3fb950;\
+--c3:#bc8cff;--c4:#ff7b72;--c9:#9198a1";
 
 const STYLE: &str = "\
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem;color:#1f2328}\
-h1{font-size:1.4rem}h2{font-size:1.15rem;margin-top:2rem}\
+*{box-sizing:border-box}\
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1280px;\
+padding:0 1rem;color:var(--fg);background:var(--bg);line-height:1.4}\
+h1{font-size:1.4rem}h2{font-size:1.15rem;margin-top:2rem;border-bottom:1px solid var(--border);padding-bottom:.2rem}\
 table{border-collapse:collapse;margin:.5rem 0}\
-th,td{border:1px solid #d0d7de;padding:.25rem .6rem}\
-th{background:#f6f8fa;text-align:left}\
+th,td{border:1px solid var(--border);padding:.25rem .6rem}\
+th{background:var(--head);text-align:left}\
 td.n{text-align:right;font-variant-numeric:tabular-nums}\
-tr.worse td{background:#ffebe9;color:#a40e26;font-weight:600}\
-tr.fail td{background:#ffebe9;color:#a40e26}tr.pass td{background:#dafbe1;color:#116329}\
+tr.worse td{background:var(--bad-bg);color:var(--bad-fg);font-weight:600}\
+tr.fail td{background:var(--bad-bg);color:var(--bad-fg)}tr.pass td{background:var(--good-bg);color:var(--good-fg)}\
+tr.warn td{background:var(--warn-bg)}\
 code{font-family:ui-monospace,SFMono-Regular,Menlo,monospace}\
-.note{color:#59636e;font-size:.9rem}";
+.note{color:var(--muted);font-size:.9rem}\
+.cards{display:flex;flex-wrap:wrap;gap:.6rem;margin:1rem 0}\
+.card{border:1px solid var(--border);border-radius:6px;padding:.5rem .8rem;min-width:10rem}\
+.card .label{color:var(--muted);font-size:.85rem}.card .value{font-size:1.35rem;font-variant-numeric:tabular-nums}\
+.card .change{font-size:.85rem;color:var(--muted)}\
+.card.worse{border-color:var(--bad-fg);background:var(--bad-bg)}.card.worse .change{color:var(--bad-fg);font-weight:600}\
+.callout{border-left:4px solid var(--border);padding:.4rem .8rem;margin:1rem 0;background:var(--head)}\
+.callout.bad{border-color:var(--bad-fg);background:var(--bad-bg)}.callout.good{border-color:var(--good-fg);background:var(--good-bg)}\
+.callout ul{margin:.3rem 0}\
+.plots{display:grid;grid-template-columns:repeat(auto-fit,minmax(420px,1fr));gap:1rem}\
+figure.plot{margin:0;border:1px solid var(--border);border-radius:6px;padding:.3rem}\
+figure.plot svg{display:block;width:100%;height:auto}\
+figcaption{font-size:.85rem;color:var(--muted);text-align:center}\
+svg text{fill:var(--fg);font-size:11px;font-family:inherit}\
+svg .tick,svg .band-label{fill:var(--muted)}svg .axis-label{font-size:12px}svg .legend{font-size:11.5px}\
+svg .grid{stroke:var(--grid);stroke-width:1}svg .frame{fill:none;stroke:var(--border)}\
+svg .band{fill:var(--band)}svg .empty{fill:var(--muted);font-size:14px}\
+svg .line{fill:none;stroke-width:2;stroke-linejoin:round;stroke-linecap:round}svg .dashed{stroke-dasharray:6 4}\
+.s0{stroke:var(--c0)}.s1{stroke:var(--c1)}.s2{stroke:var(--c2)}.s3{stroke:var(--c3)}.s4{stroke:var(--c4)}.s9{stroke:var(--c9)}\
+.f0{fill:var(--c0)}.f1{fill:var(--c1)}.f2{fill:var(--c2)}.f3{fill:var(--c3)}.f4{fill:var(--c4)}.f9{fill:var(--c9)}\
+.bar{display:inline-block;width:5rem;height:.6rem;background:var(--grid);margin-left:.4rem;vertical-align:middle}\
+.bar>span{display:block;height:100%;background:var(--c0)}tr.warn .bar>span{background:var(--c4)}\
+@media print{body{margin:0;max-width:none;font-size:10pt}\
+.plots{grid-template-columns:1fr 1fr}figure,table,.card,.callout{break-inside:avoid}h2{break-after:avoid}}";
 
 /// Render `report` as a standalone HTML page.
 pub fn render_html(report: &Report) -> String {
@@ -26,12 +70,48 @@ pub fn render_html(report: &Report) -> String {
     let _ = write!(
         out,
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
-         <title>llm-replay run {id}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n\
+         <meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">\n\
+         <meta name=\"color-scheme\" content=\"light dark\">\n\
+         <title>llm-replay run {id}</title>\n<style>:root{{{LIGHT}}}\
+         @media (prefers-color-scheme:dark){{:root{{{DARK}}}}}\
+         @media print{{:root{{{LIGHT}}}}}{STYLE}</style>\n</head>\n<body>\n\
          <h1>llm-replay run <code>{id}</code></h1>\n",
         id = esc(&report.run.id)
     );
+    run_table(&mut out, report);
+    headline(&mut out, report);
+    regressions(&mut out, report);
+    goals(&mut out, report);
+    warnings(&mut out, report);
+    distributions(&mut out, report);
+    over_time(&mut out, report);
+    sweep(&mut out, report);
+    metrics_tables(&mut out, report);
+    comparison(&mut out, report);
+    workers(&mut out, report);
+    let _ = writeln!(out, "</body>\n</html>");
+    out
+}
+
+/// HTML-escape text for element content and attribute values.
+pub(super) fn esc(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn run_table(out: &mut String, report: &Report) {
     let _ = writeln!(out, "<table>");
-    for (name, value) in [
+    let mut rows = vec![
         ("Started", esc(&report.run.started_at)),
         ("Duration", format!("{:.2} s", report.run.duration_s)),
         ("Target", esc(&report.run.target)),
@@ -40,44 +120,474 @@ pub fn render_html(report: &Report) -> String {
             format!("<code>{}</code>", esc(&format::load(report))),
         ),
         ("Workers", report.run.workers.len().to_string()),
-    ] {
+    ];
+    if let Some(baseline) = &report.baseline {
+        rows.push(("Baseline", esc(&baseline.source)));
+    }
+    for (name, value) in rows {
         let _ = writeln!(out, "<tr><th>{name}</th><td>{value}</td></tr>");
     }
     let _ = writeln!(out, "</table>");
+}
 
-    if !report.run.workers.is_empty() {
+/// The numbers people look at first, each with its change against the baseline.
+fn headline(out: &mut String, report: &Report) {
+    let changes = report.baseline.as_ref().map(|b| &b.changes);
+    let change = |key: &str| changes.and_then(|c| c.get(key)).copied();
+    let p95 = |metric: Metric| report.llm.stats(metric).map(|s| s.p95);
+    let ms =
+        |v: Option<f64>| v.map_or_else(|| format::NO_VALUE.to_string(), |v| format!("{v:.2} ms"));
+    let cards: Vec<(&str, String, Option<Change>)> = vec![
+        ("TTFT p95", ms(p95(Metric::Ttft)), change("ttft_ms.p95")),
+        ("ITL p95", ms(p95(Metric::Itl)), change("itl_ms.p95")),
+        (
+            "Request latency p95",
+            ms(p95(Metric::Latency)),
+            change("latency_ms.p95"),
+        ),
+        (
+            "Output throughput",
+            format!(
+                "{} tokens/s",
+                format::rate(report.llm.output_tokens_per_second)
+            ),
+            change("output_tokens_per_second"),
+        ),
+        (
+            "Request throughput",
+            format!(
+                "{} requests/s",
+                format::rate(report.llm.requests_per_second)
+            ),
+            change("requests_per_second"),
+        ),
+        (
+            "Errors",
+            format!(
+                "{} ({})",
+                report.requests.failed,
+                report
+                    .requests
+                    .error_rate_pct()
+                    .map_or_else(|| format::NO_VALUE.to_string(), |p| format!("{p:.1} %"))
+            ),
+            None,
+        ),
+    ];
+    let _ = writeln!(out, "<div class=\"cards\" id=\"headline\">");
+    for (label, value, change) in cards {
+        let worse = change.is_some_and(|c| c.highlight);
+        let change_text = match change {
+            Some(c) => format!(
+                "<div class=\"change\">{} vs baseline{}</div>",
+                format::signed_pct(c.change_pct),
+                if worse { " ▲ worse" } else { "" }
+            ),
+            None => String::new(),
+        };
         let _ = writeln!(
             out,
-            "<table>\n<tr><th>Worker</th><th>Host</th><th>Assigned</th><th>Completed</th>\
-             <th>Lost</th><th>Clock offset (ms)</th></tr>"
+            "<div class=\"card{}\"><div class=\"label\">{label}</div><div class=\"value\">{value}</div>{change_text}</div>",
+            if worse { " worse" } else { "" }
         );
-        for w in &report.run.workers {
-            let class = if w.disconnected {
-                " class=\"fail\""
-            } else {
-                ""
-            };
-            let lost = if w.disconnected {
-                format!("{} (disconnected)", w.lost)
-            } else {
-                w.lost.to_string()
-            };
-            let _ = writeln!(
-                out,
-                "<tr{class}><td>{}</td><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
-                 <td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
-                esc(&w.id),
-                esc(&w.host),
-                w.assigned,
-                w.completed,
-                lost,
-                w.clock_offset_ms
-                    .map_or_else(|| format::NO_VALUE.to_string(), |o| format!("{o:.2}"))
-            );
-        }
-        let _ = writeln!(out, "</table>");
     }
+    if !report.goals.is_empty() {
+        let failed = report.goals.iter().filter(|g| g.failed).count();
+        let _ = writeln!(
+            out,
+            "<div class=\"card{}\"><div class=\"label\">Goals</div><div class=\"value\">{} of {} held</div></div>",
+            if failed > 0 { " worse" } else { "" },
+            report.goals.len() - failed,
+            report.goals.len()
+        );
+    }
+    let _ = writeln!(out, "</div>");
+}
 
+/// Every comparison at least 10 % worse than the baseline, in one list at the top.
+fn regressions(out: &mut String, report: &Report) {
+    let Some(baseline) = &report.baseline else {
+        return;
+    };
+    let mut current_label = String::new();
+    let mut items = Vec::new();
+    for row in format::comparison_rows(report) {
+        if !row.label.is_empty() {
+            current_label = row.label.clone();
+        }
+        if row.highlight() {
+            let stat = if row.stat.is_empty() {
+                String::new()
+            } else {
+                format!(" {}", row.stat)
+            };
+            items.push(format!(
+                "<li><strong>{}{stat}</strong>: {} → {} ({})</li>",
+                esc(&current_label),
+                row.baseline,
+                row.replayed,
+                row.change
+            ));
+        }
+    }
+    if items.is_empty() {
+        let _ = writeln!(
+            out,
+            "<div class=\"callout good\" id=\"regressions\">No regression of 10 % or more against the baseline ({}).</div>",
+            esc(&baseline.source)
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "<div class=\"callout bad\" id=\"regressions\"><strong>{} regression{} of 10 % or more against the baseline ({})</strong>\n<ul>\n{}\n</ul></div>",
+            items.len(),
+            if items.len() == 1 { "" } else { "s" },
+            esc(&baseline.source),
+            items.join("\n")
+        );
+    }
+}
+
+fn goals(out: &mut String, report: &Report) {
+    if report.goals.is_empty() {
+        return;
+    }
+    let failed = report.goals.iter().filter(|g| g.failed).count();
+    let _ = writeln!(
+        out,
+        "<h2>Goals ({failed} of {} failed)</h2>\n<table>\n<tr><th>Result</th><th>Fail if</th>\
+         <th>Value</th><th>Threshold</th><th>Note</th></tr>",
+        report.goals.len()
+    );
+    for goal in &report.goals {
+        let (class, status) = if goal.failed {
+            ("fail", "FAIL")
+        } else {
+            ("pass", "PASS")
+        };
+        let _ = writeln!(
+            out,
+            "<tr class=\"{class}\"><td>{status}</td><td><code>{}</code></td>\
+             <td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td></tr>",
+            esc(&goal.expr),
+            format::goal_number(goal.value),
+            format::goal_number(Some(goal.threshold)),
+            esc(goal.note.as_deref().unwrap_or(""))
+        );
+    }
+    let _ = writeln!(out, "</table>");
+}
+
+fn warnings(out: &mut String, report: &Report) {
+    if report.warnings.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "<h2>Warnings</h2>\n<ul>");
+    for warning in &report.warnings {
+        let _ = writeln!(out, "<li>{}</li>", esc(warning));
+    }
+    let _ = writeln!(out, "</ul>");
+}
+
+/// `[value, percent]` pairs of `metric` in `llm`: the saved CDF, or for a report without one
+/// the percentiles its summary has.
+fn cdf_points(llm: &super::LlmSection, metric: Metric) -> Vec<(f64, f64)> {
+    let saved = llm.cdf.as_ref().map(|cdf| match metric {
+        Metric::Ttft => &cdf.ttft_ms,
+        Metric::Itl => &cdf.itl_ms,
+        _ => &cdf.latency_ms,
+    });
+    match saved {
+        Some(points) if !points.is_empty() => points.iter().map(|&[v, p]| (v, p)).collect(),
+        _ => llm.stats(metric).map_or_else(Vec::new, |s: Stats| {
+            vec![
+                (s.min, 0.0),
+                (s.p50, 50.0),
+                (s.p90, 90.0),
+                (s.p95, 95.0),
+                (s.p99, 99.0),
+                (s.max, 100.0),
+            ]
+        }),
+    }
+}
+
+/// The value at 99.9 % (or the largest) of a CDF: where its chart's x axis stops.
+fn tail(points: &[(f64, f64)]) -> Option<f64> {
+    points
+        .iter()
+        .find(|(_, p)| *p >= 99.9)
+        .or(points.last())
+        .map(|(v, _)| *v)
+}
+
+fn cdf_chart(report: &Report, metric: Metric, id: &'static str, what: &str) -> Chart {
+    let run = cdf_points(&report.llm, metric);
+    let mut series = vec![Series::line("this run", 0, vec![run.clone()])];
+    let mut x_max = tail(&run);
+    if let Some(baseline) = &report.baseline {
+        let base = cdf_points(&baseline.llm, metric);
+        if !base.is_empty() {
+            x_max = match (x_max, tail(&base)) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            };
+            series.push(Series {
+                name: format!("baseline ({})", baseline.source),
+                color: BASELINE_COLOR,
+                dashed: true,
+                kind: SeriesKind::Line,
+                segments: vec![base],
+            });
+        }
+    }
+    Chart {
+        id,
+        title: format!("{what}: cumulative distribution (x axis to p99.9)"),
+        x_label: format!("{what} (ms)"),
+        y_label: "requests at or below (%)".into(),
+        series,
+        bands: Vec::new(),
+        y_range: Some((0.0, 100.0)),
+        x_max: x_max.map(|v| v * 1.02),
+        height: 300.0,
+    }
+}
+
+fn distributions(out: &mut String, report: &Report) {
+    let _ = writeln!(
+        out,
+        "<h2>Distributions</h2>\n<div class=\"plots\" id=\"distributions\">"
+    );
+    out.push_str(&cdf_chart(report, Metric::Ttft, "plot-ttft-cdf", "Time to first token").render());
+    out.push_str(&cdf_chart(report, Metric::Itl, "plot-itl-cdf", "Inter-token latency").render());
+    let _ = writeln!(out, "</div>");
+}
+
+/// Connected runs of `value(point)` over time: a run breaks at a sweep level's edge and
+/// where the value is missing.
+fn time_segments(
+    points: &[TimelinePoint],
+    value: impl Fn(&TimelinePoint) -> Option<f64>,
+) -> Vec<Vec<(f64, f64)>> {
+    let mut segments: Vec<Vec<(f64, f64)>> = Vec::new();
+    let mut level = None;
+    let mut open = false;
+    for point in points {
+        let same_level = level == Some(point.concurrency);
+        level = Some(point.concurrency);
+        match value(point) {
+            Some(v) if v.is_finite() => {
+                if !(open && same_level) {
+                    segments.push(Vec::new());
+                }
+                if let Some(segment) = segments.last_mut() {
+                    segment.push((point.t_s, v));
+                }
+                open = true;
+            }
+            _ => open = false,
+        }
+    }
+    segments
+}
+
+/// One shaded band per sweep level, labelled with its concurrency.
+fn level_bands(points: &[TimelinePoint]) -> Vec<Band> {
+    let mut bands: Vec<Band> = Vec::new();
+    let mut current = None;
+    for point in points {
+        let Some(concurrency) = point.concurrency else {
+            continue;
+        };
+        if current == Some(concurrency)
+            && let Some(band) = bands.last_mut()
+        {
+            band.to = point.t_s;
+            continue;
+        }
+        current = Some(concurrency);
+        bands.push(Band {
+            from: point.t_s - point.dt_s,
+            to: point.t_s,
+            label: format!("c={concurrency}"),
+        });
+    }
+    bands
+}
+
+fn time_chart(
+    points: &[TimelinePoint],
+    id: &'static str,
+    title: &str,
+    y_label: &str,
+    series: Vec<Series>,
+) -> Chart {
+    Chart {
+        id,
+        title: title.into(),
+        x_label: "time since the load started (s)".into(),
+        y_label: y_label.into(),
+        series,
+        bands: level_bands(points),
+        y_range: None,
+        x_max: None,
+        height: 230.0,
+    }
+}
+
+fn over_time(out: &mut String, report: &Report) {
+    let points = &report.timeline;
+    if points.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "<h2>Over the run</h2>\n<p class=\"note\">One point per interval of about a second; \
+         percentiles are of the requests that finished in that interval.</p>\n\
+         <div class=\"plots\" id=\"timeline\">"
+    );
+    let line = |name: &str, color, value: fn(&TimelinePoint) -> Option<f64>| {
+        Series::line(name, color, time_segments(points, value))
+    };
+    let charts = [
+        time_chart(
+            points,
+            "plot-ttft-time",
+            "Time to first token over the run",
+            "TTFT (ms)",
+            vec![
+                line("p50", 0, |p| p.ttft_p50_ms),
+                line("p95", 1, |p| p.ttft_p95_ms),
+            ],
+        ),
+        time_chart(
+            points,
+            "plot-itl-time",
+            "Inter-token latency over the run",
+            "ITL (ms)",
+            vec![
+                line("p50", 0, |p| p.itl_p50_ms),
+                line("p95", 1, |p| p.itl_p95_ms),
+            ],
+        ),
+        time_chart(
+            points,
+            "plot-throughput-time",
+            "Output throughput over the run",
+            "output tokens/s",
+            vec![line("output tokens/s", 2, |p| Some(p.output_tokens_per_s))],
+        ),
+        time_chart(
+            points,
+            "plot-requests-time",
+            "Request throughput over the run",
+            "requests/s",
+            vec![line("succeeded requests/s", 3, |p| Some(p.requests_per_s))],
+        ),
+        time_chart(
+            points,
+            "plot-inflight-time",
+            "Requests in flight over the run",
+            "requests in flight",
+            vec![line("in flight", 0, |p| Some(p.in_flight as f64))],
+        ),
+        time_chart(
+            points,
+            "plot-errors-time",
+            "Errors over the run",
+            "failed requests per interval",
+            vec![Series {
+                name: "failed requests".into(),
+                color: 4,
+                dashed: false,
+                kind: SeriesKind::Bars(points.iter().map(|p| p.dt_s).collect()),
+                segments: vec![points.iter().map(|p| (p.t_s, p.errors as f64)).collect()],
+            }],
+        ),
+    ];
+    for chart in charts {
+        out.push_str(&chart.render());
+    }
+    let _ = writeln!(out, "</div>");
+}
+
+fn knee_chart(report: &Report, metric: Metric, id: &'static str, what: &str) -> Chart {
+    let mut points = Vec::new();
+    let mut labels = Vec::new();
+    for level in &report.sweep {
+        if let (Some(throughput), Some(stats)) =
+            (level.llm.output_tokens_per_second, level.llm.stats(metric))
+        {
+            points.push((throughput, stats.p95));
+            labels.push(format!("c={}", level.concurrency));
+        }
+    }
+    Chart {
+        id,
+        title: format!("Output throughput vs {what} p95, per concurrency level"),
+        x_label: "output throughput (tokens/s)".into(),
+        y_label: format!("{what} p95 (ms)"),
+        series: vec![Series {
+            name: format!("{what} p95 by concurrency"),
+            color: if metric == Metric::Ttft { 0 } else { 2 },
+            dashed: false,
+            kind: SeriesKind::Labelled(labels),
+            segments: vec![points],
+        }],
+        bands: Vec::new(),
+        y_range: None,
+        x_max: None,
+        height: 300.0,
+    }
+}
+
+fn sweep(out: &mut String, report: &Report) {
+    if report.sweep.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "<h2>Concurrency sweep</h2>\n<p class=\"note\">The knee: where more concurrency stops \
+         buying throughput and starts costing latency.</p>\n<div class=\"plots\" id=\"sweep\">"
+    );
+    out.push_str(&knee_chart(report, Metric::Ttft, "plot-knee-ttft", "TTFT").render());
+    out.push_str(&knee_chart(report, Metric::Itl, "plot-knee-itl", "ITL").render());
+    let _ = writeln!(
+        out,
+        "</div>\n<table>\n<tr><th>Concurrency</th><th>Requests</th>\
+         <th>Failed</th><th>TTFT p50 (ms)</th><th>TTFT p95 (ms)</th><th>ITL p50 (ms)</th>\
+         <th>ITL p95 (ms)</th><th>Latency p95 (ms)</th><th>Output tokens/s</th><th>Requests/s</th></tr>"
+    );
+    for level in &report.sweep {
+        let stat = |metric: Metric, pick: fn(&Stats) -> f64| {
+            level.llm.stats(metric).map_or_else(
+                || format::NO_VALUE.to_string(),
+                |s| format!("{:.2}", pick(&s)),
+            )
+        };
+        let cells = [
+            level.concurrency.to_string(),
+            level.requests.total.to_string(),
+            level.requests.failed.to_string(),
+            stat(Metric::Ttft, |s| s.p50),
+            stat(Metric::Ttft, |s| s.p95),
+            stat(Metric::Itl, |s| s.p50),
+            stat(Metric::Itl, |s| s.p95),
+            stat(Metric::Latency, |s| s.p95),
+            format::rate(level.llm.output_tokens_per_second),
+            format::rate(level.llm.requests_per_second),
+        ];
+        let _ = write!(out, "<tr>");
+        for value in cells {
+            let _ = write!(out, "<td class=\"n\">{value}</td>");
+        }
+        let _ = writeln!(out, "</tr>");
+    }
+    let _ = writeln!(out, "</table>");
+}
+
+fn metrics_tables(out: &mut String, report: &Report) {
     let _ = writeln!(out, "<h2>LLM metrics</h2>\n<table>\n<tr><th>Metric</th>");
     for column in STAT_COLUMNS {
         let _ = write!(out, "<th>{column}</th>");
@@ -143,123 +653,117 @@ pub fn render_html(report: &Report) -> String {
         let _ = writeln!(out, "<tr><th>{name}</th><td class=\"n\">{value}</td></tr>");
     }
     let _ = writeln!(out, "</table>");
-
-    if let Some(baseline) = &report.baseline {
-        let _ = writeln!(
-            out,
-            "<h2>Baseline comparison ({})</h2>\n<table>\n<tr><th>Metric</th><th>Stat</th>\
-             <th>Baseline</th><th>Replayed</th><th>Change</th><th></th></tr>",
-            esc(&baseline.source)
-        );
-        for row in format::comparison_rows(report) {
-            let class = if row.highlight() {
-                " class=\"worse\""
-            } else {
-                ""
-            };
-            let _ = writeln!(
-                out,
-                "<tr{class}><td>{}</td><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
-                 <td class=\"n\">{}</td><td>{}</td></tr>",
-                esc(&row.label),
-                esc(&row.stat),
-                row.baseline,
-                row.replayed,
-                row.change,
-                row.marker()
-            );
-        }
-        let _ = writeln!(
-            out,
-            "</table>\n<p class=\"note\">{}</p>",
-            esc(HIGHLIGHT_NOTE)
-        );
-    }
-
-    if !report.sweep.is_empty() {
-        let _ = writeln!(
-            out,
-            "<h2>Concurrency sweep</h2>\n<table>\n<tr><th>Concurrency</th><th>Requests</th>\
-             <th>Failed</th><th>TTFT p50 (ms)</th><th>TTFT p95 (ms)</th><th>ITL p50 (ms)</th>\
-             <th>Latency p95 (ms)</th><th>Output tokens/s</th><th>Requests/s</th></tr>"
-        );
-        for level in &report.sweep {
-            let stat = |metric: Metric, pick: fn(&common::metrics::Stats) -> f64| {
-                level.llm.stats(metric).map_or_else(
-                    || format::NO_VALUE.to_string(),
-                    |s| format!("{:.2}", pick(&s)),
-                )
-            };
-            let cells = [
-                level.concurrency.to_string(),
-                level.requests.total.to_string(),
-                level.requests.failed.to_string(),
-                stat(Metric::Ttft, |s| s.p50),
-                stat(Metric::Ttft, |s| s.p95),
-                stat(Metric::Itl, |s| s.p50),
-                stat(Metric::Latency, |s| s.p95),
-                format::rate(level.llm.output_tokens_per_second),
-                format::rate(level.llm.requests_per_second),
-            ];
-            let _ = write!(out, "<tr>");
-            for value in cells {
-                let _ = write!(out, "<td class=\"n\">{value}</td>");
-            }
-            let _ = writeln!(out, "</tr>");
-        }
-        let _ = writeln!(out, "</table>");
-    }
-
-    if !report.goals.is_empty() {
-        let failed = report.goals.iter().filter(|g| g.failed).count();
-        let _ = writeln!(
-            out,
-            "<h2>Goals ({failed} of {} failed)</h2>\n<table>\n<tr><th>Result</th><th>Fail if</th>\
-             <th>Value</th><th>Threshold</th><th>Note</th></tr>",
-            report.goals.len()
-        );
-        for goal in &report.goals {
-            let (class, status) = if goal.failed {
-                ("fail", "FAIL")
-            } else {
-                ("pass", "PASS")
-            };
-            let _ = writeln!(
-                out,
-                "<tr class=\"{class}\"><td>{status}</td><td><code>{}</code></td>\
-                 <td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td></tr>",
-                esc(&goal.expr),
-                format::goal_number(goal.value),
-                format::goal_number(Some(goal.threshold)),
-                esc(goal.note.as_deref().unwrap_or(""))
-            );
-        }
-        let _ = writeln!(out, "</table>");
-    }
-
-    if !report.warnings.is_empty() {
-        let _ = writeln!(out, "<h2>Warnings</h2>\n<ul>");
-        for warning in &report.warnings {
-            let _ = writeln!(out, "<li>{}</li>", esc(warning));
-        }
-        let _ = writeln!(out, "</ul>");
-    }
-    let _ = writeln!(out, "</body>\n</html>");
-    out
 }
 
-/// HTML-escape text for element content and attribute values.
-pub(super) fn esc(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
+fn comparison(out: &mut String, report: &Report) {
+    let Some(baseline) = &report.baseline else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "<h2>Baseline comparison ({})</h2>\n<table>\n<tr><th>Metric</th><th>Stat</th>\
+         <th>Baseline</th><th>Replayed</th><th>Change</th><th></th></tr>",
+        esc(&baseline.source)
+    );
+    for row in format::comparison_rows(report) {
+        let class = if row.highlight() {
+            " class=\"worse\""
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            out,
+            "<tr{class}><td>{}</td><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
+             <td class=\"n\">{}</td><td>{}</td></tr>",
+            esc(&row.label),
+            esc(&row.stat),
+            row.baseline,
+            row.replayed,
+            row.change,
+            row.marker()
+        );
     }
-    out
+    let _ = writeln!(
+        out,
+        "</table>\n<p class=\"note\">{}</p>",
+        esc(HIGHLIGHT_NOTE)
+    );
+}
+
+/// Schedule lag p99 above this (ms) or CPU above [`SATURATED_CPU_PCT`] marks a worker that
+/// could not keep up (the same rule as the run's warning).
+const SATURATED_LAG_MS: f64 = 10.0;
+const SATURATED_CPU_PCT: f64 = 90.0;
+
+/// A value with a small bar, `fraction` of full width.
+fn bar_cell(text: String, fraction: f64) -> String {
+    format!(
+        "<td class=\"n\">{text}<span class=\"bar\"><span style=\"width:{:.0}%\"></span></span></td>",
+        (fraction.clamp(0.0, 1.0) * 100.0)
+    )
+}
+
+fn workers(out: &mut String, report: &Report) {
+    if report.run.workers.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "<h2>Workers</h2>\n<p class=\"note\">A worker whose schedule lag p99 is above \
+         {SATURATED_LAG_MS} ms or whose CPU is above {SATURATED_CPU_PCT} % could not keep up: \
+         its numbers are the client's, not the server's.</p>\n\
+         <table id=\"workers\">\n<tr><th>Worker</th><th>Host</th><th>Assigned</th><th>Completed</th>\
+         <th>Lost</th><th>Clock offset (ms)</th><th>Schedule lag p99 (ms)</th><th>CPU (%)</th>\
+         <th>Peak memory (MB)</th></tr>"
+    );
+    // Lag bars share a scale: the largest lag, and never less than the saturation mark.
+    let lag_scale = report
+        .run
+        .workers
+        .iter()
+        .filter_map(|w| w.schedule_lag_p99_ms)
+        .fold(SATURATED_LAG_MS, f64::max);
+    for w in &report.run.workers {
+        let saturated = w.schedule_lag_p99_ms.is_some_and(|l| l > SATURATED_LAG_MS)
+            || w.cpu_pct.is_some_and(|c| c > SATURATED_CPU_PCT);
+        let class = if w.disconnected {
+            " class=\"fail\""
+        } else if saturated {
+            " class=\"warn\""
+        } else {
+            ""
+        };
+        let lost = if w.disconnected {
+            format!("{} (disconnected)", w.lost)
+        } else {
+            w.lost.to_string()
+        };
+        let optional = |v: Option<f64>, decimals: usize| {
+            v.map_or_else(
+                || format::NO_VALUE.to_string(),
+                |v| format!("{v:.decimals$}"),
+            )
+        };
+        let lag = match w.schedule_lag_p99_ms {
+            Some(lag) => bar_cell(format!("{lag:.2}"), lag / lag_scale),
+            None => format!("<td class=\"n\">{}</td>", format::NO_VALUE),
+        };
+        let cpu = match w.cpu_pct {
+            Some(cpu) => bar_cell(format!("{cpu:.1}"), cpu / 100.0),
+            None => format!("<td class=\"n\">{}</td>", format::NO_VALUE),
+        };
+        let _ = writeln!(
+            out,
+            "<tr{class}><td>{}</td><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
+             <td class=\"n\">{}</td><td class=\"n\">{}</td>{lag}{cpu}<td class=\"n\">{}</td></tr>",
+            esc(&w.id),
+            esc(&w.host),
+            w.assigned,
+            w.completed,
+            lost,
+            optional(w.clock_offset_ms, 2),
+            optional(w.peak_rss_mb, 1),
+        );
+    }
+    let _ = writeln!(out, "</table>");
 }

@@ -1,206 +1,412 @@
-//! The Markdown rendering of a report (`--report-md`), for CI job summaries and pull-request
-//! comments: GitHub-flavoured tables, highlighted comparisons in bold with the `▲ worse` marker.
+//! The Markdown rendering of a report (`--report-md`), for pull-request comments and CI job
+//! summaries: a verdict line, the headline table with the baseline, a throughput sparkline,
+//! the regressions, the goals, the sweep and the warnings, always under [`MAX_LINES`] lines
+//! and without links (long lists are cut with a count of what was left out; the JSON and HTML
+//! reports hold everything).
 
 use std::fmt::Write as _;
 
 use common::metrics::Metric;
 
 use super::Report;
-use super::format::{self, HIGHLIGHT_NOTE, STAT_COLUMNS};
+use super::format;
+
+/// The rendering never reaches this many lines, whatever the report holds.
+pub const MAX_LINES: usize = 60;
+
+/// Caps that keep the comment under [`MAX_LINES`]: regressions, goals, sweep levels, warnings.
+const MAX_REGRESSIONS: usize = 5;
+const MAX_GOALS: usize = 8;
+const MAX_LEVELS: usize = 8;
+const MAX_WARNINGS: usize = 3;
+/// Width of the throughput sparkline, characters.
+const SPARKLINE_WIDTH: usize = 40;
+
+/// The headline rows: short label and the metric behind it.
+const HEADLINE: [(&str, Metric); 5] = [
+    ("TTFT (ms)", Metric::Ttft),
+    ("TTST (ms)", Metric::Ttst),
+    ("ITL (ms)", Metric::Itl),
+    ("Request latency (ms)", Metric::Latency),
+    ("Output tokens/s per user", Metric::TokensPerSecondPerUser),
+];
 
 /// Render `report` as Markdown.
 pub fn render_markdown(report: &Report) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "# llm-replay run `{}`\n", cell(&report.run.id));
-    let _ = writeln!(out, "| | |\n|---|---|");
-    let _ = writeln!(out, "| Started | {} |", cell(&report.run.started_at));
-    let _ = writeln!(out, "| Duration | {:.2} s |", report.run.duration_s);
-    let _ = writeln!(out, "| Target | {} |", cell(&report.run.target));
-    let _ = writeln!(out, "| Load | `{}` |", cell(&format::load(report)));
-    let _ = writeln!(out, "| Workers | {} |", report.run.workers.len());
-
-    if !report.run.workers.is_empty() {
-        let _ = writeln!(
-            out,
-            "\n| Worker | Host | Assigned | Completed | Lost | Clock offset (ms) |\n|---|---|--:|--:|--:|--:|"
-        );
-        for w in &report.run.workers {
-            let lost = if w.disconnected {
-                format!("{} (disconnected)", w.lost)
-            } else {
-                w.lost.to_string()
-            };
-            let _ = writeln!(
-                out,
-                "| {} | {} | {} | {} | {} | {} |",
-                cell(&w.id),
-                cell(&w.host),
-                w.assigned,
-                w.completed,
-                lost,
-                w.clock_offset_ms
-                    .map_or_else(|| format::NO_VALUE.to_string(), |o| format!("{o:.2}"))
-            );
-        }
-    }
-
-    let _ = writeln!(out, "\n## LLM metrics\n");
-    let _ = writeln!(
-        out,
-        "| Metric | {} |\n|---|{}",
-        STAT_COLUMNS.join(" | "),
-        "--:|".repeat(STAT_COLUMNS.len())
-    );
-    for metric in Metric::ALL {
-        let cells = format::stat_cells(metric, report.llm.stats(metric).as_ref());
-        let _ = writeln!(out, "| {} | {} |", metric.label(), cells.join(" | "));
-    }
-
-    let r = &report.requests;
-    let _ = writeln!(out, "\n## Requests\n");
-    let _ = writeln!(
-        out,
-        "| Total | Succeeded | Failed | Ended early | Lost | Not started |\n|--:|--:|--:|--:|--:|--:|"
-    );
-    let _ = writeln!(
-        out,
-        "| {} | {} | {} | {} | {} | {} |\n",
-        r.total, r.succeeded, r.failed, r.ended_early, r.lost, r.not_started
-    );
-    let _ = writeln!(out, "- Failed by kind: {}", format::failed_by_kind(report));
-    if report.requests.resent > 0 {
-        let _ = writeln!(
-            out,
-            "- Resent on a fresh connection: {}",
-            report.requests.resent
-        );
-    }
-    let _ = writeln!(out, "- Status codes: {}", format::status_codes(report));
-    let _ = writeln!(out, "- Output tokens: {}", format::token_sources(report));
-    if r.warmup > 0 {
-        let _ = writeln!(out, "- Warm-up: {} requests excluded", r.warmup);
-    }
-
-    let _ = writeln!(out, "\n## Throughput\n");
-    let _ = writeln!(out, "| | |\n|---|--:|");
-    let _ = writeln!(
-        out,
-        "| {} | {} |",
-        format::OUTPUT_THROUGHPUT_LABEL,
-        format::rate(report.llm.output_tokens_per_second)
-    );
-    let _ = writeln!(
-        out,
-        "| {} | {} |",
-        format::REQUEST_THROUGHPUT_LABEL,
-        format::rate(report.llm.requests_per_second)
-    );
-    let _ = writeln!(
-        out,
-        "| Measured window | {} |",
-        report
-            .llm
-            .measured_window_s
-            .map_or_else(|| format::NO_VALUE.to_string(), |s| format!("{s:.2} s"))
-    );
-
-    if let Some(baseline) = &report.baseline {
-        let _ = writeln!(
-            out,
-            "\n## Baseline comparison ({})\n",
-            cell(&baseline.source)
-        );
-        let _ = writeln!(
-            out,
-            "| Metric | Stat | Baseline | Replayed | Change | |\n|---|---|--:|--:|--:|---|"
-        );
-        for row in format::comparison_rows(report) {
-            let strong = |text: &str| {
-                if row.highlight() && !text.is_empty() {
-                    format!("**{text}**")
-                } else {
-                    text.to_string()
-                }
-            };
-            let _ = writeln!(
-                out,
-                "| {} | {} | {} | {} | {} | {} |",
-                cell(&row.label),
-                row.stat,
-                row.baseline,
-                strong(&row.replayed),
-                strong(&row.change),
-                strong(row.marker())
-            );
-        }
-        let _ = writeln!(out, "\n{HIGHLIGHT_NOTE}");
-    }
-
-    if !report.sweep.is_empty() {
-        let _ = writeln!(out, "\n## Concurrency sweep\n");
-        let _ = writeln!(
-            out,
-            "| Concurrency | Requests | Failed | TTFT p50 (ms) | TTFT p95 (ms) | ITL p50 (ms) | Latency p95 (ms) | Output tokens/s | Requests/s |\n|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
-        );
-        for level in &report.sweep {
-            let stat = |metric: Metric, pick: fn(&common::metrics::Stats) -> f64| {
-                level.llm.stats(metric).map_or_else(
-                    || format::NO_VALUE.to_string(),
-                    |s| format!("{:.2}", pick(&s)),
-                )
-            };
-            let _ = writeln!(
-                out,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                level.concurrency,
-                level.requests.total,
-                level.requests.failed,
-                stat(Metric::Ttft, |s| s.p50),
-                stat(Metric::Ttft, |s| s.p95),
-                stat(Metric::Itl, |s| s.p50),
-                stat(Metric::Latency, |s| s.p95),
-                format::rate(level.llm.output_tokens_per_second),
-                format::rate(level.llm.requests_per_second)
-            );
-        }
-    }
-
-    if !report.goals.is_empty() {
-        let failed = report.goals.iter().filter(|g| g.failed).count();
-        let _ = writeln!(
-            out,
-            "\n## Goals ({} of {} failed)\n",
-            failed,
-            report.goals.len()
-        );
-        let _ = writeln!(
-            out,
-            "| Result | Fail if | Value | Threshold | Note |\n|---|---|--:|--:|---|"
-        );
-        for goal in &report.goals {
-            let status = if goal.failed { "❌ FAIL" } else { "✅ PASS" };
-            let _ = writeln!(
-                out,
-                "| {} | `{}` | {} | {} | {} |",
-                status,
-                cell(&goal.expr),
-                format::goal_number(goal.value),
-                format::goal_number(Some(goal.threshold)),
-                cell(goal.note.as_deref().unwrap_or(""))
-            );
-        }
-    }
-
-    if !report.warnings.is_empty() {
-        let _ = writeln!(out, "\n## Warnings\n");
-        for warning in &report.warnings {
-            let _ = writeln!(out, "- {}", cell(warning));
-        }
-    }
+    verdict(&mut out, report);
+    headline(&mut out, report);
+    sparkline_line(&mut out, report);
+    regressions(&mut out, report);
+    goals(&mut out, report);
+    sweep(&mut out, report);
+    warnings(&mut out, report);
+    debug_assert!(out.lines().count() < MAX_LINES, "{out}");
     out
 }
 
-/// Text made safe inside a table cell: pipes escaped, line breaks flattened.
-fn cell(text: &str) -> String {
-    text.replace('|', "\\|").replace(['\n', '\r'], " ")
+fn regression_count(report: &Report) -> usize {
+    format::comparison_rows(report)
+        .iter()
+        .filter(|r| r.highlight())
+        .count()
+}
+
+fn verdict(out: &mut String, report: &Report) {
+    let failed = report.goals.iter().filter(|g| g.failed).count();
+    let goals = match (report.goals.len(), failed) {
+        (0, _) => None,
+        (n, 0) => Some(format!("✅ all {n} goals held")),
+        (n, f) => Some(format!("❌ {f} of {n} goals failed")),
+    };
+    let regressions = report
+        .baseline
+        .as_ref()
+        .map(|_| match regression_count(report) {
+            0 => "no regression against the baseline".to_string(),
+            1 => "⚠️ 1 regression".to_string(),
+            n => format!("⚠️ {n} regressions"),
+        });
+    let parts: Vec<String> = goals.into_iter().chain(regressions).collect();
+    let summary = if parts.is_empty() {
+        "run finished".to_string()
+    } else {
+        parts.join(" · ")
+    };
+    let _ = writeln!(out, "## llm-replay: {summary}\n");
+    let r = &report.requests;
+    let mut line = format!(
+        "Run `{}` · {:.1} s · target `{}` · {} requests: {} succeeded, {} failed, {} ended early",
+        code(&report.run.id),
+        report.run.duration_s,
+        code(&report.run.target),
+        r.total,
+        r.succeeded,
+        r.failed,
+        r.ended_early
+    );
+    if r.lost + r.not_started > 0 {
+        let _ = write!(line, ", {} lost, {} not started", r.lost, r.not_started);
+    }
+    if r.resent > 0 {
+        let _ = write!(line, " ({} resent on a fresh connection)", r.resent);
+    }
+    if let Some(last) = report.sweep.last() {
+        let _ = write!(
+            line,
+            " · sweep of {} levels (the table shows the last, concurrency {})",
+            report.sweep.len(),
+            last.concurrency
+        );
+    }
+    if let Some(baseline) = &report.baseline {
+        let _ = write!(line, " · baseline: {}", plain(&baseline.source));
+    }
+    let _ = writeln!(out, "{line}");
+}
+
+fn headline(out: &mut String, report: &Report) {
+    let has_baseline = report.baseline.is_some();
+    if has_baseline {
+        let _ = writeln!(
+            out,
+            "\n| | p50 | p95 | p99 | baseline p95 | change |\n|---|--:|--:|--:|--:|--:|"
+        );
+    } else {
+        let _ = writeln!(out, "\n| | p50 | p95 | p99 |\n|---|--:|--:|--:|");
+    }
+    let changes = report.baseline.as_ref().map(|b| &b.changes);
+    for (label, metric) in HEADLINE {
+        let stats = report.llm.stats(metric);
+        let cell = |pick: fn(&common::metrics::Stats) -> f64| {
+            stats.map_or_else(
+                || format::NO_VALUE.to_string(),
+                |s| format::metric_value(metric, pick(&s), false),
+            )
+        };
+        let mut row = format!(
+            "| {label} | {} | {} | {} |",
+            cell(|s| s.p50),
+            cell(|s| s.p95),
+            cell(|s| s.p99)
+        );
+        if let Some(changes) = changes {
+            let change = changes.get(&super::change_key(metric, crate::goals::Stat::P95));
+            let base = report
+                .baseline
+                .as_ref()
+                .and_then(|b| b.llm.stats(metric))
+                .map_or_else(
+                    || format::NO_VALUE.to_string(),
+                    |s| format::metric_value(metric, s.p95, false),
+                );
+            let _ = write!(row, " {base} | {} |", change_cell(change.copied()));
+        }
+        let _ = writeln!(out, "{row}");
+    }
+    let rates = [
+        (
+            "Output throughput (tokens/s)",
+            report.llm.output_tokens_per_second,
+            "output_tokens_per_second",
+            report
+                .baseline
+                .as_ref()
+                .and_then(|b| b.llm.output_tokens_per_second),
+        ),
+        (
+            "Request throughput (requests/s)",
+            report.llm.requests_per_second,
+            "requests_per_second",
+            report
+                .baseline
+                .as_ref()
+                .and_then(|b| b.llm.requests_per_second),
+        ),
+    ];
+    for (label, value, key, base) in rates {
+        let mut row = format!("| {label} | {} | | |", format::rate(value));
+        if let Some(changes) = changes {
+            let _ = write!(
+                row,
+                " {} | {} |",
+                format::rate(base),
+                change_cell(changes.get(key).copied())
+            );
+        }
+        let _ = writeln!(out, "{row}");
+    }
+    let k = &report.requests.failed_by_kind;
+    let kinds: Vec<String> = [
+        ("status", k.status),
+        ("error frame", k.error_frame),
+        ("transport", k.transport),
+        ("timeout", k.timeout),
+        ("empty", k.empty),
+    ]
+    .into_iter()
+    .filter(|(_, n)| *n > 0)
+    .map(|(kind, n)| format!("{kind} {n}"))
+    .collect();
+    let rate = report
+        .requests
+        .error_rate_pct()
+        .map_or_else(|| format::NO_VALUE.to_string(), |p| format!("{p:.1} %"));
+    let errors = if kinds.is_empty() {
+        format!("{} ({rate})", report.requests.failed)
+    } else {
+        format!("{} ({rate}: {})", report.requests.failed, kinds.join(", "))
+    };
+    let tail = if has_baseline { " | |" } else { "" };
+    let _ = writeln!(out, "| Errors | {errors} | | |{tail}");
+}
+
+/// `**+12.0 % ▲**` for a highlighted change, `+3.1 %` otherwise, `-` when not compared.
+fn change_cell(change: Option<super::Change>) -> String {
+    match change {
+        Some(c) if c.highlight => format!("**{} ▲**", format::signed_pct(c.change_pct)),
+        Some(c) => format::signed_pct(c.change_pct),
+        None => format::NO_VALUE.to_string(),
+    }
+}
+
+fn sparkline_line(out: &mut String, report: &Report) {
+    let values: Vec<f64> = report
+        .timeline
+        .iter()
+        .map(|p| p.output_tokens_per_s)
+        .collect();
+    if let Some(line) = sparkline(&values, SPARKLINE_WIDTH) {
+        let span = report.timeline.last().map_or(0.0, |p| p.t_s);
+        let max = values.iter().copied().fold(0.0, f64::max);
+        let _ = writeln!(
+            out,
+            "\nOutput tokens/s over the run ({span:.0} s, peak {max:.0}): `{line}`"
+        );
+    }
+}
+
+/// A block-character sparkline of `values`, averaged down to at most `width` characters;
+/// `None` for fewer than two values.
+pub(super) fn sparkline(values: &[f64], width: usize) -> Option<String> {
+    const BLOCKS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    if values.len() < 2 || width == 0 {
+        return None;
+    }
+    let buckets = values.len().min(width);
+    let averaged: Vec<f64> = (0..buckets)
+        .map(|b| {
+            let from = b * values.len() / buckets;
+            let to = ((b + 1) * values.len() / buckets).max(from + 1);
+            values[from..to].iter().sum::<f64>() / (to - from) as f64
+        })
+        .collect();
+    let max = averaged.iter().copied().fold(0.0, f64::max);
+    Some(
+        averaged
+            .iter()
+            .map(|v| {
+                let level = if max > 0.0 { v / max * 7.0 } else { 0.0 };
+                BLOCKS[(level.round() as usize).min(7)]
+            })
+            .collect(),
+    )
+}
+
+fn regressions(out: &mut String, report: &Report) {
+    if report.baseline.is_none() {
+        return;
+    }
+    let mut label = String::new();
+    let mut items = Vec::new();
+    for row in format::comparison_rows(report) {
+        if !row.label.is_empty() {
+            label = row.label.clone();
+        }
+        if row.highlight() {
+            let stat = if row.stat.is_empty() {
+                String::new()
+            } else {
+                format!(" {}", row.stat)
+            };
+            items.push(format!(
+                "- **{}{stat}**: {} → {} ({})",
+                plain(&label),
+                row.baseline,
+                row.replayed,
+                row.change
+            ));
+        }
+    }
+    if items.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\n### Regressions (10 % or more worse than the baseline)"
+    );
+    capped(out, &items, MAX_REGRESSIONS, |n| {
+        format!("- {}", more_text(n, "regression", "regressions"))
+    });
+}
+
+fn goals(out: &mut String, report: &Report) {
+    if report.goals.is_empty() {
+        return;
+    }
+    let failed = report.goals.iter().filter(|g| g.failed).count();
+    let _ = writeln!(
+        out,
+        "\n### Goals ({failed} of {} failed)\n| | Fail if | Value | Threshold |\n|---|---|--:|--:|",
+        report.goals.len()
+    );
+    // Failed goals first: they are the ones a reviewer must see when the list is cut.
+    let mut ordered: Vec<_> = report.goals.iter().filter(|g| g.failed).collect();
+    ordered.extend(report.goals.iter().filter(|g| !g.failed));
+    let rows: Vec<String> = ordered
+        .iter()
+        .map(|goal| {
+            format!(
+                "| {} | `{}` | {} | {} |",
+                if goal.failed { "❌" } else { "✅" },
+                code(&goal.expr),
+                format::goal_number(goal.value),
+                format::goal_number(Some(goal.threshold))
+            )
+        })
+        .collect();
+    let cut_failed = ordered.iter().skip(MAX_GOALS).filter(|g| g.failed).count();
+    capped(out, &rows, MAX_GOALS, |n| {
+        format!(
+            "| | {} | | |",
+            more_text(
+                n,
+                &format!("goal ({cut_failed} failed)"),
+                &format!("goals ({cut_failed} failed)")
+            )
+        )
+    });
+}
+
+fn sweep(out: &mut String, report: &Report) {
+    if report.sweep.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\n### Concurrency sweep\n| Concurrency | Output tokens/s | TTFT p95 (ms) | ITL p95 (ms) | Requests/s | Failed |\n|--:|--:|--:|--:|--:|--:|"
+    );
+    let rows: Vec<String> = report
+        .sweep
+        .iter()
+        .map(|level| {
+            let p95 = |metric: Metric| {
+                level
+                    .llm
+                    .stats(metric)
+                    .map_or_else(|| format::NO_VALUE.to_string(), |s| format!("{:.2}", s.p95))
+            };
+            format!(
+                "| {} | {} | {} | {} | {} | {} |",
+                level.concurrency,
+                format::rate(level.llm.output_tokens_per_second),
+                p95(Metric::Ttft),
+                p95(Metric::Itl),
+                format::rate(level.llm.requests_per_second),
+                level.requests.failed
+            )
+        })
+        .collect();
+    capped(out, &rows, MAX_LEVELS, |n| {
+        format!("| | {} | | | | |", more_text(n, "level", "levels"))
+    });
+}
+
+fn warnings(out: &mut String, report: &Report) {
+    if report.warnings.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\n### Warnings");
+    let items: Vec<String> = report
+        .warnings
+        .iter()
+        .map(|w| format!("- {}", plain(w)))
+        .collect();
+    capped(out, &items, MAX_WARNINGS, |n| {
+        format!("- {}", more_text(n, "warning", "warnings"))
+    });
+}
+
+/// The first `max` lines of `items`, then one more line (a list item or a table row, from
+/// `more(left out)`) saying how many the JSON and HTML reports have besides.
+fn capped(out: &mut String, items: &[String], max: usize, more: impl Fn(usize) -> String) {
+    for item in items.iter().take(max) {
+        let _ = writeln!(out, "{item}");
+    }
+    if items.len() > max {
+        let _ = writeln!(out, "{}", more(items.len() - max));
+    }
+}
+
+/// `… and 3 more regressions in the JSON and HTML reports` (singular for one).
+fn more_text(n: usize, singular: &str, plural: &str) -> String {
+    format!(
+        "*… and {n} more {} in the JSON and HTML reports*",
+        if n == 1 { singular } else { plural }
+    )
+}
+
+/// Text made safe on one Markdown line, outside code: pipes escaped, line breaks flattened,
+/// and no autolinks (a zero-width space after the `:` of `://` keeps GitHub from linking).
+fn plain(text: &str) -> String {
+    text.replace('|', "\\|")
+        .replace(['\n', '\r'], " ")
+        .replace("://", ":\u{200b}//")
+}
+
+/// Text made safe inside an inline code span on one line (GitHub does not link inside code).
+fn code(text: &str) -> String {
+    text.replace('`', "'")
+        .replace(['\n', '\r'], " ")
+        .replace('|', "\\|")
 }

@@ -16,6 +16,7 @@ mod format;
 mod html;
 mod junit;
 mod markdown;
+mod svg;
 mod terminal;
 
 pub use html::render_html;
@@ -66,6 +67,44 @@ pub struct Report {
     /// Things the user should know to read the numbers right.
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// The run over time, one point per interval (about a second); every level of a sweep
+    /// on one time axis. Empty in reports saved before it existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub timeline: Vec<TimelinePoint>,
+}
+
+/// One interval of the run's time series (`timeline`). Percentiles are of the requests that
+/// finished in this interval alone; `null` when none did.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct TimelinePoint {
+    /// End of the interval, seconds since the load started (the first level's start when
+    /// sweeping).
+    pub t_s: f64,
+    /// Length of the interval, seconds.
+    pub dt_s: f64,
+    /// The sweep level this interval belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<u32>,
+    /// TTFT p50 of the interval, ms.
+    pub ttft_p50_ms: Option<f64>,
+    /// TTFT p95 of the interval, ms.
+    pub ttft_p95_ms: Option<f64>,
+    /// ITL p50 of the interval, ms.
+    pub itl_p50_ms: Option<f64>,
+    /// ITL p95 of the interval, ms.
+    pub itl_p95_ms: Option<f64>,
+    /// Output tokens of the requests that succeeded in the interval, per second.
+    pub output_tokens_per_s: f64,
+    /// Requests that succeeded in the interval, per second.
+    pub requests_per_s: f64,
+    /// Requests that succeeded in the interval.
+    pub succeeded: u64,
+    /// Their output tokens.
+    pub output_tokens: u64,
+    /// Requests that failed in the interval.
+    pub errors: u64,
+    /// Requests sent and not yet answered at the end of the interval.
+    pub in_flight: u64,
 }
 
 /// The `run` section. Filled in by the coordinator; also the builder's input.
@@ -240,6 +279,25 @@ pub struct LlmSection {
     /// The measured window (first request sent → last content frame), seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub measured_window_s: Option<f64>,
+    /// The distributions the HTML report plots; absent in sweep levels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cdf: Option<CdfSection>,
+}
+
+/// Cumulative distributions as `[value, percent]` pairs: the value at each percent from 0
+/// (the minimum) to 100 (the maximum) in steps of one, plus 99.5 and 99.9. An empty list
+/// when the metric had no samples.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct CdfSection {
+    /// Time to first token, ms.
+    #[serde(default)]
+    pub ttft_ms: Vec<[f64; 2]>,
+    /// Inter-token latency, ms.
+    #[serde(default)]
+    pub itl_ms: Vec<[f64; 2]>,
+    /// Request latency, ms.
+    #[serde(default)]
+    pub latency_ms: Vec<[f64; 2]>,
 }
 
 /// The `baseline` section.
@@ -298,6 +356,8 @@ pub struct ReportInput<'a> {
     pub sweep: Vec<SweepLevel>,
     /// Warnings collected during the run; the builder adds its own after them.
     pub warnings: Vec<String>,
+    /// The run's time series (see [`crate::timeline`]).
+    pub timeline: Vec<TimelinePoint>,
 }
 
 /// The baseline as metrics: the recording measured by the same meter, or a previous run.
@@ -374,7 +434,10 @@ impl Report {
             .iter()
             .map(|level| SweepSection {
                 concurrency: level.concurrency,
-                llm: LlmSection::from_metrics(&level.metrics),
+                llm: LlmSection {
+                    cdf: None,
+                    ..LlmSection::from_metrics(&level.metrics)
+                },
                 requests: RequestsSection::new(&level.metrics.counters, &level.requests),
             })
             .collect();
@@ -387,6 +450,7 @@ impl Report {
             goals: Vec::new(),
             sweep,
             warnings,
+            timeline: input.timeline,
         }
     }
 
@@ -515,6 +579,11 @@ impl LlmSection {
             cached_input_share_pct: metrics.cached_input_share_pct(),
             output_tokens: metrics.counters.output_tokens,
             measured_window_s: measured.then(|| metrics.window_seconds()),
+            cdf: Some(CdfSection {
+                ttft_ms: cdf_of(metrics, Metric::Ttft),
+                itl_ms: cdf_of(metrics, Metric::Itl),
+                latency_ms: cdf_of(metrics, Metric::Latency),
+            }),
         }
     }
 
@@ -647,6 +716,30 @@ fn derived_warnings(requests: &RequestsSection) -> Vec<String> {
         ));
     }
     warnings
+}
+
+/// The percents at which [`CdfSection`] samples a distribution.
+fn cdf_percents() -> impl Iterator<Item = f64> {
+    (0..=99).map(f64::from).chain([99.5, 99.9, 100.0])
+}
+
+/// `[value, percent]` pairs of `metric` in display units (empty without samples).
+fn cdf_of(metrics: &RunMetrics, metric: Metric) -> Vec<[f64; 2]> {
+    let histogram = metrics.histogram(metric);
+    if histogram.is_empty() {
+        return Vec::new();
+    }
+    let scale = metric.unit().scale();
+    cdf_percents()
+        .map(|pct| {
+            let value = if pct == 0.0 {
+                histogram.min()
+            } else {
+                histogram.value_at_quantile(pct / 100.0)
+            };
+            [value as f64 / scale, pct]
+        })
+        .collect()
 }
 
 /// RFC 3339 UTC timestamp with milliseconds (`2026-11-30T11:05:40.123Z`) of a Unix time in

@@ -111,11 +111,11 @@ fn run_info() -> RunInfo {
                 clock_offset_ms: None,
                 disconnected: false,
                 version: Some("0.1.0".to_string()),
-                peak_rss_mb: None,
-                cpu_seconds: None,
-                clock_uncertainty_ms: None,
-                schedule_lag_p99_ms: None,
-                cpu_pct: None,
+                peak_rss_mb: Some(48.5),
+                cpu_seconds: Some(4.1),
+                clock_uncertainty_ms: Some(0.05),
+                schedule_lag_p99_ms: Some(14.2),
+                cpu_pct: Some(91.0),
             },
         ],
         insecure: false,
@@ -144,12 +144,52 @@ fn goals() -> Vec<Goal> {
     .collect()
 }
 
+/// Six one-second intervals over two sweep levels: throughput ramps up, TTFT rises, one
+/// interval has an error and one has no finished request.
+fn sample_timeline() -> Vec<TimelinePoint> {
+    [
+        (1.0, 1, Some(92.0), 20.0, 0, 1),
+        (2.0, 1, Some(95.0), 22.0, 0, 1),
+        (3.0, 1, None, 0.0, 0, 1),
+        (4.5, 4, Some(230.0), 60.0, 1, 4),
+        (5.5, 4, Some(250.0), 66.0, 0, 4),
+        (6.5, 4, Some(245.0), 64.0, 0, 3),
+    ]
+    .into_iter()
+    .map(
+        |(t_s, concurrency, ttft, tokens, errors, in_flight)| TimelinePoint {
+            t_s,
+            dt_s: 1.0,
+            concurrency: Some(concurrency),
+            ttft_p50_ms: ttft,
+            ttft_p95_ms: ttft.map(|t| t * 1.2),
+            itl_p50_ms: ttft.map(|_| 20.0),
+            itl_p95_ms: ttft.map(|_| 24.0),
+            output_tokens_per_s: tokens,
+            requests_per_s: tokens / 11.0,
+            succeeded: (tokens / 11.0) as u64,
+            output_tokens: tokens as u64,
+            errors,
+            in_flight,
+        },
+    )
+    .collect()
+}
+
 /// The report every rendering test uses.
 fn sample_report() -> Report {
     let replayed = replayed_metrics();
     let baseline = baseline_metrics();
-    let mut sweep_metrics = RunMetrics::new();
-    sweep_metrics.record(&succeeded(0, 90, 20, 11, true));
+    // Three levels: throughput grows, then first tokens slow down (the knee).
+    let level = |concurrency: u64, ttft_ms: u64, requests: u64| {
+        let mut m = RunMetrics::new();
+        for i in 0..requests {
+            let mut outcome = succeeded(i, ttft_ms + i, 20, 11, true);
+            outcome.sent_unix_us = Some(T0_US + i * 500_000 / concurrency);
+            m.record(&outcome);
+        }
+        m
+    };
     Report::build(ReportInput {
         run: run_info(),
         metrics: &replayed,
@@ -158,12 +198,16 @@ fn sample_report() -> Report {
             source: "recorded".to_string(),
             metrics: &baseline,
         }),
-        sweep: vec![SweepLevel {
-            concurrency: 1,
-            metrics: sweep_metrics,
-            requests: RequestTotals::default(),
-        }],
+        sweep: [(1, 90, 2), (2, 95, 4), (4, 240, 5)]
+            .into_iter()
+            .map(|(concurrency, ttft_ms, requests)| SweepLevel {
+                concurrency,
+                metrics: level(u64::from(concurrency), ttft_ms, requests),
+                requests: RequestTotals::default(),
+            })
+            .collect(),
         warnings: vec!["target answered 429 once".to_string()],
+        timeline: sample_timeline(),
     })
     .with_goals(&goals())
 }
@@ -320,7 +364,7 @@ fn total_is_the_sum_of_its_parts() {
     );
     assert_eq!((r.usage_reported, r.estimated, r.warmup), (6, 3, 2));
     let sweep = &report.sweep[0].requests;
-    assert_eq!(sweep.total, 1);
+    assert_eq!(sweep.total, 2);
 }
 
 #[test]
@@ -333,6 +377,7 @@ fn metric_without_samples_serializes_as_null() {
         baseline: None,
         sweep: Vec::new(),
         warnings: Vec::new(),
+        timeline: Vec::new(),
     });
     let json: Value = serde_json::from_str(&report.to_json_pretty()).expect("valid JSON");
     for key in [
@@ -523,6 +568,7 @@ fn junit_run_case_fails_when_nothing_succeeded() {
         baseline: None,
         sweep: Vec::new(),
         warnings: Vec::new(),
+        timeline: Vec::new(),
     });
     let junit = render_junit(&report);
     assert!(junit.contains("<failure type=\"run\""), "{junit}");
@@ -570,9 +616,229 @@ fn html_is_self_contained_and_escaped() {
 }
 
 #[test]
+fn html_has_every_plot_with_the_baseline_and_the_regressions() {
+    let mut report = sample_report();
+    report.baseline.as_mut().expect("baseline").source = "old <run>.json".to_string();
+    let html = render_html(&report);
+    for id in [
+        "plot-ttft-cdf",
+        "plot-itl-cdf",
+        "plot-ttft-time",
+        "plot-itl-time",
+        "plot-throughput-time",
+        "plot-requests-time",
+        "plot-inflight-time",
+        "plot-errors-time",
+        "plot-knee-ttft",
+        "plot-knee-itl",
+    ] {
+        let start = html
+            .find(&format!("<figure class=\"plot\" id=\"{id}\">"))
+            .unwrap_or_else(|| panic!("no {id}"));
+        let figure = &html[start..start + html[start..].find("</figure>").expect("closed")];
+        assert!(figure.contains("<svg viewBox="), "{id}");
+        assert!(!figure.contains("no data"), "{id} has data");
+        assert!(
+            figure.contains("class=\"axis-label\""),
+            "{id} has labelled axes"
+        );
+    }
+    // The baseline is overlaid on both CDFs, dashed, its name escaped.
+    assert_eq!(html.matches("class=\"line s9 dashed\" points=").count(), 2);
+    assert!(html.contains("baseline (old &lt;run&gt;.json)") && !html.contains("<run>"));
+    // Units on the axes.
+    for label in [
+        "Time to first token (ms)",
+        "TTFT p95 (ms)",
+        "output throughput (tokens/s)",
+        "time since the load started (s)",
+        "requests at or below (%)",
+    ] {
+        assert!(html.contains(label), "{label}");
+    }
+    // Three knee points per plot, labelled with their concurrency; sweep bands on the series.
+    let knee = &html[html.find("id=\"plot-knee-ttft\"").expect("knee")..];
+    let knee = &knee[..knee.find("</figure>").expect("closed")];
+    assert_eq!(knee.matches("<circle").count(), 3);
+    assert!(knee.contains(">c=4</text>"));
+    assert!(html.contains("class=\"band-label\"") && html.contains(">c=1</text>"));
+    // Regressions: one list item per highlighted comparison.
+    let highlighted = format::comparison_rows(&report)
+        .iter()
+        .filter(|r| r.highlight())
+        .count();
+    let callout = &html[html.find("id=\"regressions\"").expect("regressions")..];
+    let callout = &callout[..callout.find("</div>").expect("closed")];
+    assert!(callout.contains(&format!("{highlighted} regressions")));
+    assert_eq!(callout.matches("<li>").count(), highlighted);
+    assert!(html.contains("<div class=\"card worse\"><div class=\"label\">TTFT p95"));
+    // The saturated worker is marked; light, dark and print styles exist.
+    assert!(html.contains("<tr class=\"warn\"><td>w2</td>"));
+    assert!(html.contains("@media (prefers-color-scheme:dark)") && html.contains("@media print"));
+    assert!(!html.contains("<script") && !html.contains("href=") && !html.contains("src="));
+}
+
+#[test]
+fn a_report_without_cdf_or_timeline_still_plots_its_percentiles() {
+    let mut report = sample_report();
+    report.llm.cdf = None;
+    report.timeline.clear();
+    let html = render_html(&report);
+    let cdf = &html[html.find("id=\"plot-ttft-cdf\"").expect("cdf")..];
+    assert!(!cdf[..cdf.find("</figure>").expect("closed")].contains("no data"));
+    assert!(
+        !html.contains("id=\"plot-ttft-time\""),
+        "no series, no time plots"
+    );
+}
+
+#[test]
+fn cdf_follows_the_histogram() {
+    let report = sample_report();
+    let cdf = report.llm.cdf.as_ref().expect("cdf");
+    let ttft = report.llm.ttft_ms.expect("ttft");
+    assert_eq!(cdf.ttft_ms.len(), 103);
+    assert_eq!(cdf.ttft_ms[0], [ttft.min, 0.0]);
+    assert_eq!(cdf.ttft_ms[50], [ttft.p50, 50.0]);
+    assert_eq!(cdf.ttft_ms[102], [ttft.max, 100.0]);
+    assert!(
+        cdf.ttft_ms.windows(2).all(|w| w[0][0] <= w[1][0]),
+        "monotonic"
+    );
+    let baseline = report.baseline.as_ref().expect("baseline");
+    assert!(baseline.llm.cdf.is_some());
+    assert!(
+        report.sweep.iter().all(|l| l.llm.cdf.is_none()),
+        "kept lean"
+    );
+}
+
+/// Lines of Markdown outside inline code spans.
+fn outside_code(markdown: &str) -> String {
+    markdown
+        .lines()
+        .map(|line| line.split('`').step_by(2).collect::<Vec<_>>().join(" "))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn markdown_fits_a_pull_request_comment() {
+    let report = sample_report();
+    let md = render_markdown(&report);
+    let lines = md.lines().count();
+    assert!(lines < 60, "{lines} lines:\n{md}");
+    assert!(
+        md.starts_with("## llm-replay: ❌ 3 of 5 goals failed · ⚠️ "),
+        "{md}"
+    );
+    // The headline table with the baseline, a highlighted TTFT change.
+    let ttft = md
+        .lines()
+        .find(|l| l.starts_with("| TTFT (ms) |"))
+        .expect("TTFT row");
+    assert!(ttft.contains(" ▲**"), "{ttft}");
+    assert!(md.contains("| Output throughput (tokens/s) |"));
+    assert!(
+        md.contains("| Errors | 2 (18.2 %: status 1, error frame 1) |"),
+        "{md}"
+    );
+    // Regressions, goals (failed first), the sweep, a sparkline.
+    let highlighted = format::comparison_rows(&report)
+        .iter()
+        .filter(|r| r.highlight())
+        .count();
+    assert!(md.contains("### Regressions"));
+    let listed = md.lines().filter(|l| l.starts_with("- **")).count();
+    assert_eq!(listed, highlighted.min(5));
+    let goals: Vec<&str> = md
+        .lines()
+        .filter(|l| l.starts_with("| ❌") || l.starts_with("| ✅"))
+        .collect();
+    assert_eq!(goals.len(), 5);
+    assert!(goals[0].starts_with("| ❌") && goals[4].starts_with("| ✅"));
+    assert!(md.contains("### Concurrency sweep") && md.contains("| 4 |"));
+    assert!(
+        md.contains("Output tokens/s over the run (6 s, peak 66): `"),
+        "{md}"
+    );
+    // No links: no Markdown links, no bare URLs outside code spans.
+    let text = outside_code(&md);
+    assert!(
+        !md.contains("](") && !text.contains("://") && !text.contains("<http"),
+        "{md}"
+    );
+}
+
+#[test]
+fn markdown_stays_short_when_every_list_overflows() {
+    let mut report = sample_report();
+    let goals: Vec<Goal> = (0..30)
+        .map(|i| parse_goal(&format!("llm.ttft-p95 > {}", i * 10)).expect("goal"))
+        .collect();
+    report = report.with_goals(&goals);
+    let level = report.sweep[0].clone();
+    report.sweep = (1..=20)
+        .map(|c| SweepSection {
+            concurrency: c,
+            ..level.clone()
+        })
+        .collect();
+    report.warnings = (0..12)
+        .map(|i| format!("warning {i}: see http://example.invalid/{i} | and a\nsecond line"))
+        .collect();
+    report.timeline = (0..50).flat_map(|_| sample_timeline()).collect();
+    let md = render_markdown(&report);
+    let lines = md.lines().count();
+    assert!(lines < 60, "{lines} lines:\n{md}");
+    assert!(md.contains("more goals (22 failed)"), "{md}");
+    assert!(md.contains("more levels") && md.contains("more warnings"));
+    assert!(!outside_code(&md).contains("://"), "{md}");
+    // Failed goals come first, so the cut drops passing ones.
+    let failed = report.goals.iter().filter(|g| g.failed).count();
+    assert!(failed >= 8);
+    assert!(md.lines().filter(|l| l.starts_with("| ❌")).count() == 8);
+}
+
+#[test]
+fn sparkline_scales_to_its_peak() {
+    assert_eq!(
+        super::markdown::sparkline(&[0.0, 50.0, 100.0], 40).as_deref(),
+        Some("▁▅█")
+    );
+    assert_eq!(super::markdown::sparkline(&[1.0], 40), None);
+    let long: Vec<f64> = (0..400).map(f64::from).collect();
+    let line = super::markdown::sparkline(&long, 40).expect("line");
+    assert_eq!(line.chars().count(), 40);
+    assert!(line.starts_with('▁') && line.ends_with('█'));
+}
+
+#[test]
 fn saved_report_reads_back() {
     let report = sample_report();
     let read = Report::from_json(&report.to_json_pretty()).expect("reads back");
+    // JSON numbers read back to within a rounding step of what was written.
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(1.0);
+    assert_eq!(read.timeline.len(), report.timeline.len());
+    for (a, b) in read.timeline.iter().zip(&report.timeline) {
+        assert!(close(a.t_s, b.t_s) && close(a.requests_per_s, b.requests_per_s));
+        assert_eq!(
+            (a.concurrency, a.succeeded, a.errors),
+            (b.concurrency, b.succeeded, b.errors)
+        );
+    }
+    let (read_cdf, cdf) = (
+        read.llm.cdf.as_ref().expect("cdf read back"),
+        report.llm.cdf.as_ref().expect("cdf"),
+    );
+    assert_eq!(read_cdf.ttft_ms.len(), cdf.ttft_ms.len());
+    assert!(
+        read_cdf
+            .ttft_ms
+            .iter()
+            .zip(&cdf.ttft_ms)
+            .all(|(a, b)| close(a[0], b[0]) && a[1] == b[1])
+    );
     assert_eq!(read.goals, report.goals);
     assert_eq!(read.requests, report.requests);
     assert_eq!(read.run, report.run);
@@ -606,6 +872,7 @@ fn compare_reports_uses_the_other_report_as_baseline() {
         baseline: None,
         sweep: Vec::new(),
         warnings: Vec::new(),
+        timeline: Vec::new(),
     })
     .with_goals(&[parse_goal("llm.ttft-p50.change > 5").expect("goal")]);
     assert_eq!(no_baseline.goals[0].value, None);
@@ -619,6 +886,7 @@ fn compare_reports_uses_the_other_report_as_baseline() {
         baseline: None,
         sweep: Vec::new(),
         warnings: Vec::new(),
+        timeline: Vec::new(),
     });
     let compared = compare_reports(&no_baseline, &older, "yesterday.json");
     let baseline = compared.baseline.as_ref().expect("baseline");
@@ -679,6 +947,7 @@ fn transport_failures_show_their_causes_and_resends_their_count() {
         baseline: None,
         sweep: Vec::new(),
         warnings: Vec::new(),
+        timeline: Vec::new(),
     });
     let json: Value = serde_json::from_str(&report.to_json_pretty()).expect("json");
     assert_eq!(get(&json, "requests/resent"), 1);
@@ -711,7 +980,9 @@ fn transport_failures_show_their_causes_and_resends_their_count() {
         "{text}"
     );
     assert!(text.contains("resent           1"), "{text}");
-    assert!(render_markdown(&report).contains("Resent on a fresh connection: 1"));
+    let md = render_markdown(&report);
+    assert!(md.contains("1 resent on a fresh connection"), "{md}");
+    assert!(md.contains("transport 4"), "{md}");
     // Read back: the new keys survive a round trip.
     let back = Report::from_json(&report.to_json_pretty()).expect("reads back");
     assert_eq!(back.requests, report.requests);
