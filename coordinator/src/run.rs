@@ -76,6 +76,8 @@ pub struct ReplayResult {
     pub aborted: bool,
     /// True when SIGINT or SIGTERM stopped the run (`aborted` is then true too).
     pub interrupted: bool,
+    /// The steady-state window and what completed in it, when the load reached its target.
+    pub steady: Option<crate::faithful::SteadyWindow>,
 }
 
 fn unix_ns(t: SystemTime) -> u64 {
@@ -136,7 +138,11 @@ impl AssignmentPlan {
                 arrival: if load.poisson { "poisson" } else { "constant" }.to_owned(),
                 duration_s: load.duration.map(|d| d.as_secs_f64()),
                 warmup: share(load.warmup),
-                seed: 0x5eed_0000 + index as u64,
+                seed: self
+                    .config
+                    .seed
+                    .unwrap_or(0x5eed_0000)
+                    .wrapping_add(index as u64),
             }),
             headers: self
                 .config
@@ -173,6 +179,13 @@ impl AssignmentPlan {
             reorder_window: self.config.reorder_window as u32,
             // Set per worker by the service, after the token challenge.
             slice_key: String::new(),
+            pin_output_length: self
+                .config
+                .faithful
+                .pin
+                .map(|mode| mode.name().to_owned())
+                .unwrap_or_default(),
+            closed_sessions: self.config.faithful.closed_sessions,
         }
     }
 }
@@ -267,6 +280,7 @@ impl WorkerSlot {
 
     fn check_report(&self, report: &v1::Report) -> Result<(), String> {
         metrics_from_report(report).map_err(|e| e.to_string())?;
+        proto::convert::timeline_from_report(report).map_err(|e| e.to_string())?;
         let c = report.counters.unwrap_or_default();
         let accounted = [
             c.succeeded,
@@ -344,6 +358,7 @@ pub async fn replay(setup: ReplaySetup<'_>) -> Result<ReplayResult, RunError> {
         requests: load.requests,
         loop_forever: open_ended,
         pass_span_ms: setup.pass_span_ms,
+        faithful: config.faithful.slice(),
     };
 
     let (events_tx, mut events) = mpsc::channel::<WorkerEvent>(1024);
@@ -1031,6 +1046,15 @@ fn finish(
         }
     }
 
+    let steady = crate::faithful::steady_window(
+        &slots
+            .iter()
+            .filter_map(|slot| {
+                let timeline = proto::convert::timeline_from_report(slot.latest.as_ref()?).ok()?;
+                Some((timeline, slot.clock.offset_ns))
+            })
+            .collect::<Vec<_>>(),
+    );
     let starts: Vec<u64> = outcomes.iter().filter_map(|w| w.started_unix_ns).collect();
     let start_skew_ms = (starts.len() == outcomes.len() && !starts.is_empty()).then(|| {
         let max = starts.iter().max().copied().unwrap_or(0);
@@ -1090,5 +1114,6 @@ fn finish(
         warnings,
         aborted,
         interrupted: false,
+        steady,
     })
 }

@@ -7,6 +7,7 @@ use common::metrics::Metric;
 
 use super::Report;
 use super::format::{self, HIGHLIGHT_NOTE, STAT_COLUMNS};
+use super::windows;
 
 const STYLE: &str = "\
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem;color:#1f2328}\
@@ -142,7 +143,22 @@ pub fn render_html(report: &Report) -> String {
     ] {
         let _ = writeln!(out, "<tr><th>{name}</th><td class=\"n\">{value}</td></tr>");
     }
+    for (name, value) in windows::steady_rows(report) {
+        let _ = writeln!(
+            out,
+            "<tr><th>{name}</th><td class=\"n\">{}</td></tr>",
+            esc(&value)
+        );
+    }
     let _ = writeln!(out, "</table>");
+    let faithful = windows::faithful_lines(report);
+    if !faithful.is_empty() {
+        let _ = writeln!(out, "<h2>Faithful replay</h2>\n<ul>");
+        for line in faithful {
+            let _ = writeln!(out, "<li>{}</li>", esc(&line));
+        }
+        let _ = writeln!(out, "</ul>");
+    }
 
     if let Some(baseline) = &report.baseline {
         let _ = writeln!(

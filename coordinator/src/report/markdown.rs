@@ -7,6 +7,7 @@ use common::metrics::Metric;
 
 use super::Report;
 use super::format::{self, HIGHLIGHT_NOTE, STAT_COLUMNS};
+use super::windows;
 
 /// Render `report` as Markdown.
 pub fn render_markdown(report: &Report) -> String {
@@ -103,6 +104,16 @@ pub fn render_markdown(report: &Report) -> String {
             .measured_window_s
             .map_or_else(|| format::NO_VALUE.to_string(), |s| format!("{s:.2} s"))
     );
+    for (label, value) in windows::steady_rows(report) {
+        let _ = writeln!(out, "| {label} | {value} |");
+    }
+    let faithful = windows::faithful_lines(report);
+    if !faithful.is_empty() {
+        let _ = writeln!(out, "\n## Faithful replay\n");
+        for line in faithful {
+            let _ = writeln!(out, "- {line}");
+        }
+    }
 
     if let Some(baseline) = &report.baseline {
         let _ = writeln!(

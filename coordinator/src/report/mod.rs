@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use common::metrics::{Counters, Metric, RunMetrics, Stats, TransportCounters, Unit};
 use serde::{Deserialize, Serialize};
 
+use crate::faithful::FaithfulSection;
 use crate::goals::{self, Goal, GoalResult, Stat};
 
 mod format;
@@ -17,6 +18,7 @@ mod html;
 mod junit;
 mod markdown;
 mod terminal;
+mod windows;
 
 pub use html::render_html;
 pub use junit::render_junit;
@@ -66,6 +68,10 @@ pub struct Report {
     /// Things the user should know to read the numbers right.
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// How faithfully the recording's users were replayed: pinned lengths, session mode and
+    /// think times, sampling (see `crate::faithful`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub faithful: Option<FaithfulSection>,
 }
 
 /// The `run` section. Filled in by the coordinator; also the builder's input.
@@ -180,6 +186,17 @@ pub struct RequestsSection {
     /// latency, ISL, OSL and throughput, and have no TTFT, TTST or ITL.
     #[serde(default)]
     pub unstreamed: u64,
+    /// Succeeded requests that asked for their recorded output length
+    /// (`--pin-output-length`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pinned: u64,
+    /// Those that got exactly that length.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pinned_matched: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Failures by kind.
@@ -240,6 +257,20 @@ pub struct LlmSection {
     /// The measured window (first request sent → last content frame), seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub measured_window_s: Option<f64>,
+    /// Output tokens per second over the steady window (load at its target → last request
+    /// sent); `null` when the load never reached its target.
+    #[serde(default)]
+    pub output_tokens_per_second_steady: Option<f64>,
+    /// Succeeded requests per second over the steady window.
+    #[serde(default)]
+    pub requests_per_second_steady: Option<f64>,
+    /// The steady window, seconds.
+    #[serde(default)]
+    pub steady_window_s: Option<f64>,
+    /// Percent of pinned requests whose output length equals the recorded one
+    /// (`--pin-output-length`); absent without pinning.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub osl_match_share_pct: Option<f64>,
 }
 
 /// The `baseline` section.
@@ -387,6 +418,7 @@ impl Report {
             goals: Vec::new(),
             sweep,
             warnings,
+            faithful: None,
         }
     }
 
@@ -483,6 +515,8 @@ impl RequestsSection {
             warmup: counters.warmup,
             resent: counters.resent,
             unstreamed: counters.unstreamed,
+            pinned: counters.pinned,
+            pinned_matched: counters.pinned_matched,
         }
     }
 
@@ -515,6 +549,12 @@ impl LlmSection {
             cached_input_share_pct: metrics.cached_input_share_pct(),
             output_tokens: metrics.counters.output_tokens,
             measured_window_s: measured.then(|| metrics.window_seconds()),
+            // Set from the workers' timelines by `crate::faithful`: metrics alone do not
+            // know when the load reached its target.
+            output_tokens_per_second_steady: None,
+            requests_per_second_steady: None,
+            steady_window_s: None,
+            osl_match_share_pct: metrics.osl_match_share_pct(),
         }
     }
 
