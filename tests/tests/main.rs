@@ -5,6 +5,7 @@ mod capture;
 mod capture_limits;
 mod distributed;
 mod example;
+mod faithful;
 mod faults;
 mod goals;
 mod hardening;
