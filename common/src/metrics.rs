@@ -183,6 +183,12 @@ pub struct Counters {
     /// closed before any response byte (counted once, by the second attempt's outcome).
     #[serde(default)]
     pub resent: u64,
+    /// Succeeded requests that asked for a pinned output length (`--pin-output-length`).
+    #[serde(default)]
+    pub pinned: u64,
+    /// Those whose output tokens equal the pinned length.
+    #[serde(default)]
+    pub pinned_matched: u64,
 }
 
 /// Transport failures by cause.
@@ -266,6 +272,8 @@ impl Counters {
         self.warmup += other.warmup;
         self.transport.add(&other.transport);
         self.resent += other.resent;
+        self.pinned += other.pinned;
+        self.pinned_matched += other.pinned_matched;
         self.unstreamed += other.unstreamed;
         self.cache_reported += other.cache_reported;
         self.cached_input_tokens += other.cached_input_tokens;
@@ -521,6 +529,24 @@ impl RunMetrics {
                 end_unix_us: start + latency,
             });
         }
+    }
+
+    /// Count a succeeded request that asked for `pinned` output tokens, and whether it got
+    /// exactly that many (so a server that ignores the limit shows).
+    pub fn record_pinned(&mut self, outcome: &RequestOutcome, pinned: u64) {
+        if outcome.kind != OutcomeKind::Succeeded {
+            return;
+        }
+        self.counters.pinned += 1;
+        if outcome.output_tokens() == pinned {
+            self.counters.pinned_matched += 1;
+        }
+    }
+
+    /// Percent of pinned requests whose output length matched the pin; `None` without any.
+    pub fn osl_match_share_pct(&self) -> Option<f64> {
+        let c = &self.counters;
+        (c.pinned > 0).then(|| 100.0 * c.pinned_matched as f64 / c.pinned as f64)
     }
 
     fn count_token_source(&mut self, outcome: &RequestOutcome) {

@@ -12,7 +12,7 @@ use crate::report::{
     render_html, render_junit, render_markdown, render_terminal, rfc3339_utc,
 };
 use crate::run::{ReplayResult, ReplaySetup, RunError, replay};
-use crate::scan::{RecordingScan, scan};
+use crate::scan::{RecordingScan, scan, scan_sampled};
 use crate::supervisor::Progress;
 
 /// Exit codes of the contract.
@@ -200,6 +200,34 @@ async fn replay_command(args: RunArgs, live: &mut Option<LiveServer>) -> ExitCod
         Ok(config) => config,
         Err(error) => return fail(exit::USAGE, format!("{error:#}")),
     };
+    // A sampled run counts, measures and paces only the sessions it keeps.
+    let (scanned, unsampled) = match config.faithful.sample {
+        None => (scanned, None),
+        Some(sample) => {
+            let path = recording.clone();
+            let sampled =
+                match tokio::task::spawn_blocking(move || scan_sampled(&path, Some(&sample))).await
+                {
+                    Ok(Ok(sampled)) => sampled,
+                    Ok(Err(error)) => return fail(exit::USAGE, error),
+                    Err(error) => return fail(exit::RUN_FAILED, error),
+                };
+            if sampled.exchanges == 0 {
+                return fail(
+                    exit::USAGE,
+                    format!(
+                        "--sample-sessions {} --seed {}: keeps none of the {} exchanges of {}; raise the fraction or try another seed",
+                        sample.fraction,
+                        sample.seed,
+                        scanned.exchanges,
+                        recording.display()
+                    ),
+                );
+            }
+            let unsampled = (scanned.exchanges, scanned.sessions);
+            (sampled, Some(unsampled))
+        }
+    };
     let goals = match parse_goals(&config.goals) {
         Ok(goals) => goals,
         Err(error) => return fail(exit::USAGE, error),
@@ -369,6 +397,7 @@ async fn replay_command(args: RunArgs, live: &mut Option<LiveServer>) -> ExitCod
         &goals,
         saved_baseline,
         timeline,
+        unsampled,
     );
     if let Err(code) = emit(&report, &config.files) {
         return code;
@@ -456,6 +485,7 @@ fn build_report(
     goals: &[Goal],
     saved_baseline: Option<(PathBuf, Report)>,
     timeline: Vec<crate::report::TimelinePoint>,
+    unsampled: Option<(u64, u64)>,
 ) -> Report {
     let started_us = result
         .started_at
@@ -517,10 +547,21 @@ fn build_report(
         warnings: all_warnings,
         timeline,
     });
-    let report = match saved_baseline {
+    let mut report = match saved_baseline {
         Some((path, saved)) => compare_reports(&report, &saved, &path.display().to_string()),
         None => report,
     };
+    crate::faithful::apply_to_report(
+        &mut report,
+        crate::faithful::FaithfulInput {
+            options: &config.faithful,
+            recorded_speed: (config.load.recorded_schedule && config.sweep.is_empty())
+                .then_some(config.load.speed),
+            scan: scanned,
+            unsampled,
+            steady: result.steady,
+        },
+    );
     report.with_goals(goals)
 }
 

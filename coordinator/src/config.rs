@@ -7,7 +7,10 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde::Deserialize;
 
+use common::formats::pin::PinMode;
+
 use crate::duration::parse_duration;
+use crate::faithful::{FaithfulOptions, SessionSample};
 
 /// `llm-replay run` arguments.
 #[derive(Debug, Clone, clap::Args)]
@@ -125,6 +128,31 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", default_value = "0s")]
     pub metrics_linger: String,
 
+    /// Ask each request for the output length the recording measured (usage, else content
+    /// frames) with the family's max-tokens field. `--pin-output-length=strict` also sends
+    /// `min_tokens` and `ignore_eos` to OpenAI-compatible paths (vLLM, llama.cpp, TGI read
+    /// them; OpenAI itself rejects unknown fields).
+    #[arg(
+        long,
+        value_name = "MODE",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "max",
+        value_parser = ["max", "strict"]
+    )]
+    pub pin_output_length: Option<String>,
+    /// `open` (default): a session's turns keep their recorded offsets. `closed`: a turn
+    /// goes out at the previous turn's replayed end plus its recorded think time.
+    #[arg(long, value_parser = ["open", "closed"])]
+    pub session_mode: Option<String>,
+    /// Replay a deterministic subset of whole sessions (e.g. 0.25); exchanges without a
+    /// session are sampled one by one. Chosen by a hash of --seed and the session id.
+    #[arg(long, value_name = "FRACTION")]
+    pub sample_sessions: Option<f64>,
+    /// Seed of --sample-sessions (default 0) and of Poisson arrivals.
+    #[arg(long)]
+    pub seed: Option<u64>,
+
     /// Goal that fails the run (exit 1) when it holds, e.g. 'llm.ttft-p95 > 800'.
     #[arg(long = "fail-if")]
     pub fail_if: Vec<String>,
@@ -188,6 +216,19 @@ pub struct FileConfig {
     pub aws_sigv4: Option<String>,
     pub requests_out: Option<PathBuf>,
     pub reorder_window: Option<usize>,
+    /// `max` or `strict` (`true` = `max`).
+    pub pin_output_length: Option<PinSetting>,
+    pub session_mode: Option<String>,
+    pub sample_sessions: Option<f64>,
+    pub seed: Option<u64>,
+}
+
+/// `pin-output-length:` in a config file: `true`/`false`, or a mode name.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum PinSetting {
+    On(bool),
+    Mode(String),
 }
 
 impl FileConfig {
@@ -300,6 +341,10 @@ pub struct RunConfig {
     /// How long the final metrics stay served after the run.
     pub metrics_linger: Duration,
     pub transport: TargetTransport,
+    /// `--pin-output-length`, `--session-mode`, `--sample-sessions`.
+    pub faithful: FaithfulOptions,
+    /// `--seed`, when given.
+    pub seed: Option<u64>,
 }
 
 /// Read a `--target-ca` file: it must hold at least one PEM certificate.
@@ -562,6 +607,15 @@ impl RunArgs {
         if reorder_window == 0 || reorder_window > u32::MAX as usize {
             bail!("--reorder-window must be between 1 and {}", u32::MAX);
         }
+        let seed = self.seed.or(file.seed);
+        let faithful = faithful_options(
+            self.pin_output_length
+                .map(PinSetting::Mode)
+                .or(file.pin_output_length),
+            self.session_mode.or(file.session_mode),
+            self.sample_sessions.or(file.sample_sessions),
+            seed,
+        )?;
         Ok(RunConfig {
             transport,
             tag_requests: self.tag_requests,
@@ -600,8 +654,48 @@ impl RunArgs {
             reorder_window,
             metrics_listen: self.metrics_listen,
             metrics_linger,
+            faithful,
+            seed,
         })
     }
+}
+
+/// Validate the faithful-replay options.
+fn faithful_options(
+    pin: Option<PinSetting>,
+    session_mode: Option<String>,
+    sample: Option<f64>,
+    seed: Option<u64>,
+) -> anyhow::Result<FaithfulOptions> {
+    let pin = match pin {
+        None | Some(PinSetting::On(false)) => None,
+        Some(PinSetting::On(true)) => Some(PinMode::Max),
+        Some(PinSetting::Mode(name)) => Some(PinMode::from_name(&name).ok_or_else(|| {
+            anyhow::anyhow!("--pin-output-length={name:?}: expected max or strict")
+        })?),
+    };
+    let closed_sessions = match session_mode.as_deref() {
+        None | Some("open") => false,
+        Some("closed") => true,
+        Some(other) => bail!("--session-mode {other:?}: expected open or closed"),
+    };
+    let sample = match sample {
+        None => None,
+        Some(fraction) if fraction.is_finite() && fraction > 0.0 && fraction <= 1.0 => {
+            Some(SessionSample {
+                fraction,
+                seed: seed.unwrap_or(0),
+            })
+        }
+        Some(fraction) => bail!(
+            "--sample-sessions {fraction}: expected a fraction above 0 and at most 1 (e.g. 0.25)"
+        ),
+    };
+    Ok(FaithfulOptions {
+        pin,
+        closed_sessions,
+        sample,
+    })
 }
 
 /// Split `total` into `parts` shares that differ by at most one (the first ones get more).

@@ -45,6 +45,11 @@ pub enum Quantity {
     OutputThroughput,
     /// `llm.request-throughput`: succeeded requests per second over the measured window.
     RequestThroughput,
+    /// `llm.output-throughput-steady`: output tokens per second over the steady window (load
+    /// at its target → last request sent).
+    OutputThroughputSteady,
+    /// `llm.request-throughput-steady`: succeeded requests per second over the steady window.
+    RequestThroughputSteady,
     /// `llm.streams-ended-early`: number of streams that ended without their terminal marker.
     StreamsEndedEarly,
     /// `llm.errors`: number of failed requests (every kind).
@@ -231,6 +236,8 @@ impl Quantity {
         all.extend([
             Quantity::OutputThroughput,
             Quantity::RequestThroughput,
+            Quantity::OutputThroughputSteady,
+            Quantity::RequestThroughputSteady,
             Quantity::StreamsEndedEarly,
             Quantity::Errors,
             Quantity::ErrorRate,
@@ -250,6 +257,8 @@ impl Quantity {
             }
             Quantity::OutputThroughput => "llm.output-throughput".into(),
             Quantity::RequestThroughput => "llm.request-throughput".into(),
+            Quantity::OutputThroughputSteady => "llm.output-throughput-steady".into(),
+            Quantity::RequestThroughputSteady => "llm.request-throughput-steady".into(),
             Quantity::StreamsEndedEarly => "llm.streams-ended-early".into(),
             Quantity::Errors => "llm.errors".into(),
             Quantity::ErrorRate => "llm.error-rate".into(),
@@ -267,6 +276,8 @@ impl Quantity {
             Quantity::Stat { metric, stat } => llm.stats(metric).map(|s| stat.of(&s)),
             Quantity::OutputThroughput => llm.output_tokens_per_second,
             Quantity::RequestThroughput => llm.requests_per_second,
+            Quantity::OutputThroughputSteady => llm.output_tokens_per_second_steady,
+            Quantity::RequestThroughputSteady => llm.requests_per_second_steady,
             Quantity::StreamsEndedEarly => Some(requests.ended_early as f64),
             Quantity::Errors | Quantity::RequestsFailed => Some(requests.failed as f64),
             Quantity::ErrorRate => requests.error_rate_pct(),
@@ -411,6 +422,8 @@ fn goal_value(metric: GoalMetric, report: &Report) -> (Option<f64>, Option<Strin
             Quantity::Stat { .. }
             | Quantity::OutputThroughput
             | Quantity::RequestThroughput
+            | Quantity::OutputThroughputSteady
+            | Quantity::RequestThroughputSteady
             | Quantity::EstimatedShare
             | Quantity::CachedInputShare => {
                 quantity.value(&baseline.llm, &RequestsSection::default())
@@ -593,7 +606,7 @@ mod tests {
     #[test]
     fn every_contract_name_is_valid() {
         let names = valid_metric_names();
-        assert_eq!(names.len(), 8 * 7 + 9);
+        assert_eq!(names.len(), 8 * 7 + 11);
         for family in [
             "ttft",
             "ttst",
@@ -616,6 +629,8 @@ mod tests {
         for name in [
             "llm.output-throughput",
             "llm.request-throughput",
+            "llm.output-throughput-steady",
+            "llm.request-throughput-steady",
             "llm.streams-ended-early",
             "llm.errors",
             "llm.error-rate",

@@ -9,6 +9,7 @@ pub mod config;
 pub mod duration;
 pub mod embedded;
 pub mod export;
+pub mod faithful;
 pub mod goals;
 pub mod import;
 pub mod live;

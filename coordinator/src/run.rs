@@ -76,6 +76,8 @@ pub struct ReplayResult {
     pub interrupted: bool,
     /// The run over time (`crate::timeline`).
     pub timeline: Vec<crate::report::TimelinePoint>,
+    /// The steady-state window and what completed in it, when the load reached its target.
+    pub steady: Option<crate::faithful::SteadyWindow>,
 }
 
 /// The load model description shown in reports.
@@ -130,7 +132,11 @@ impl AssignmentPlan {
                 arrival: if load.poisson { "poisson" } else { "constant" }.to_owned(),
                 duration_s: load.duration.map(|d| d.as_secs_f64()),
                 warmup: share(load.warmup),
-                seed: 0x5eed_0000 + index as u64,
+                seed: self
+                    .config
+                    .seed
+                    .unwrap_or(0x5eed_0000)
+                    .wrapping_add(index as u64),
             }),
             headers: self
                 .config
@@ -167,6 +173,13 @@ impl AssignmentPlan {
             reorder_window: self.config.reorder_window as u32,
             // Set per worker by the service, after the token challenge.
             slice_key: String::new(),
+            pin_output_length: self
+                .config
+                .faithful
+                .pin
+                .map(|mode| mode.name().to_owned())
+                .unwrap_or_default(),
+            closed_sessions: self.config.faithful.closed_sessions,
         }
     }
 }
@@ -219,6 +232,7 @@ pub async fn replay(setup: ReplaySetup<'_>) -> Result<ReplayResult, RunError> {
         requests: load.requests,
         loop_forever: open_ended,
         pass_span_ms: setup.pass_span_ms,
+        faithful: config.faithful.slice(),
     };
 
     let (events_tx, events) = mpsc::channel::<WorkerEvent>(1024);

@@ -7,8 +7,10 @@ use std::path::Path;
 
 use common::formats;
 use common::measure::{RequestOutcome, estimate_input_tokens, measure_recorded};
-use common::metrics::RunMetrics;
+use common::metrics::{RunMetrics, Stats};
 use common::recording::{Exchange, RecordingError, RecordingReader};
+
+use crate::faithful::{SessionSample, ThinkTimes};
 
 /// What the coordinator knows about a recording before replaying it.
 #[derive(Debug, Clone, Default)]
@@ -28,16 +30,50 @@ pub struct RecordingScan {
     pub families: BTreeMap<&'static str, u64>,
     /// A torn last line that was skipped (reported, not fatal).
     pub torn_last_line: Option<u64>,
+    /// Recorded think times between a session's turns (ms), when any.
+    pub think_time_ms: Option<Stats>,
+    /// First `at_ms` to the end of the last exchange's last frame (ms), when timed.
+    pub span_ms: Option<f64>,
 }
 
 /// Scan `path`. Any invalid line is an error naming file, line and field.
 pub fn scan(path: &Path) -> Result<RecordingScan, RecordingError> {
+    scan_sampled(path, None)
+}
+
+/// [`scan`], counting and measuring only the exchanges `sample` keeps (every line is still
+/// validated).
+pub fn scan_sampled(
+    path: &Path,
+    sample: Option<&SessionSample>,
+) -> Result<RecordingScan, RecordingError> {
     let mut out = RecordingScan::default();
     let mut baseline = RunMetrics::new();
     let mut sessions = std::collections::HashSet::new();
+    let mut think = ThinkTimes::default();
+    let mut think_hist = hdrhistogram::Histogram::<u64>::new(common::metrics::SIGNIFICANT_DIGITS)
+        .expect("3 significant digits is valid");
+    let (mut first_at, mut last_end) = (f64::INFINITY, f64::NEG_INFINITY);
     let mut reader = RecordingReader::open(path)?;
-    for item in reader.by_ref() {
+    for (index, item) in reader.by_ref().enumerate() {
         let (_, exchange) = item?;
+        if sample.is_some_and(|s| !s.keeps(exchange.session.as_deref(), index as u64)) {
+            continue;
+        }
+        if let Some(ms) = think.next(&exchange) {
+            // Stored in µs, as every time histogram.
+            let _ = think_hist.record((ms * 1000.0).round() as u64);
+        }
+        if let Some(at) = exchange.at_ms {
+            first_at = first_at.min(at);
+            let last_t = exchange
+                .response
+                .as_ref()
+                .and_then(|r| r.frames.last())
+                .and_then(|f| f.t_ms)
+                .unwrap_or(0.0);
+            last_end = last_end.max(at + last_t);
+        }
         out.exchanges += 1;
         if let Some(at) = exchange.at_ms {
             out.with_arrival += 1;
@@ -57,6 +93,8 @@ pub fn scan(path: &Path) -> Result<RecordingScan, RecordingError> {
         }
     }
     out.torn_last_line = reader.torn_last_line();
+    out.think_time_ms = common::metrics::stats_of(&think_hist, 1000.0);
+    out.span_ms = (last_end > first_at).then_some(last_end - first_at);
     out.sessions = sessions.len() as u64;
     if out.with_frame_timing > 0 {
         out.baseline = Some(baseline);

@@ -151,6 +151,8 @@ fn chunk_to_proto(chunk: SliceChunk) -> Result<v1::ExchangeChunk, Status> {
             .map(|e| v1::Exchange {
                 index: e.index,
                 json: e.json,
+                pin_output_tokens: e.pin_output_tokens,
+                think_ms: e.think_ms,
             })
             .collect(),
         last: chunk.last,

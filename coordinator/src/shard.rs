@@ -6,10 +6,17 @@
 //! Each feeder reads the recording itself, so slices stream and memory stays bounded. Feeders
 //! never close a slice: the orchestrator sends the closing chunk once no exchange can be
 //! reassigned to that worker any more.
+//!
+//! The feeders are where the recording is read during the run, so they also attach what
+//! faithful replay needs to each exchange before its response is dropped: the recorded
+//! output length and the recorded think time (`crate::faithful`), and skip the sessions a
+//! `--sample-sessions` run leaves out.
 
 use std::path::PathBuf;
 
 use common::recording::{Exchange, RecordingError, RecordingReader};
+
+use crate::faithful::{SliceFaithful, ThinkTimes, recorded_output_tokens};
 use tokio::sync::mpsc;
 
 /// Exchanges per chunk sent to a worker.
@@ -21,6 +28,10 @@ pub const CHUNK_EXCHANGES: usize = 64;
 pub struct SliceExchange {
     pub index: u64,
     pub json: Vec<u8>,
+    /// `--pin-output-length`: the output length the recording measured.
+    pub pin_output_tokens: Option<u64>,
+    /// `--session-mode closed`: the recorded think time before this turn, ms.
+    pub think_ms: Option<f64>,
 }
 
 /// A batch of a worker's slice; `last` closes the slice.
@@ -46,6 +57,16 @@ pub struct SlicePlan {
     pub loop_forever: bool,
     /// Offset added to arrival times on each pass over the recording (ms).
     pub pass_span_ms: f64,
+    /// Sampled sessions, and the recorded output length and think time sent with each
+    /// exchange (faithful replay).
+    pub faithful: SliceFaithful,
+}
+
+/// What travels with an exchange besides its request.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Extras {
+    pin_output_tokens: Option<u64>,
+    think_ms: Option<f64>,
 }
 
 impl SlicePlan {
@@ -78,16 +99,18 @@ pub fn worker_for(sequence: u64, session: Option<&str>, workers: usize) -> usize
     }
 }
 
-/// Walk the run's exchanges in order: `(sequence, index in the recording, exchange)` with the
-/// pass adjustments applied (later passes get shifted arrival times and renamed sessions).
-/// `visit` returns false to stop.
+/// Walk the run's exchanges in order: `(sequence, index in the recording, exchange, extras)`
+/// with the pass adjustments applied (later passes get shifted arrival times and renamed
+/// sessions), skipping the sessions a sample leaves out. `visit` returns false to stop.
 fn walk(
     plan: &SlicePlan,
-    visit: &mut dyn FnMut(u64, u64, Exchange) -> bool,
+    visit: &mut dyn FnMut(u64, u64, Exchange, Extras) -> bool,
 ) -> Result<(), RecordingError> {
     let mut sequence = 0u64;
     let mut pass = 0u64;
+    let mut think = ThinkTimes::default();
     loop {
+        think.clear();
         for (index, item) in RecordingReader::open(&plan.recording)?.enumerate() {
             let index = index as u64;
             // A torn last line is skipped by the reader (the scan reported it).
@@ -95,6 +118,23 @@ fn walk(
             if plan.requests.is_some_and(|n| sequence >= n) {
                 return Ok(());
             }
+            if let Some(sample) = &plan.faithful.sample
+                && !sample.keeps(exchange.session.as_deref(), index)
+            {
+                continue;
+            }
+            let extras = Extras {
+                pin_output_tokens: if plan.faithful.pin {
+                    recorded_output_tokens(&exchange)
+                } else {
+                    None
+                },
+                think_ms: if plan.faithful.think {
+                    think.next(&exchange)
+                } else {
+                    None
+                },
+            };
             exchange.response = None;
             if pass > 0 {
                 exchange.session = exchange.session.map(|s| format!("{s}#pass{pass}"));
@@ -102,7 +142,7 @@ fn walk(
                     .at_ms
                     .map(|at| at + pass as f64 * plan.pass_span_ms);
             }
-            if !visit(sequence, index, exchange) {
+            if !visit(sequence, index, exchange, extras) {
                 return Ok(());
             }
             sequence += 1;
@@ -128,9 +168,14 @@ impl Chunker {
     }
 
     /// Add one exchange; returns false when the destination is gone.
-    fn push(&mut self, tx: &SliceSender, index: u64, exchange: &Exchange) -> bool {
+    fn push(&mut self, tx: &SliceSender, index: u64, exchange: &Exchange, extras: Extras) -> bool {
         let json = serde_json::to_vec(exchange).expect("an exchange always serializes");
-        self.chunk.push(SliceExchange { index, json });
+        self.chunk.push(SliceExchange {
+            index,
+            json,
+            pin_output_tokens: extras.pin_output_tokens,
+            think_ms: extras.think_ms,
+        });
         if self.chunk.len() == CHUNK_EXCHANGES {
             return self.flush(tx);
         }
@@ -156,12 +201,12 @@ pub fn feed_slice(plan: &SlicePlan, worker: usize, tx: SliceSender) -> Result<u6
     let mut sent = 0u64;
     let mut chunker = Chunker::new();
     let mut gone = false;
-    walk(plan, &mut |sequence, index, exchange| {
+    walk(plan, &mut |sequence, index, exchange, extras| {
         if worker_for(sequence, exchange.session.as_deref(), plan.workers) != worker {
             return true;
         }
         sent += 1;
-        if !chunker.push(&tx, index, &exchange) {
+        if !chunker.push(&tx, index, &exchange, extras) {
             gone = true;
             return false;
         }
@@ -189,7 +234,7 @@ pub fn feed_reassigned(
     let mut chunkers: Vec<Chunker> = survivors.iter().map(|_| Chunker::new()).collect();
     let mut position = 0u64;
     let mut next = 0usize;
-    walk(plan, &mut |sequence, index, exchange| {
+    walk(plan, &mut |sequence, index, exchange, extras| {
         if worker_for(sequence, exchange.session.as_deref(), plan.workers) != dead {
             return true;
         }
@@ -205,7 +250,7 @@ pub fn feed_reassigned(
                 next
             }
         };
-        if chunkers[target].push(&survivors[target], index, &exchange) {
+        if chunkers[target].push(&survivors[target], index, &exchange, extras) {
             counts[target] += 1;
         }
         true

@@ -817,6 +817,15 @@ impl Supervisor {
         let mut tls_problems: BTreeMap<String, u64> = BTreeMap::new();
         let mut outcomes = Vec::new();
         let (mut assigned_total, mut not_started, mut lost_total) = (0u64, 0u64, 0u64);
+        let steady = crate::faithful::steady_window(
+            &slots
+                .iter()
+                .filter_map(|slot| {
+                    let report = slot.latest.as_ref()?;
+                    Some((report.timeline.clone(), slot.clock.offset_ns))
+                })
+                .collect::<Vec<_>>(),
+        );
         for slot in slots {
             let report = slot.latest.map(|r| *r).unwrap_or_default();
             merged.merge(&report.metrics);
@@ -927,6 +936,7 @@ impl Supervisor {
             aborted,
             interrupted,
             timeline: Vec::new(),
+            steady,
         })
     }
 }

@@ -5,6 +5,8 @@ use common::metrics::{
     Counters, MetricsDecodeError, RecordMeta, RequestRecord, RunMetrics, TransportCounters, Window,
 };
 
+use common::timeline::{Timeline, TimelineError};
+
 use crate::v1;
 
 /// Worker-side totals that are not per-request metrics.
@@ -58,6 +60,8 @@ pub fn report_from_metrics(
             cached_input_tokens: c.cached_input_tokens,
             cache_reported_input_tokens: c.cache_reported_input_tokens,
             sent_out_of_order: totals.sent_out_of_order,
+            pinned: c.pinned,
+            pinned_matched: c.pinned_matched,
         }),
         window_start_unix_us: metrics.window.map(|w| w.start_unix_us).unwrap_or(0),
         window_end_unix_us: metrics.window.map(|w| w.end_unix_us).unwrap_or(0),
@@ -71,6 +75,7 @@ pub fn report_from_metrics(
             .map(|n| n.get() as u32)
             .unwrap_or(1),
         tls_problems: Default::default(),
+        ..Default::default()
     }
 }
 
@@ -102,6 +107,17 @@ pub struct WorkerReport {
     pub cpu_seconds: f64,
     pub peak_rss_bytes: u64,
     pub cores: u32,
+    /// Completions over time and the steady window's edges, in the worker's clock.
+    pub timeline: Timeline,
+}
+
+/// Why a report from a worker cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportDecodeError {
+    #[error(transparent)]
+    Metrics(#[from] MetricsDecodeError),
+    #[error("timeline: {0}")]
+    Timeline(#[from] TimelineError),
 }
 
 impl WorkerReport {
@@ -132,8 +148,9 @@ impl WorkerReport {
 }
 
 /// Decode a report message into the coordinator's domain form.
-pub fn report_from_proto(report: &v1::Report) -> Result<WorkerReport, MetricsDecodeError> {
+pub fn report_from_proto(report: &v1::Report) -> Result<WorkerReport, ReportDecodeError> {
     let (metrics, totals, status_codes) = metrics_from_report(report)?;
+    let timeline = timeline_from_report(report)?;
     Ok(WorkerReport {
         seq: report.seq,
         is_final: report.r#final,
@@ -148,6 +165,7 @@ pub fn report_from_proto(report: &v1::Report) -> Result<WorkerReport, MetricsDec
         cpu_seconds: report.cpu_seconds,
         peak_rss_bytes: report.peak_rss_bytes,
         cores: report.cores,
+        timeline,
     })
 }
 
@@ -188,6 +206,8 @@ pub fn metrics_from_report(
         cache_reported: c.cache_reported,
         cached_input_tokens: c.cached_input_tokens,
         cache_reported_input_tokens: c.cache_reported_input_tokens,
+        pinned: c.pinned,
+        pinned_matched: c.pinned_matched,
     };
     let window = (report.window_end_unix_us > 0).then_some(Window {
         start_unix_us: report.window_start_unix_us,
@@ -206,6 +226,31 @@ pub fn metrics_from_report(
         .filter_map(|(code, n)| u16::try_from(*code).ok().map(|code| (code, *n)))
         .collect();
     Ok((metrics, totals, codes))
+}
+
+/// Put a worker's timeline (steady-state window) into its report.
+pub fn timeline_to_report(timeline: &Timeline, report: &mut v1::Report) {
+    report.timeline_origin_unix_us = timeline.origin_unix_us;
+    report.timeline_bucket_us = timeline.bucket_us;
+    report.timeline_completions = timeline.completions.clone();
+    report.timeline_output_tokens = timeline.output_tokens.clone();
+    report.target_reached_unix_us = timeline.target_reached_unix_us.unwrap_or(0);
+    report.last_issued_unix_us = timeline.last_issued_unix_us.unwrap_or(0);
+}
+
+/// A worker's timeline from its report, checked (lengths, width) before use.
+pub fn timeline_from_report(report: &v1::Report) -> Result<Timeline, TimelineError> {
+    let timeline = Timeline {
+        origin_unix_us: report.timeline_origin_unix_us,
+        bucket_us: report.timeline_bucket_us,
+        completions: report.timeline_completions.clone(),
+        output_tokens: report.timeline_output_tokens.clone(),
+        target_reached_unix_us: (report.target_reached_unix_us > 0)
+            .then_some(report.target_reached_unix_us),
+        last_issued_unix_us: (report.last_issued_unix_us > 0).then_some(report.last_issued_unix_us),
+    };
+    timeline.validate()?;
+    Ok(timeline)
 }
 
 /// A per-request record for the wire.

@@ -6,6 +6,7 @@ mod capture_limits;
 mod containers;
 mod distributed;
 mod example;
+mod faithful;
 mod faults;
 mod goals;
 mod hardening;

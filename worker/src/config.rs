@@ -55,6 +55,19 @@ pub struct ReplayConfig {
     pub reorder_window: usize,
     /// How to reach the target: TLS trust, HTTP/2, request signing.
     pub transport: TransportConfig,
+    /// Faithful replay: pinned output lengths and closed-loop sessions.
+    pub faithful: FaithfulConfig,
+}
+
+/// How faithfully the recording's users are replayed (`--pin-output-length`,
+/// `--session-mode`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FaithfulConfig {
+    /// Ask each request for the output length the recording measured.
+    pub pin: Option<common::formats::pin::PinMode>,
+    /// A session's next turn goes out at the previous turn's replayed end plus the recorded
+    /// think time (closed loop), not at its recorded offset (open loop).
+    pub closed_sessions: bool,
 }
 
 /// How the worker talks to the target.
@@ -82,4 +95,8 @@ pub struct WorkItem {
     /// The exchange's index in the recording (for tagging and accounting).
     pub index: u64,
     pub exchange: common::recording::Exchange,
+    /// The output tokens the recording measured, when the run pins output lengths.
+    pub pin_output_tokens: Option<u64>,
+    /// The recorded think time before this turn (closed sessions; not on a first turn).
+    pub think: Option<Duration>,
 }

@@ -5,7 +5,10 @@
 //! run goes on, so memory stays bounded whatever the recording's size), waits for the item's
 //! intended send time (recorded schedule or open-loop rate) and/or a concurrency permit
 //! (closed loop), and spawns the stream task. Exchanges of one session are chained: a turn
-//! starts only after the previous turn of its session has finished.
+//! starts only after the previous turn of its session has finished. With closed sessions
+//! (`--session-mode closed`) a turn goes out at the previous turn's replayed end plus its
+//! recorded think time: every turn of a session is handed to its task when the session starts,
+//! and the task waits for the previous turn's end.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -25,7 +28,7 @@ use tokio::task::JoinSet;
 use crate::client::{SendFailure, TargetClient};
 use crate::config::{Arrival, ReplayConfig, Schedule, WorkItem};
 use crate::metrics_actor::{MetricsHandle, RecordMeta};
-use crate::request::{replay_body, replay_headers};
+use crate::request::{pinned_body, replay_headers};
 
 /// The instant the run starts, in both clocks.
 #[derive(Debug, Clone, Copy)]
@@ -57,6 +60,9 @@ pub struct Progress {
     pub started_unix_ns: AtomicU64,
     /// Exchanges sent late because they arrived outside the reorder window, so far.
     pub sent_out_of_order: AtomicU64,
+    /// Wall-clock instant the load reached its target (Unix µs), 0 before: the start on a
+    /// schedule or rate, the moment every concurrency slot was first taken in a closed loop.
+    pub target_reached_unix_us: AtomicU64,
 }
 
 /// Wait for `start` precisely: tokio's timer has 1 ms granularity, so sleep until just before
@@ -112,6 +118,9 @@ struct Feed {
     latest_sent_ms: f64,
     /// Items sent after a later-scheduled one.
     sent_out_of_order: u64,
+    /// Closed sessions: each session's first recorded offset, so its later turns are handed
+    /// out with it (their tasks then wait for the previous turn's end and the think time).
+    session_starts: Option<HashMap<String, f64>>,
 }
 
 struct Pending {
@@ -157,7 +166,22 @@ enum Next {
 impl Feed {
     fn push(&mut self, item: WorkItem) {
         // An item without an offset goes out at once, in file order among its kind.
-        let at_ms = item.exchange.at_ms.unwrap_or(f64::NEG_INFINITY);
+        let mut at_ms = item.exchange.at_ms.unwrap_or(f64::NEG_INFINITY);
+        if let (Some(starts), Some(session)) = (&mut self.session_starts, &item.exchange.session) {
+            match starts.get(session) {
+                Some(start) => at_ms = at_ms.min(*start),
+                None => {
+                    if starts.len() >= 4 * self.window.max(1024) {
+                        // Sessions that started before everything sent so far: a later turn
+                        // of theirs then goes out at its own offset, still after its session
+                        // started.
+                        let sent = self.latest_sent_ms;
+                        starts.retain(|_, start| *start >= sent);
+                    }
+                    starts.insert(session.clone(), at_ms);
+                }
+            }
+        }
         self.arrivals += 1;
         self.pending.push(Reverse(Pending {
             at_ms,
@@ -270,7 +294,8 @@ pub async fn replay(run: EngineRun) -> EngineTotals {
     let deadline = load.duration.map(|d| start.instant + d);
     let mut rate_rng = rand::rngs::SmallRng::seed_from_u64(load.seed);
     let mut next_rate_offset = 0.0_f64;
-    let mut sessions: HashMap<String, oneshot::Receiver<()>> = HashMap::new();
+    let closed_sessions = config.faithful.closed_sessions;
+    let mut sessions: HashMap<String, PreviousTurn> = HashMap::new();
     let mut tasks: JoinSet<()> = JoinSet::new();
     let mut totals = EngineTotals::default();
     let mut aborted = false;
@@ -291,12 +316,18 @@ pub async fn replay(run: EngineRun) -> EngineTotals {
         arrivals: 0,
         latest_sent_ms: f64::NEG_INFINITY,
         sent_out_of_order: 0,
+        session_starts: closed_sessions.then(HashMap::new),
     };
 
     // Every worker starts at the coordinator's one instant, whatever the load model.
     tokio::select! {
         _ = wait_for_start(start.instant) => {
-            progress.started_unix_ns.store(unix_nanos(SystemTime::now()), Ordering::Relaxed);
+            let now = unix_nanos(SystemTime::now());
+            progress.started_unix_ns.store(now, Ordering::Relaxed);
+            if permits.is_none() || recorded_speed.is_some() || load.rate.is_some() {
+                // On a schedule or a rate, the load is at its target once it runs.
+                progress.target_reached_unix_us.store(now / 1000, Ordering::Relaxed);
+            }
         }
         _ = abort.wait_for(|a| *a) => aborted = true,
     }
@@ -356,6 +387,16 @@ pub async fn replay(run: EngineRun) -> EngineTotals {
             },
             None => None,
         };
+        if let Some(semaphore) = &permits
+            && semaphore.available_permits() == 0
+            && progress.target_reached_unix_us.load(Ordering::Relaxed) == 0
+        {
+            // Every slot of the closed loop is taken: the load reached its target.
+            let now_us = unix_nanos(SystemTime::now()) / 1000;
+            progress
+                .target_reached_unix_us
+                .store(now_us, Ordering::Relaxed);
+        }
         if deadline.is_some_and(|d| Instant::now() >= d) {
             totals.not_started += 1;
             break;
@@ -363,8 +404,8 @@ pub async fn replay(run: EngineRun) -> EngineTotals {
 
         let previous_turn = match &item.exchange.session {
             Some(session) => {
-                let (done_tx, done_rx) = oneshot::channel::<()>();
-                let previous = sessions.insert(session.clone(), done_rx);
+                let (done_tx, done_rx) = oneshot::channel::<Instant>();
+                let previous = sessions.insert(session.clone(), PreviousTurn::Running(done_rx));
                 Some((previous, done_tx))
             }
             None => None,
@@ -382,31 +423,40 @@ pub async fn replay(run: EngineRun) -> EngineTotals {
         tasks.spawn(async move {
             let _permit = permit;
             let mut intended = intended;
-            let _done = match previous_turn {
+            let done = match previous_turn {
                 Some((previous, done_tx)) => {
                     if let Some(previous) = previous {
-                        // Dropped sender = the previous turn finished.
-                        let _ = previous.await;
-                        intended = intended.map(|t| t.max(Instant::now()));
+                        let ended = previous.ended().await;
+                        if closed_sessions {
+                            // Closed loop: the user reads the answer, thinks, sends.
+                            let at = ended + item.think.unwrap_or_default();
+                            intended = Some(at);
+                            tokio::time::sleep_until(at.into()).await;
+                        } else {
+                            intended = intended.map(|t| t.max(Instant::now()));
+                        }
                     }
                     Some(done_tx)
                 }
                 None => None,
             };
             let (outcome, status) = send_one(&config, &client, &item, intended).await;
+            if let Some(done) = done {
+                let _ = done.send(Instant::now());
+            }
             let meta = config.requests_out.then(|| RecordMeta {
                 index: item.index,
                 id: item.exchange.id.clone(),
                 session: item.exchange.session.clone(),
             });
-            metrics.record(outcome, warmup, status, meta).await;
+            let pinned = config.faithful.pin.and(item.pin_output_tokens);
+            metrics.record(outcome, warmup, status, meta, pinned).await;
         });
 
         // Reap finished tasks and forget finished sessions so both stay small.
         while tasks.try_join_next().is_some() {}
         if seq.is_multiple_of(4096) {
-            sessions
-                .retain(|_, rx| matches!(rx.try_recv(), Err(oneshot::error::TryRecvError::Empty)));
+            sessions.retain(|_, previous| previous.keep(closed_sessions));
         }
     }
     totals.sent_out_of_order = feed.sent_out_of_order;
@@ -459,6 +509,44 @@ pub async fn replay(run: EngineRun) -> EngineTotals {
     totals
 }
 
+/// The latest turn of a session, as the next turn waits for it.
+enum PreviousTurn {
+    /// Sends the instant it ended (dropped unsent when it was cancelled).
+    Running(oneshot::Receiver<Instant>),
+    /// It ended at this instant (kept for closed sessions: the next turn's think time
+    /// counts from it).
+    Ended(Instant),
+}
+
+/// How long a closed session's ended turn is remembered for its next turn.
+const ENDED_TURN_MEMORY: Duration = Duration::from_secs(3600);
+
+impl PreviousTurn {
+    /// Wait for the turn to end; when it was cancelled, now.
+    async fn ended(self) -> Instant {
+        match self {
+            PreviousTurn::Running(rx) => rx.await.unwrap_or_else(|_| Instant::now()),
+            PreviousTurn::Ended(at) => at,
+        }
+    }
+
+    /// False when the entry can be forgotten: an ended turn, unless closed sessions still
+    /// need its end instant (for at most [`ENDED_TURN_MEMORY`]).
+    fn keep(&mut self, closed_sessions: bool) -> bool {
+        if let PreviousTurn::Running(rx) = self {
+            match rx.try_recv() {
+                Err(oneshot::error::TryRecvError::Empty) => return true,
+                Ok(at) => *self = PreviousTurn::Ended(at),
+                Err(oneshot::error::TryRecvError::Closed) => return false,
+            }
+        }
+        match self {
+            PreviousTurn::Ended(at) => closed_sessions && at.elapsed() < ENDED_TURN_MEMORY,
+            PreviousTurn::Running(_) => true,
+        }
+    }
+}
+
 /// An offset from the start instant, clamped to ten years: the coordinator validates every
 /// input, and no value that slipped through can make the clock arithmetic panic.
 fn offset(seconds: f64) -> Duration {
@@ -487,7 +575,11 @@ async fn send_one(
     let method = reqwest::Method::from_bytes(exchange.request.method.as_bytes())
         .unwrap_or(reqwest::Method::POST);
     let url = crate::request::replay_url(&config.target, &exchange.request.path);
-    let body = bytes::Bytes::from(replay_body(exchange, &config.sets));
+    let pin = config
+        .faithful
+        .pin
+        .and_then(|mode| Some((item.pin_output_tokens?, mode)));
+    let body = bytes::Bytes::from(pinned_body(exchange, &config.sets, pin));
     let request = client
         .request(method, &url)
         .headers(replay_headers(exchange, config, item.index))

@@ -16,7 +16,11 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::client::TargetClient;
-use crate::config::{Arrival, LoadModel, ReplayConfig, Schedule, TransportConfig, WorkItem};
+use common::formats::pin::PinMode;
+
+use crate::config::{
+    Arrival, FaithfulConfig, LoadModel, ReplayConfig, Schedule, TransportConfig, WorkItem,
+};
 use crate::engine::{self, StartAt};
 use crate::metrics_actor::MetricsHandle;
 use crate::request::expand_headers;
@@ -287,6 +291,17 @@ fn replay_config(
         )?,
         tag_requests: assignment.tag_requests,
         requests_out: assignment.requests_out,
+        faithful: FaithfulConfig {
+            pin: match assignment.pin_output_length.as_str() {
+                "" => None,
+                name => Some(PinMode::from_name(name).ok_or_else(|| {
+                    LinkError::Protocol(format!(
+                        "assignment pin_output_length = {name:?}: expected \"max\" or \"strict\""
+                    ))
+                })?),
+            },
+            closed_sessions: assignment.closed_sessions,
+        },
         reorder_window: match assignment.reorder_window {
             0 => crate::config::DEFAULT_REORDER_WINDOW,
             n => n as usize,
@@ -302,6 +317,45 @@ fn replay_config(
             },
         },
     })
+}
+
+/// One exchange of the slice, checked at the edge: its JSON, and a think time that is a
+/// duration (finite, not negative, at most ten years).
+fn work_item(exchange: v1::Exchange) -> Result<WorkItem, String> {
+    let parsed = serde_json::from_slice(&exchange.json)
+        .map_err(|error| format!("exchange {}: {error}", exchange.index))?;
+    let think = match exchange.think_ms {
+        None => None,
+        Some(ms) if ms.is_finite() && (0.0..=10.0 * 365.0 * 86_400_000.0).contains(&ms) => {
+            Some(Duration::from_secs_f64(ms / 1000.0))
+        }
+        Some(ms) => {
+            return Err(format!(
+                "exchange {}: think_ms = {ms}: expected a duration in ms",
+                exchange.index
+            ));
+        }
+    };
+    Ok(WorkItem {
+        index: exchange.index,
+        exchange: parsed,
+        pin_output_tokens: exchange.pin_output_tokens,
+        think,
+    })
+}
+
+/// The steady-state window's data: the completion timeline and when the load reached its
+/// target.
+fn add_timeline(
+    report: &mut v1::Report,
+    mut timeline: common::timeline::Timeline,
+    progress: &engine::Progress,
+) {
+    let reached = progress
+        .target_reached_unix_us
+        .load(std::sync::atomic::Ordering::Relaxed);
+    timeline.target_reached_unix_us = (reached > 0).then_some(reached);
+    proto::convert::timeline_to_report(&timeline, report);
 }
 
 /// Records per message: a batch stays far below gRPC's 4 MiB message limit.
@@ -495,15 +549,10 @@ pub async fn run_once(
             match slice.message().await {
                 Ok(Some(chunk)) => {
                     for exchange in chunk.exchanges {
-                        let item = match serde_json::from_slice(&exchange.json) {
-                            Ok(parsed) => WorkItem {
-                                index: exchange.index,
-                                exchange: parsed,
-                            },
-                            Err(error) => {
-                                let _ = slice_error_tx
-                                    .send((false, format!("exchange {}: {error}", exchange.index)))
-                                    .await;
+                        let item = match work_item(exchange) {
+                            Ok(item) => item,
+                            Err(message) => {
+                                let _ = slice_error_tx.send((false, message)).await;
                                 return;
                             }
                         };
@@ -617,6 +666,7 @@ pub async fn run_once(
                 seq += 1;
                 let mut report = report_from_metrics(seq, false, &snapshot.metrics, live_totals(&progress), &snapshot.status_codes, cpu_seconds());
                 report.tls_problems = snapshot.tls_problems.clone().into_iter().collect();
+                add_timeline(&mut report, snapshot.timeline, &progress);
                 if out_tx.send(send(v1::worker_message::Msg::Report(report))).await.is_err() {
                     failure.get_or_insert(coordinator_lost("its report stream closed"));
                     let _ = abort_tx.send(true);
@@ -692,6 +742,7 @@ pub async fn run_once(
         cpu_seconds(),
     );
     report.tls_problems = snapshot.tls_problems.clone().into_iter().collect();
+    add_timeline(&mut report, snapshot.timeline, &progress);
     if records_sent.is_err() {
         failure.get_or_insert(coordinator_lost("its report stream closed"));
     }

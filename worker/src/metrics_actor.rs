@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 
 use common::measure::{RequestOutcome, TransportCause};
 use common::metrics::RunMetrics;
+use common::timeline::Timeline;
 use tokio::sync::{mpsc, oneshot};
 
 /// A copy of the worker's metrics at one instant.
@@ -24,20 +25,40 @@ pub struct Snapshot {
     pub tls_problems: BTreeMap<String, u64>,
     /// Per-request records measured since the previous snapshot (with `--requests-out`).
     pub records: Vec<RequestRecord>,
+    /// Succeeded requests by completion time, and the last send (the steady-state window).
+    pub timeline: Timeline,
 }
 
 pub use common::metrics::{RecordMeta, RequestRecord};
 
+/// Sent once per request and moved at once into the bounded channel: boxing the large
+/// variant would add an allocation per request for nothing.
+#[allow(clippy::large_enum_variant)]
 enum Message {
     Record {
         outcome: RequestOutcome,
         warmup: bool,
         status: Option<u16>,
         meta: Option<RecordMeta>,
+        pinned: Option<u64>,
     },
     Snapshot {
         reply: oneshot::Sender<Snapshot>,
     },
+}
+
+/// Count a measured request in the timeline: a succeeded one at its completion (last content
+/// frame), and every sent one as the latest send.
+fn record_timeline(timeline: &mut Timeline, outcome: &RequestOutcome) {
+    let Some(sent) = outcome.sent_unix_us else {
+        return;
+    };
+    timeline.last_issued_unix_us = Some(timeline.last_issued_unix_us.unwrap_or(0).max(sent));
+    if outcome.kind == common::measure::OutcomeKind::Succeeded
+        && let Some(latency) = outcome.latency_us
+    {
+        timeline.record(sent + latency, outcome.output_tokens());
+    }
 }
 
 /// Cheap handle to the metrics actor.
@@ -59,6 +80,7 @@ impl MetricsHandle {
                         warmup,
                         status,
                         meta,
+                        pinned,
                     } => {
                         if warmup {
                             snapshot.metrics.counters.warmup += 1;
@@ -81,6 +103,10 @@ impl MetricsHandle {
                                 .or_default() += 1;
                         }
                         snapshot.metrics.record(&outcome);
+                        if let Some(pinned) = pinned {
+                            snapshot.metrics.record_pinned(&outcome, pinned);
+                        }
+                        record_timeline(&mut snapshot.timeline, &outcome);
                         if let Some(meta) = meta {
                             snapshot.records.push(RequestRecord {
                                 meta,
@@ -96,6 +122,7 @@ impl MetricsHandle {
                             status_codes: snapshot.status_codes.clone(),
                             tls_problems: snapshot.tls_problems.clone(),
                             records,
+                            timeline: snapshot.timeline.clone(),
                         });
                     }
                 }
@@ -105,13 +132,15 @@ impl MetricsHandle {
     }
 
     /// Record one finished request. `status` is the HTTP status of the response when one
-    /// came; `meta` asks for a per-request record (`--requests-out`).
+    /// came; `meta` asks for a per-request record (`--requests-out`); `pinned` is the output
+    /// length the request asked for (`--pin-output-length`).
     pub async fn record(
         &self,
         outcome: RequestOutcome,
         warmup: bool,
         status: Option<u16>,
         meta: Option<RecordMeta>,
+        pinned: Option<u64>,
     ) {
         // The actor only stops when every handle is gone, so this cannot fail while we hold one.
         let _ = self
@@ -121,6 +150,7 @@ impl MetricsHandle {
                 warmup,
                 status,
                 meta,
+                pinned,
             })
             .await;
     }

@@ -1,6 +1,7 @@
 //! Builds the replayed HTTP request from a recorded one: the recorded method, path, body and
 //! non-credential headers, plus `--header` values and `--set` body overrides.
 
+use common::formats::pin::{PinMode, pin_output_tokens};
 use common::recording::{
     Exchange, is_credential_header, is_hop_by_hop_header, strip_credential_query,
 };
@@ -121,14 +122,28 @@ pub fn replay_url(target: &str, path: &str) -> String {
 /// The body to send: the recorded body with `sets` applied to its top-level JSON object.
 /// A body that is not a JSON object is sent unchanged.
 pub fn replay_body(exchange: &Exchange, sets: &[(String, serde_json::Value)]) -> Vec<u8> {
+    pinned_body(exchange, sets, None)
+}
+
+/// [`replay_body`], then pinned to `pin` = (output tokens, mode) with the family's
+/// max-tokens field (`common::formats::pin`). `--set` wins over the recording, the pin over
+/// both: pinning is what the user asked for last.
+pub fn pinned_body(
+    exchange: &Exchange,
+    sets: &[(String, serde_json::Value)],
+    pin: Option<(u64, PinMode)>,
+) -> Vec<u8> {
     let body = exchange.request.body_bytes();
-    if sets.is_empty() {
+    if sets.is_empty() && pin.is_none() {
         return body.into_owned();
     }
     match serde_json::from_slice::<serde_json::Value>(&body) {
         Ok(serde_json::Value::Object(mut map)) => {
             for (field, value) in sets {
                 map.insert(field.clone(), value.clone());
+            }
+            if let Some((tokens, mode)) = pin {
+                pin_output_tokens(&exchange.request.path, &mut map, tokens, mode);
             }
             serde_json::to_vec(&map).unwrap_or_else(|_| body.into_owned())
         }
@@ -217,6 +232,23 @@ mod tests {
     }
 
     #[test]
+    fn the_pin_wins_over_set_and_the_recording() {
+        let exchange: Exchange = serde_json::from_str(
+            r#"{"request":{"path":"/v1/chat/completions","body":"{\"model\":\"a\",\"max_tokens\":100}"}}"#,
+        )
+        .expect("valid");
+        let sets = [("max_tokens".to_owned(), serde_json::json!(50))];
+        let body = pinned_body(&exchange, &sets, Some((12, PinMode::Max)));
+        let value: serde_json::Value = serde_json::from_slice(&body).expect("json");
+        assert_eq!(value["max_tokens"], 12);
+        assert!(value.get("ignore_eos").is_none());
+        let body = pinned_body(&exchange, &[], Some((12, PinMode::Strict)));
+        let value: serde_json::Value = serde_json::from_slice(&body).expect("json");
+        assert_eq!(value["min_tokens"], 12);
+        assert_eq!(value["ignore_eos"], true);
+    }
+
+    #[test]
     fn credentials_and_hop_headers_are_not_replayed() {
         let exchange: Exchange = serde_json::from_str(
             r#"{"request":{"path":"/v1/messages","headers":{"x-api-key":"k","Content-Length":"9","anthropic-version":"2023-06-01"}}}"#,
@@ -240,6 +272,7 @@ mod tests {
             transport: Default::default(),
             requests_out: false,
             reorder_window: crate::config::DEFAULT_REORDER_WINDOW,
+            faithful: Default::default(),
         };
         let headers = replay_headers(&exchange, &config, 7);
         assert!(headers.get("x-api-key").is_none());

@@ -5,7 +5,8 @@
 //!   content type and the first bytes of the stream;
 //! - [`StreamParser`]: an incremental parser per family that accepts any byte split and reports
 //!   [`Event`]s (content frames, usage, the terminal marker, error frames);
-//! - the encoders the mock server uses to write byte-correct streams (`encode`).
+//! - the encoders the mock server uses to write byte-correct streams (`encode`);
+//! - the request fields that limit a family's output length (`pin`, `--pin-output-length`).
 //!
 //! The parser never allocates per frame on the hot path: it reuses its line/frame buffers and
 //! hands out borrowed text.
@@ -19,6 +20,7 @@ mod eventstream;
 mod ndjson;
 mod ollama;
 mod openai;
+pub mod pin;
 mod sse;
 
 /// A response family, as recognised from the stream itself.

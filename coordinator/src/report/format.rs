@@ -18,9 +18,9 @@ pub(super) const NO_VALUE: &str = "-";
 pub(super) const WORSE_MARKER: &str = "▲ worse";
 
 /// Label of the output-token throughput (distinct from the per-user token rate).
-pub(super) const OUTPUT_THROUGHPUT_LABEL: &str = "Output throughput (tokens/s)";
+pub(super) const OUTPUT_THROUGHPUT_LABEL: &str = "Output throughput, whole run (tokens/s)";
 /// Label of the request throughput.
-pub(super) const REQUEST_THROUGHPUT_LABEL: &str = "Request throughput (requests/s)";
+pub(super) const REQUEST_THROUGHPUT_LABEL: &str = "Request throughput, whole run (requests/s)";
 
 /// The legend under the comparison table.
 pub(super) const HIGHLIGHT_NOTE: &str =

@@ -25,6 +25,7 @@ const DARK: &str = "--bg:#0d1117;--fg:#e6edf3;--muted:#9198a1;--border:#3d444d;-
 --grid:#262c36;--bad-bg:#3c1618;--bad-fg:#ff9492;--good-bg:#0f2d1a;--good-fg:#6fdd8b;\
 --warn-bg:#3a2e05;--band:rgba(88,166,255,.10);--c0:#58a6ff;--c1:#f0883e;--c2:#3fb950;\
 --c3:#bc8cff;--c4:#ff7b72;--c9:#9198a1";
+use super::windows;
 
 const STYLE: &str = "\
 *{box-sizing:border-box}\
@@ -652,7 +653,22 @@ fn metrics_tables(out: &mut String, report: &Report) {
     ] {
         let _ = writeln!(out, "<tr><th>{name}</th><td class=\"n\">{value}</td></tr>");
     }
+    for (name, value) in windows::steady_rows(report) {
+        let _ = writeln!(
+            out,
+            "<tr><th>{name}</th><td class=\"n\">{}</td></tr>",
+            esc(&value)
+        );
+    }
     let _ = writeln!(out, "</table>");
+    let faithful = windows::faithful_lines(report);
+    if !faithful.is_empty() {
+        let _ = writeln!(out, "<h2>Faithful replay</h2>\n<ul>");
+        for line in faithful {
+            let _ = writeln!(out, "<li>{}</li>", esc(&line));
+        }
+        let _ = writeln!(out, "</ul>");
+    }
 }
 
 fn comparison(out: &mut String, report: &Report) {

@@ -30,6 +30,7 @@ const HEADLINE: [(&str, Metric); 5] = [
     ("Request latency (ms)", Metric::Latency),
     ("Output tokens/s per user", Metric::TokensPerSecondPerUser),
 ];
+use super::windows;
 
 /// Render `report` as Markdown.
 pub fn render_markdown(report: &Report) -> String {
@@ -38,11 +39,24 @@ pub fn render_markdown(report: &Report) -> String {
     headline(&mut out, report);
     sparkline_line(&mut out, report);
     regressions(&mut out, report);
+    faithful(&mut out, report);
     goals(&mut out, report);
     sweep(&mut out, report);
     warnings(&mut out, report);
     debug_assert!(out.lines().count() < MAX_LINES, "{out}");
     out
+}
+
+/// Pinned lengths, session mode and sampling: one line per setting used.
+fn faithful(out: &mut String, report: &Report) {
+    let lines = windows::faithful_lines(report);
+    if lines.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\n**Faithful replay**");
+    for line in &lines {
+        let _ = writeln!(out, "- {line}");
+    }
 }
 
 fn regression_count(report: &Report) -> usize {
@@ -146,7 +160,7 @@ fn headline(out: &mut String, report: &Report) {
     }
     let rates = [
         (
-            "Output throughput (tokens/s)",
+            format::OUTPUT_THROUGHPUT_LABEL,
             report.llm.output_tokens_per_second,
             "output_tokens_per_second",
             report
@@ -155,7 +169,7 @@ fn headline(out: &mut String, report: &Report) {
                 .and_then(|b| b.llm.output_tokens_per_second),
         ),
         (
-            "Request throughput (requests/s)",
+            format::REQUEST_THROUGHPUT_LABEL,
             report.llm.requests_per_second,
             "requests_per_second",
             report
@@ -175,6 +189,11 @@ fn headline(out: &mut String, report: &Report) {
             );
         }
         let _ = writeln!(out, "{row}");
+    }
+    // The figures above are over the whole run; these over the steady window alone.
+    for (label, value) in windows::steady_rows(report) {
+        let extra = if changes.is_some() { " | |" } else { "" };
+        let _ = writeln!(out, "| {label} | {value} | |{extra}");
     }
     let k = &report.requests.failed_by_kind;
     let kinds: Vec<String> = [

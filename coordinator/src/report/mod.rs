@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use common::metrics::{Counters, Metric, RunMetrics, Stats, TransportCounters, Unit};
 use serde::{Deserialize, Serialize};
 
+use crate::faithful::FaithfulSection;
 use crate::goals::{self, Goal, GoalResult, Stat};
 
 mod format;
@@ -18,6 +19,7 @@ mod junit;
 mod markdown;
 mod svg;
 mod terminal;
+mod windows;
 
 pub use html::render_html;
 pub use junit::render_junit;
@@ -67,6 +69,10 @@ pub struct Report {
     /// Things the user should know to read the numbers right.
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// How faithfully the recording's users were replayed: pinned lengths, session mode and
+    /// think times, sampling (see `crate::faithful`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub faithful: Option<FaithfulSection>,
     /// The run over time, one point per interval (about a second); every level of a sweep
     /// on one time axis. Empty in reports saved before it existed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -219,6 +225,17 @@ pub struct RequestsSection {
     /// latency, ISL, OSL and throughput, and have no TTFT, TTST or ITL.
     #[serde(default)]
     pub unstreamed: u64,
+    /// Succeeded requests that asked for their recorded output length
+    /// (`--pin-output-length`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pinned: u64,
+    /// Those that got exactly that length.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pinned_matched: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Failures by kind.
@@ -279,6 +296,20 @@ pub struct LlmSection {
     /// The measured window (first request sent → last content frame), seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub measured_window_s: Option<f64>,
+    /// Output tokens per second over the steady window (load at its target → last request
+    /// sent); `null` when the load never reached its target.
+    #[serde(default)]
+    pub output_tokens_per_second_steady: Option<f64>,
+    /// Succeeded requests per second over the steady window.
+    #[serde(default)]
+    pub requests_per_second_steady: Option<f64>,
+    /// The steady window, seconds.
+    #[serde(default)]
+    pub steady_window_s: Option<f64>,
+    /// Percent of pinned requests whose output length equals the recorded one
+    /// (`--pin-output-length`); absent without pinning.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub osl_match_share_pct: Option<f64>,
     /// The distributions the HTML report plots; absent in sweep levels.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cdf: Option<CdfSection>,
@@ -451,6 +482,7 @@ impl Report {
             sweep,
             warnings,
             timeline: input.timeline,
+            faithful: None,
         }
     }
 
@@ -547,6 +579,8 @@ impl RequestsSection {
             warmup: counters.warmup,
             resent: counters.resent,
             unstreamed: counters.unstreamed,
+            pinned: counters.pinned,
+            pinned_matched: counters.pinned_matched,
         }
     }
 
@@ -584,6 +618,12 @@ impl LlmSection {
                 itl_ms: cdf_of(metrics, Metric::Itl),
                 latency_ms: cdf_of(metrics, Metric::Latency),
             }),
+            // Set from the workers' timelines by `crate::faithful`: metrics alone do not
+            // know when the load reached its target.
+            output_tokens_per_second_steady: None,
+            requests_per_second_steady: None,
+            steady_window_s: None,
+            osl_match_share_pct: metrics.osl_match_share_pct(),
         }
     }
 

@@ -9,6 +9,7 @@ use super::Report;
 use super::format::{
     self, ANSI_BOLD, ANSI_GREEN, ANSI_RED, ANSI_RESET, HIGHLIGHT_NOTE, STAT_COLUMNS, TextTable,
 };
+use super::windows;
 
 /// Render `report` for a terminal; `color` adds ANSI colors (red for highlighted comparisons
 /// and failed goals, green for passed goals, bold titles).
@@ -99,12 +100,12 @@ pub fn render_terminal(report: &Report, color: bool) -> String {
     title(&mut out, "Throughput");
     let _ = writeln!(
         out,
-        "  output tokens/s   {}",
+        "  output tokens/s   {}  (whole run)",
         format::rate(report.llm.output_tokens_per_second)
     );
     let _ = writeln!(
         out,
-        "  requests/s        {}",
+        "  requests/s        {}  (whole run)",
         format::rate(report.llm.requests_per_second)
     );
     let _ = writeln!(
@@ -115,6 +116,17 @@ pub fn render_terminal(report: &Report, color: bool) -> String {
             .measured_window_s
             .map_or_else(|| format::NO_VALUE.to_string(), |s| format!("{s:.2} s"))
     );
+    for (label, value) in windows::steady_rows(report) {
+        let _ = writeln!(out, "  {label}   {value}");
+    }
+    let faithful = windows::faithful_lines(report);
+    if !faithful.is_empty() {
+        out.push('\n');
+        title(&mut out, "Faithful replay");
+        for line in faithful {
+            let _ = writeln!(out, "  {line}");
+        }
+    }
 
     if let Some(baseline) = &report.baseline {
         out.push('\n');

@@ -738,7 +738,7 @@ fn markdown_fits_a_pull_request_comment() {
         .find(|l| l.starts_with("| TTFT (ms) |"))
         .expect("TTFT row");
     assert!(ttft.contains(" ▲**"), "{ttft}");
-    assert!(md.contains("| Output throughput (tokens/s) |"));
+    assert!(md.contains("| Output throughput, whole run (tokens/s) |"));
     assert!(
         md.contains("| Errors | 2 (18.2 %: status 1, error frame 1) |"),
         "{md}"

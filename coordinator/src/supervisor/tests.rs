@@ -66,6 +66,7 @@ fn plan(recording: &Recording, workers: usize, exchanges: u64) -> SlicePlan {
         requests: None,
         loop_forever: false,
         pass_span_ms: 0.0,
+        faithful: Default::default(),
     }
 }
 

@@ -1,0 +1,464 @@
+//! Faithful replay, the coordinator's side: which sessions a `--sample-sessions` run keeps,
+//! the recorded think time and output length carried with each exchange, the steady-state
+//! window cut from the workers' timelines, and the report's `faithful` section.
+//!
+//! Everything here is computed where the recording is read (the scan and the slice feeders)
+//! or from the workers' reports: workers only apply what arrives with each exchange.
+
+use std::collections::HashMap;
+
+use common::formats::pin::PinMode;
+use common::measure::{OutcomeKind, measure_recorded};
+use common::metrics::Stats;
+use common::recording::Exchange;
+use common::timeline::Timeline;
+use serde::{Deserialize, Serialize};
+
+use crate::report::Report;
+use crate::scan::RecordingScan;
+
+/// `--sample-sessions FRACTION --seed N`: a deterministic subset of whole sessions.
+///
+/// The choice is a hash of (seed, session id) — of (seed, line index) for an exchange without
+/// a session — compared with the fraction, never a draw from a random sequence: the same
+/// sessions are kept whatever the number of workers, the order of reading, or the run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SessionSample {
+    /// Share of sessions kept, in (0, 1].
+    pub fraction: f64,
+    pub seed: u64,
+}
+
+impl SessionSample {
+    /// True when the exchange at `index` (0-based line order of the recording) of `session`
+    /// is replayed.
+    pub fn keeps(&self, session: Option<&str>, index: u64) -> bool {
+        if self.fraction >= 1.0 {
+            return true;
+        }
+        let key = match session {
+            Some(session) => mix(self.seed, 1, session.as_bytes()),
+            None => mix(self.seed, 2, &index.to_le_bytes()),
+        };
+        // The top 53 bits as a uniform number in [0, 1).
+        ((key >> 11) as f64 / (1u64 << 53) as f64) < self.fraction
+    }
+}
+
+/// FNV-1a over (seed, kind, bytes), finished with SplitMix64 so that ids differing in one
+/// character land far apart.
+fn mix(seed: u64, kind: u8, bytes: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in seed.to_le_bytes().iter().chain([kind].iter()).chain(bytes) {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash = (hash ^ (hash >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    hash = (hash ^ (hash >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    hash ^ (hash >> 31)
+}
+
+/// Recorded think times, read in the recording's order: a session's turns are recorded one
+/// after the other (a turn starts after the previous one's answer), so file order is turn
+/// order within a session.
+#[derive(Debug, Default)]
+pub struct ThinkTimes {
+    /// Session → where its latest turn ended (`at_ms` + last frame `t_ms`), when known.
+    ended_ms: HashMap<String, Option<f64>>,
+}
+
+impl ThinkTimes {
+    /// The recorded think time before `exchange` (ms): its `at_ms` − (the previous turn's
+    /// `at_ms` + that turn's last frame `t_ms`), never negative. `None` for a session's first
+    /// turn, an exchange without a session, or when either side lacks the timing.
+    pub fn next(&mut self, exchange: &Exchange) -> Option<f64> {
+        let session = exchange.session.as_ref()?;
+        let ended = exchange.at_ms.and_then(|at| {
+            let last = exchange.response.as_ref()?.frames.last()?.t_ms?;
+            Some(at + last)
+        });
+        let previous = self.ended_ms.insert(session.clone(), ended)?;
+        Some((exchange.at_ms? - previous?).max(0.0))
+    }
+
+    /// Forget every session (a new pass over the recording renames them).
+    pub fn clear(&mut self) {
+        self.ended_ms.clear();
+    }
+}
+
+/// The output tokens the recording measured for `exchange` (usage when recorded, else
+/// content frames), when it recorded a successful answer with output.
+pub fn recorded_output_tokens(exchange: &Exchange) -> Option<u64> {
+    let outcome = measure_recorded(exchange)?;
+    let tokens = outcome.output_tokens();
+    (outcome.kind == OutcomeKind::Succeeded && tokens > 0).then_some(tokens)
+}
+
+/// What the slice feeders attach to each exchange.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SliceFaithful {
+    /// Send each exchange's recorded output length (`--pin-output-length`).
+    pub pin: bool,
+    /// Send each turn's recorded think time (`--session-mode closed`).
+    pub think: bool,
+    /// Replay only these sessions (`--sample-sessions`).
+    pub sample: Option<SessionSample>,
+}
+
+/// The faithful-replay options of a run.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct FaithfulOptions {
+    pub pin: Option<PinMode>,
+    pub closed_sessions: bool,
+    pub sample: Option<SessionSample>,
+}
+
+impl FaithfulOptions {
+    /// What the feeders attach to each exchange.
+    pub fn slice(&self) -> SliceFaithful {
+        SliceFaithful {
+            pin: self.pin.is_some(),
+            think: self.closed_sessions,
+            sample: self.sample,
+        }
+    }
+}
+
+/// The steady-state window of a run, in the coordinator's clock, and what completed in it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SteadyWindow {
+    /// The last worker reached its target (Unix µs).
+    pub start_unix_us: f64,
+    /// The last request of the run was sent (Unix µs).
+    pub end_unix_us: f64,
+    /// Succeeded requests completed in the window (buckets cut by an end count in part).
+    pub requests: f64,
+    /// Their output tokens.
+    pub output_tokens: f64,
+}
+
+impl SteadyWindow {
+    /// Length in seconds.
+    pub fn seconds(&self) -> f64 {
+        (self.end_unix_us - self.start_unix_us) / 1e6
+    }
+}
+
+/// Cut the steady window from every worker's timeline; `offset_ns` is each worker's clock
+/// minus the coordinator's. `None` when a worker never reached its target or nobody sent a
+/// request after the load reached it.
+pub fn steady_window(workers: &[(Timeline, i64)]) -> Option<SteadyWindow> {
+    let to_coordinator = |unix_us: u64, offset_ns: i64| unix_us as f64 - offset_ns as f64 / 1000.0;
+    let mut start = f64::NEG_INFINITY;
+    let mut end = f64::NEG_INFINITY;
+    for (timeline, offset) in workers {
+        start = start.max(to_coordinator(timeline.target_reached_unix_us?, *offset));
+        if let Some(last) = timeline.last_issued_unix_us {
+            end = end.max(to_coordinator(last, *offset));
+        }
+    }
+    if workers.is_empty() || end <= start {
+        return None;
+    }
+    let (mut requests, mut output_tokens) = (0.0, 0.0);
+    for (timeline, offset) in workers {
+        let shift = *offset as f64 / 1000.0;
+        let (n, tokens) = timeline.count_between(start + shift, end + shift);
+        requests += n;
+        output_tokens += tokens;
+    }
+    Some(SteadyWindow {
+        start_unix_us: start,
+        end_unix_us: end,
+        requests,
+        output_tokens,
+    })
+}
+
+/// The report's `faithful` section: how faithfully the recording's users were replayed.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct FaithfulSection {
+    /// `max` or `strict` with `--pin-output-length`; absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pin_output_length: Option<String>,
+    /// `open` (turns at their recorded offsets) or `closed` (previous turn's replayed end +
+    /// recorded think time).
+    pub session_mode: String,
+    /// Recorded think times between turns (ms), when the recording has any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub think_time_ms: Option<Stats>,
+    /// The recording's span: first `at_ms` to the last frame of the last exchange, at
+    /// `--speed` (seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recorded_span_s: Option<f64>,
+    /// The replay's measured window (first request sent → last content frame), seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replayed_span_s: Option<f64>,
+    /// How far the replay stretched the recording's span: `(replayed / recorded − 1) · 100`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stretch_pct: Option<f64>,
+    /// `--sample-sessions`: what was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample: Option<SampleSection>,
+}
+
+/// What `--sample-sessions` kept.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SampleSection {
+    pub fraction: f64,
+    pub seed: u64,
+    /// Sessions kept, of all sessions in the recording.
+    pub sessions: u64,
+    pub of_sessions: u64,
+    /// Exchanges kept (with and without a session), of all exchanges.
+    pub exchanges: u64,
+    pub of_exchanges: u64,
+}
+
+/// What the run's faithful-replay section is built from.
+pub struct FaithfulInput<'a> {
+    pub options: &'a FaithfulOptions,
+    /// `--speed` of a recorded schedule; `None` when the run did not follow the schedule.
+    pub recorded_speed: Option<f64>,
+    /// Think times and span of the replayed (sampled) recording.
+    pub scan: &'a RecordingScan,
+    /// `(exchanges, sessions)` of the whole recording, when sampled.
+    pub unsampled: Option<(u64, u64)>,
+    pub steady: Option<SteadyWindow>,
+}
+
+/// Fill in the steady-window keys of `report.llm`, its `faithful` section when an option
+/// was used, and a warning when pinned requests did not get their length.
+pub fn apply_to_report(report: &mut Report, input: FaithfulInput<'_>) {
+    if let Some(steady) = input.steady {
+        let seconds = steady.seconds();
+        report.llm.steady_window_s = Some(seconds);
+        report.llm.output_tokens_per_second_steady = Some(steady.output_tokens / seconds);
+        report.llm.requests_per_second_steady = Some(steady.requests / seconds);
+    }
+    let options = input.options;
+    if options.pin.is_none() && !options.closed_sessions && options.sample.is_none() {
+        return;
+    }
+    let scan = input.scan;
+    let recorded_span_s = input
+        .recorded_speed
+        .and_then(|speed| Some(scan.span_ms? / speed / 1000.0));
+    let replayed_span_s = report.llm.measured_window_s;
+    let stretch_pct = match (recorded_span_s, replayed_span_s) {
+        (Some(recorded), Some(replayed)) if recorded > 0.0 => {
+            Some((replayed / recorded - 1.0) * 100.0)
+        }
+        _ => None,
+    };
+    report.faithful = Some(FaithfulSection {
+        pin_output_length: options.pin.map(|mode| mode.name().to_owned()),
+        session_mode: if options.closed_sessions {
+            "closed"
+        } else {
+            "open"
+        }
+        .to_owned(),
+        think_time_ms: scan.think_time_ms,
+        recorded_span_s,
+        replayed_span_s,
+        stretch_pct,
+        sample: options.sample.map(|sample| {
+            let (of_exchanges, of_sessions) =
+                input.unsampled.unwrap_or((scan.exchanges, scan.sessions));
+            SampleSection {
+                fraction: sample.fraction,
+                seed: sample.seed,
+                sessions: scan.sessions,
+                of_sessions,
+                exchanges: scan.exchanges,
+                of_exchanges,
+            }
+        }),
+    });
+    let r = &report.requests;
+    if options.pin.is_some() && r.pinned > r.pinned_matched {
+        report.warnings.push(format!(
+            "{} of {} pinned requests did not get their recorded output length: the server may ignore the max-tokens field{}",
+            r.pinned - r.pinned_matched,
+            r.pinned,
+            if options.pin == Some(PinMode::Max) {
+                ", or the model stopped early (--pin-output-length=strict asks vLLM, llama.cpp and TGI to ignore end-of-sequence)"
+            } else {
+                ""
+            }
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sampling_is_a_pure_function_of_seed_and_session() {
+        let sample = SessionSample {
+            fraction: 0.25,
+            seed: 7,
+        };
+        let kept: Vec<bool> = (0..4000)
+            .map(|i| sample.keeps(Some(&format!("conv-{i}")), i))
+            .collect();
+        let again: Vec<bool> = (0..4000)
+            .rev()
+            .map(|i| sample.keeps(Some(&format!("conv-{i}")), 99))
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        assert_eq!(kept, again, "the index does not matter for a session");
+        let share = kept.iter().filter(|k| **k).count() as f64 / 4000.0;
+        assert!((share - 0.25).abs() < 0.03, "{share}");
+        let other_seed = SessionSample { seed: 8, ..sample };
+        let differs = (0..4000)
+            .filter(|i| other_seed.keeps(Some(&format!("conv-{i}")), 0) != kept[*i as usize])
+            .count();
+        assert!(
+            differs > 500,
+            "another seed picks other sessions: {differs}"
+        );
+        let loose = (0..4000).filter(|i| sample.keeps(None, *i)).count() as f64 / 4000.0;
+        assert!((loose - 0.25).abs() < 0.03, "{loose}");
+    }
+
+    #[test]
+    fn think_time_is_next_start_minus_previous_end() {
+        let turn = |session: &str, at: f64, last_t: f64| -> Exchange {
+            serde_json::from_value(serde_json::json!({
+                "session": session, "at_ms": at,
+                "request": {"path": "/v1/chat/completions"},
+                "response": {"status": 200, "frames": [{"t_ms": 10.0, "data": "x"}, {"t_ms": last_t, "data": "y"}]}
+            }))
+            .expect("exchange")
+        };
+        let mut think = ThinkTimes::default();
+        assert_eq!(think.next(&turn("a", 0.0, 300.0)), None);
+        assert_eq!(think.next(&turn("b", 50.0, 100.0)), None);
+        assert_eq!(think.next(&turn("a", 500.0, 300.0)), Some(200.0));
+        assert_eq!(
+            think.next(&turn("b", 140.0, 100.0)),
+            Some(0.0),
+            "never negative"
+        );
+    }
+
+    #[test]
+    fn every_renderer_labels_both_windows_and_the_faithful_settings() {
+        use crate::report::{
+            Report, ReportInput, RequestTotals, RunInfo, render_html, render_markdown,
+            render_terminal,
+        };
+        let mut metrics = common::metrics::RunMetrics::new();
+        let mut outcome =
+            common::measure::RequestOutcome::failed(common::measure::FailureKind::Empty);
+        outcome.kind = OutcomeKind::Succeeded;
+        outcome.latency_us = Some(1_000_000);
+        outcome.sent_unix_us = Some(1_000_000);
+        outcome.content_frames = 7;
+        metrics.record(&outcome);
+        metrics.record_pinned(&outcome, 7);
+        let mut report = Report::build(ReportInput {
+            run: RunInfo {
+                id: "r".into(),
+                started_at: "2026-01-01T00:00:00.000Z".into(),
+                duration_s: 1.0,
+                target: "t".into(),
+                load: serde_json::json!({}),
+                start_skew_ms: None,
+                workers: Vec::new(),
+                insecure: false,
+            },
+            metrics: &metrics,
+            requests: RequestTotals::default(),
+            baseline: None,
+            sweep: Vec::new(),
+            warnings: Vec::new(),
+            timeline: Vec::new(),
+        });
+        let scan = RecordingScan {
+            sessions: 3,
+            exchanges: 9,
+            span_ms: Some(500.0),
+            ..RecordingScan::default()
+        };
+        apply_to_report(
+            &mut report,
+            FaithfulInput {
+                options: &FaithfulOptions {
+                    pin: Some(PinMode::Max),
+                    closed_sessions: true,
+                    sample: Some(SessionSample {
+                        fraction: 0.25,
+                        seed: 7,
+                    }),
+                },
+                recorded_speed: Some(1.0),
+                scan: &scan,
+                unsampled: Some((40, 12)),
+                steady: Some(SteadyWindow {
+                    start_unix_us: 0.0,
+                    end_unix_us: 2_000_000.0,
+                    requests: 10.0,
+                    output_tokens: 800.0,
+                }),
+            },
+        );
+        assert_eq!(report.llm.output_tokens_per_second_steady, Some(400.0));
+        assert_eq!(report.llm.requests_per_second_steady, Some(5.0));
+        assert_eq!(report.llm.steady_window_s, Some(2.0));
+        assert_eq!(report.llm.osl_match_share_pct, Some(100.0));
+        let stretch = report.faithful.as_ref().and_then(|f| f.stretch_pct);
+        assert_eq!(stretch, Some(100.0), "1 s replayed for 0.5 s recorded");
+        for text in [
+            render_terminal(&report, false),
+            render_markdown(&report),
+            render_html(&report),
+        ] {
+            for needle in [
+                "whole run",
+                "Output throughput, steady window (tokens/s)",
+                "Request throughput, steady window (requests/s)",
+                "Steady window",
+                "Pinned output length (max): 1 of 1",
+                "Sessions closed",
+                "Sampled sessions: fraction 0.25 (seed 7): 3 of 12 sessions, 9 of 40 exchanges",
+            ] {
+                assert!(text.contains(needle), "{needle} missing from:\n{text}");
+            }
+        }
+        let json: serde_json::Value = serde_json::from_str(&report.to_json_pretty()).expect("json");
+        assert_eq!(json["llm"]["output_tokens_per_second_steady"], 400.0);
+        assert_eq!(json["faithful"]["sample"]["of_sessions"], 12);
+        let read = Report::from_json(&report.to_json_pretty()).expect("reads back");
+        assert_eq!(read, report);
+    }
+
+    #[test]
+    fn the_steady_window_runs_from_the_last_target_to_the_last_send() {
+        let mut a = Timeline::default();
+        let mut b = Timeline::default();
+        for i in 0..100u64 {
+            a.record(1_000_000_000 + i * 10_000, 10);
+            // b's clock is 5 ms ahead of the coordinator's.
+            b.record(1_000_005_000 + i * 10_000, 10);
+        }
+        a.target_reached_unix_us = Some(1_000_100_000);
+        a.last_issued_unix_us = Some(1_000_600_000);
+        b.target_reached_unix_us = Some(1_000_205_000);
+        b.last_issued_unix_us = Some(1_000_805_000);
+        let window = steady_window(&[(a.clone(), 0), (b.clone(), 5_000_000)]).expect("window");
+        assert_eq!(window.start_unix_us, 1_000_200_000.0);
+        assert_eq!(window.end_unix_us, 1_000_800_000.0);
+        // 0.6 s, one completion every 10 ms on each worker.
+        assert!((window.requests - 120.0).abs() < 1.0, "{window:?}");
+        assert!((window.output_tokens - 1200.0).abs() < 10.0, "{window:?}");
+        b.target_reached_unix_us = None;
+        assert_eq!(steady_window(&[(a, 0), (b, 0)]), None);
+    }
+}
