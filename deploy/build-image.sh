@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tag="${1:-llm-replay:local}"
-cargo build --release --bins -p llm-replay-coordinator -p llm-replay-worker
+cargo build --release --bins -p llm-replay -p llm-replay-worker
 context="$(mktemp -d)"
 trap 'rm -rf "$context"' EXIT
 mkdir -p "$context/bin" "$context/tmp"

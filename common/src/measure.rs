@@ -417,6 +417,21 @@ pub fn measure_recorded(exchange: &Exchange) -> Option<RequestOutcome> {
     Some(outcome)
 }
 
+/// The outcome the recording itself shows for `exchange`, when its frames have timing: what
+/// [`measure_recorded`] measures, with the input tokens estimated from the request body
+/// ([`estimate_input_tokens`], the replay's own estimate) when the recorded usage has none.
+/// The baseline, `recording stats` and `export` all take their numbers from here.
+pub fn recorded_outcome(exchange: &Exchange) -> Option<RequestOutcome> {
+    if !exchange.response.as_ref()?.has_timing() {
+        return None;
+    }
+    let mut outcome = measure_recorded(exchange)?;
+    if outcome.input_tokens.is_none() {
+        outcome.input_tokens = estimate_input_tokens(&exchange.request.body_bytes());
+    }
+    Some(outcome)
+}
+
 /// Measure a whole recorded response: frames with their offsets in microseconds.
 pub fn measure_frames<B: AsRef<[u8]>>(
     family: Family,

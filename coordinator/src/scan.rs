@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use common::formats;
-use common::measure::{RequestOutcome, estimate_input_tokens, measure_recorded};
+use common::measure::recorded_outcome;
 use common::metrics::RunMetrics;
 use common::recording::{Exchange, RecordingError, RecordingReader};
 
@@ -73,18 +73,4 @@ fn family_of(exchange: &Exchange) -> Option<formats::Family> {
         content_type,
         first.as_deref().unwrap_or_default(),
     )
-}
-
-/// The outcome the recording itself shows for `exchange`, when its frames have timing
-/// (measured by [`common::measure::measure_recorded`], as `stats` and `export` do).
-pub fn recorded_outcome(exchange: &Exchange) -> Option<RequestOutcome> {
-    if !exchange.response.as_ref()?.has_timing() {
-        return None;
-    }
-    let mut outcome = measure_recorded(exchange)?;
-    if outcome.input_tokens.is_none() {
-        // The same estimate the replay makes when the server reports no usage.
-        outcome.input_tokens = estimate_input_tokens(&exchange.request.body_bytes());
-    }
-    Some(outcome)
 }

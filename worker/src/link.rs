@@ -288,7 +288,7 @@ fn replay_config(
         tag_requests: assignment.tag_requests,
         requests_out: assignment.requests_out,
         reorder_window: match assignment.reorder_window {
-            0 => crate::config::DEFAULT_REORDER_WINDOW,
+            0 => common::replay::DEFAULT_REORDER_WINDOW,
             n => n as usize,
         },
         transport: TransportConfig {

@@ -5,7 +5,8 @@
 //!   content type and the first bytes of the stream;
 //! - [`StreamParser`]: an incremental parser per family that accepts any byte split and reports
 //!   [`Event`]s (content frames, usage, the terminal marker, error frames);
-//! - the encoders the mock server uses to write byte-correct streams (`encode`).
+//! - the encoders the mock server uses to write byte-correct streams (`encode`);
+//! - whether a response reached its end (`complete`: the terminal marker, a whole body).
 //!
 //! The parser never allocates per frame on the hot path: it reuses its line/frame buffers and
 //! hands out borrowed text.
@@ -14,6 +15,7 @@ use std::borrow::Cow;
 
 mod anthropic;
 mod bedrock;
+pub mod complete;
 pub mod encode;
 mod eventstream;
 mod ndjson;
