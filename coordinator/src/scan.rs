@@ -5,10 +5,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use common::formats;
-use common::measure::recorded_outcome;
+use common::measure::{recorded_family, recorded_outcome};
 use common::metrics::RunMetrics;
-use common::recording::{Exchange, RecordingError, RecordingReader};
+use common::recording::{RecordingError, RecordingReader};
 
 /// What the coordinator knows about a recording before replaying it.
 #[derive(Debug, Clone, Default)]
@@ -48,7 +47,7 @@ pub fn scan(path: &Path) -> Result<RecordingScan, RecordingError> {
         {
             sessions.insert(session.clone());
         }
-        if let Some(family) = family_of(&exchange) {
+        if let Some(family) = recorded_family(&exchange) {
             *out.families.entry(family.name()).or_default() += 1;
         }
         if let Some(outcome) = recorded_outcome(&exchange) {
@@ -62,15 +61,4 @@ pub fn scan(path: &Path) -> Result<RecordingScan, RecordingError> {
         out.baseline = Some(baseline);
     }
     Ok(out)
-}
-
-fn family_of(exchange: &Exchange) -> Option<formats::Family> {
-    let response = exchange.response.as_ref();
-    let content_type = response.and_then(|r| r.header("content-type"));
-    let first = response.and_then(|r| r.frames.first()).map(|f| f.bytes());
-    formats::detect(
-        &exchange.request.path,
-        content_type,
-        first.as_deref().unwrap_or_default(),
-    )
 }

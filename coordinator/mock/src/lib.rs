@@ -30,6 +30,7 @@ use anyhow::Context as _;
 use bytes::Bytes;
 use common::duration::{parse_duration, parse_rate};
 use common::formats::encode::{self, Finish, StreamParams, Wire};
+use common::formats::request;
 use common::pacer;
 use common::replay::EXCHANGE_HEADER;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
@@ -632,7 +633,7 @@ async fn serve_synthetic(
         },
     };
     let model = match wire {
-        Wire::BedrockConverse | Wire::BedrockInvokeAnthropic => synth::bedrock_model_id(path),
+        Wire::BedrockConverse | Wire::BedrockInvokeAnthropic => request::path_model(path),
         _ => info.model.clone(),
     }
     .unwrap_or_else(|| "mock-model".to_owned());

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::formats::encode::{Finish, ServerTimings, StreamEncoder, StreamParams, Wire};
+use common::formats::request;
 use serde_json::Value;
 
 use super::body::{Ending, PlannedFrame};
@@ -66,64 +67,23 @@ pub(crate) fn analyze(wire: Wire, body: &[u8]) -> Result<RequestInfo, String> {
     let Value::Object(obj) = &value else {
         return Err("request body must be a JSON object".to_owned());
     };
-    let stream = match obj.get("stream") {
-        Some(Value::Bool(b)) => *b,
-        Some(Value::Null) | None => {
-            // Ollama's native API streams unless told not to; Bedrock's path decides.
-            matches!(wire, Wire::OllamaChat | Wire::OllamaGenerate) || wire.always_streams()
-        }
-        Some(other) => return Err(format!("\"stream\" must be a boolean, got {other}")),
-    } || wire.always_streams();
-    let max_tokens = [
-        obj.get("max_tokens"),
-        obj.get("max_completion_tokens"),
-        obj.get("max_output_tokens"),
-        obj.get("inferenceConfig").and_then(|c| c.get("maxTokens")),
-        obj.get("options").and_then(|o| o.get("num_predict")),
-    ]
-    .into_iter()
-    .flatten()
-    // Ollama's `num_predict: -1` means "no limit": fall back to the default.
-    .find_map(Value::as_u64);
+    let flag = request::stream_flag(&value)?;
+    // The wire is known from the path already: Bedrock's streaming operations always stream.
+    let stream = wire.always_streams() || request::asks_stream(Some(wire.family()), "", flag);
+    let max_tokens = request::max_tokens(&value).map(|m| m.value);
     let include_usage = obj
         .get("stream_options")
         .and_then(|o| o.get("include_usage"))
         .and_then(Value::as_bool)
         .unwrap_or(false);
-    let model = obj.get("model").and_then(Value::as_str).map(str::to_owned);
-    let chars = text_chars(&value, false);
+    let model = request::model(&value).map(str::to_owned);
     Ok(RequestInfo {
         stream,
         max_tokens,
-        input_tokens: chars.div_ceil(4),
+        input_tokens: request::estimated_input_tokens(&value),
         model,
         include_usage,
     })
-}
-
-/// Keys whose string values (directly or inside arrays/blocks) are prompt text.
-const TEXT_KEYS: &[&str] = &[
-    "content",
-    "text",
-    "prompt",
-    "input",
-    "system",
-    "instructions",
-];
-
-/// Characters of prompt text in `value`: strings under a text key, also inside arrays, and
-/// `text`-like keys of nested blocks (Anthropic/Bedrock content blocks, Responses input items).
-/// Recursion depth is bounded by serde_json's own nesting limit.
-fn text_chars(value: &Value, under_text_key: bool) -> u64 {
-    match value {
-        Value::String(s) if under_text_key => s.chars().count() as u64,
-        Value::Array(items) => items.iter().map(|v| text_chars(v, under_text_key)).sum(),
-        Value::Object(obj) => obj
-            .iter()
-            .map(|(k, v)| text_chars(v, TEXT_KEYS.contains(&k.as_str())))
-            .sum(),
-        _ => 0,
-    }
 }
 
 /// The timing and faults of one synthetic answer.
@@ -262,42 +222,6 @@ pub(crate) fn timings(schedule: &SynthSchedule) -> ServerTimings {
     }
 }
 
-/// Percent-decode a URL path segment (Bedrock model ids arrive with `:` as `%3A`).
-pub(crate) fn percent_decode(segment: &str) -> String {
-    let bytes = segment.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%'
-            && i + 2 < bytes.len()
-            && let (Some(h), Some(l)) = (hex_val(bytes[i + 1]), hex_val(bytes[i + 2]))
-        {
-            out.push(h << 4 | l);
-            i += 3;
-            continue;
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-fn hex_val(b: u8) -> Option<u8> {
-    match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        b'A'..=b'F' => Some(b - b'A' + 10),
-        _ => None,
-    }
-}
-
-/// The model id of a Bedrock path `/model/{modelId}/...`, decoded.
-pub(crate) fn bedrock_model_id(path: &str) -> Option<String> {
-    let rest = path.strip_prefix("/model/")?;
-    let (id, _) = rest.rsplit_once('/')?;
-    Some(percent_decode(id))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -346,16 +270,6 @@ mod tests {
         assert!(analyze(Wire::OpenAiChat, b"{").is_err());
         assert!(analyze(Wire::OpenAiChat, b"[1]").is_err());
         assert!(analyze(Wire::OpenAiChat, br#"{"stream":"yes"}"#).is_err());
-    }
-
-    #[test]
-    fn bedrock_model_ids_are_decoded() {
-        assert_eq!(
-            bedrock_model_id("/model/anthropic.claude-3-5-sonnet-20240620-v1%3A0/converse-stream")
-                .as_deref(),
-            Some("anthropic.claude-3-5-sonnet-20240620-v1:0")
-        );
-        assert_eq!(percent_decode("a%2Fb%zz%4"), "a/b%zz%4");
     }
 
     #[test]

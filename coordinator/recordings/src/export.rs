@@ -9,13 +9,11 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use common::formats::{self, Family};
+use common::formats::{self, Family, request};
 use common::measure::{OutcomeKind, measure_recorded};
 use common::recording::{Exchange, RecordingError, RecordingReader};
 use common::redact::{RedactError, Redactor};
 use serde_json::{Map, Value, json};
-
-use crate::stats::max_tokens;
 
 /// `llm-replay export ...`.
 #[derive(Debug, Clone, clap::Args)]
@@ -184,7 +182,9 @@ pub fn aiperf_line(exchange: &Exchange, line_no: u64) -> Option<Value> {
         }
         Prompt::None => return None,
     }
-    if let Some(n) = recorded_output_tokens(exchange).or_else(|| max_tokens(&body)) {
+    if let Some(n) =
+        recorded_output_tokens(exchange).or_else(|| request::max_tokens(&body).map(|m| m.value))
+    {
         line.insert("output_length".into(), json!(n.max(1)));
     }
     let mut extra = Map::new();

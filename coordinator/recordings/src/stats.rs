@@ -5,8 +5,8 @@
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use common::formats::{self, Family};
-use common::measure::{estimate_input_tokens, measure_recorded, recorded_outcome};
+use common::formats::{Family, request};
+use common::measure::{estimate_input_tokens, measure_recorded, recorded_family, recorded_outcome};
 use common::metrics::{Stats, stats_of};
 use common::recording::{Exchange, RecordingError, RecordingReader};
 use hdrhistogram::Histogram;
@@ -142,14 +142,10 @@ pub fn recording_stats(path: &Path) -> Result<RecordingStats, RecordingError> {
             sessions.insert(session.clone());
         }
         let body: Option<Value> = serde_json::from_slice(&exchange.request.body_bytes()).ok();
-        let model = body
-            .as_ref()
-            .and_then(|b| b.get("model"))
-            .and_then(Value::as_str)
-            .or_else(|| bedrock_model(&exchange.request.path))
-            .unwrap_or("(none)");
-        *out.models.entry(model.to_owned()).or_default() += 1;
-        let family = family_of(&exchange);
+        let model = request::model_of(&exchange.request.path, body.as_ref())
+            .unwrap_or_else(|| "(none)".to_owned());
+        *out.models.entry(model).or_default() += 1;
+        let family = recorded_family(&exchange);
         *out.families
             .entry(family.map_or("other", Family::name).to_owned())
             .or_default() += 1;
@@ -192,8 +188,8 @@ pub fn recording_stats(path: &Path) -> Result<RecordingStats, RecordingError> {
             Some((content_frames, "frames"))
         } else {
             body.as_ref()
-                .and_then(max_tokens)
-                .map(|n| (n, "max_tokens"))
+                .and_then(request::max_tokens)
+                .map(|m| (m.value, "max_tokens"))
         };
         if let Some((n, source)) = osl_value {
             let _ = osl.record(n.max(1));
@@ -236,22 +232,6 @@ pub fn recording_stats(path: &Path) -> Result<RecordingStats, RecordingError> {
     Ok(out)
 }
 
-fn bedrock_model(path: &str) -> Option<&str> {
-    let rest = &path[path.find("/model/")? + "/model/".len()..];
-    rest.split('/').next()
-}
-
-/// The family of an exchange: from its path, its response content type and first bytes.
-fn family_of(exchange: &Exchange) -> Option<Family> {
-    let response = exchange.response.as_ref();
-    let content_type = response.and_then(|r| r.header("content-type"));
-    let first = response
-        .and_then(|r| r.frames.first())
-        .map(|f| f.bytes().into_owned())
-        .unwrap_or_default();
-    formats::detect(&exchange.request.path, content_type, &first)
-}
-
 /// Usage input/output tokens and the content frames of a recorded response (measured by
 /// [`measure_recorded`], as the baseline and `export` do).
 fn recorded_usage(exchange: &Exchange) -> (Option<u64>, Option<u64>, u64) {
@@ -267,23 +247,6 @@ fn recorded_usage(exchange: &Exchange) -> (Option<u64>, Option<u64>, u64) {
         }
         _ => (None, None, 0),
     }
-}
-
-/// The request's output-token limit, whatever the family calls it.
-pub fn max_tokens(body: &Value) -> Option<u64> {
-    [
-        "max_tokens",
-        "max_completion_tokens",
-        "max_output_tokens",
-        "max_new_tokens",
-    ]
-    .iter()
-    .find_map(|k| body.get(*k).and_then(Value::as_u64))
-    .or_else(|| body.pointer("/options/num_predict").and_then(Value::as_u64))
-    .or_else(|| {
-        body.pointer("/inferenceConfig/maxTokens")
-            .and_then(Value::as_u64)
-    })
 }
 
 fn render_stats_row(name: &str, stats: &Option<Stats>, unit: &str) -> String {
