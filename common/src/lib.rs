@@ -6,6 +6,7 @@
 //! and parsing (plus the pacer's thread), so the worker, the coordinator, the mock, the proxy
 //! and the importers all measure with the same code.
 
+pub mod civil;
 pub mod duration;
 pub mod exit;
 pub mod formats;

@@ -138,8 +138,8 @@ pub fn parse_timestamp_ticks(text: &str) -> Option<i64> {
     let (date, time) = text.split_once([' ', 'T'])?;
     let mut date_parts = date.split('-');
     let year: i64 = date_parts.next()?.parse().ok()?;
-    let month: i64 = date_parts.next()?.parse().ok()?;
-    let day: i64 = date_parts.next()?.parse().ok()?;
+    let month: u32 = date_parts.next()?.parse().ok()?;
+    let day: u32 = date_parts.next()?.parse().ok()?;
     if date_parts.next().is_some() || !(1..=12).contains(&month) || !(1..=31).contains(&day) {
         return None;
     }
@@ -165,20 +165,9 @@ pub fn parse_timestamp_ticks(text: &str) -> Option<i64> {
             .map_or(0, |b| i64::from(b - b'0'));
         frac_ticks = frac_ticks * 10 + digit;
     }
-    let days = days_from_civil(year, month, day);
+    let days = common::civil::days_from_civil(year, month, day);
     let seconds = days * 86_400 + hour * 3600 + minute * 60 + second;
     Some(seconds * 10_000_000 + frac_ticks)
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = if y >= 0 { y } else { y - 399 } / 400;
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
 }
 
 #[cfg(test)]
