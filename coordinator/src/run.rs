@@ -336,13 +336,14 @@ pub async fn replay(setup: ReplaySetup<'_>) -> Result<ReplayResult, RunError> {
         WorkerSource::Remote { expect, .. } => *expect,
     };
     let run_id = uuid::Uuid::new_v4().to_string();
-    let open_ended = load.requests.is_none() && load.duration.is_some() && !load.recorded_schedule;
+    let open_ended =
+        common::replay::is_open_ended(load.requests, load.duration, load.recorded_schedule);
     let plan = SlicePlan {
         recording: config.recording.clone(),
         workers,
         exchanges: setup.exchanges,
         requests: load.requests,
-        loop_forever: open_ended,
+        open_ended,
         pass_span_ms: setup.pass_span_ms,
     };
 
@@ -853,7 +854,7 @@ async fn collect(
 
         // Close each slice once every exchange handed to it has been started or skipped:
         // until then a lost worker's exchanges may still be reassigned to it.
-        if feeders_done && !plan.loop_forever && reassigning.is_empty() {
+        if feeders_done && !plan.open_ended && reassigning.is_empty() {
             let everyone_caught_up = slots.iter().filter(|s| s.alive()).all(|s| {
                 let r = s.reported();
                 r.issued + r.not_started >= s.sent
