@@ -68,7 +68,8 @@ pub fn start_embedded(recording: &Path) -> anyhow::Result<EmbeddedMock> {
                 serve(listener, config, async {
                     let _ = stopped.await;
                 })
-                .await
+                .await?;
+                anyhow::Ok(())
             });
             if let Err(error) = served {
                 tracing::error!(%error, "embedded mock stopped");

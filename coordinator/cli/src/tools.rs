@@ -51,7 +51,7 @@ pub async fn mock_command(args: MockArgs) -> ExitCode {
     let listen = args.listen;
     let config = match args.into_config() {
         Ok(config) => config,
-        Err(error) => return mock_failed(format_args!("{error:#}")),
+        Err(error) => return mock_failed(format_args!("{:#}", anyhow::Error::from(error))),
     };
     let listener = match TcpListener::bind(listen).await {
         Ok(listener) => listener,
@@ -73,7 +73,7 @@ pub async fn mock_command(args: MockArgs) -> ExitCode {
     }
     match mock::serve(listener, config, shutdown_signal()).await {
         Ok(()) => ExitCode::from(exit::OK),
-        Err(error) => mock_failed(format_args!("{error:#}")),
+        Err(error) => mock_failed(format_args!("{:#}", anyhow::Error::from(error))),
     }
 }
 

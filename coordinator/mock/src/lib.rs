@@ -26,7 +26,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::Context as _;
 use bytes::Bytes;
 use common::duration::{parse_duration, parse_rate};
 use common::formats::encode::{self, Finish, StreamParams, Wire};
@@ -56,6 +55,55 @@ pub const MAX_TOKENS_FLAG: u64 = 1_000_000;
 
 /// How long in-flight responses may continue after the shutdown signal.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
+
+/// Why the mock could not start: its options, its files or its threads. Displays like
+/// `--tls-cert cert.pem`, with the cause as its [`std::error::Error::source`] (the CLI prints
+/// the chain).
+#[derive(Debug, thiserror::Error)]
+pub enum MockError {
+    #[error("opening recording {}", path.display())]
+    OpenRecording {
+        path: PathBuf,
+        #[source]
+        source: common::recording::RecordingError,
+    },
+    #[error(transparent)]
+    Recording(#[from] common::recording::RecordingError),
+    #[error("{}:{line}: response.status: {status} is not an HTTP status", path.display())]
+    RecordedStatus {
+        path: PathBuf,
+        line: u64,
+        status: u16,
+        #[source]
+        source: http::status::InvalidStatusCode,
+    },
+    #[error("--tls-cert {}", path.display())]
+    TlsCert {
+        path: PathBuf,
+        #[source]
+        source: rustls::pki_types::pem::Error,
+    },
+    #[error("--tls-cert {}: holds no PEM certificate", path.display())]
+    NoCertificate { path: PathBuf },
+    #[error("--tls-key {}", path.display())]
+    TlsKey {
+        path: PathBuf,
+        #[source]
+        source: rustls::pki_types::pem::Error,
+    },
+    #[error("TLS protocol versions")]
+    TlsVersions(#[source] rustls::Error),
+    #[error("--tls-cert/--tls-key")]
+    TlsCertKey(#[source] rustls::Error),
+    #[error("starting the pacer thread")]
+    Pacer(#[source] std::io::Error),
+    #[error("opening request log {}", path.display())]
+    RequestLog {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
 
 /// When to report usage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -193,7 +241,7 @@ impl Default for MockConfig {
 
 impl MockArgs {
     /// Validate the flags and load the recording, if any.
-    pub fn into_config(self) -> anyhow::Result<MockConfig> {
+    pub fn into_config(self) -> Result<MockConfig, MockError> {
         let recording = match &self.recording {
             Some(path) => Some(Arc::new(Recorded::load(path)?)),
             None => None,
@@ -237,26 +285,34 @@ impl MockArgs {
 pub fn tls_server_config(
     cert: &std::path::Path,
     key: &std::path::Path,
-) -> anyhow::Result<rustls::ServerConfig> {
+) -> Result<rustls::ServerConfig, MockError> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let cert_error = |source| MockError::TlsCert {
+        path: cert.to_owned(),
+        source,
+    };
     let chain = CertificateDer::pem_file_iter(cert)
-        .with_context(|| format!("--tls-cert {}", cert.display()))?
+        .map_err(cert_error)?
         .collect::<Result<Vec<_>, _>>()
-        .with_context(|| format!("--tls-cert {}", cert.display()))?;
+        .map_err(cert_error)?;
     if chain.is_empty() {
-        anyhow::bail!("--tls-cert {}: holds no PEM certificate", cert.display());
+        return Err(MockError::NoCertificate {
+            path: cert.to_owned(),
+        });
     }
-    let key = PrivateKeyDer::from_pem_file(key)
-        .with_context(|| format!("--tls-key {}", key.display()))?;
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|source| MockError::TlsKey {
+        path: key.to_owned(),
+        source,
+    })?;
     let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
-    .context("TLS protocol versions")?
+    .map_err(MockError::TlsVersions)?
     .with_no_client_auth()
     .with_single_cert(chain, key)
-    .context("--tls-cert/--tls-key")?;
+    .map_err(MockError::TlsCertKey)?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(config)
 }
@@ -267,8 +323,8 @@ pub async fn serve(
     listener: TcpListener,
     config: MockConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
-    let mut pacer_thread = pacer::PacerThread::start().context("starting the pacer thread")?;
+) -> Result<(), MockError> {
+    let mut pacer_thread = pacer::PacerThread::start().map_err(MockError::Pacer)?;
     let state = Arc::new(State::new(config, pacer_thread.pacer())?);
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections: JoinSet<()> = JoinSet::new();
@@ -385,7 +441,7 @@ struct State {
 }
 
 impl State {
-    fn new(config: MockConfig, pacer: pacer::Pacer) -> anyhow::Result<State> {
+    fn new(config: MockConfig, pacer: pacer::Pacer) -> Result<State, MockError> {
         let seed = config.seed.unwrap_or_else(|| {
             SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -398,7 +454,10 @@ impl State {
                     .create(true)
                     .append(true)
                     .open(path)
-                    .with_context(|| format!("opening request log {}", path.display()))?,
+                    .map_err(|source| MockError::RequestLog {
+                        path: path.clone(),
+                        source,
+                    })?,
             )),
             None => None,
         };

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::Context as _;
+use crate::MockError;
 use bytes::Bytes;
 use common::recording::RecordingReader;
 use common::recording::is_hop_by_hop_header;
@@ -56,9 +56,11 @@ pub(crate) enum Lookup<'a> {
 
 impl Recorded {
     /// Load every exchange of the recording at `path` (format v1, `.jsonl` or `.jsonl.gz`).
-    pub fn load(path: &Path) -> anyhow::Result<Recorded> {
-        let reader = RecordingReader::open(path)
-            .with_context(|| format!("opening recording {}", path.display()))?;
+    pub fn load(path: &Path) -> Result<Recorded, MockError> {
+        let reader = RecordingReader::open(path).map_err(|source| MockError::OpenRecording {
+            path: path.to_owned(),
+            source,
+        })?;
         let mut recorded = Recorded::default();
         for item in reader {
             let (line, exchange) = item?;
@@ -73,12 +75,13 @@ impl Recorded {
             let response = match exchange.response {
                 None => None,
                 Some(response) => {
-                    let status = StatusCode::from_u16(response.status).with_context(|| {
-                        format!(
-                            "{}:{line}: response.status: {} is not an HTTP status",
-                            path.display(),
-                            response.status
-                        )
+                    let status = StatusCode::from_u16(response.status).map_err(|source| {
+                        MockError::RecordedStatus {
+                            path: path.to_owned(),
+                            line,
+                            status: response.status,
+                            source,
+                        }
                     })?;
                     let mut headers = Vec::with_capacity(response.headers.len());
                     for (name, value) in &response.headers {

@@ -17,7 +17,7 @@ use super::*;
 struct Server {
     addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<anyhow::Result<()>>,
+    task: JoinHandle<Result<(), MockError>>,
 }
 
 impl Server {
