@@ -417,6 +417,34 @@ pub fn measure_recorded(exchange: &Exchange) -> Option<RequestOutcome> {
     Some(outcome)
 }
 
+/// The family of a recorded exchange: from its path, its response's content type and first
+/// bytes ([`formats::detect`], as the replay recognises a live response).
+pub fn recorded_family(exchange: &Exchange) -> Option<Family> {
+    let response = exchange.response.as_ref();
+    let content_type = response.and_then(|r| r.header("content-type"));
+    let first = response.and_then(|r| r.frames.first()).map(|f| f.bytes());
+    formats::detect(
+        &exchange.request.path,
+        content_type,
+        first.as_deref().unwrap_or_default(),
+    )
+}
+
+/// The outcome the recording itself shows for `exchange`, when its frames have timing: what
+/// [`measure_recorded`] measures, with the input tokens estimated from the request body
+/// ([`estimate_input_tokens`], the replay's own estimate) when the recorded usage has none.
+/// The baseline, `recording stats` and `export` all take their numbers from here.
+pub fn recorded_outcome(exchange: &Exchange) -> Option<RequestOutcome> {
+    if !exchange.response.as_ref()?.has_timing() {
+        return None;
+    }
+    let mut outcome = measure_recorded(exchange)?;
+    if outcome.input_tokens.is_none() {
+        outcome.input_tokens = estimate_input_tokens(&exchange.request.body_bytes());
+    }
+    Some(outcome)
+}
+
 /// Measure a whole recorded response: frames with their offsets in microseconds.
 pub fn measure_frames<B: AsRef<[u8]>>(
     family: Family,
@@ -434,36 +462,10 @@ pub fn measure_frames<B: AsRef<[u8]>>(
 }
 
 /// Estimate the input tokens of a request body when the server reports none: the characters
-/// of every prompt text (`messages[].content`, `prompt`, `system`, `input`, `instructions`,
-/// Bedrock `messages[].content[].text`) divided by four, the usual English-text ratio.
+/// of its prompt text divided by four ([`formats::request::estimated_input_tokens`]).
 /// `None` when the body is not JSON or holds no prompt text.
 pub fn estimate_input_tokens(body: &[u8]) -> Option<u64> {
     let value: serde_json::Value = serde_json::from_slice(body).ok()?;
-    let mut chars = 0usize;
-    for key in [
-        "messages",
-        "prompt",
-        "system",
-        "input",
-        "instructions",
-        "contents",
-    ] {
-        if let Some(v) = value.get(key) {
-            chars += text_chars(v);
-        }
-    }
-    (chars > 0).then(|| chars.div_ceil(4) as u64)
-}
-
-fn text_chars(value: &serde_json::Value) -> usize {
-    match value {
-        serde_json::Value::String(s) => s.chars().count(),
-        serde_json::Value::Array(items) => items.iter().map(text_chars).sum(),
-        serde_json::Value::Object(map) => ["content", "text", "input_text"]
-            .iter()
-            .filter_map(|k| map.get(*k))
-            .map(text_chars)
-            .sum(),
-        _ => 0,
-    }
+    let tokens = formats::request::estimated_input_tokens(&value);
+    (tokens > 0).then_some(tokens)
 }

@@ -7,9 +7,10 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde::Deserialize;
 
+use common::duration::parse_duration;
 use common::formats::pin::PinMode;
+use common::replay::{DEFAULT_REORDER_WINDOW, DEFAULT_REQUEST_TIMEOUT};
 
-use crate::duration::parse_duration;
 use crate::faithful::{FaithfulOptions, SessionSample};
 
 /// `llm-replay run` arguments.
@@ -391,12 +392,6 @@ fn check_target(target: &str, h2c: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Default `--timeout`.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
-
-/// Default `--reorder-window`, in exchanges.
-pub const DEFAULT_REORDER_WINDOW: usize = 4096;
-
 /// Parse `Name: value`. Errors never echo the value: it is often a secret.
 fn split_header(text: &str) -> anyhow::Result<(String, String)> {
     let Some((name, value)) = text.split_once(':') else {
@@ -492,7 +487,7 @@ impl RunArgs {
         };
         let timeout = match self.timeout.or(file.timeout) {
             Some(text) => positive_duration_arg("--timeout", &text)?,
-            None => DEFAULT_TIMEOUT,
+            None => DEFAULT_REQUEST_TIMEOUT,
         };
         let mut workers = self.workers.or(file.workers).unwrap_or(1);
         if workers == 0 {

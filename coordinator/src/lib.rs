@@ -1,19 +1,14 @@
-//! The coordinator and user CLI of llm-replay: `run` (scan, shard, start workers, merge,
-//! report, goals), the embedded and stand-alone mock server, and report rendering.
+//! The coordinator of llm-replay: `run`'s options (`config`), the pre-scan of a recording
+//! (`scan`), sharding, the gRPC service the workers dial, the run supervisor, the report and
+//! its renderers, goals, and the `--requests-out` file.
 //!
-//! Only this crate renders reports and talks to the user.
+//! Only this crate renders reports; the `llm-replay` CLI (`coordinator/cli`) prints them and
+//! picks the exit code.
 
-pub mod capture;
-pub mod commands;
 pub mod config;
-pub mod duration;
-pub mod embedded;
-pub mod export;
 pub mod faithful;
 pub mod goals;
-pub mod import;
 pub mod live;
-pub mod mock;
 pub mod progress;
 pub mod report;
 pub mod requests_out;
@@ -21,9 +16,5 @@ pub mod run;
 pub mod scan;
 pub mod server;
 pub mod shard;
-pub mod stats;
 pub mod supervisor;
 pub mod timeline;
-
-#[cfg(test)]
-pub(crate) mod test_timing;

@@ -224,13 +224,14 @@ pub async fn replay(setup: ReplaySetup<'_>) -> Result<ReplayResult, RunError> {
         WorkerSource::Remote { expect, .. } => *expect,
     };
     let run_id = uuid::Uuid::new_v4().to_string();
-    let open_ended = load.requests.is_none() && load.duration.is_some() && !load.recorded_schedule;
+    let open_ended =
+        common::replay::is_open_ended(load.requests, load.duration, load.recorded_schedule);
     let plan = SlicePlan {
         recording: config.recording.clone(),
         workers,
         exchanges: setup.exchanges,
         requests: load.requests,
-        loop_forever: open_ended,
+        open_ended,
         pass_span_ms: setup.pass_span_ms,
         faithful: config.faithful.slice(),
     };

@@ -5,10 +5,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use common::formats;
-use common::measure::{RequestOutcome, estimate_input_tokens, measure_recorded};
+use common::measure::{recorded_family, recorded_outcome};
 use common::metrics::{RunMetrics, Stats};
-use common::recording::{Exchange, RecordingError, RecordingReader};
+use common::recording::{RecordingError, RecordingReader};
 
 use crate::faithful::{SessionSample, ThinkTimes};
 
@@ -84,7 +83,7 @@ pub fn scan_sampled(
         {
             sessions.insert(session.clone());
         }
-        if let Some(family) = family_of(&exchange) {
+        if let Some(family) = recorded_family(&exchange) {
             *out.families.entry(family.name()).or_default() += 1;
         }
         if let Some(outcome) = recorded_outcome(&exchange) {
@@ -100,29 +99,4 @@ pub fn scan_sampled(
         out.baseline = Some(baseline);
     }
     Ok(out)
-}
-
-fn family_of(exchange: &Exchange) -> Option<formats::Family> {
-    let response = exchange.response.as_ref();
-    let content_type = response.and_then(|r| r.header("content-type"));
-    let first = response.and_then(|r| r.frames.first()).map(|f| f.bytes());
-    formats::detect(
-        &exchange.request.path,
-        content_type,
-        first.as_deref().unwrap_or_default(),
-    )
-}
-
-/// The outcome the recording itself shows for `exchange`, when its frames have timing
-/// (measured by [`common::measure::measure_recorded`], as `stats` and `export` do).
-pub fn recorded_outcome(exchange: &Exchange) -> Option<RequestOutcome> {
-    if !exchange.response.as_ref()?.has_timing() {
-        return None;
-    }
-    let mut outcome = measure_recorded(exchange)?;
-    if outcome.input_tokens.is_none() {
-        // The same estimate the replay makes when the server reports no usage.
-        outcome.input_tokens = estimate_input_tokens(&exchange.request.body_bytes());
-    }
-    Some(outcome)
 }

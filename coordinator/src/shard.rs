@@ -53,8 +53,8 @@ pub struct SlicePlan {
     pub exchanges: u64,
     /// Stop after this many exchanges in all (the recording loops when it is shorter).
     pub requests: Option<u64>,
-    /// Loop the recording without end (a duration-bound run without a request count).
-    pub loop_forever: bool,
+    /// Loop the recording without end (`common::replay::is_open_ended`).
+    pub open_ended: bool,
     /// Offset added to arrival times on each pass over the recording (ms).
     pub pass_span_ms: f64,
     /// Sampled sessions, and the recorded output length and think time sent with each
@@ -72,7 +72,7 @@ struct Extras {
 impl SlicePlan {
     /// Exchanges the run will offer in all, when bounded.
     pub fn planned_total(&self) -> Option<u64> {
-        if self.loop_forever {
+        if self.open_ended {
             None
         } else {
             Some(self.requests.unwrap_or(self.exchanges))
@@ -148,7 +148,7 @@ fn walk(
             sequence += 1;
         }
         pass += 1;
-        let more = plan.loop_forever || plan.requests.is_some_and(|n| sequence < n);
+        let more = plan.open_ended || plan.requests.is_some_and(|n| sequence < n);
         if !more || plan.exchanges == 0 {
             return Ok(());
         }

@@ -699,7 +699,7 @@ impl Supervisor {
     /// Close each slice once every exchange handed to it has been started or skipped and
     /// nothing more can come: until then a lost worker's exchanges may still go to it.
     fn close_finished_slices(&mut self) {
-        if self.plan.loop_forever || self.reassigning > 0 || self.slots.iter().any(|s| s.feeding) {
+        if self.plan.open_ended || self.reassigning > 0 || self.slots.iter().any(|s| s.feeding) {
             return;
         }
         let everyone_caught_up = self.slots.iter().filter(|s| s.alive()).all(|s| {

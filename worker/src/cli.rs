@@ -1,10 +1,11 @@
 //! The worker command line, shared by `llm-replay-worker` and `llm-replay worker`.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
-use std::path::PathBuf;
-use std::sync::Arc;
+use common::exit;
 
 use crate::link::{ClientTls, HealthState, LinkError, LinkOptions, run_once};
 
@@ -93,7 +94,7 @@ pub fn run(args: WorkerArgs) -> ExitCode {
     };
     if args.tls_ca.is_none() && args.tls_cert.is_some() {
         eprintln!("llm-replay-worker: --tls-cert needs --tls-ca (the CA of the coordinator)");
-        return ExitCode::from(2);
+        return ExitCode::from(exit::USAGE);
     }
     if args.tls_ca.is_some() && args.coordinator.starts_with("http://") {
         // The TLS options would be silently ignored and the token sent in plaintext.
@@ -101,7 +102,7 @@ pub fn run(args: WorkerArgs) -> ExitCode {
             "llm-replay-worker: --coordinator {}: TLS options need a TLS link; write HOST:PORT or https://HOST:PORT",
             args.coordinator
         );
-        return ExitCode::from(2);
+        return ExitCode::from(exit::USAGE);
     }
     let load = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -111,7 +112,7 @@ pub fn run(args: WorkerArgs) -> ExitCode {
         Ok(rt) => rt,
         Err(error) => {
             eprintln!("llm-replay-worker: cannot start the load runtime: {error}");
-            return ExitCode::from(3);
+            return ExitCode::from(exit::RUN_FAILED);
         }
     };
     let link = match tokio::runtime::Builder::new_current_thread()
@@ -121,7 +122,7 @@ pub fn run(args: WorkerArgs) -> ExitCode {
         Ok(rt) => rt,
         Err(error) => {
             eprintln!("llm-replay-worker: cannot start the link runtime: {error}");
-            return ExitCode::from(3);
+            return ExitCode::from(exit::RUN_FAILED);
         }
     };
     if let Some(port) = args.health_port {
@@ -129,7 +130,7 @@ pub fn run(args: WorkerArgs) -> ExitCode {
             Ok(listener) => listener,
             Err(error) => {
                 eprintln!("llm-replay-worker: health port {port}: {error}");
-                return ExitCode::from(2);
+                return ExitCode::from(exit::USAGE);
             }
         };
         load.spawn(crate::health::serve(listener, options.health.clone()));
@@ -143,14 +144,14 @@ pub fn run(args: WorkerArgs) -> ExitCode {
         };
         let result = link.block_on(run_once(&options, load.handle().clone(), &mut on_joined));
         match result {
-            Ok(()) if args.once => return ExitCode::SUCCESS,
+            Ok(()) if args.once => return ExitCode::from(exit::OK),
             Ok(()) => continue,
             Err(error @ LinkError::Connect { .. }) if !args.once => {
                 eprintln!("llm-replay-worker: {error}; retrying");
             }
             Err(error) => {
                 eprintln!("llm-replay-worker: {error}");
-                return ExitCode::from(3);
+                return ExitCode::from(exit::RUN_FAILED);
             }
         }
     }

@@ -83,12 +83,6 @@ pub struct TransportConfig {
     pub sigv4: Option<crate::sigv4::SigV4Signer>,
 }
 
-/// Default read-ahead of the recorded schedule, in exchanges (`--reorder-window`).
-pub const DEFAULT_REORDER_WINDOW: usize = 4096;
-
-/// Header naming the recording index of a replayed exchange (embedded mock only).
-pub const EXCHANGE_HEADER: &str = "x-llm-replay-exchange";
-
 /// One exchange to replay.
 #[derive(Debug, Clone)]
 pub struct WorkItem {

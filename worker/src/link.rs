@@ -303,7 +303,7 @@ fn replay_config(
             closed_sessions: assignment.closed_sessions,
         },
         reorder_window: match assignment.reorder_window {
-            0 => crate::config::DEFAULT_REORDER_WINDOW,
+            0 => common::replay::DEFAULT_REORDER_WINDOW,
             n => n as usize,
         },
         transport: TransportConfig {

@@ -5,9 +5,10 @@ use common::formats::pin::{PinMode, pin_output_tokens};
 use common::recording::{
     Exchange, is_credential_header, is_hop_by_hop_header, strip_credential_query,
 };
+use common::replay::EXCHANGE_HEADER;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::config::{EXCHANGE_HEADER, ReplayConfig};
+use crate::config::ReplayConfig;
 
 /// Headers never copied from a recording: credentials, and those the HTTP client must set
 /// itself for the bytes it actually sends.
@@ -271,7 +272,7 @@ mod tests {
             tag_requests: true,
             transport: Default::default(),
             requests_out: false,
-            reorder_window: crate::config::DEFAULT_REORDER_WINDOW,
+            reorder_window: common::replay::DEFAULT_REORDER_WINDOW,
             faithful: Default::default(),
         };
         let headers = replay_headers(&exchange, &config, 7);

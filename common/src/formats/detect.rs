@@ -92,10 +92,15 @@ pub fn response_is_streamed(
     }
     let family = family_for_path(path);
     if first.starts_with(b"{") || first.starts_with(b"[") {
-        return family == Some(Family::Ollama) && request_asks_stream(family, path, request_body);
+        return family == Some(Family::Ollama)
+            && super::request::asks_stream(
+                family,
+                path,
+                super::request::stream_flag_of(request_body),
+            );
     }
     // Nothing in the bytes settles it (an empty first read): what the request asked for.
-    request_asks_stream(family, path, request_body)
+    super::request::asks_stream(family, path, super::request::stream_flag_of(request_body))
 }
 
 /// SSE field lines: `data:`, `event:`, `id:`, `retry:` or a `:` comment.
@@ -103,23 +108,6 @@ fn looks_like_sse(bytes: &[u8]) -> bool {
     [&b"data:"[..], b"event:", b"id:", b"retry:", b":"]
         .iter()
         .any(|field| bytes.starts_with(field))
-}
-
-/// Whether the request asked for a streamed answer.
-fn request_asks_stream(family: Option<Family>, path: &str, body: &[u8]) -> bool {
-    let path = path.split(['?', '#']).next().unwrap_or_default();
-    if path.ends_with("/converse-stream") || path.ends_with("/invoke-with-response-stream") {
-        return true;
-    }
-    #[derive(serde::Deserialize)]
-    struct StreamFlag {
-        stream: Option<bool>,
-    }
-    let flag = serde_json::from_slice::<StreamFlag>(body)
-        .ok()
-        .and_then(|f| f.stream);
-    // Ollama's native API streams unless told not to.
-    flag.unwrap_or(family == Some(Family::Ollama))
 }
 
 pub(crate) fn detect(path: &str, content_type: Option<&str>, first_bytes: &[u8]) -> Option<Family> {

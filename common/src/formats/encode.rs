@@ -61,22 +61,27 @@ impl Wire {
         }
     }
 
-    /// The wire of a request path (Bedrock paths must start with `/model/`), if any.
+    /// The wire of a request path, if a stream can be encoded for it: the path's family by
+    /// the one path table ([`super::family_for_path`]: any prefix, query or trailing slash)
+    /// and, where a family has several endpoints, which one. Bedrock's non-streaming
+    /// operations (`/converse`, `/invoke`) have no wire.
     pub fn from_path(path: &str) -> Option<Wire> {
-        match path {
-            "/v1/chat/completions" => Some(Wire::OpenAiChat),
-            "/v1/completions" => Some(Wire::OpenAiCompletions),
-            "/v1/responses" => Some(Wire::OpenAiResponses),
-            "/v1/messages" => Some(Wire::Anthropic),
-            "/api/chat" => Some(Wire::OllamaChat),
-            "/api/generate" => Some(Wire::OllamaGenerate),
-            p if p.starts_with("/model/") && p.ends_with("/converse-stream") => {
-                Some(Wire::BedrockConverse)
-            }
-            p if p.starts_with("/model/") && p.ends_with("/invoke-with-response-stream") => {
-                Some(Wire::BedrockInvokeAnthropic)
-            }
-            _ => None,
+        let family = super::family_for_path(path)?;
+        let path = path.split(['?', '#']).next().unwrap_or_default();
+        let path = path.trim_end_matches('/');
+        match family {
+            Family::OpenAiChat => Some(Wire::OpenAiChat),
+            Family::OpenAiCompletions => Some(Wire::OpenAiCompletions),
+            Family::OpenAiResponses => Some(Wire::OpenAiResponses),
+            Family::Anthropic => Some(Wire::Anthropic),
+            Family::Ollama if path.ends_with("/api/chat") => Some(Wire::OllamaChat),
+            Family::Ollama => Some(Wire::OllamaGenerate),
+            Family::BedrockConverse => path
+                .ends_with("/converse-stream")
+                .then_some(Wire::BedrockConverse),
+            Family::BedrockInvoke => path
+                .ends_with("/invoke-with-response-stream")
+                .then_some(Wire::BedrockInvokeAnthropic),
         }
     }
 
@@ -974,17 +979,8 @@ fn write_frame(message: &Message, out: &mut Vec<u8>) {
 /// Go-style RFC 3339 UTC time with nanosecond precision and trailing zeros trimmed
 /// (`2025-10-26T17:15:24.09776Z`), as Ollama writes `created_at`.
 pub fn rfc3339_from_unix_ms(unix_ms: u64) -> String {
-    let secs = unix_ms / 1000;
+    let mut s = crate::civil::utc_date_time(unix_ms / 1000);
     let millis = unix_ms % 1000;
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let (y, m, d) = civil_from_days(days);
-    let mut s = format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}",
-        rem / 3600,
-        (rem / 60) % 60,
-        rem % 60
-    );
     if millis != 0 {
         let frac = format!("{millis:03}");
         s.push('.');
@@ -992,21 +988,6 @@ pub fn rfc3339_from_unix_ms(unix_ms: u64) -> String {
     }
     s.push('Z');
     s
-}
-
-/// Days since 1970-01-01 to (year, month, day) in the proleptic Gregorian calendar
-/// (Howard Hinnant's `civil_from_days`).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (if m <= 2 { y + 1 } else { y }, m, d)
 }
 
 fn openai_finish(finish: Finish) -> &'static str {
@@ -1542,5 +1523,20 @@ mod tests {
         );
         assert_eq!(Wire::from_path("/v1/messages"), Some(Wire::Anthropic));
         assert_eq!(Wire::from_path("/v2/x"), None);
+        // The one path table: prefixes (Azure deployments, gateway mounts) and queries too.
+        assert_eq!(
+            Wire::from_path("/openai/deployments/d/chat/completions?api-version=1"),
+            Some(Wire::OpenAiChat)
+        );
+        assert_eq!(Wire::from_path("/ollama/api/chat"), Some(Wire::OllamaChat));
+        assert_eq!(
+            Wire::from_path("/api/generate/"),
+            Some(Wire::OllamaGenerate)
+        );
+        assert_eq!(Wire::from_path("/model/m/converse"), None);
+        assert_eq!(
+            Wire::from_path("/model/m/invoke-with-response-stream"),
+            Some(Wire::BedrockInvokeAnthropic)
+        );
     }
 }

@@ -6,6 +6,8 @@
 //! - [`StreamParser`]: an incremental parser per family that accepts any byte split and reports
 //!   [`Event`]s (content frames, usage, the terminal marker, error frames);
 //! - the encoders the mock server uses to write byte-correct streams (`encode`);
+//! - what a request body says (`request`: prompt text, max tokens, model, stream flag);
+//! - whether a response reached its end (`complete`: the terminal marker, a whole body).
 //! - the request fields that limit a family's output length (`pin`, `--pin-output-length`).
 //!
 //! The parser never allocates per frame on the hot path: it reuses its line/frame buffers and
@@ -15,12 +17,14 @@ use std::borrow::Cow;
 
 mod anthropic;
 mod bedrock;
+pub mod complete;
 pub mod encode;
 mod eventstream;
 mod ndjson;
 mod ollama;
 mod openai;
 pub mod pin;
+pub mod request;
 mod sse;
 
 /// A response family, as recognised from the stream itself.

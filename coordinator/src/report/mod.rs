@@ -786,20 +786,8 @@ fn cdf_of(metrics: &RunMetrics, metric: Metric) -> Vec<[f64; 2]> {
 /// microseconds, for [`RunInfo::started_at`].
 pub fn rfc3339_utc(unix_us: u64) -> String {
     let total_ms = unix_us / 1_000;
-    let ms = total_ms % 1_000;
-    let total_s = total_ms / 1_000;
-    let (h, m, s) = (total_s / 3600 % 24, total_s / 60 % 60, total_s % 60);
-    // Howard Hinnant's days-to-civil algorithm (proleptic Gregorian calendar).
-    let z = (total_s / 86_400) as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{ms:03}Z")
+    let date_time = common::civil::utc_date_time(total_ms / 1_000);
+    format!("{date_time}.{:03}Z", total_ms % 1_000)
 }
 
 #[cfg(test)]

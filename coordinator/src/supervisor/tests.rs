@@ -64,7 +64,7 @@ fn plan(recording: &Recording, workers: usize, exchanges: u64) -> SlicePlan {
         workers,
         exchanges,
         requests: None,
-        loop_forever: false,
+        open_ended: false,
         pass_span_ms: 0.0,
         faithful: Default::default(),
     }

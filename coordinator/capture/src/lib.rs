@@ -1,0 +1,272 @@
+//! Capture: the recording reverse proxy of `llm-replay record`.
+//!
+//! `run` takes its listener, shutdown signal and typed config from the caller, so tests and
+//! the CLI drive the same code; it returns what it did ([`RecordSummary`]) or a typed
+//! [`RecordError`], and the CLI prints and picks the exit code. Redaction
+//! (`common::redact`) and response completeness (`common::formats::complete`) live in
+//! `common`, shared with the importers and `export`.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+
+use common::duration::parse_duration;
+use common::redact::{RedactError, Redactor};
+
+pub mod proxy;
+pub mod writer;
+
+/// `llm-replay record` arguments.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RecordArgs {
+    /// Address to listen on (e.g. 127.0.0.1:8080; port 0 picks a free one).
+    #[arg(long)]
+    pub listen: String,
+    /// Upstream base URL (http:// or https://; a path prefix is put before every request).
+    #[arg(long)]
+    pub upstream: String,
+    /// Recording to write (truncated first).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Another header never to write, besides the built-in credential list (repeatable).
+    #[arg(long = "redact-header", value_name = "NAME")]
+    pub redact_header: Vec<String>,
+    /// Replace matches of REGEX in recorded bodies with REDACTED-<hash> (repeatable).
+    #[arg(long = "redact-body", value_name = "REGEX")]
+    pub redact_body: Vec<String>,
+    /// Request header whose value becomes the exchange's session id.
+    #[arg(long, value_name = "NAME")]
+    pub session_header: Option<String>,
+    /// Speak HTTP/2 with prior knowledge to a plain-http upstream (h2c).
+    #[arg(long)]
+    pub upstream_h2c: bool,
+    /// PEM file of extra CA certificates to trust for an https upstream (besides the
+    /// Mozilla roots).
+    #[arg(long, value_name = "FILE")]
+    pub upstream_ca: Option<PathBuf>,
+    /// On SIGINT/SIGTERM, how long to let open streams finish before exiting.
+    #[arg(long, default_value = "10s")]
+    pub drain: String,
+    /// Most response bytes recorded per exchange (e.g. 16MiB, 500KB, 1048576); the client
+    /// still gets every byte, the recording keeps the frames up to the cap and marks the
+    /// exchange truncated.
+    #[arg(long, default_value = "16MiB", value_name = "SIZE")]
+    pub max_recorded_bytes: String,
+    /// How long the upstream may stay silent — before its response headers, or between two
+    /// reads of the body — before the response is cut and recorded as incomplete.
+    #[arg(long, default_value = "300s", value_name = "DURATION")]
+    pub upstream_idle_timeout: String,
+}
+
+/// Default of `--max-recorded-bytes`.
+pub const DEFAULT_MAX_RECORDED_BYTES: usize = 16 << 20;
+/// Default of `--upstream-idle-timeout`.
+pub const DEFAULT_UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The validated configuration of one recording proxy.
+#[derive(Clone)]
+pub struct RecordConfig {
+    pub upstream: proxy::Upstream,
+    pub out: PathBuf,
+    pub scrub: writer::Scrub,
+    pub session_header: Option<http::HeaderName>,
+    pub upstream_h2c: bool,
+    pub upstream_ca: Option<PathBuf>,
+    pub drain: Duration,
+    /// Most response bytes recorded per exchange (`--max-recorded-bytes`).
+    pub max_recorded_bytes: usize,
+    /// Longest silence of the upstream (`--upstream-idle-timeout`).
+    pub upstream_idle_timeout: Duration,
+    /// Reports a write error the moment the writer has one (the command prints it).
+    pub health: writer::WriterHealth,
+}
+
+/// A problem running the proxy.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("{0}")]
+    Usage(String),
+    #[error(transparent)]
+    Redact(#[from] RedactError),
+    #[error(transparent)]
+    Writer(#[from] writer::WriterError),
+    #[error("cannot listen: {0}")]
+    Listen(#[source] std::io::Error),
+}
+
+impl RecordError {
+    /// The options or the environment were wrong (rather than the run failing).
+    pub fn is_usage(&self) -> bool {
+        matches!(self, RecordError::Usage(_) | RecordError::Redact(_))
+    }
+}
+
+impl RecordArgs {
+    /// Validate into a [`RecordConfig`].
+    pub fn into_config(self) -> Result<RecordConfig, RecordError> {
+        let upstream = proxy::Upstream::parse(&self.upstream).map_err(RecordError::Usage)?;
+        if self
+            .out
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gz"))
+        {
+            return Err(RecordError::Usage(format!(
+                "--out {}: record writes plain JSONL (a gzip stream cut by a crash loses \
+                 everything after its last flush); compress the file afterwards",
+                self.out.display()
+            )));
+        }
+        let redactor = Redactor::new(&self.redact_body)?;
+        let session_header = self
+            .session_header
+            .map(|h| {
+                http::HeaderName::from_bytes(h.to_ascii_lowercase().as_bytes())
+                    .map_err(|e| RecordError::Usage(format!("--session-header {h:?}: {e}")))
+            })
+            .transpose()?;
+        let drain =
+            parse_duration(&self.drain).map_err(|e| RecordError::Usage(format!("--drain: {e}")))?;
+        let max_recorded_bytes = parse_size(&self.max_recorded_bytes)
+            .map_err(|e| RecordError::Usage(format!("--max-recorded-bytes: {e}")))?;
+        let upstream_idle_timeout = parse_duration(&self.upstream_idle_timeout)
+            .map_err(|e| RecordError::Usage(format!("--upstream-idle-timeout: {e}")))?;
+        if upstream_idle_timeout.is_zero() {
+            return Err(RecordError::Usage(
+                "--upstream-idle-timeout: must be above zero (e.g. 300s)".to_owned(),
+            ));
+        }
+        Ok(RecordConfig {
+            upstream,
+            out: self.out,
+            scrub: writer::Scrub {
+                redact_headers: self.redact_header,
+                redactor,
+            },
+            session_header,
+            upstream_h2c: self.upstream_h2c,
+            upstream_ca: self.upstream_ca,
+            drain,
+            max_recorded_bytes,
+            upstream_idle_timeout,
+            health: writer::WriterHealth::default(),
+        })
+    }
+}
+
+/// Parse a byte size: a whole number with an optional unit, `B`, `KB`/`MB`/`GB` (powers of
+/// 1000) or `KiB`/`MiB`/`GiB` (powers of 1024), any case; a bare number is bytes.
+pub fn parse_size(text: &str) -> Result<usize, String> {
+    let trimmed = text.trim();
+    let split = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(split);
+    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        other => {
+            return Err(format!(
+                "invalid size {text:?}: unknown unit {other:?} (expected B, KB, MB, GB, KiB, MiB or GiB)"
+            ));
+        }
+    };
+    let value: u64 = number
+        .parse()
+        .map_err(|_| format!("invalid size {text:?}: expected a whole number, e.g. 16MiB"))?;
+    value
+        .checked_mul(multiplier)
+        .and_then(|bytes| usize::try_from(bytes).ok())
+        .ok_or_else(|| format!("invalid size {text:?}: too large"))
+}
+
+/// What one proxy run did.
+#[derive(Debug, Clone, Copy)]
+pub struct RecordSummary {
+    pub written: u64,
+    /// Streams still open when the drain time ran out (not written).
+    pub abandoned: u64,
+}
+
+/// Serve `listener` until `shutdown` resolves, then let open streams finish (up to
+/// `config.drain`) and write everything queued.
+pub async fn run(
+    listener: TcpListener,
+    config: RecordConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<RecordSummary, RecordError> {
+    let client = proxy::upstream_client(config.upstream_h2c, config.upstream_ca.as_deref())
+        .map_err(|e| RecordError::Usage(e.to_string()))?;
+    let (handle, writer) = writer::start(&config.out, config.scrub.clone(), config.health.clone())?;
+    let state = Arc::new(proxy::ProxyState {
+        upstream: config.upstream.clone(),
+        client,
+        writer: handle,
+        session_header: config.session_header.clone(),
+        max_recorded_bytes: config.max_recorded_bytes,
+        upstream_idle_timeout: config.upstream_idle_timeout,
+        first_arrival: std::sync::OnceLock::new(),
+        in_flight: AtomicU64::new(0),
+        next_id: AtomicU64::new(0),
+    });
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(accepted) => accepted,
+                    Err(error) => {
+                        tracing::warn!(%error, "accept failed");
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let state = state.clone();
+                let mut stop = stop_rx.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |request| proxy::handle(state.clone(), request));
+                    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    let connection = builder.serve_connection(TokioIo::new(stream), service);
+                    tokio::select! {
+                        result = connection => {
+                            if let Err(error) = result {
+                                tracing::debug!(%error, %peer, "client connection ended with an error");
+                            }
+                        }
+                        _ = stop.wait_for(|stop| *stop) => {}
+                    }
+                });
+            }
+        }
+    }
+    drop(listener);
+    // Let open streams finish.
+    let deadline = Instant::now() + config.drain;
+    while state.in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let abandoned = state.in_flight.load(Ordering::SeqCst);
+    let _ = stop_tx.send(true);
+    // Connection tasks drop their bodies (recording cut streams as incomplete) as they stop.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    drop(state);
+    let written = tokio::task::spawn_blocking(move || writer.join())
+        .await
+        .map_err(|_| writer::WriterError::Panicked)??;
+    Ok(RecordSummary { written, abandoned })
+}
+
+#[cfg(test)]
+mod tests;

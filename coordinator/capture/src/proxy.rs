@@ -1,0 +1,601 @@
+//! The recording reverse proxy: forwards each request to the upstream and streams the
+//! response back read by read, stamping every read as it returns from the upstream (before it
+//! is handed on) and, when the stream ends or is cut, handing one whole exchange to the
+//! writer.
+//!
+//! Nothing is buffered on the response path: [`RecordingBody`] wraps the upstream body and
+//! yields each frame as soon as it arrives, keeping a cheap reference-counted copy of the
+//! bytes — up to `--max-recorded-bytes` per exchange; past the cap frames are passed on but
+//! not kept, and the exchange is marked `truncated`, so a huge response costs bounded memory.
+//! A silent upstream (no headers, or no read, for `--upstream-idle-timeout`) ends the
+//! client's response and the exchange is recorded incomplete with the reason. Completeness (the family's terminal marker) is worked out once the stream is over,
+//! off the per-frame path.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::formats::complete::CompletionTracker;
+use common::recording::{Exchange, Frame, Request, Response};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::{StatusCode, Uri};
+use http_body::{Body, Frame as BodyFrame, SizeHint};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use serde_json::{Map, json};
+
+use common::recording::is_hop_by_hop_header;
+
+use super::writer::WriterHandle;
+
+/// The largest request body the proxy accepts (LLM requests are far smaller).
+pub const MAX_REQUEST_BODY: usize = 64 << 20;
+
+/// The upstream: scheme and authority, and a path prefix put before every request's path.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    pub scheme: http::uri::Scheme,
+    pub authority: http::uri::Authority,
+    pub base_path: String,
+}
+
+impl Upstream {
+    /// Parse `http(s)://host[:port][/prefix]`.
+    pub fn parse(url: &str) -> Result<Upstream, String> {
+        let uri: Uri = url
+            .parse()
+            .map_err(|e| format!("--upstream {url:?}: not a URL: {e}"))?;
+        let scheme = uri
+            .scheme()
+            .cloned()
+            .ok_or_else(|| format!("--upstream {url:?}: expected http:// or https://"))?;
+        if scheme != http::uri::Scheme::HTTP && scheme != http::uri::Scheme::HTTPS {
+            return Err(format!("--upstream {url:?}: expected http:// or https://"));
+        }
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| format!("--upstream {url:?}: no host"))?;
+        Ok(Upstream {
+            scheme,
+            authority,
+            base_path: uri.path().trim_end_matches('/').to_owned(),
+        })
+    }
+
+    fn uri_for(&self, path_and_query: &str) -> Result<Uri, http::Error> {
+        Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(format!("{}{}", self.base_path, path_and_query))
+            .build()
+    }
+}
+
+/// The HTTP client to the upstream: HTTP/1.1 or HTTP/2 (ALPN over TLS; prior knowledge with
+/// `--upstream-h2c`), rustls with the webpki roots.
+pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// A problem setting up TLS to the upstream.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsSetupError {
+    #[error("--upstream-ca {path}: {message}")]
+    Ca { path: String, message: String },
+    #[error("TLS setup: {0}")]
+    Rustls(#[from] rustls::Error),
+}
+
+/// Build the upstream client. TLS trusts the Mozilla roots (webpki-roots) plus the PEM
+/// certificates in `extra_ca` (`--upstream-ca`, for private CAs and tests).
+pub fn upstream_client(
+    h2c: bool,
+    extra_ca: Option<&std::path::Path>,
+) -> Result<UpstreamClient, TlsSetupError> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+
+    let mut roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    };
+    if let Some(path) = extra_ca {
+        let ca_error = |message: String| TlsSetupError::Ca {
+            path: path.display().to_string(),
+            message,
+        };
+        let certificates = CertificateDer::pem_file_iter(path)
+            .map_err(|e| ca_error(e.to_string()))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ca_error(e.to_string()))?;
+        if certificates.is_empty() {
+            return Err(ca_error("no PEM certificate in the file".to_owned()));
+        }
+        for certificate in certificates {
+            roots
+                .add(certificate)
+                .map_err(|e| ca_error(e.to_string()))?;
+        }
+    }
+    let tls = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_all_versions()
+        .wrap_connector(http);
+    let mut builder = Client::builder(hyper_util::rt::TokioExecutor::new());
+    builder.http2_only(h2c);
+    Ok(builder.build(https))
+}
+
+/// State shared by every request of one proxy.
+pub struct ProxyState {
+    pub upstream: Upstream,
+    pub client: UpstreamClient,
+    pub writer: WriterHandle,
+    /// Header whose value becomes the exchange's `session` (`--session-header`).
+    pub session_header: Option<HeaderName>,
+    /// Most response bytes kept per exchange (`--max-recorded-bytes`).
+    pub max_recorded_bytes: usize,
+    /// Longest silence of the upstream before the response is cut (`--upstream-idle-timeout`).
+    pub upstream_idle_timeout: Duration,
+    /// Zero of `at_ms`: the first request's arrival.
+    pub first_arrival: std::sync::OnceLock<Instant>,
+    /// Exchanges started and not yet handed to the writer.
+    pub in_flight: AtomicU64,
+    pub next_id: AtomicU64,
+}
+
+/// The response body handed to the client.
+pub type ProxyBody = http_body_util::Either<RecordingBody, Full<Bytes>>;
+
+/// Handle one request: forward, and stream the response back while recording it.
+pub async fn handle(
+    state: Arc<ProxyState>,
+    request: http::Request<Incoming>,
+) -> Result<http::Response<ProxyBody>, Infallible> {
+    let arrival = Instant::now();
+    if let Some(cause) = state.writer.failure() {
+        // Nothing could be recorded: fail loudly (a load balancer takes this proxy out)
+        // rather than serve traffic that silently goes unrecorded.
+        return Ok(plain(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &format!("llm-replay record: the recording cannot be written: {cause}\n"),
+        ));
+    }
+    let zero = *state.first_arrival.get_or_init(|| arrival);
+    let (parts, body) = request.into_parts();
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
+    let body = match Limited::new(body, MAX_REQUEST_BODY).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) => {
+            tracing::warn!(%error, path = %path_and_query, "cannot read the request body");
+            return Ok(plain(
+                StatusCode::BAD_REQUEST,
+                "llm-replay record: cannot read the request body\n",
+            ));
+        }
+    };
+
+    let id = state.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+    let mut recorded = Exchange {
+        id: Some(format!("rec-{id}")),
+        session: state
+            .session_header
+            .as_ref()
+            .and_then(|h| parts.headers.get(h))
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+        at_ms: Some((arrival.duration_since(zero).as_secs_f64() * 1e6).round() / 1000.0),
+        request: Request {
+            method: parts.method.as_str().to_owned(),
+            path: path_and_query.clone(),
+            headers: header_map(&parts.headers, true),
+            body: None,
+            body_b64: None,
+            unknown: Map::new(),
+        },
+        response: None,
+        unknown: Map::new(),
+    };
+    if !body.is_empty() {
+        recorded.request.set_body(&body);
+    }
+
+    let uri = match state.upstream.uri_for(&path_and_query) {
+        Ok(uri) => uri,
+        Err(error) => {
+            return Ok(plain(
+                StatusCode::BAD_REQUEST,
+                &format!("llm-replay record: bad path: {error}\n"),
+            ));
+        }
+    };
+    let mut upstream_request = http::Request::builder()
+        .method(parts.method.clone())
+        .uri(uri)
+        .version(http::Version::HTTP_11);
+    if let Some(headers) = upstream_request.headers_mut() {
+        forward_request_headers(&parts.headers, headers);
+    }
+    let upstream_request = match upstream_request.body(Full::new(body)) {
+        Ok(r) => r,
+        Err(error) => {
+            return Ok(plain(
+                StatusCode::BAD_REQUEST,
+                &format!("llm-replay record: {error}\n"),
+            ));
+        }
+    };
+
+    // From here the exchange is in flight: the guard records it even if the client hangs up
+    // before the upstream answers (hyper then drops this future).
+    let mut guard = InFlight::new(state.clone(), recorded);
+    // t0: just before the request is forwarded.
+    let t0 = Instant::now();
+    let idle = state.upstream_idle_timeout;
+    let response = match tokio::time::timeout(idle, state.client.request(upstream_request)).await {
+        Ok(Ok(response)) => response,
+        Err(_elapsed) => {
+            tracing::warn!(upstream = %state.upstream.authority, timeout = ?idle, "no response headers from the upstream in time");
+            guard.abandon(format!(
+                "upstream: no response headers within {}",
+                humanize(idle)
+            ));
+            return Ok(plain(
+                StatusCode::GATEWAY_TIMEOUT,
+                "llm-replay record: the upstream did not answer in time\n",
+            ));
+        }
+        Ok(Err(error)) => {
+            tracing::warn!(%error, upstream = %state.upstream.authority, "upstream request failed");
+            guard.abandon(format!("upstream: {error}"));
+            return Ok(plain(
+                StatusCode::BAD_GATEWAY,
+                "llm-replay record: the upstream could not be reached\n",
+            ));
+        }
+    };
+    let mut recorded = guard.take();
+    let (parts, upstream_body) = response.into_parts();
+    let content_type = parts
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    recorded.response = Some(Response {
+        status: parts.status.as_u16(),
+        headers: header_map(&parts.headers, false),
+        frames: Vec::new(),
+        complete: false,
+        unknown: Map::new(),
+    });
+    let recording = RecordingBody {
+        inner: upstream_body,
+        idle_timeout: idle,
+        idle_timer: Box::pin(tokio::time::sleep(idle)),
+        waiting_since: None,
+        pending: Some(Pending {
+            exchange: recorded,
+            frames: Vec::new(),
+            recorded_bytes: 0,
+            seen_bytes: 0,
+            truncated: false,
+            t0,
+            content_type,
+            state: state.clone(),
+        }),
+    };
+    let mut response = http::Response::new(http_body_util::Either::Left(recording));
+    *response.status_mut() = parts.status;
+    *response.headers_mut() = forwardable(&parts.headers);
+    Ok(response)
+}
+
+/// `1.5s`, `300s`: a duration as the flags write it.
+fn humanize(duration: Duration) -> String {
+    format!("{}s", duration.as_secs_f64())
+}
+
+fn plain(status: StatusCode, text: &str) -> http::Response<ProxyBody> {
+    let mut response = http::Response::new(http_body_util::Either::Right(Full::new(
+        Bytes::copy_from_slice(text.as_bytes()),
+    )));
+    *response.status_mut() = status;
+    response
+}
+
+/// Headers as recorded (names lower-case, repeated values joined). Credentials are dropped by
+/// the writer; `host` and hop-by-hop headers are not part of the exchange.
+fn header_map(headers: &HeaderMap, request: bool) -> BTreeMap<String, String> {
+    let mut out: BTreeMap<String, String> = BTreeMap::new();
+    for (name, value) in headers {
+        let name = name.as_str();
+        if is_hop_by_hop_header(name) || (request && (name == "host" || name == "content-length")) {
+            continue;
+        }
+        let Ok(value) = value.to_str() else { continue };
+        out.entry(name.to_owned())
+            .and_modify(|v| {
+                v.push_str(", ");
+                v.push_str(value);
+            })
+            .or_insert_with(|| value.to_owned());
+    }
+    out
+}
+
+/// Client headers to forward: all but hop-by-hop and `host` (set from the upstream URL), with
+/// `accept-encoding: identity` so each read is what the server wrote (a compressed stream
+/// batches frames and hides their timing) — except for SigV4-signed requests, whose signed
+/// headers must reach the server untouched.
+fn forward_request_headers(from: &HeaderMap, to: &mut HeaderMap) {
+    let signed = from.contains_key("x-amz-date")
+        || from
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("AWS4-"));
+    for (name, value) in from {
+        let n = name.as_str();
+        if is_hop_by_hop_header(n) || n == "host" || n == "content-length" {
+            continue;
+        }
+        if n == "accept-encoding" && !signed {
+            continue;
+        }
+        to.append(name.clone(), value.clone());
+    }
+    if !signed {
+        to.insert(
+            http::header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
+    }
+}
+
+/// Upstream response headers to send to the client (hop-by-hop removed).
+fn forwardable(headers: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers {
+        if !is_hop_by_hop_header(name.as_str()) {
+            out.append(name.clone(), value.clone());
+        }
+    }
+    out
+}
+
+/// An exchange forwarded and waiting for the upstream's response headers.
+struct InFlight {
+    state: Arc<ProxyState>,
+    exchange: Option<Exchange>,
+}
+
+impl InFlight {
+    fn new(state: Arc<ProxyState>, exchange: Exchange) -> InFlight {
+        state.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight {
+            state,
+            exchange: Some(exchange),
+        }
+    }
+
+    /// The response started: the exchange moves on (to a [`Pending`], which owns the count).
+    fn take(&mut self) -> Exchange {
+        self.exchange
+            .take()
+            .expect("taken once, right after the response arrived")
+    }
+
+    /// Record the exchange without a response, with `error`.
+    fn abandon(&mut self, error: String) {
+        if let Some(mut exchange) = self.exchange.take() {
+            exchange.unknown.insert("error".into(), json!(error));
+            self.state.writer.submit(exchange);
+            self.state.in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.abandon("client disconnected before the response".to_owned());
+    }
+}
+
+/// What is needed to finish recording one exchange.
+struct Pending {
+    exchange: Exchange,
+    /// The frames kept: at most `max_recorded_bytes` in all.
+    frames: Vec<(f64, Bytes)>,
+    recorded_bytes: usize,
+    /// Every body byte passed to the client.
+    seen_bytes: u64,
+    /// A frame did not fit under the cap: it and every later one were not kept.
+    truncated: bool,
+    t0: Instant,
+    content_type: Option<String>,
+    state: Arc<ProxyState>,
+}
+
+impl Pending {
+    /// Keep a copy of a frame if it fits under the cap (whole frames only, and none after the
+    /// first that does not fit, so what is kept is a prefix of the stream).
+    fn keep(&mut self, t_ms: f64, data: &Bytes) {
+        self.seen_bytes += data.len() as u64;
+        if self.truncated {
+            return;
+        }
+        if self.recorded_bytes + data.len() > self.state.max_recorded_bytes {
+            self.truncated = true;
+            // Let go of the spare capacity now rather than at the end of the stream.
+            self.frames.shrink_to_fit();
+            return;
+        }
+        self.recorded_bytes += data.len();
+        self.frames.push((t_ms, data.clone()));
+    }
+
+    /// The stream is over: `ended` is true when the upstream body reached its end without a
+    /// transport error (a cut stream is recorded as incomplete whatever it holds).
+    fn finish(mut self, ended: bool, note: Option<String>) {
+        let path = self.exchange.request.path.clone();
+        let mut tracker = CompletionTracker::new(&path, self.content_type.as_deref());
+        for (_, bytes) in &self.frames {
+            tracker.feed(bytes);
+        }
+        let complete = tracker.finish() && ended && !self.truncated;
+        if let Some(response) = self.exchange.response.as_mut() {
+            // Consumed as converted, so the reads and their copies are not all held at once.
+            response.frames = std::mem::take(&mut self.frames)
+                .into_iter()
+                // Microsecond resolution is what the histograms keep.
+                .map(|(t, bytes)| Frame::from_bytes(Some((t * 1000.0).round() / 1000.0), &bytes))
+                .collect();
+            response.complete = complete;
+            if let Some(note) = note {
+                response.unknown.insert("ended".into(), json!(note));
+            }
+            if self.truncated {
+                // Format v1 keeps unknown fields: readers that do not know these still read
+                // the exchange (as incomplete).
+                response.unknown.insert("truncated".into(), json!(true));
+                response
+                    .unknown
+                    .insert("body_bytes".into(), json!(self.seen_bytes));
+                response
+                    .unknown
+                    .insert("recorded_bytes".into(), json!(self.recorded_bytes));
+            }
+        }
+        self.state.writer.submit(self.exchange);
+        self.state.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The upstream body, passed through frame by frame, recorded as it goes.
+pub struct RecordingBody {
+    inner: Incoming,
+    idle_timeout: Duration,
+    /// Fires at or before the end of the current wait's allowance; re-armed lazily (only
+    /// when it fires early), so a fast stream does not touch the timer on every frame.
+    idle_timer: Pin<Box<tokio::time::Sleep>>,
+    /// When the current wait for the upstream began (`None` right after a frame). Only time
+    /// spent waiting on the upstream counts, never time the client takes to read.
+    waiting_since: Option<tokio::time::Instant>,
+    pending: Option<Pending>,
+}
+
+/// Why the proxy cut a response to the client.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyBodyError {
+    #[error(transparent)]
+    Upstream(#[from] hyper::Error),
+    #[error("the upstream sent nothing for {0}")]
+    UpstreamIdle(String),
+}
+
+impl Body for RecordingBody {
+    type Data = Bytes;
+    type Error = ProxyBodyError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<BodyFrame<Bytes>, ProxyBodyError>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                self.waiting_since = None;
+                if let (Some(data), Some(pending)) = (frame.data_ref(), self.pending.as_mut()) {
+                    // Stamp when the read returns, before it is handed on.
+                    let t_ms = pending.t0.elapsed().as_nanos() as f64 / 1e6;
+                    pending.keep(t_ms, data);
+                }
+            }
+            Poll::Ready(Some(Err(error))) => {
+                if let Some(pending) = self.pending.take() {
+                    pending.finish(false, Some(format!("upstream error: {error}")));
+                }
+            }
+            Poll::Ready(None) => {
+                if let Some(pending) = self.pending.take() {
+                    pending.finish(true, None);
+                }
+            }
+            Poll::Pending => return self.poll_idle(cx),
+        }
+        polled.map(|frame| frame.map(|result| result.map_err(ProxyBodyError::Upstream)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl RecordingBody {
+    /// The upstream has nothing yet: wait, unless it has been silent for the idle timeout, in
+    /// which case the exchange is recorded incomplete and the client's response is cut.
+    fn poll_idle(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<BodyFrame<Bytes>, ProxyBodyError>>> {
+        let now = tokio::time::Instant::now();
+        let deadline = *self.waiting_since.get_or_insert(now) + self.idle_timeout;
+        loop {
+            if self.idle_timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            if tokio::time::Instant::now() < deadline {
+                // It fired for an earlier wait: arm it for this one.
+                self.idle_timer.as_mut().reset(deadline);
+                continue;
+            }
+            let silence = humanize(self.idle_timeout);
+            tracing::warn!(timeout = %silence, "the upstream went silent; response cut");
+            if let Some(pending) = self.pending.take() {
+                pending.finish(
+                    false,
+                    Some(format!(
+                        "upstream idle: nothing for {silence}; response cut"
+                    )),
+                );
+            }
+            return Poll::Ready(Some(Err(ProxyBodyError::UpstreamIdle(silence))));
+        }
+    }
+}
+
+impl Drop for RecordingBody {
+    fn drop(&mut self) {
+        // The client went away (or the connection broke) before the stream ended.
+        if let Some(pending) = self.pending.take() {
+            if self.inner.is_end_stream() {
+                // Nothing left to read (an empty body is never polled).
+                pending.finish(true, None);
+            } else {
+                pending.finish(false, Some("client disconnected".to_owned()));
+            }
+        }
+    }
+}

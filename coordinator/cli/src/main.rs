@@ -1,0 +1,107 @@
+//! `llm-replay`: the user CLI. Argument dispatch, all printing to the user and every exit
+//! code live in this crate; the libraries it calls (`coordinator`, `worker`, `mock`,
+//! `capture`, `recordings`) return values and typed errors.
+
+mod commands;
+mod embedded;
+mod tools;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use common::exit;
+
+#[derive(Parser)]
+#[command(
+    name = "llm-replay",
+    version,
+    about = "Replay recorded LLM traffic against model servers and measure TTFT, ITL, latency and tokens/s"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Replay a recording (with no --target, against an embedded mock at recorded timing).
+    Run(Box<coordinator::config::RunArgs>),
+    /// Run a worker that dials a coordinator (same as llm-replay-worker).
+    Worker(worker::cli::WorkerArgs),
+    /// Mock LLM server speaking all four response families.
+    Mock(mock::MockArgs),
+    /// Re-render a saved JSON report, or compare it with another.
+    Report(commands::ReportArgs),
+    /// Recording reverse proxy: forwards to --upstream, streams back, records frame timing.
+    Record(capture::RecordArgs),
+    /// Import recordings and traces from other tools into a recording.
+    Import(recordings::import::ImportArgs),
+    /// Export a recording for another tool (AIPerf mooncake_trace).
+    Export(recordings::export::ExportArgs),
+    /// Inspect a recording (`recording stats FILE`).
+    Recording(recordings::stats::RecordingArgs),
+}
+
+/// Print `llm-replay: MESSAGE` on stderr and return `code`.
+pub(crate) fn fail(code: u8, message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("llm-replay: {message}");
+    ExitCode::from(code)
+}
+
+fn init_tracing() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LLM_REPLAY_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|error| {
+            fail(
+                exit::RUN_FAILED,
+                format_args!("cannot start the runtime: {error}"),
+            )
+        })
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            let code = if error.use_stderr() {
+                exit::USAGE
+            } else {
+                exit::OK
+            };
+            let _ = error.print();
+            return ExitCode::from(code);
+        }
+    };
+    init_tracing();
+    match cli.command {
+        // The worker builds its own runtimes (load and link apart).
+        Command::Worker(args) => worker::cli::run(args),
+        Command::Report(args) => commands::report_command(args),
+        Command::Import(args) => tools::import_command(args),
+        Command::Export(args) => tools::export_command(args),
+        Command::Recording(args) => tools::recording_command(args),
+        Command::Record(args) => match runtime() {
+            Ok(runtime) => runtime.block_on(tools::record_command(args)),
+            Err(code) => code,
+        },
+        Command::Run(args) => match runtime() {
+            Ok(runtime) => runtime.block_on(commands::run_command(*args)),
+            Err(code) => code,
+        },
+        Command::Mock(args) => match runtime() {
+            Ok(runtime) => runtime.block_on(tools::mock_command(args)),
+            Err(code) => code,
+        },
+    }
+}

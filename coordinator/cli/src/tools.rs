@@ -1,0 +1,209 @@
+//! The tool commands — `mock`, `record`, `import`, `export`, `recording stats` — as the user
+//! sees them: each calls its library, prints what it did or why it failed, and picks the exit
+//! code. The libraries return values and typed errors and print nothing.
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use capture::{RecordArgs, RecordError};
+use common::exit;
+use mock::MockArgs;
+use recordings::export::{ExportArgs, export};
+use recordings::import::{ImportArgs, run_import};
+use recordings::stats::{RecordingArgs, RecordingCommand, StatsArgs, recording_stats, render_text};
+use tokio::net::TcpListener;
+
+use crate::fail;
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(error) => {
+            tracing::warn!(%error, "cannot listen for SIGTERM; Ctrl-C only");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+/// Print the one readiness line scripts wait for to learn the port.
+fn ready_line(line: &str) -> std::io::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "{line}")?;
+    stdout.flush()
+}
+
+/// The mock could not start or stopped with an error.
+fn mock_failed(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("llm-replay mock: {message}");
+    ExitCode::from(exit::RUN_FAILED)
+}
+
+/// `llm-replay mock`: bind, print the readiness line, serve until Ctrl-C/SIGTERM.
+pub async fn mock_command(args: MockArgs) -> ExitCode {
+    let listen = args.listen;
+    let config = match args.into_config() {
+        Ok(config) => config,
+        Err(error) => return mock_failed(format_args!("{:#}", anyhow::Error::from(error))),
+    };
+    let listener = match TcpListener::bind(listen).await {
+        Ok(listener) => listener,
+        Err(error) => return mock_failed(format_args!("binding {listen}: {error}")),
+    };
+    let addr = match listener.local_addr() {
+        Ok(addr) => addr,
+        Err(error) => {
+            return mock_failed(format_args!("reading the bound address: {error}"));
+        }
+    };
+    let scheme = if config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    if let Err(error) = ready_line(&format!("llm-replay mock listening on {scheme}://{addr}")) {
+        return mock_failed(format_args!("writing the readiness line: {error}"));
+    }
+    match mock::serve(listener, config, shutdown_signal()).await {
+        Ok(()) => ExitCode::from(exit::OK),
+        Err(error) => mock_failed(format_args!("{:#}", anyhow::Error::from(error))),
+    }
+}
+
+/// `llm-replay record`.
+pub async fn record_command(args: RecordArgs) -> ExitCode {
+    let listen = args.listen.clone();
+    let config = match args.into_config() {
+        Ok(config) => config,
+        Err(error) => return fail(exit::USAGE, error),
+    };
+    let listener = match TcpListener::bind(&listen).await {
+        Ok(listener) => listener,
+        Err(error) => return fail(exit::USAGE, format_args!("--listen {listen}: {error}")),
+    };
+    let address: SocketAddr = match listener.local_addr() {
+        Ok(address) => address,
+        Err(error) => return fail(exit::RUN_FAILED, RecordError::Listen(error)),
+    };
+    let out = config.out.clone();
+    // Say at once when the recording cannot be written (the proxy answers 503 from then on).
+    let health = config.health.clone();
+    let reporter = tokio::spawn(async move {
+        let cause = health.failed().await;
+        eprintln!("llm-replay record: {cause}; nothing more is recorded and new requests get 503");
+    });
+    let _ = ready_line(&format!("llm-replay record listening on http://{address}"));
+    let result = capture::run(listener, config, shutdown_signal()).await;
+    reporter.abort();
+    match result {
+        Ok(summary) => {
+            eprintln!(
+                "llm-replay record: wrote {} exchanges to {}{}",
+                summary.written,
+                out.display(),
+                if summary.abandoned > 0 {
+                    format!(
+                        "; {} streams still open at exit were not written",
+                        summary.abandoned
+                    )
+                } else {
+                    String::new()
+                }
+            );
+            ExitCode::from(exit::OK)
+        }
+        Err(error) if error.is_usage() => fail(exit::USAGE, error),
+        Err(error) => fail(exit::RUN_FAILED, error),
+    }
+}
+
+/// `llm-replay import`.
+pub fn import_command(args: ImportArgs) -> ExitCode {
+    let started = Instant::now();
+    match run_import(&args) {
+        Ok(written) => {
+            println!(
+                "imported {written} exchanges from {} ({}) into {} in {:.2} s",
+                args.file.display(),
+                args.format.name(),
+                args.output.display(),
+                started.elapsed().as_secs_f64()
+            );
+            ExitCode::from(exit::OK)
+        }
+        Err(error) if error.is_input() => fail(exit::USAGE, error),
+        Err(error) => fail(exit::RUN_FAILED, error),
+    }
+}
+
+/// `llm-replay export`.
+pub fn export_command(args: ExportArgs) -> ExitCode {
+    match export(&args) {
+        Ok(summary) => {
+            println!(
+                "exported {} exchanges to {} (AIPerf mooncake_trace){}",
+                summary.written,
+                args.output.display(),
+                if summary.skipped > 0 {
+                    format!(
+                        "; skipped {} with no prompt AIPerf can send",
+                        summary.skipped
+                    )
+                } else {
+                    String::new()
+                }
+            );
+            if let Some(line) = summary.torn_last_line {
+                eprintln!(
+                    "llm-replay: {}:{line}: torn last line (the recorder stopped mid-line); it was not exported",
+                    args.recording.display()
+                );
+            }
+            ExitCode::from(exit::OK)
+        }
+        Err(error) if error.is_write() => fail(exit::RUN_FAILED, error),
+        Err(error) => fail(exit::USAGE, error),
+    }
+}
+
+/// `llm-replay recording ...`.
+pub fn recording_command(args: RecordingArgs) -> ExitCode {
+    match args.command {
+        RecordingCommand::Stats(args) => stats_command(args),
+    }
+}
+
+/// `llm-replay recording stats`.
+fn stats_command(args: StatsArgs) -> ExitCode {
+    let stats = match recording_stats(&args.file) {
+        Ok(stats) => stats,
+        Err(error) => return fail(exit::USAGE, error),
+    };
+    if args.json {
+        match serde_json::to_string_pretty(&stats) {
+            Ok(text) => println!("{text}"),
+            Err(error) => {
+                return fail(
+                    exit::RUN_FAILED,
+                    format_args!("cannot render JSON: {error}"),
+                );
+            }
+        }
+    } else {
+        print!("{}", render_text(&stats));
+    }
+    if let Some(line) = stats.torn_last_line {
+        eprintln!(
+            "llm-replay: {}:{line}: torn last line (the recorder stopped mid-line); it was not counted",
+            args.file.display()
+        );
+    }
+    ExitCode::from(exit::OK)
+}

@@ -1,0 +1,878 @@
+//! The mock LLM server of `llm-replay mock`: all four response families byte-correctly, with
+//! exact frame timing (frames paced by `common::pacer` at absolute deadlines), fault
+//! injection and a recording-replay mode.
+//!
+//! Layers: [`MockArgs`] (clap) → [`MockArgs::into_config`] → [`MockConfig`] (validated) →
+//! [`serve`] (takes its listener and shutdown signal; the CLI, the embedded default of `run`
+//! and the tests call it). The CLI binds, prints the readiness line and picks the exit code.
+//! Wire formats come from `common::formats::encode`; this module only decides what to say and
+//! when: frame `i` of a synthetic stream goes out at the absolute deadline
+//! `start + ttft + i * itl`.
+
+mod body;
+mod recorded;
+mod synth;
+
+#[cfg(test)]
+mod tests;
+
+use std::convert::Infallible;
+use std::fs::File;
+use std::future::Future;
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use common::duration::{parse_duration, parse_rate};
+use common::formats::encode::{self, Finish, StreamParams, Wire};
+use common::formats::request;
+use common::pacer;
+use common::replay::EXCHANGE_HEADER;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use tokio::net::TcpListener;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::task::JoinSet;
+
+use body::{Ending, TimedBody};
+pub use recorded::Recorded;
+use recorded::{Lookup, RecordedResponse};
+pub use synth::{DEFAULT_TOKENS, MAX_REQUESTED_TOKENS, TOKEN_WORDS, token_text};
+use synth::{MidStreamFault, SynthPlan, SynthSchedule};
+
+/// Largest request body the mock reads; bigger ones get 413.
+const MAX_REQUEST_BODY: usize = 32 * 1024 * 1024;
+
+/// Largest `--tokens`: a stream is encoded whole when its request arrives (~300 bytes a token).
+pub const MAX_TOKENS_FLAG: u64 = 1_000_000;
+
+/// How long in-flight responses may continue after the shutdown signal.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
+
+/// Why the mock could not start: its options, its files or its threads. Displays like
+/// `--tls-cert cert.pem`, with the cause as its [`std::error::Error::source`] (the CLI prints
+/// the chain).
+#[derive(Debug, thiserror::Error)]
+pub enum MockError {
+    #[error("opening recording {}", path.display())]
+    OpenRecording {
+        path: PathBuf,
+        #[source]
+        source: common::recording::RecordingError,
+    },
+    #[error(transparent)]
+    Recording(#[from] common::recording::RecordingError),
+    #[error("{}:{line}: response.status: {status} is not an HTTP status", path.display())]
+    RecordedStatus {
+        path: PathBuf,
+        line: u64,
+        status: u16,
+        #[source]
+        source: http::status::InvalidStatusCode,
+    },
+    #[error("--tls-cert {}", path.display())]
+    TlsCert {
+        path: PathBuf,
+        #[source]
+        source: rustls::pki_types::pem::Error,
+    },
+    #[error("--tls-cert {}: holds no PEM certificate", path.display())]
+    NoCertificate { path: PathBuf },
+    #[error("--tls-key {}", path.display())]
+    TlsKey {
+        path: PathBuf,
+        #[source]
+        source: rustls::pki_types::pem::Error,
+    },
+    #[error("TLS protocol versions")]
+    TlsVersions(#[source] rustls::Error),
+    #[error("--tls-cert/--tls-key")]
+    TlsCertKey(#[source] rustls::Error),
+    #[error("starting the pacer thread")]
+    Pacer(#[source] std::io::Error),
+    #[error("opening request log {}", path.display())]
+    RequestLog {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// When to report usage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum UsageMode {
+    /// Always send usage.
+    On,
+    /// No usage where clients tolerate its absence: OpenAI no usage chunk, Responses
+    /// `usage: null`, Ollama no counts, Bedrock no usage/invocation metrics; Anthropic keeps it
+    /// (its SDK requires it).
+    Off,
+    /// OpenAI chat/completions: only when `stream_options.include_usage` is true; other
+    /// families always.
+    Requested,
+}
+
+/// `llm-replay mock` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct MockArgs {
+    /// Address to listen on (port 0 picks a free port; the readiness line shows the real one).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Time to first token, e.g. 100ms.
+    #[arg(long, default_value = "100ms", value_parser = parse_duration)]
+    pub ttft: Duration,
+    /// Inter-token latency, e.g. 10ms.
+    #[arg(long, default_value = "10ms", value_parser = parse_duration)]
+    pub itl: Duration,
+    /// Tokens per response (default: the request's max tokens, else 16; at most 1,000,000).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(..=MAX_TOKENS_FLAG))]
+    pub tokens: Option<u64>,
+    /// Extra time to first token per input token (input tokens ≈ prompt characters / 4).
+    #[arg(long, default_value = "0", value_parser = parse_duration)]
+    pub prefill_per_token: Duration,
+    /// Usage reports: on (always), off, requested (OpenAI: only with include_usage).
+    #[arg(long, value_enum, default_value = "on")]
+    pub usage: UsageMode,
+    /// Concurrent streams; more wait in a FIFO queue (queue time adds to TTFT). 0 = no cap.
+    #[arg(long, default_value_t = 0)]
+    pub max_streams: usize,
+    /// Requests allowed to wait for a stream slot; beyond it answer 429 (default: no limit).
+    #[arg(long)]
+    pub max_queue: Option<usize>,
+    /// Share of requests answered HTTP 500 before streaming (0.1 or 10%).
+    #[arg(long, default_value = "0", value_parser = parse_rate)]
+    pub fail_rate: f64,
+    /// Share of streams that send the family's error frame after half the tokens.
+    #[arg(long, default_value = "0", value_parser = parse_rate)]
+    pub error_frame_rate: f64,
+    /// Share of streams whose connection is cut after half the tokens (no terminating chunk).
+    #[arg(long, default_value = "0", value_parser = parse_rate)]
+    pub drop_rate: f64,
+    /// Share of streams that pause for --stall after half the tokens.
+    #[arg(long, default_value = "0", value_parser = parse_rate)]
+    pub stall_rate: f64,
+    /// Length of an injected stall.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub stall: Duration,
+    /// Seed for fault choice (deterministic in request arrival order).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Append one JSON line per request on arrival to this file.
+    #[arg(long)]
+    pub request_log: Option<PathBuf>,
+    /// Serve the responses of this recording (format v1) at their recorded timing.
+    #[arg(long)]
+    pub recording: Option<PathBuf>,
+    /// Speak HTTP/1.1 only: no cleartext HTTP/2, no h2 offered by ALPN (like most model
+    /// servers).
+    #[arg(long)]
+    pub http1_only: bool,
+    /// PEM certificate chain: serve https (HTTP/1.1 and HTTP/2 by ALPN), with --tls-key.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+}
+
+/// Fault injection rates (fractions in `[0, 1]`).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct FaultConfig {
+    pub fail_rate: f64,
+    pub error_frame_rate: f64,
+    pub drop_rate: f64,
+    pub stall_rate: f64,
+    pub stall: Duration,
+}
+
+/// The validated mock configuration.
+#[derive(Debug, Clone)]
+pub struct MockConfig {
+    pub ttft: Duration,
+    pub itl: Duration,
+    /// Fixed tokens per response; `None` = the request's max tokens, else [`DEFAULT_TOKENS`].
+    pub tokens: Option<u64>,
+    pub prefill_per_token: Duration,
+    pub usage: UsageMode,
+    /// Concurrent-stream cap; `None` = no cap.
+    pub max_streams: Option<usize>,
+    /// Waiting requests allowed beyond the cap; `None` = no limit.
+    pub max_queue: Option<usize>,
+    pub faults: FaultConfig,
+    pub seed: Option<u64>,
+    pub request_log: Option<PathBuf>,
+    /// Recorded responses to serve, if any.
+    pub recording: Option<Arc<Recorded>>,
+    /// Serve https with this configuration (ALPN h2 and http/1.1) instead of cleartext.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// HTTP/1.1 only (no h2c, no ALPN h2).
+    pub http1_only: bool,
+}
+
+impl Default for MockConfig {
+    fn default() -> Self {
+        MockConfig {
+            ttft: Duration::from_millis(100),
+            itl: Duration::from_millis(10),
+            tokens: None,
+            prefill_per_token: Duration::ZERO,
+            usage: UsageMode::On,
+            max_streams: None,
+            max_queue: None,
+            faults: FaultConfig {
+                stall: Duration::from_secs(1),
+                ..FaultConfig::default()
+            },
+            seed: None,
+            request_log: None,
+            recording: None,
+            tls: None,
+            http1_only: false,
+        }
+    }
+}
+
+impl MockArgs {
+    /// Validate the flags and load the recording, if any.
+    pub fn into_config(self) -> Result<MockConfig, MockError> {
+        let recording = match &self.recording {
+            Some(path) => Some(Arc::new(Recorded::load(path)?)),
+            None => None,
+        };
+        let tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => {
+                let mut config = tls_server_config(cert, key)?;
+                if self.http1_only {
+                    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+                }
+                Some(Arc::new(config))
+            }
+            _ => None,
+        };
+        Ok(MockConfig {
+            ttft: self.ttft,
+            itl: self.itl,
+            tokens: self.tokens,
+            prefill_per_token: self.prefill_per_token,
+            usage: self.usage,
+            max_streams: (self.max_streams > 0).then_some(self.max_streams),
+            max_queue: self.max_queue,
+            faults: FaultConfig {
+                fail_rate: self.fail_rate,
+                error_frame_rate: self.error_frame_rate,
+                drop_rate: self.drop_rate,
+                stall_rate: self.stall_rate,
+                stall: self.stall,
+            },
+            seed: self.seed,
+            request_log: self.request_log,
+            recording,
+            tls,
+            http1_only: self.http1_only,
+        })
+    }
+}
+
+/// The mock's https configuration: the certificate chain and key of `cert`/`key` (PEM), ring,
+/// ALPN `h2` then `http/1.1`.
+pub fn tls_server_config(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> Result<rustls::ServerConfig, MockError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let cert_error = |source| MockError::TlsCert {
+        path: cert.to_owned(),
+        source,
+    };
+    let chain = CertificateDer::pem_file_iter(cert)
+        .map_err(cert_error)?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(cert_error)?;
+    if chain.is_empty() {
+        return Err(MockError::NoCertificate {
+            path: cert.to_owned(),
+        });
+    }
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|source| MockError::TlsKey {
+        path: key.to_owned(),
+        source,
+    })?;
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(MockError::TlsVersions)?
+    .with_no_client_auth()
+    .with_single_cert(chain, key)
+    .map_err(MockError::TlsCertKey)?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// Serve mock responses on `listener` until `shutdown` resolves; then let in-flight responses
+/// finish for a short grace period, abort the rest, and return with nothing left running.
+pub async fn serve(
+    listener: TcpListener,
+    config: MockConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), MockError> {
+    let mut pacer_thread = pacer::PacerThread::start().map_err(MockError::Pacer)?;
+    let state = Arc::new(State::new(config, pacer_thread.pacer())?);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut connections: JoinSet<()> = JoinSet::new();
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    if state.config.http1_only {
+        builder = builder.http1_only();
+    }
+    let acceptor = state
+        .config
+        .tls
+        .clone()
+        .map(tokio_rustls::TlsAcceptor::from);
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(pair) => pair,
+                    Err(error) => {
+                        // Typically EMFILE: back off instead of spinning.
+                        tracing::warn!(%error, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                // Each frame must leave at once, not wait for Nagle.
+                if let Err(error) = stream.set_nodelay(true) {
+                    tracing::debug!(%error, %peer, "set_nodelay failed");
+                }
+                let state = Arc::clone(&state);
+                let builder = builder.clone();
+                let stop = stop_rx.clone();
+                let acceptor = acceptor.clone();
+                connections.spawn(async move {
+                    let service = hyper::service::service_fn(move |req| {
+                        let state = Arc::clone(&state);
+                        async move { Ok::<_, Infallible>(handle(&state, req).await) }
+                    });
+                    match acceptor {
+                        None => serve_connection(&builder, TokioIo::new(stream), service, stop, peer).await,
+                        Some(acceptor) => match acceptor.accept(stream).await {
+                            Ok(tls) => serve_connection(&builder, TokioIo::new(tls), service, stop, peer).await,
+                            Err(error) => tracing::debug!(%error, %peer, "TLS handshake failed"),
+                        },
+                    }
+                });
+            }
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::info!(
+            open = connections.len(),
+            "grace period over: aborting open streams"
+        );
+        connections.shutdown().await;
+    }
+    // Every body is gone with its connection; only now stop the thread that paces them.
+    pacer_thread.stop();
+    Ok(())
+}
+
+/// Serve one accepted connection (cleartext or TLS) until it ends or the server stops.
+async fn serve_connection<I, S>(
+    builder: &hyper_util::server::conn::auto::Builder<TokioExecutor>,
+    io: I,
+    service: S,
+    mut stop: watch::Receiver<bool>,
+    peer: SocketAddr,
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::Service<Request<Incoming>, Response = MockResponse, Error = Infallible>
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let conn = builder.serve_connection(io, service);
+    tokio::pin!(conn);
+    let stopping = tokio::select! {
+        result = conn.as_mut() => {
+            if let Err(error) = result {
+                tracing::debug!(%error, %peer, "connection ended with an error");
+            }
+            false
+        }
+        _ = stop.wait_for(|stopped| *stopped) => true,
+    };
+    if stopping {
+        conn.as_mut().graceful_shutdown();
+        let _ = conn.await;
+    }
+}
+
+/// Shared server state.
+struct State {
+    config: MockConfig,
+    /// Fault draws, in request arrival order (deterministic with `--seed`).
+    rng: Mutex<StdRng>,
+    /// Concurrent-stream slots; `Semaphore` is fair, so waiters form a FIFO queue.
+    slots: Option<Arc<Semaphore>>,
+    waiting: AtomicUsize,
+    /// Request log, written synchronously one line per `write` so lines are whole and
+    /// flushed at arrival (tests read it while the server runs).
+    request_log: Option<Mutex<File>>,
+    next_id: AtomicU64,
+    pacer: pacer::Pacer,
+}
+
+impl State {
+    fn new(config: MockConfig, pacer: pacer::Pacer) -> Result<State, MockError> {
+        let seed = config.seed.unwrap_or_else(|| {
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0)
+        });
+        let request_log = match &config.request_log {
+            Some(path) => Some(Mutex::new(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .map_err(|source| MockError::RequestLog {
+                        path: path.clone(),
+                        source,
+                    })?,
+            )),
+            None => None,
+        };
+        Ok(State {
+            slots: config.max_streams.map(|n| Arc::new(Semaphore::new(n))),
+            rng: Mutex::new(StdRng::seed_from_u64(seed)),
+            waiting: AtomicUsize::new(0),
+            request_log,
+            next_id: AtomicU64::new(1),
+            pacer,
+            config,
+        })
+    }
+
+    fn log_request(
+        &self,
+        method: &Method,
+        path: &str,
+        exchange: Option<&str>,
+        version: http::Version,
+    ) {
+        let Some(log) = &self.request_log else {
+            return;
+        };
+        let unix_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let line = serde_json::json!({
+            "unix_ms": unix_ms,
+            "method": method.as_str(),
+            "path": path,
+            "exchange": exchange,
+            "version": format!("{version:?}"),
+        });
+        let mut text = line.to_string();
+        text.push('\n');
+        let mut file = log.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Err(error) = file.write_all(text.as_bytes()) {
+            tracing::warn!(%error, "writing the request log failed");
+        }
+    }
+
+    /// Draw this request's faults (always four draws, so the sequence depends only on the
+    /// number of requests, not on which faults fired).
+    fn draw_faults(&self) -> (bool, MidStreamFault, bool) {
+        let f = self.config.faults;
+        let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
+        let draws: [f64; 4] = [rng.random(), rng.random(), rng.random(), rng.random()];
+        let fail = draws[0] < f.fail_rate;
+        let fault = if draws[1] < f.drop_rate {
+            MidStreamFault::Drop
+        } else if draws[2] < f.error_frame_rate {
+            MidStreamFault::ErrorFrame
+        } else {
+            MidStreamFault::None
+        };
+        (fail, fault, draws[3] < f.stall_rate)
+    }
+
+    /// Wait for a stream slot. `Err` = the queue is full (answer 429). Returns the permit and
+    /// the instant the stream starts (arrival when no wait).
+    async fn admit(&self, arrival: Instant) -> Result<(Option<OwnedSemaphorePermit>, Instant), ()> {
+        let Some(slots) = &self.slots else {
+            return Ok((None, arrival));
+        };
+        if let Ok(permit) = Arc::clone(slots).try_acquire_owned() {
+            return Ok((Some(permit), arrival));
+        }
+        let waiting = self.waiting.fetch_add(1, Ordering::SeqCst);
+        if self.config.max_queue.is_some_and(|max| waiting >= max) {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            return Err(());
+        }
+        // Decrement even if the client goes away while waiting (the future is dropped).
+        struct Leave<'a>(&'a AtomicUsize);
+        impl Drop for Leave<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        let _leave = Leave(&self.waiting);
+        match Arc::clone(slots).acquire_owned().await {
+            Ok(permit) => Ok((Some(permit), Instant::now())),
+            // The semaphore is never closed; treat it as "no cap" if it were.
+            Err(_) => Ok((None, Instant::now())),
+        }
+    }
+}
+
+type MockResponse = Response<TimedBody>;
+
+async fn handle(state: &State, req: Request<Incoming>) -> MockResponse {
+    // Timestamp at the edge: the schedule starts when the request head arrived.
+    let arrival = Instant::now();
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let path_and_query = req
+        .uri()
+        .path_and_query()
+        .map_or_else(|| path.clone(), |pq| pq.as_str().to_owned());
+    let exchange = req
+        .headers()
+        .get(EXCHANGE_HEADER)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    state.log_request(&method, &path, exchange.as_deref(), req.version());
+
+    if method == Method::GET {
+        return match path.as_str() {
+            "/v1/models" => json_response(
+                StatusCode::OK,
+                br#"{"object":"list","data":[{"id":"mock-model","object":"model","created":1735689600,"owned_by":"llm-replay"}]}"#,
+            ),
+            "/api/tags" => json_response(
+                StatusCode::OK,
+                br#"{"models":[{"name":"mock-model","model":"mock-model","modified_at":"2025-01-01T00:00:00Z","size":0,"digest":"","details":{}}]}"#,
+            ),
+            "/api/version" => json_response(StatusCode::OK, br#"{"version":"0.0.0-llm-replay-mock"}"#),
+            "/health" | "/healthz" => json_response(StatusCode::OK, br#"{"status":"ok"}"#),
+            _ => error_response(Wire::OpenAiChat, 404, &format!("no route for GET {path}")),
+        };
+    }
+    let wire = Wire::from_path(&path);
+    if method != Method::POST {
+        return error_response(
+            wire.unwrap_or(Wire::OpenAiChat),
+            405,
+            &format!("method {method} is not supported on {path}"),
+        );
+    }
+
+    let body = match Limited::new(req.into_body(), MAX_REQUEST_BODY)
+        .collect()
+        .await
+    {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) => {
+            let wire = wire.unwrap_or(Wire::OpenAiChat);
+            if error
+                .downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some()
+            {
+                return error_response(
+                    wire,
+                    413,
+                    &format!("request body over {MAX_REQUEST_BODY} bytes"),
+                );
+            }
+            return error_response(wire, 400, &format!("reading the request body: {error}"));
+        }
+    };
+
+    if let Some(recording) = &state.config.recording {
+        match recording.lookup(exchange.as_deref(), method.as_str(), &path_and_query, &body) {
+            Lookup::Response(recorded) => {
+                return serve_recorded(state, wire, recorded, arrival).await;
+            }
+            Lookup::BadIndex(message) => {
+                return error_response(wire.unwrap_or(Wire::OpenAiChat), 400, &message);
+            }
+            Lookup::Synthetic => {}
+        }
+    }
+
+    let Some(wire) = wire else {
+        return error_response(
+            Wire::OpenAiChat,
+            404,
+            &format!(
+                "no route for POST {path}: the mock serves /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, /api/chat, /api/generate, /model/{{modelId}}/converse-stream and /model/{{modelId}}/invoke-with-response-stream"
+            ),
+        );
+    };
+    serve_synthetic(state, wire, &path, &body, arrival).await
+}
+
+async fn serve_synthetic(
+    state: &State,
+    wire: Wire,
+    path: &str,
+    body: &Bytes,
+    arrival: Instant,
+) -> MockResponse {
+    let config = &state.config;
+    let info = match synth::analyze(wire, body) {
+        Ok(info) => info,
+        Err(message) => return error_response(wire, 400, &message),
+    };
+    let (fail, fault, stall) = state.draw_faults();
+    if fail {
+        return error_response(
+            wire,
+            500,
+            "The server had an error while processing your request (injected by llm-replay mock).",
+        );
+    }
+    let (permit, start) = match state.admit(arrival).await {
+        Ok(admitted) => admitted,
+        Err(()) => {
+            return error_response(wire, 429, "Too many requests: the mock's queue is full.");
+        }
+    };
+
+    let requested_max = info.max_tokens.map(|m| m.min(MAX_REQUESTED_TOKENS));
+    let tokens = config.tokens.or(requested_max).unwrap_or(DEFAULT_TOKENS);
+    let finish = if config.tokens.is_none() && requested_max == Some(tokens) {
+        Finish::Length
+    } else {
+        Finish::Stop
+    };
+    let prefill = config
+        .prefill_per_token
+        .saturating_mul(info.input_tokens.min(u32::MAX as u64) as u32);
+    let schedule = SynthSchedule {
+        ttft: config.ttft + prefill,
+        itl: config.itl,
+        tokens,
+        finish,
+        fault: if info.stream {
+            fault
+        } else {
+            MidStreamFault::None
+        },
+        stall: (stall && info.stream).then_some(config.faults.stall),
+    };
+    let usage = match config.usage {
+        UsageMode::On => true,
+        UsageMode::Off => false,
+        UsageMode::Requested => match wire {
+            Wire::OpenAiChat | Wire::OpenAiCompletions => info.include_usage,
+            _ => true,
+        },
+    };
+    let model = match wire {
+        Wire::BedrockConverse | Wire::BedrockInvokeAnthropic => request::path_model(path),
+        _ => info.model.clone(),
+    }
+    .unwrap_or_else(|| "mock-model".to_owned());
+    let id = state.next_id.fetch_add(1, Ordering::Relaxed);
+    let params = StreamParams {
+        id: format!("mock{id:012}"),
+        model,
+        created_unix_ms: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
+        input_tokens: info.input_tokens,
+        usage,
+        system_fingerprint: "fp_llm_replay_mock".to_owned(),
+        timings: synth::timings(&schedule),
+    };
+    match synth::plan(wire, params, info.stream, &schedule) {
+        SynthPlan::Stream { frames, ending } => {
+            let mut response = Response::new(TimedBody::stream(
+                frames,
+                start,
+                ending,
+                state.pacer.clone(),
+                permit,
+            ));
+            let headers = response.headers_mut();
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static(wire.stream_content_type()),
+            );
+            headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+            for (name, value) in wire.stream_extra_headers() {
+                headers.insert(*name, HeaderValue::from_static(value));
+            }
+            response
+        }
+        SynthPlan::Whole {
+            body,
+            content_type,
+            offset,
+        } => {
+            let mut response = Response::new(TimedBody::full_at(
+                body,
+                start,
+                offset,
+                state.pacer.clone(),
+                permit,
+            ));
+            response
+                .headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+            response
+        }
+    }
+}
+
+/// Serve a recorded response at its recorded offsets. Faults apply as to synthetic streams:
+/// `--fail-rate` answers 500 instead; the mid-stream faults cut in after half the frames (the
+/// error frame only on a path whose family is known).
+async fn serve_recorded(
+    state: &State,
+    wire: Option<Wire>,
+    recorded: &RecordedResponse,
+    arrival: Instant,
+) -> MockResponse {
+    let error_wire = wire.unwrap_or(Wire::OpenAiChat);
+    let (fail, fault, stall) = state.draw_faults();
+    if fail {
+        return error_response(
+            error_wire,
+            500,
+            "The server had an error while processing your request (injected by llm-replay mock).",
+        );
+    }
+    let (permit, start) = match state.admit(arrival).await {
+        Ok(admitted) => admitted,
+        Err(()) => {
+            return error_response(
+                error_wire,
+                429,
+                "Too many requests: the mock's queue is full.",
+            );
+        }
+    };
+    let config = &state.config;
+    let half = recorded.frames.len() / 2;
+    let offset_of = |i: usize| -> Duration {
+        let recorded_or_paced = match recorded.frames.get(i) {
+            Some((Some(offset), _)) => *offset,
+            // Frames without a recorded offset are paced like synthetic tokens.
+            _ => config.ttft + config.itl.saturating_mul(i.min(u32::MAX as usize) as u32),
+        };
+        if stall && i >= half && i > 0 {
+            recorded_or_paced + config.faults.stall
+        } else {
+            recorded_or_paced
+        }
+    };
+    let keep = match fault {
+        MidStreamFault::None => recorded.frames.len(),
+        MidStreamFault::ErrorFrame | MidStreamFault::Drop => half,
+    };
+    let mut frames: Vec<body::PlannedFrame> = recorded.frames[..keep]
+        .iter()
+        .enumerate()
+        .map(|(i, (_, bytes))| body::PlannedFrame {
+            bytes: bytes.clone(),
+            offset: offset_of(i),
+        })
+        .collect();
+    let mut ending = Ending::Clean;
+    match (fault, wire) {
+        (MidStreamFault::None, _) => {}
+        (MidStreamFault::Drop, _) => ending = Ending::Abort(offset_of(keep)),
+        (MidStreamFault::ErrorFrame, Some(wire)) => {
+            let mut encoder = encode::StreamEncoder::new(
+                wire,
+                StreamParams {
+                    id: "recorded".to_owned(),
+                    model: "recorded".to_owned(),
+                    created_unix_ms: 0,
+                    input_tokens: 0,
+                    usage: false,
+                    system_fingerprint: String::new(),
+                    timings: Default::default(),
+                },
+            );
+            let mut out = Vec::new();
+            encoder.error_frame(
+                "The server had an error while processing your request (injected by llm-replay mock).",
+                &mut out,
+            );
+            frames.push(body::PlannedFrame {
+                bytes: Bytes::from(out),
+                offset: offset_of(keep),
+            });
+        }
+        // Unknown family: no error frame to speak; end the stream early instead.
+        (MidStreamFault::ErrorFrame, None) => {}
+    }
+    let mut response = Response::new(TimedBody::stream(
+        frames,
+        start,
+        ending,
+        state.pacer.clone(),
+        permit,
+    ));
+    *response.status_mut() = recorded.status;
+    let headers = response.headers_mut();
+    for (name, value) in &recorded.headers {
+        headers.append(name.clone(), value.clone());
+    }
+    response
+}
+
+fn json_response(status: StatusCode, body: &'static [u8]) -> MockResponse {
+    let mut response = Response::new(TimedBody::full(Bytes::from_static(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// An HTTP error in `wire`'s family shape.
+fn error_response(wire: Wire, status: u16, message: &str) -> MockResponse {
+    let error = encode::http_error(wire, status, message);
+    let mut response = Response::new(TimedBody::full(Bytes::from(error.body)));
+    *response.status_mut() =
+        StatusCode::from_u16(error.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(error.content_type),
+    );
+    for (name, value) in error.headers {
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            headers.insert(name, value);
+        }
+    }
+    response
+}

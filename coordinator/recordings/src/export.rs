@@ -1,0 +1,346 @@
+//! `llm-replay export aiperf RECORDING -o trace.jsonl`: AIPerf's `mooncake_trace` JSONL, one
+//! line per exchange: `timestamp` (ms), `session_id`, the prompt as `messages` (OpenAI chat
+//! shape; Anthropic, Ollama and Bedrock bodies converted) or `text_input`, `output_length`
+//! (recorded usage, else the request's max tokens) and generation settings in `extra`.
+//!
+//! Only these keys are written (AIPerf's model rejects unknown ones). Headers are never
+//! exported, so no credential can leak through them; `--redact-body` applies to every string.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use common::formats::{self, Family, request};
+use common::measure::{OutcomeKind, measure_recorded};
+use common::recording::{Exchange, RecordingError, RecordingReader};
+use common::redact::{RedactError, Redactor};
+use serde_json::{Map, Value, json};
+
+/// `llm-replay export ...`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ExportArgs {
+    /// Target format.
+    #[arg(value_enum)]
+    pub format: ExportFormat,
+    /// Recording to export.
+    pub recording: PathBuf,
+    /// Output file.
+    #[arg(short = 'o', long = "output")]
+    pub output: PathBuf,
+    /// Replace matches of REGEX in every exported string with REDACTED-<hash> (repeatable).
+    #[arg(long = "redact-body", value_name = "REGEX")]
+    pub redact_body: Vec<String>,
+}
+
+/// Export formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExportFormat {
+    /// AIPerf `mooncake_trace` JSONL (use with `aiperf profile --custom-dataset-type
+    /// mooncake_trace --input-file FILE`).
+    Aiperf,
+}
+
+/// Generation settings copied into `extra` (shallow-merged into AIPerf's request body).
+const GENERATION_KEYS: &[&str] = &[
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "min_tokens",
+    "ignore_eos",
+    "response_format",
+    "tool_choice",
+    "parallel_tool_calls",
+    "logit_bias",
+    "logprobs",
+    "top_logprobs",
+    "n",
+    "reasoning_effort",
+];
+
+/// What one export wrote.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExportSummary {
+    pub written: u64,
+    /// Exchanges with no prompt AIPerf can send (not chat, completions or messages).
+    pub skipped: u64,
+    pub torn_last_line: Option<u64>,
+}
+
+/// A problem exporting.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    #[error(transparent)]
+    Recording(#[from] RecordingError),
+    #[error("{}: cannot write: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: the output is the recording itself; export elsewhere", path.display())]
+    SameFile { path: PathBuf },
+    #[error(transparent)]
+    Redact(#[from] RedactError),
+}
+
+impl ExportError {
+    /// The export could not be written (rather than bad input or options).
+    pub fn is_write(&self) -> bool {
+        matches!(self, ExportError::Write { .. })
+    }
+}
+
+/// Export `args.recording` to `args.output`.
+pub fn export(args: &ExportArgs) -> Result<ExportSummary, ExportError> {
+    let redactor = Redactor::new(&args.redact_body)?;
+    let reader = RecordingReader::open(&args.recording)?;
+    let write_error = |source| ExportError::Write {
+        path: args.output.clone(),
+        source,
+    };
+    if common::recording::is_same_file(&args.recording, &args.output) {
+        return Err(ExportError::SameFile {
+            path: args.output.clone(),
+        });
+    }
+    // Written beside the output and renamed into place once whole.
+    let temporary = common::recording::temporary_sibling(&args.output);
+    let file = std::fs::File::create(&temporary).map_err(write_error)?;
+    let mut partial = RemoveOnDrop(Some(temporary.clone()));
+    let mut out = std::io::BufWriter::new(file);
+    let mut summary = ExportSummary::default();
+    let mut reader = reader;
+    for item in reader.by_ref() {
+        let (line_no, exchange) = item?;
+        let Some(mut line) = aiperf_line(&exchange, line_no) else {
+            summary.skipped += 1;
+            continue;
+        };
+        redactor.redact_json(&mut line);
+        let mut text = line.to_string();
+        text.push('\n');
+        out.write_all(text.as_bytes()).map_err(write_error)?;
+        summary.written += 1;
+    }
+    out.flush().map_err(write_error)?;
+    out.get_ref().sync_all().map_err(write_error)?;
+    drop(out);
+    std::fs::rename(&temporary, &args.output).map_err(write_error)?;
+    partial.0 = None;
+    Ok(summary)
+}
+
+/// Removes a half-written temporary output when the export stops on an error.
+struct RemoveOnDrop(Option<PathBuf>);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        if let Some(path) = self.0.take() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// One `mooncake_trace` line for `exchange`, or `None` when it has no prompt.
+pub fn aiperf_line(exchange: &Exchange, line_no: u64) -> Option<Value> {
+    let body: Value = serde_json::from_slice(&exchange.request.body_bytes()).ok()?;
+    let path = exchange.request.path.as_str();
+    let family = formats::family_for_path(path);
+    let mut line = Map::new();
+    if let Some(at) = exchange.at_ms {
+        // AIPerf accepts float milliseconds; keep microsecond resolution.
+        line.insert("timestamp".into(), json!((at * 1000.0).round() / 1000.0));
+    }
+    if exchange.at_ms.is_none()
+        && let Some(delay) = exchange.unknown.get("delay_ms").and_then(Value::as_f64)
+    {
+        // A mooncake import's completion-relative delay goes back where it came from.
+        line.insert("delay".into(), json!(delay));
+    }
+    let session = exchange
+        .session
+        .clone()
+        .or_else(|| exchange.id.clone())
+        .unwrap_or_else(|| format!("line-{line_no}"));
+    line.insert("session_id".into(), json!(session));
+    match prompt_of(family, &body) {
+        Prompt::Messages(messages) => {
+            line.insert("messages".into(), Value::Array(messages));
+            if let Some(tools) = body.get("tools").filter(|t| t.is_array())
+                && family != Some(Family::Anthropic)
+            {
+                line.insert("tools".into(), tools.clone());
+            }
+        }
+        Prompt::Text(text) => {
+            line.insert("text_input".into(), json!(text));
+        }
+        Prompt::None => return None,
+    }
+    if let Some(n) =
+        recorded_output_tokens(exchange).or_else(|| request::max_tokens(&body).map(|m| m.value))
+    {
+        line.insert("output_length".into(), json!(n.max(1)));
+    }
+    let mut extra = Map::new();
+    for key in GENERATION_KEYS {
+        if let Some(value) = body.get(*key) {
+            extra.insert((*key).to_owned(), value.clone());
+        }
+    }
+    if let Some(stop) = body.get("stop_sequences") {
+        extra.entry("stop").or_insert_with(|| stop.clone());
+    }
+    if let Some(options) = body.get("options").and_then(Value::as_object) {
+        for key in ["temperature", "top_p", "top_k", "seed", "stop"] {
+            if let Some(value) = options.get(key) {
+                extra.entry(key).or_insert_with(|| value.clone());
+            }
+        }
+    }
+    if let Some(config) = body.get("inferenceConfig").and_then(Value::as_object) {
+        for (from, to) in [
+            ("temperature", "temperature"),
+            ("topP", "top_p"),
+            ("stopSequences", "stop"),
+        ] {
+            if let Some(value) = config.get(from) {
+                extra.entry(to).or_insert_with(|| value.clone());
+            }
+        }
+    }
+    if !extra.is_empty() {
+        line.insert("extra".into(), Value::Object(extra));
+    }
+    Some(Value::Object(line))
+}
+
+enum Prompt {
+    Messages(Vec<Value>),
+    Text(String),
+    None,
+}
+
+/// The text of an Anthropic/Bedrock content value (string or list of blocks).
+fn content_text(content: &Value) -> Option<String> {
+    match content {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(blocks) => {
+            let parts: Vec<&str> = blocks
+                .iter()
+                .filter_map(|b| b.get("text").and_then(Value::as_str))
+                .collect();
+            (!parts.is_empty()).then(|| parts.join("\n"))
+        }
+        _ => None,
+    }
+}
+
+fn prompt_of(family: Option<Family>, body: &Value) -> Prompt {
+    let messages = body.get("messages").and_then(Value::as_array);
+    match (family, messages) {
+        (Some(Family::Anthropic | Family::BedrockConverse | Family::BedrockInvoke), Some(list)) => {
+            let mut out = Vec::new();
+            if let Some(system) = body.get("system").and_then(content_text) {
+                out.push(json!({"role": "system", "content": system}));
+            }
+            for message in list {
+                let role = message
+                    .get("role")
+                    .and_then(Value::as_str)
+                    .unwrap_or("user");
+                let text = message
+                    .get("content")
+                    .and_then(content_text)
+                    .unwrap_or_default();
+                out.push(json!({"role": role, "content": text}));
+            }
+            Prompt::Messages(out)
+        }
+        (_, Some(list)) => {
+            // OpenAI-shaped already (OpenAI chat, Ollama /api/chat, gateways); keep only what
+            // a chat endpoint accepts.
+            let out = list
+                .iter()
+                .filter(|m| m.get("role").is_some())
+                .map(|m| {
+                    let mut clean = Map::new();
+                    for key in ["role", "content", "name", "tool_calls", "tool_call_id"] {
+                        if let Some(value) = m.get(key) {
+                            clean.insert(key.to_owned(), value.clone());
+                        }
+                    }
+                    Value::Object(clean)
+                })
+                .collect();
+            Prompt::Messages(out)
+        }
+        _ => {
+            for key in ["prompt", "input", "inputText"] {
+                match body.get(key) {
+                    Some(Value::String(text)) => return Prompt::Text(text.clone()),
+                    Some(Value::Array(items)) if key == "input" => {
+                        let messages: Vec<Value> = items
+                            .iter()
+                            .filter_map(|m| {
+                                let role = m.get("role")?.as_str()?;
+                                let text = m.get("content").and_then(content_text)?;
+                                Some(json!({"role": role, "content": text}))
+                            })
+                            .collect();
+                        if !messages.is_empty() {
+                            return Prompt::Messages(messages);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            Prompt::None
+        }
+    }
+}
+
+/// Output tokens from the recorded response's usage report, when it has one (measured by
+/// [`measure_recorded`], as the baseline and `recording stats` do).
+fn recorded_output_tokens(exchange: &Exchange) -> Option<u64> {
+    let outcome = measure_recorded(exchange)?;
+    match outcome.kind {
+        OutcomeKind::Succeeded | OutcomeKind::EndedEarly => outcome.usage_output_tokens,
+        OutcomeKind::Failed(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn anthropic_body_becomes_openai_messages_with_settings() {
+        let ex: Exchange = serde_json::from_value(json!({
+            "at_ms": 12.5,
+            "request": {"path": "/v1/messages", "headers": {"x-api-key": "sk-secret"},
+                "body": json!({"model": "claude", "system": "be brief", "max_tokens": 64,
+                    "temperature": 0.2, "stop_sequences": ["END"],
+                    "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}).to_string()}
+        }))
+        .expect("valid exchange");
+        let line = aiperf_line(&ex, 1).expect("has a prompt");
+        assert_eq!(line["timestamp"], json!(12.5));
+        assert_eq!(
+            line["messages"][0],
+            json!({"role": "system", "content": "be brief"})
+        );
+        assert_eq!(
+            line["messages"][1],
+            json!({"role": "user", "content": "hi"})
+        );
+        assert_eq!(line["output_length"], json!(64));
+        assert_eq!(line["extra"], json!({"temperature": 0.2, "stop": ["END"]}));
+        assert!(!line.to_string().contains("sk-secret"));
+    }
+}
