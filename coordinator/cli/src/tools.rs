@@ -11,7 +11,7 @@ use capture::{RecordArgs, RecordError};
 use common::exit;
 use mock::MockArgs;
 use recordings::export::{ExportArgs, export};
-use recordings::import::{ImportArgs, run_import};
+use recordings::import::{ImportArgs, run_import_with_notes};
 use recordings::stats::{RecordingArgs, RecordingCommand, StatsArgs, recording_stats, render_text};
 use tokio::net::TcpListener;
 
@@ -127,8 +127,11 @@ pub async fn record_command(args: RecordArgs) -> ExitCode {
 /// `llm-replay import`.
 pub fn import_command(args: ImportArgs) -> ExitCode {
     let started = Instant::now();
-    match run_import(&args) {
-        Ok(written) => {
+    match run_import_with_notes(&args) {
+        Ok((written, notes)) => {
+            for note in notes {
+                eprintln!("{note}");
+            }
             println!(
                 "imported {written} exchanges from {} ({}) into {} in {:.2} s",
                 args.file.display(),

@@ -15,6 +15,7 @@ pub mod burstgpt;
 pub mod har;
 pub mod mooncake;
 pub mod openai_batch;
+pub mod otel;
 pub mod proxymock;
 pub mod synth;
 
@@ -35,6 +36,8 @@ pub enum ImportFormat {
     Burstgpt,
     /// OpenAI batch-input JSONL (`custom_id`, `method`, `url`, `body`).
     OpenaiBatch,
+    /// OpenTelemetry GenAI semantic-convention spans, OTLP JSON (one document, or one a line).
+    OtelGenai,
 }
 
 impl ImportFormat {
@@ -47,6 +50,7 @@ impl ImportFormat {
             ImportFormat::AzureTrace => "azure-trace",
             ImportFormat::Burstgpt => "burstgpt",
             ImportFormat::OpenaiBatch => "openai-batch",
+            ImportFormat::OtelGenai => "otel-genai",
         }
     }
 }
@@ -295,6 +299,12 @@ pub fn synth_note(synth: &Synth, input_tokens: usize) -> Value {
 
 /// Run one import; returns the number of exchanges written.
 pub fn run_import(args: &ImportArgs) -> Result<u64, ImportError> {
+    run_import_with_notes(args).map(|(written, _)| written)
+}
+
+/// Run one import; returns the number of exchanges written and what the importer has to
+/// say about its source (lines for stderr: what was skipped, what the source lacked).
+pub fn run_import_with_notes(args: &ImportArgs) -> Result<(u64, Vec<String>), ImportError> {
     let source = Source {
         path: args.file.clone(),
     };
@@ -311,6 +321,7 @@ pub fn run_import(args: &ImportArgs) -> Result<u64, ImportError> {
     let mut sink = Sink::create(&args.output, args.limit)?;
     let model = args.model.as_deref();
     let synth = || Synth::from_path(args.tokenizer, args.corpus.as_deref());
+    let mut notes = Vec::new();
     match args.format {
         ImportFormat::Proxymock => proxymock::import(&source, &mut sink)?,
         ImportFormat::Har => har::import(&source, &mut sink)?,
@@ -329,8 +340,9 @@ pub fn run_import(args: &ImportArgs) -> Result<u64, ImportError> {
             model.unwrap_or(DEFAULT_SYNTH_MODEL),
         )?,
         ImportFormat::Burstgpt => burstgpt::import(&source, &mut sink, &synth()?, model)?,
+        ImportFormat::OtelGenai => notes = otel::import(&source, &mut sink)?.lines(),
     }
-    sink.finish()
+    Ok((sink.finish()?, notes))
 }
 
 /// Split one CSV line into fields (RFC 4180 quotes; no line breaks inside fields).
