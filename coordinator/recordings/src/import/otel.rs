@@ -608,3 +608,275 @@ fn indexed_messages(attrs: &BTreeMap<String, Value>) -> Option<Vec<Value>> {
     }
     (!messages.is_empty()).then_some(messages)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn temp(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("llm-replay-otel-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        dir.join(name)
+    }
+
+    /// Import `text` (written to a file); the exchanges, or the error.
+    fn run(name: &str, text: &str) -> Result<(OtelSummary, Vec<Value>), ImportError> {
+        let input = temp(&format!("{name}.json"));
+        let output = temp(&format!("{name}.out.jsonl"));
+        std::fs::write(&input, text).expect("write input");
+        let source = Source { path: input };
+        let mut sink = Sink::create(&output, None).expect("sink");
+        let summary = import(&source, &mut sink)?;
+        sink.finish().expect("finish");
+        let exchanges = common::recording::read_all(&output)
+            .expect("valid recording")
+            .into_iter()
+            .map(|ex| serde_json::to_value(&ex).expect("json"))
+            .collect();
+        Ok((summary, exchanges))
+    }
+
+    fn body(exchange: &Value) -> Value {
+        serde_json::from_str(exchange["request"]["body"].as_str().expect("text body"))
+            .expect("JSON body")
+    }
+
+    fn doc(spans: &[Value]) -> String {
+        json!({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}).to_string()
+    }
+
+    fn attr(key: &str, value: Value) -> Value {
+        let value = match value {
+            Value::String(s) => json!({"stringValue": s}),
+            Value::Number(n) if n.is_f64() => json!({"doubleValue": n}),
+            Value::Number(n) => json!({"intValue": n.to_string()}),
+            other => other,
+        };
+        json!({"key": key, "value": value})
+    }
+
+    fn span(start_ns: u64, attributes: Vec<Value>, events: Vec<Value>) -> Value {
+        json!({
+            "traceId": format!("{start_ns:032x}"),
+            "spanId": format!("{start_ns:016x}"),
+            "name": "chat m",
+            "startTimeUnixNano": start_ns.to_string(),
+            "endTimeUnixNano": (start_ns + 500_000_000).to_string(),
+            "attributes": attributes,
+            "events": events,
+        })
+    }
+
+    #[test]
+    fn input_messages_attribute_and_settings() {
+        let s = span(
+            2_000_000_000,
+            vec![
+                attr("gen_ai.operation.name", json!("chat")),
+                attr("gen_ai.request.model", json!("m1")),
+                attr("gen_ai.request.max_tokens", json!(32)),
+                attr("gen_ai.request.temperature", json!(0.5)),
+                attr("gen_ai.request.top_p", json!(0.75)),
+                attr(
+                    "gen_ai.request.stop_sequences",
+                    json!({"arrayValue": {"values": [{"stringValue": "END"}]}}),
+                ),
+                attr("gen_ai.conversation.id", json!("c1")),
+                attr(
+                    "gen_ai.input.messages",
+                    json!(r#"[{"role":"user","parts":[{"type":"text","content":"hello there"}]}]"#),
+                ),
+                attr("gen_ai.usage.input_tokens", json!(7)),
+                attr("gen_ai.usage.output_tokens", json!(11)),
+                attr("gen_ai.response.time_to_first_token", json!(0.125)),
+            ],
+            vec![],
+        );
+        let (summary, exchanges) = run("input", &doc(&[s])).expect("imports");
+        assert_eq!(summary.imported, 1);
+        let ex = &exchanges[0];
+        assert_eq!(ex["session"], "c1");
+        assert_eq!(ex["at_ms"], 0.0);
+        assert_eq!(
+            body(ex),
+            json!({"model": "m1", "max_tokens": 32, "temperature": 0.5, "top_p": 0.75,
+                   "stop": ["END"], "stream": true, "stream_options": {"include_usage": true},
+                   "messages": [{"role": "user", "content": "hello there"}]})
+        );
+        assert_eq!(ex["source"]["output_tokens"], 11);
+        assert_eq!(ex["source"]["input_tokens"], 7);
+        assert_eq!(ex["source"]["ttft_ms"], 125.0);
+        assert_eq!(ex["source"]["duration_ms"], 500.0);
+        assert!(ex.get("response").is_none(), "nothing invented: {ex}");
+    }
+
+    #[test]
+    fn message_events_first_token_event_and_trace_session() {
+        let start = 5_000_000_000u64;
+        let s = span(
+            start,
+            vec![
+                attr("gen_ai.system", json!("openai")),
+                attr("gen_ai.request.model", json!("m")),
+                attr("gen_ai.usage.completion_tokens", json!(4)),
+            ],
+            vec![
+                json!({"name": "gen_ai.system.message", "timeUnixNano": start.to_string(),
+                       "attributes": [attr("content", json!("be brief"))]}),
+                json!({"name": "gen_ai.user.message", "timeUnixNano": start.to_string(),
+                       "attributes": [attr("gen_ai.event.content", json!(r#"{"content":"hi"}"#))]}),
+                json!({"name": "gen_ai.first_token",
+                       "timeUnixNano": (start + 80_000_000).to_string()}),
+            ],
+        );
+        let (_, exchanges) = run("events", &doc(&[s])).expect("imports");
+        let ex = &exchanges[0];
+        assert_eq!(
+            body(ex)["messages"],
+            json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}])
+        );
+        assert_eq!(ex["session"], format!("{start:032x}"));
+        assert_eq!(ex["source"]["ttft_ms"], 80.0);
+        assert_eq!(ex["source"]["output_tokens"], 4);
+    }
+
+    #[test]
+    fn indexed_prompt_attributes_one_document_per_line_and_counts() {
+        let indexed = span(
+            1_000_000_000,
+            vec![
+                attr("gen_ai.operation.name", json!("text_completion")),
+                attr("gen_ai.prompt.0.role", json!("user")),
+                attr("gen_ai.prompt.0.content", json!("first")),
+                attr("gen_ai.prompt.1.role", json!("assistant")),
+                attr("gen_ai.prompt.1.content", json!("second")),
+            ],
+            vec![],
+        );
+        let no_prompt = span(
+            1_500_000_000,
+            vec![attr("gen_ai.operation.name", json!("chat"))],
+            vec![],
+        );
+        let other = span(
+            1_200_000_000,
+            vec![attr("http.request.method", json!("GET"))],
+            vec![],
+        );
+        let embeddings = span(
+            1_300_000_000,
+            vec![
+                attr("gen_ai.operation.name", json!("embeddings")),
+                attr("gen_ai.system", json!("openai")),
+            ],
+            vec![],
+        );
+        let text = format!(
+            "{}\n\n{}\n",
+            doc(&[indexed, other]),
+            doc(&[no_prompt, embeddings])
+        );
+        let (summary, exchanges) = run("lines", &text).expect("imports");
+        assert_eq!(
+            summary,
+            OtelSummary {
+                spans: 4,
+                imported: 1,
+                skipped_not_llm: 2,
+                skipped_no_prompt: 1,
+                missing_model: 1,
+                missing_usage: 1,
+                missing_ttft: 1,
+            }
+        );
+        let b = body(&exchanges[0]);
+        assert_eq!(
+            b["messages"],
+            json!([{"role": "user", "content": "first"}, {"role": "assistant", "content": "second"}])
+        );
+        assert!(b.get("model").is_none(), "no model invented: {b}");
+        assert!(exchanges[0]["source"].get("output_tokens").is_none());
+        assert_eq!(exchanges[0]["source"]["line"], 1);
+    }
+
+    #[test]
+    fn at_ms_is_relative_to_the_earliest_span_and_sorted() {
+        let mk = |start: u64, text: &str| {
+            span(
+                start,
+                vec![
+                    attr("gen_ai.operation.name", json!("chat")),
+                    attr("gen_ai.prompt.0.content", json!(text)),
+                ],
+                vec![],
+            )
+        };
+        let (_, exchanges) = run(
+            "order",
+            &doc(&[mk(3_250_000_000, "late"), mk(1_000_000_000, "early")]),
+        )
+        .expect("imports");
+        assert_eq!(exchanges[0]["at_ms"], 0.0);
+        assert_eq!(exchanges[1]["at_ms"], 2250.0);
+        assert_eq!(body(&exchanges[1])["messages"][0]["content"], "late");
+    }
+
+    #[test]
+    fn bad_input_names_file_line_and_field() {
+        let good = span(
+            1,
+            vec![
+                attr("gen_ai.operation.name", json!("chat")),
+                attr("gen_ai.prompt.0.content", json!("x")),
+            ],
+            vec![],
+        );
+        let mut bad = good.clone();
+        bad["startTimeUnixNano"] = json!("soon");
+        let text = format!("{}\n{}\n", doc(&[good.clone()]), doc(&[bad]));
+        let error = run("badtime", &text).expect_err("bad start").to_string();
+        assert!(
+            error.contains(
+                "badtime.json:2: resourceSpans[0].scopeSpans[0].spans[0].startTimeUnixNano:"
+            ),
+            "{error}"
+        );
+
+        let mut bad_json = good.clone();
+        bad_json["attributes"] = json!([
+            attr("gen_ai.operation.name", json!("chat")),
+            attr("gen_ai.input.messages", json!("[{oops"))
+        ]);
+        let pretty = serde_json::to_string_pretty(
+            &json!({"resourceSpans": [{"scopeSpans": [{"spans": [good, bad_json]}]}]}),
+        )
+        .expect("pretty");
+        // Spans are the objects at 12 spaces of indent in the pretty form.
+        let span_starts: Vec<usize> = pretty
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| *l == "            {")
+            .map(|(i, _)| i + 1)
+            .collect();
+        assert_eq!(span_starts.len(), 2, "{pretty}");
+        let line = span_starts[1];
+        let error = run("badmsg", &pretty)
+            .expect_err("bad messages")
+            .to_string();
+        assert!(
+            error.contains(&format!(
+                "badmsg.json:{line}: resourceSpans[0].scopeSpans[0].spans[1].attributes[gen_ai.input.messages]: not JSON"
+            )),
+            "{error}\n{pretty}"
+        );
+
+        let error = run("notjson", "{\n  \"resourceSpans\": [\n  oops\n")
+            .expect_err("not JSON")
+            .to_string();
+        assert!(
+            error.contains("notjson.json:3: (file): not an OTLP JSON document"),
+            "{error}"
+        );
+    }
+}
