@@ -14,6 +14,7 @@ mod hostile_peers;
 mod html_report;
 mod live_metrics;
 mod memory;
+mod otel_import;
 mod raw_server;
 mod real_traffic;
 mod timing;
