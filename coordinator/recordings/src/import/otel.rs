@@ -834,7 +834,7 @@ mod tests {
         );
         let mut bad = good.clone();
         bad["startTimeUnixNano"] = json!("soon");
-        let text = format!("{}\n{}\n", doc(&[good.clone()]), doc(&[bad]));
+        let text = format!("{}\n{}\n", doc(std::slice::from_ref(&good)), doc(&[bad]));
         let error = run("badtime", &text).expect_err("bad start").to_string();
         assert!(
             error.contains(
