@@ -16,6 +16,7 @@ mod live_metrics;
 mod memory;
 mod raw_server;
 mod real_traffic;
+mod significance;
 mod timing;
 mod transport;
 mod usage;
