@@ -49,6 +49,9 @@ pub struct Distribution {
     values: Vec<f64>,
     /// `cumulative[i]` = number of samples ≤ `values[i]`; strictly increasing.
     cumulative: Vec<u64>,
+    /// Mean and standard deviation, computed once: every replicate of a mean needs them.
+    mean: f64,
+    std: f64,
 }
 
 impl Distribution {
@@ -67,7 +70,17 @@ impl Distribution {
             values.push(value);
             cumulative.push(total);
         }
-        (total > 0).then_some(Distribution { values, cumulative })
+        if total == 0 {
+            return None;
+        }
+        let mut distribution = Distribution {
+            values,
+            cumulative,
+            mean: 0.0,
+            std: 0.0,
+        };
+        (distribution.mean, distribution.std) = distribution.mean_and_std();
+        Some(distribution)
     }
 
     /// The recorded values of `metric`'s HDR histogram with their counts, in display units.
@@ -158,7 +171,7 @@ impl Distribution {
     fn statistic(&self, stat: Stat) -> f64 {
         match self.rank_of(stat) {
             Some(rank) => self.at_rank(rank),
-            None => self.mean_and_std().0,
+            None => self.mean,
         }
     }
 
@@ -174,10 +187,7 @@ impl Distribution {
                 let sum: f64 = (0..n).map(|_| self.quantile(rng.uniform())).sum();
                 sum / n as f64
             }
-            None => {
-                let (mean, std) = self.mean_and_std();
-                mean + std / (n as f64).sqrt() * rng.normal()
-            }
+            None => self.mean + self.std / (n as f64).sqrt() * rng.normal(),
         }
     }
 }
