@@ -17,6 +17,7 @@ mod memory;
 mod otel_import;
 mod raw_server;
 mod real_traffic;
+mod significance;
 mod timing;
 mod transport;
 mod usage;

@@ -23,8 +23,12 @@ pub(super) const OUTPUT_THROUGHPUT_LABEL: &str = "Output throughput, whole run (
 pub(super) const REQUEST_THROUGHPUT_LABEL: &str = "Request throughput, whole run (requests/s)";
 
 /// The legend under the comparison table.
-pub(super) const HIGHLIGHT_NOTE: &str =
-    "▲ worse: at least 10 % worse than the baseline (slower times, lower token rates)";
+pub(super) const HIGHLIGHT_NOTE: &str = "▲ worse: at least 10 % worse than the baseline \
+     (slower times, lower token rates) and significant (the 95 % bootstrap interval in brackets \
+     excludes 0); within noise: as large, but the interval includes 0";
+
+/// The marker of a change as large as a highlighted one whose interval includes 0.
+pub(super) const NOISE_MARKER: &str = "within noise";
 
 /// Statistics shown per metric in the baseline comparison.
 pub(super) const COMPARED_STATS: [Stat; 3] = [Stat::P50, Stat::P95, Stat::P99];
@@ -70,6 +74,16 @@ pub(super) fn signed_pct(value: Option<f64>) -> String {
     value.map_or_else(|| NO_VALUE.to_string(), |v| format!("{v:+.1} %"))
 }
 
+/// `+12.0 % [+3.1, +20.5]`: the change and its 95 % interval when known.
+pub(super) fn change_text(change: &Change) -> String {
+    match (change.ci_low_pct, change.ci_high_pct) {
+        (Some(low), Some(high)) => {
+            format!("{} [{low:+.1}, {high:+.1}]", signed_pct(change.change_pct))
+        }
+        _ => signed_pct(change.change_pct),
+    }
+}
+
 /// A goal value or threshold: integers without decimals, other numbers with 2.
 pub(super) fn goal_number(value: Option<f64>) -> String {
     match value {
@@ -100,7 +114,13 @@ impl ComparisonRow {
 
     /// The textual marker column.
     pub fn marker(&self) -> &'static str {
-        if self.highlight() { WORSE_MARKER } else { "" }
+        if self.highlight() {
+            WORSE_MARKER
+        } else if self.compared.is_some_and(|c| c.within_noise()) {
+            NOISE_MARKER
+        } else {
+            ""
+        }
     }
 }
 
@@ -139,7 +159,7 @@ pub(super) fn comparison_rows(report: &Report) -> Vec<ComparisonRow> {
                     || NO_VALUE.to_string(),
                     |s| metric_value(metric, stat.of(&s), false),
                 ),
-                change: compared.map_or_else(|| NO_VALUE.to_string(), |c| signed_pct(c.change_pct)),
+                change: compared.map_or_else(|| NO_VALUE.to_string(), |c| change_text(&c)),
                 compared,
             });
         }

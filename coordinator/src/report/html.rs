@@ -182,7 +182,13 @@ fn headline(out: &mut String, report: &Report) {
             Some(c) => format!(
                 "<div class=\"change\">{} vs baseline{}</div>",
                 format::signed_pct(c.change_pct),
-                if worse { " ▲ worse" } else { "" }
+                if worse {
+                    " ▲ worse"
+                } else if c.within_noise() {
+                    " (within noise)"
+                } else {
+                    ""
+                }
             ),
             None => String::new(),
         };

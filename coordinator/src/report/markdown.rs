@@ -224,6 +224,9 @@ fn headline(out: &mut String, report: &Report) {
 fn change_cell(change: Option<super::Change>) -> String {
     match change {
         Some(c) if c.highlight => format!("**{} ▲**", format::signed_pct(c.change_pct)),
+        Some(c) if c.within_noise() => {
+            format!("{} (within noise)", format::signed_pct(c.change_pct))
+        }
         Some(c) => format::signed_pct(c.change_pct),
         None => format::NO_VALUE.to_string(),
     }

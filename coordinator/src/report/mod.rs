@@ -17,6 +17,7 @@ mod format;
 mod html;
 mod junit;
 mod markdown;
+pub mod significance;
 mod svg;
 mod terminal;
 mod windows;
@@ -358,8 +359,19 @@ pub struct Change {
     /// Slower for times, lower for token rates; always false for token counts (ISL, OSL),
     /// which have no better direction.
     pub worse: bool,
-    /// `worse` and at least [`HIGHLIGHT_THRESHOLD_PCT`] percent away.
+    /// `worse`, at least [`HIGHLIGHT_THRESHOLD_PCT`] percent away, and not `significant:
+    /// false` (see [`significance`]).
     pub highlight: bool,
+    /// Low end of the 95 % bootstrap interval of `change_pct`; `null` when only summary
+    /// statistics exist on one side (throughputs, saved reports without a `cdf`).
+    #[serde(default)]
+    pub ci_low_pct: Option<f64>,
+    /// High end of that interval.
+    #[serde(default)]
+    pub ci_high_pct: Option<f64>,
+    /// The interval excludes 0; `null` when the interval is unknown.
+    #[serde(default)]
+    pub significant: Option<bool>,
 }
 
 /// One level of a concurrency sweep.
@@ -451,7 +463,12 @@ impl Report {
             }
             BaselineSection {
                 source: baseline.source,
-                changes: compute_changes(&baseline_llm, &llm),
+                changes: compute_changes_with(
+                    &baseline_llm,
+                    &llm,
+                    Samples::Metrics(baseline.metrics),
+                    Samples::Metrics(input.metrics),
+                ),
                 llm: baseline_llm,
                 requests: Some(RequestsSection::new(
                     &baseline.metrics.counters,
@@ -662,6 +679,60 @@ impl Change {
             change_pct,
             worse,
             highlight: worse && large,
+            ci_low_pct: None,
+            ci_high_pct: None,
+            significant: None,
+        }
+    }
+
+    /// Attach a confidence interval: a change known to be within noise is not highlighted.
+    fn with_interval(mut self, interval: Option<significance::Interval>) -> Change {
+        if let Some(interval) = interval {
+            let significant = interval.significant();
+            self.ci_low_pct = Some(interval.low_pct);
+            self.ci_high_pct = Some(interval.high_pct);
+            self.significant = Some(significant);
+            self.highlight &= significant;
+        }
+        self
+    }
+
+    /// At least [`HIGHLIGHT_THRESHOLD_PCT`] percent in the wrong direction, but the interval
+    /// includes 0: shown as "within noise" rather than highlighted.
+    pub fn within_noise(&self) -> bool {
+        let large = self
+            .change_pct
+            .is_none_or(|pct| pct.abs() >= HIGHLIGHT_THRESHOLD_PCT - HIGHLIGHT_EPSILON_PCT);
+        self.worse && large && self.significant == Some(false)
+    }
+}
+
+/// Where the samples of one side of a comparison come from.
+#[derive(Clone, Copy)]
+pub enum Samples<'a> {
+    /// Merged HDR histograms: every recorded value with its count.
+    Metrics(&'a RunMetrics),
+    /// A saved report: only the `cdf` (TTFT, ITL, latency) with each metric's count.
+    Section(&'a LlmSection),
+}
+
+impl Samples<'_> {
+    /// The distribution of `metric`, `None` when these samples do not hold it.
+    pub fn distribution(&self, metric: Metric) -> Option<significance::Distribution> {
+        match self {
+            Samples::Metrics(metrics) => {
+                significance::Distribution::from_histogram(metrics.histogram(metric), metric)
+            }
+            Samples::Section(section) => {
+                let cdf = section.cdf.as_ref()?;
+                let points = match metric {
+                    Metric::Ttft => &cdf.ttft_ms,
+                    Metric::Itl => &cdf.itl_ms,
+                    Metric::Latency => &cdf.latency_ms,
+                    _ => return None,
+                };
+                significance::Distribution::from_cdf(points, section.stats(metric)?.count)
+            }
         }
     }
 }
@@ -679,17 +750,40 @@ pub fn change_of(baseline: f64, replayed: f64, lower_is_better: bool) -> Change 
 
 /// Every comparable statistic both sides have, keyed `"<json key>.<stat>"`, plus the two
 /// throughputs keyed by their JSON key.
+/// Intervals come from each section's `cdf` where it has one (see [`compute_changes_with`]).
 pub fn compute_changes(baseline: &LlmSection, replayed: &LlmSection) -> BTreeMap<String, Change> {
+    compute_changes_with(
+        baseline,
+        replayed,
+        Samples::Section(baseline),
+        Samples::Section(replayed),
+    )
+}
+
+/// [`compute_changes`] with each change's confidence interval computed from the two sides'
+/// samples (see [`significance`]); `null` intervals where a side has no distribution.
+pub fn compute_changes_with(
+    baseline: &LlmSection,
+    replayed: &LlmSection,
+    baseline_samples: Samples<'_>,
+    replayed_samples: Samples<'_>,
+) -> BTreeMap<String, Change> {
     let mut changes = BTreeMap::new();
     for metric in COMPARED_METRICS {
         let (Some(b), Some(r)) = (baseline.stats(metric), replayed.stats(metric)) else {
             continue;
         };
         let direction = metric_direction(metric);
+        let distributions = baseline_samples
+            .distribution(metric)
+            .zip(replayed_samples.distribution(metric));
         for stat in Stat::ALL {
+            let interval = distributions
+                .as_ref()
+                .and_then(|(b, r)| significance::change_interval(b, r, stat));
             changes.insert(
                 change_key(metric, stat),
-                Change::new(stat.of(&b), stat.of(&r), direction),
+                Change::new(stat.of(&b), stat.of(&r), direction).with_interval(interval),
             );
         }
     }

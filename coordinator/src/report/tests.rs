@@ -495,8 +495,12 @@ fn changes_follow_the_highlight_rule_on_every_stat() {
 fn sample_report_highlights_slower_first_tokens() {
     let report = sample_report();
     let changes = &report.baseline.as_ref().expect("baseline").changes;
+    // Eight recorded exchanges against eleven replayed: +23 % on TTFT p50 is within noise.
     let ttft = changes["ttft_ms.p50"];
-    assert!(ttft.worse && ttft.highlight, "{ttft:?}");
+    assert!(
+        ttft.worse && !ttft.highlight && ttft.within_noise(),
+        "{ttft:?}"
+    );
     let itl = changes["itl_ms.p50"];
     assert!(itl.worse && itl.highlight, "25 ms vs 22 ms: {itl:?}");
     let rate = changes["tokens_per_second_per_user.p50"];
@@ -517,8 +521,8 @@ fn terminal_color_marks_highlighted_rows_and_goals() {
     let colored = render_terminal(&sample_report(), true);
     let highlighted = colored
         .lines()
-        .find(|l| l.contains("Time to first token") && l.contains("p50") && l.contains("▲ worse"))
-        .expect("highlighted TTFT row");
+        .find(|l| l.contains("Inter-token latency") && l.contains("p50") && l.contains("▲ worse"))
+        .expect("highlighted ITL row");
     assert!(highlighted.contains("\x1b[31m") && highlighted.ends_with("\x1b[0m"));
     let failed_goal = colored
         .lines()
@@ -987,4 +991,139 @@ fn transport_failures_show_their_causes_and_resends_their_count() {
     let back = Report::from_json(&report.to_json_pretty()).expect("reads back");
     assert_eq!(back.requests, report.requests);
     assert!(back.run.insecure);
+}
+
+/// Metrics whose TTFT, ITL and latency (µs) are `values`, each plus `shift_us`.
+fn spread(values: impl IntoIterator<Item = u64>, scale_pct: u64) -> RunMetrics {
+    let mut m = RunMetrics::new();
+    for v in values {
+        let v = v * scale_pct / 100;
+        m.record_value(Metric::Ttft, v);
+        m.record_value(Metric::Itl, v / 10);
+        m.record_value(Metric::Latency, v * 4);
+    }
+    m
+}
+
+/// 25 values from 20 ms to 260 ms in a fixed shuffled order (a wide, noisy distribution).
+fn noisy(n: u64, seed: u64) -> Vec<u64> {
+    (0..n)
+        .map(|i| 20_000 + ((i * 7_919 + seed * 104_729) % n) * 240_000 / n)
+        .collect()
+}
+
+fn changes_from_metrics(baseline: &RunMetrics, replayed: &RunMetrics) -> BTreeMap<String, Change> {
+    compute_changes_with(
+        &LlmSection::from_metrics(baseline),
+        &LlmSection::from_metrics(replayed),
+        Samples::Metrics(baseline),
+        Samples::Metrics(replayed),
+    )
+}
+
+#[test]
+fn same_distribution_is_never_significant() {
+    let baseline = spread(noisy(200, 1), 100);
+    let replayed = spread(noisy(200, 2), 100);
+    let changes = changes_from_metrics(&baseline, &replayed);
+    for metric in [Metric::Ttft, Metric::Itl, Metric::Latency] {
+        for stat in Stat::ALL {
+            let change = changes[&change_key(metric, stat)];
+            let (low, high) = (
+                change.ci_low_pct.expect("low"),
+                change.ci_high_pct.expect("high"),
+            );
+            assert!(low <= 0.0 && 0.0 <= high, "{metric:?} {stat:?}: {change:?}");
+            assert_eq!(change.significant, Some(false), "{metric:?} {stat:?}");
+            assert!(!change.highlight);
+        }
+    }
+}
+
+#[test]
+fn doubled_distribution_is_significant_and_its_interval_holds_plus_100() {
+    let baseline = spread(noisy(25, 1), 100);
+    let replayed = spread(noisy(25, 3), 200);
+    let changes = changes_from_metrics(&baseline, &replayed);
+    for stat in [Stat::Avg, Stat::P50, Stat::P90, Stat::P95] {
+        let change = changes[&change_key(Metric::Ttft, stat)];
+        let (low, high) = (
+            change.ci_low_pct.expect("low"),
+            change.ci_high_pct.expect("high"),
+        );
+        assert_eq!(change.significant, Some(true), "{stat:?}: {change:?}");
+        assert!(change.highlight, "{stat:?}");
+        assert!(low < 100.0 && 100.0 < high, "{stat:?}: [{low}, {high}]");
+    }
+}
+
+#[test]
+fn a_large_change_within_noise_is_not_highlighted() {
+    // 25 samples spread over 20–260 ms: a p95 12 % higher is within the bootstrap's noise.
+    let baseline = spread(noisy(25, 1), 100);
+    let replayed = spread(noisy(25, 1), 112);
+    let change = changes_from_metrics(&baseline, &replayed)[&change_key(Metric::Ttft, Stat::P95)];
+    assert!(
+        change.worse && change.change_pct.expect("pct") >= 10.0,
+        "{change:?}"
+    );
+    assert_eq!(change.significant, Some(false), "{change:?}");
+    assert!(!change.highlight && change.within_noise(), "{change:?}");
+}
+
+#[test]
+fn intervals_are_deterministic_and_unknown_without_distributions() {
+    let baseline = spread(noisy(300, 1), 100);
+    let replayed = spread(noisy(300, 4), 130);
+    let first = changes_from_metrics(&baseline, &replayed);
+    assert_eq!(first, changes_from_metrics(&baseline, &replayed));
+    // A saved report: intervals from the cdf for TTFT/ITL/latency, close to the histogram's.
+    let saved = compute_changes(
+        &LlmSection::from_metrics(&baseline),
+        &LlmSection::from_metrics(&replayed),
+    );
+    let key = change_key(Metric::Ttft, Stat::P50);
+    let (from_hist, from_cdf) = (first[&key], saved[&key]);
+    assert_eq!(from_cdf.significant, Some(true));
+    assert!((from_hist.ci_low_pct.expect("l") - from_cdf.ci_low_pct.expect("l")).abs() < 5.0);
+    // Without a cdf only summary statistics exist: the interval is unknown, not invented.
+    let without_cdf = LlmSection {
+        cdf: None,
+        ..LlmSection::from_metrics(&baseline)
+    };
+    let unknown = compute_changes(&without_cdf, &LlmSection::from_metrics(&replayed));
+    let change = unknown[&key];
+    assert_eq!(
+        (change.ci_low_pct, change.ci_high_pct, change.significant),
+        (None, None, None)
+    );
+    assert!(
+        change.highlight,
+        "an unknown interval keeps the 10 % rule: {change:?}"
+    );
+}
+
+#[test]
+fn distribution_quantiles_match_the_histogram() {
+    let metrics = spread(noisy(1_000, 5), 100);
+    let histogram = metrics.histogram(Metric::Ttft);
+    let distribution =
+        significance::Distribution::from_histogram(histogram, Metric::Ttft).expect("samples");
+    assert_eq!(distribution.count(), 1_000);
+    let stats = metrics.stats(Metric::Ttft).expect("stats");
+    for stat in [Stat::Max, Stat::P50, Stat::P90, Stat::P95, Stat::P99] {
+        assert_eq!(
+            significance::statistic(&distribution, stat),
+            stat.of(&stats),
+            "{stat:?}"
+        );
+    }
+    // HDR reports the minimum at the low end of its bucket, the quantiles at the high end.
+    for stat in [Stat::Min, Stat::Avg] {
+        let (ours, hdr) = (
+            significance::statistic(&distribution, stat),
+            stat.of(&stats),
+        );
+        assert!((ours - hdr).abs() / hdr < 1e-3, "{stat:?}: {ours} vs {hdr}");
+    }
 }
