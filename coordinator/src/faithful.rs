@@ -90,6 +90,16 @@ impl ThinkTimes {
 /// The output tokens the recording measured for `exchange` (usage when recorded, else
 /// content frames), when it recorded a successful answer with output.
 pub fn recorded_output_tokens(exchange: &Exchange) -> Option<u64> {
+    if exchange.response.is_none() {
+        // An importer without frames (OTel GenAI, Azure traces) keeps the source's usage in
+        // its `source` note: that is the recorded output length.
+        return exchange
+            .unknown
+            .get("source")
+            .and_then(|source| source.get("output_tokens"))
+            .and_then(serde_json::Value::as_u64)
+            .filter(|tokens| *tokens > 0);
+    }
     let outcome = measure_recorded(exchange)?;
     let tokens = outcome.output_tokens();
     (outcome.kind == OutcomeKind::Succeeded && tokens > 0).then_some(tokens)
@@ -294,6 +304,18 @@ pub fn apply_to_report(report: &mut Report, input: FaithfulInput<'_>) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_imported_exchange_without_a_response_pins_its_recorded_usage() {
+        let line = r#"{"at_ms":0,"request":{"method":"POST","path":"/v1/chat/completions","body":"{}"},"source":{"format":"otel-genai","output_tokens":37}}"#;
+        let exchange: Exchange = serde_json::from_str(line).expect("a recording line");
+        assert_eq!(recorded_output_tokens(&exchange), Some(37));
+        let without: Exchange = serde_json::from_str(
+            r#"{"at_ms":0,"request":{"method":"POST","path":"/v1/chat/completions","body":"{}"}}"#,
+        )
+        .expect("a recording line");
+        assert_eq!(recorded_output_tokens(&without), None);
+    }
+
     use super::*;
 
     #[test]

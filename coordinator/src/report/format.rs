@@ -109,7 +109,7 @@ pub(super) struct ComparisonRow {
 impl ComparisonRow {
     /// True when the row is highlighted (≥ 10 % worse).
     pub fn highlight(&self) -> bool {
-        self.compared.is_some_and(|c| c.highlight)
+        self.compared.is_some_and(|c| c.flagged())
     }
 
     /// The textual marker column.

@@ -177,7 +177,7 @@ fn headline(out: &mut String, report: &Report) {
     ];
     let _ = writeln!(out, "<div class=\"cards\" id=\"headline\">");
     for (label, value, change) in cards {
-        let worse = change.is_some_and(|c| c.highlight);
+        let worse = change.is_some_and(|c| c.flagged());
         let change_text = match change {
             Some(c) => format!(
                 "<div class=\"change\">{} vs baseline{}</div>",

@@ -223,7 +223,7 @@ fn headline(out: &mut String, report: &Report) {
 /// `**+12.0 % ▲**` for a highlighted change, `+3.1 %` otherwise, `-` when not compared.
 fn change_cell(change: Option<super::Change>) -> String {
     match change {
-        Some(c) if c.highlight => format!("**{} ▲**", format::signed_pct(c.change_pct)),
+        Some(c) if c.flagged() => format!("**{} ▲**", format::signed_pct(c.change_pct)),
         Some(c) if c.within_noise() => {
             format!("{} (within noise)", format::signed_pct(c.change_pct))
         }

@@ -359,8 +359,8 @@ pub struct Change {
     /// Slower for times, lower for token rates; always false for token counts (ISL, OSL),
     /// which have no better direction.
     pub worse: bool,
-    /// `worse`, at least [`HIGHLIGHT_THRESHOLD_PCT`] percent away, and not `significant:
-    /// false` (see [`significance`]).
+    /// `worse` and at least [`HIGHLIGHT_THRESHOLD_PCT`] percent away (the contract's rule).
+    /// The renderers' ▲ also needs the change not to be within noise: [`Change::flagged`].
     pub highlight: bool,
     /// Low end of the 95 % bootstrap interval of `change_pct`; `null` when only summary
     /// statistics exist on one side (throughputs, saved reports without a `cdf`).
@@ -685,20 +685,25 @@ impl Change {
         }
     }
 
-    /// Attach a confidence interval: a change known to be within noise is not highlighted.
+    /// Attach a confidence interval (a change known to be within noise is not flagged).
     fn with_interval(mut self, interval: Option<significance::Interval>) -> Change {
         if let Some(interval) = interval {
             let significant = interval.significant();
             self.ci_low_pct = Some(interval.low_pct);
             self.ci_high_pct = Some(interval.high_pct);
             self.significant = Some(significant);
-            self.highlight &= significant;
         }
         self
     }
 
+    /// A regression the renderers mark ▲: `highlight` (≥ 10 % worse) and not within noise
+    /// (significant, or no interval known: throughputs, saved reports without a `cdf`).
+    pub fn flagged(&self) -> bool {
+        self.highlight && self.significant != Some(false)
+    }
+
     /// At least [`HIGHLIGHT_THRESHOLD_PCT`] percent in the wrong direction, but the interval
-    /// includes 0: shown as "within noise" rather than highlighted.
+    /// includes 0: shown as "within noise" rather than ▲.
     pub fn within_noise(&self) -> bool {
         let large = self
             .change_pct
