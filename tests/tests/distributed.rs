@@ -34,6 +34,11 @@ fn four_workers_merge_like_one() {
                 &mock.url,
                 "--concurrency",
                 "32",
+                // The first wave opens 32 new connections at once (1.6 % of the samples, in
+                // the TTFT p95's tail); it is measured apart, as in the timing tests, so the
+                // comparison is of the merge, not of connection setup.
+                "--warmup",
+                "32",
                 "--workers",
                 workers,
             ],
@@ -45,8 +50,9 @@ fn four_workers_merge_like_one() {
             out.stdout, out.stderr
         );
         let report = out.report.expect("report JSON");
-        assert_eq!(num(&report, &["requests", "total"]), 2000.0);
-        assert_eq!(num(&report, &["requests", "succeeded"]), 2000.0);
+        // Warm-up requests are counted apart from the measured ones.
+        assert_eq!(num(&report, &["requests", "total"]), 1968.0);
+        assert_eq!(num(&report, &["requests", "succeeded"]), 1968.0);
         let workers_listed = report["run"]["workers"].as_array().expect("workers").len();
         assert_eq!(workers_listed.to_string(), workers);
         let assigned: f64 = report["run"]["workers"]
