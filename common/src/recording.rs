@@ -514,11 +514,14 @@ impl RecordingReader {
         Ok(())
     }
 
-    /// The next exchange with its 1-based line number; `None` at the end.
-    pub fn next_exchange(&mut self) -> Option<Result<(u64, Exchange), RecordingError>> {
+    /// Read the next non-empty line into `buf`: `Ok(Some((start, end, has_newline)))` with the
+    /// trimmed line at `buf[start..end]`, `Ok(None)` at the end (or at a torn last line that
+    /// is not UTF-8). Shared by every way of reading, so the line limit and the torn-last-line
+    /// policy are the same for all.
+    fn read_line(&mut self) -> Result<Option<(usize, usize, bool)>, RecordingError> {
         loop {
             if self.done {
-                return None;
+                return Ok(None);
             }
             self.buf.clear();
             self.line_no += 1;
@@ -528,48 +531,247 @@ impl RecordingReader {
             match read {
                 Ok(0) => {
                     self.done = true;
-                    return None;
+                    return Ok(None);
                 }
                 Ok(_) => {}
                 Err(source) => {
                     self.done = true;
-                    return Some(Err(RecordingError::Io {
+                    return Err(RecordingError::Io {
                         path: self.path.clone(),
                         line: self.line_no,
                         source,
-                    }));
+                    });
                 }
             }
             if self.buf.len() > MAX_LINE_BYTES {
                 self.done = true;
-                return Some(Err(
-                    self.invalid("(line)", format!("line over {MAX_LINE_BYTES} bytes"))
-                ));
+                return Err(self.invalid("(line)", format!("line over {MAX_LINE_BYTES} bytes")));
             }
             let has_newline = self.buf.ends_with(b"\n");
             let line = match std::str::from_utf8(&self.buf) {
-                Ok(line) => line.trim(),
+                Ok(line) => line,
                 Err(_) if !has_newline => {
                     self.done = true;
                     self.torn_last_line = Some(self.line_no);
-                    return None;
+                    return Ok(None);
                 }
-                Err(e) => return Some(Err(self.invalid("(line)", format!("not UTF-8: {e}")))),
+                Err(e) => return Err(self.invalid("(line)", format!("not UTF-8: {e}"))),
             };
-            if line.is_empty() {
+            let trimmed = line.trim();
+            if trimmed.is_empty() {
                 continue;
             }
-            return match self.parse_line(line) {
-                Ok(exchange) => Some(Ok((self.line_no, exchange))),
-                Err(_) if !has_newline => {
-                    self.done = true;
-                    self.torn_last_line = Some(self.line_no);
-                    None
-                }
-                Err(e) => Some(Err(e)),
-            };
+            let start = trimmed.as_ptr() as usize - line.as_ptr() as usize;
+            return Ok(Some((start, start + trimmed.len(), has_newline)));
         }
     }
+
+    /// The next exchange with its 1-based line number; `None` at the end.
+    pub fn next_exchange(&mut self) -> Option<Result<(u64, Exchange), RecordingError>> {
+        let (start, end, has_newline) = match self.read_line() {
+            Ok(Some(found)) => found,
+            Ok(None) => return None,
+            Err(e) => return Some(Err(e)),
+        };
+        let line = std::str::from_utf8(&self.buf[start..end]).expect("checked by read_line");
+        match self.parse_line(line) {
+            Ok(exchange) => Some(Ok((self.line_no, exchange))),
+            Err(_) if !has_newline => {
+                self.done = true;
+                self.torn_last_line = Some(self.line_no);
+                None
+            }
+            Err(e) => Some(Err(e)),
+        }
+    }
+
+    /// The next line split into its top-level fields, values left unparsed
+    /// ([`RawExchange`]), with its 1-based line number; `None` at the end. For readers that
+    /// need a few fields of every line (which worker replays it) and the rest of only some
+    /// lines: nothing is decoded until asked for. The line's values are not validated here
+    /// (the scan that precedes a replay validates every line with [`Self::next_exchange`]);
+    /// a line that is not a JSON object is an error naming it, a torn last line is skipped
+    /// as everywhere else.
+    pub fn next_raw(&mut self) -> Option<Result<RawExchange<'_>, RecordingError>> {
+        let (start, end, has_newline) = match self.read_line() {
+            Ok(Some(found)) => found,
+            Ok(None) => return None,
+            Err(e) => return Some(Err(e)),
+        };
+        let line_no = self.line_no;
+        // Disjoint fields: the line stays borrowed from `buf` while `done` and
+        // `torn_last_line` change.
+        let text = std::str::from_utf8(&self.buf[start..end]).expect("checked by read_line");
+        match RawFields::parse(text) {
+            Ok(fields) => Some(Ok(RawExchange {
+                path: &self.path,
+                line: line_no,
+                fields: fields.0,
+            })),
+            Err(_) if !has_newline => {
+                self.done = true;
+                self.torn_last_line = Some(line_no);
+                None
+            }
+            Err(e) => Some(Err(self.invalid("(line)", e.to_string()))),
+        }
+    }
+}
+
+/// One top-level field of a recording line: its name and its value's JSON text.
+type RawField<'a> = (Cow<'a, str>, &'a serde_json::value::RawValue);
+
+/// A line's top-level fields in file order (a JSON object read as a sequence of pairs).
+struct RawFields<'a>(Vec<RawField<'a>>);
+
+impl<'a> RawFields<'a> {
+    fn parse(line: &'a str) -> Result<RawFields<'a>, serde_json::Error> {
+        struct Pairs;
+        impl<'de> serde::de::Visitor<'de> for Pairs {
+            type Value = Vec<RawField<'de>>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<M: serde::de::MapAccess<'de>>(
+                self,
+                mut map: M,
+            ) -> Result<Self::Value, M::Error> {
+                let mut pairs = Vec::with_capacity(8);
+                while let Some(pair) =
+                    map.next_entry::<Cow<'de, str>, &'de serde_json::value::RawValue>()?
+                {
+                    pairs.push(pair);
+                }
+                Ok(pairs)
+            }
+        }
+        let mut de = serde_json::Deserializer::from_str(line);
+        let pairs = serde::Deserializer::deserialize_map(&mut de, Pairs)?;
+        de.end()?;
+        Ok(RawFields(pairs))
+    }
+}
+
+/// One recording line split into its top-level fields, each value kept as the JSON text it
+/// was written as ([`RecordingReader::next_raw`]). A few fields are decoded on request;
+/// [`RawExchange::to_json_without_response`] writes the line back without its response
+/// and with the fields a later pass over the recording changes, without decoding the rest.
+pub struct RawExchange<'a> {
+    path: &'a Path,
+    line: u64,
+    fields: Vec<RawField<'a>>,
+}
+
+impl<'a> RawExchange<'a> {
+    /// The 1-based line number.
+    pub fn line(&self) -> u64 {
+        self.line
+    }
+
+    fn raw(&self, name: &str) -> Option<&'a serde_json::value::RawValue> {
+        self.fields
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| *value)
+    }
+
+    fn field<T: Deserialize<'a>>(&self, name: &str) -> Result<Option<T>, RecordingError> {
+        match self.raw(name) {
+            None => Ok(None),
+            Some(raw) => {
+                serde_json::from_str::<Option<T>>(raw.get()).map_err(|e| RecordingError::Invalid {
+                    path: self.path.to_path_buf(),
+                    line: self.line,
+                    field: name.to_owned(),
+                    message: e.to_string(),
+                })
+            }
+        }
+    }
+
+    /// The `session` field.
+    pub fn session(&self) -> Result<Option<Cow<'a, str>>, RecordingError> {
+        self.field::<Cow<'a, str>>("session")
+    }
+
+    /// The `at_ms` field.
+    pub fn at_ms(&self) -> Result<Option<f64>, RecordingError> {
+        self.field::<f64>("at_ms")
+    }
+
+    /// Decode the whole line (for the lines a reader needs whole), validated as
+    /// [`RecordingReader::next_exchange`] would.
+    pub fn parse(&self) -> Result<Exchange, RecordingError> {
+        let mut text = String::from("{");
+        for (i, (key, value)) in self.fields.iter().enumerate() {
+            if i > 0 {
+                text.push(',');
+            }
+            push_json_string(&mut text, key);
+            text.push(':');
+            text.push_str(value.get());
+        }
+        text.push('}');
+        let reader = RecordingReader {
+            path: self.path.to_path_buf(),
+            input: Box::new(std::io::empty()),
+            line_no: self.line,
+            buf: Vec::new(),
+            done: true,
+            torn_last_line: None,
+        };
+        reader.parse_line(&text)
+    }
+
+    /// The line as JSON without its `response`, with `session` and `at_ms` replaced when
+    /// given (a later pass renames sessions and shifts arrivals). Every other field is
+    /// copied as written.
+    pub fn to_json_without_response(&self, session: Option<&str>, at_ms: Option<f64>) -> Vec<u8> {
+        let mut out = String::with_capacity(
+            self.fields
+                .iter()
+                .map(|(key, value)| key.len() + value.get().len() + 4)
+                .sum::<usize>()
+                + 2,
+        );
+        out.push('{');
+        let mut first = true;
+        let mut field = |out: &mut String, key: &str, value: &str| {
+            if !first {
+                out.push(',');
+            }
+            first = false;
+            push_json_string(out, key);
+            out.push(':');
+            out.push_str(value);
+        };
+        for (key, value) in &self.fields {
+            match key.as_ref() {
+                "response" => {}
+                "session" if session.is_some() => {}
+                "at_ms" if at_ms.is_some() => {}
+                name => field(&mut out, name, value.get()),
+            }
+        }
+        if let Some(session) = session {
+            let mut quoted = String::new();
+            push_json_string(&mut quoted, session);
+            field(&mut out, "session", &quoted);
+        }
+        if let Some(at) = at_ms {
+            let number = serde_json::Number::from_f64(at)
+                .map(|n| n.to_string())
+                .unwrap_or_else(|| "null".to_owned());
+            field(&mut out, "at_ms", &number);
+        }
+        out.push('}');
+        out.into_bytes()
+    }
+}
+
+/// Append `text` as a JSON string literal.
+fn push_json_string(out: &mut String, text: &str) {
+    out.push_str(&serde_json::to_string(text).expect("a string always serializes"));
 }
 
 impl Iterator for RecordingReader {
@@ -780,6 +982,57 @@ mod tests {
         let back: Exchange = serde_json::from_str(&again).expect("round trip");
         assert_eq!(back, ex);
         assert!(r.next().is_none());
+    }
+
+    #[test]
+    fn raw_lines_give_the_same_exchange_and_drop_the_response_verbatim() {
+        let line = r#"{"id":"7f3a","session":"conv-\"12\"","at_ms":1834.25,"x":{"y":[1,2]},"request":{"method":"POST","path":"/v1/chat/completions","body":"{\"a\":1}"},"response":{"status":200,"frames":[{"t_ms":301.5,"data":"data: {}\n\n"}]}}"#;
+        let whole = reader(&format!("{line}\n"))
+            .next()
+            .expect("line")
+            .expect("valid")
+            .1;
+        let mut r = reader(&format!("\n{line}\n"));
+        let raw = r.next_raw().expect("one line").expect("an object");
+        assert_eq!(raw.line(), 2);
+        assert_eq!(
+            raw.session().expect("a string").as_deref(),
+            Some("conv-\"12\"")
+        );
+        assert_eq!(raw.at_ms().expect("a number"), Some(1834.25));
+        assert_eq!(raw.parse().expect("valid"), whole);
+        let mut expected = whole.clone();
+        expected.response = None;
+        let kept: Exchange =
+            serde_json::from_slice(&raw.to_json_without_response(None, None)).expect("json");
+        assert_eq!(kept, expected);
+        let moved: Exchange = serde_json::from_slice(
+            &raw.to_json_without_response(Some("conv-\"12\"#pass1"), Some(2834.25)),
+        )
+        .expect("json");
+        expected.session = Some("conv-\"12\"#pass1".to_owned());
+        expected.at_ms = Some(2834.25);
+        assert_eq!(moved, expected);
+        assert!(r.next_raw().is_none());
+    }
+
+    #[test]
+    fn raw_lines_skip_a_torn_last_line_and_name_a_bad_one() {
+        let good = r#"{"request":{"path":"/v1/completions"}}"#;
+        let mut r = reader(&format!("{good}\n{{\"request\":{{\"pa"));
+        assert!(r.next_raw().expect("line 1").is_ok());
+        assert!(r.next_raw().is_none(), "the torn line is skipped");
+        assert_eq!(r.torn_last_line(), Some(2));
+        let mut r = reader(&format!("[1]\n{good}\n"));
+        let err = r.next_raw().expect("line 1").err().expect("not an object");
+        assert!(
+            err.to_string().starts_with("rec.jsonl:1: (line): "),
+            "{err}"
+        );
+        let mut r = reader("{\"session\":3,\"request\":{\"path\":\"/\"}}\n");
+        let raw = r.next_raw().expect("line 1").expect("an object");
+        let err = raw.session().expect_err("not a string").to_string();
+        assert!(err.starts_with("rec.jsonl:1: session: "), "{err}");
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! Sessions stay whole on one worker (chosen by a stable hash of the session id); other
 //! exchanges are striped by index, so every worker's slice spans the whole schedule. The
 //! assignment depends only on the recording and the worker count: it is deterministic.
-//! Each feeder reads the recording itself, so slices stream and memory stays bounded. Feeders
+//! Each feeder reads the recording itself, so slices stream and memory stays bounded; it reads
+//! every line for its session and arrival only, and copies its own lines to the worker as
+//! written, without their responses (`RawExchange`): no line is decoded and re-encoded. Feeders
 //! never close a slice: the orchestrator sends the closing chunk once no exchange can be
 //! reassigned to that worker any more.
 //!
@@ -14,7 +16,7 @@
 
 use std::path::PathBuf;
 
-use common::recording::{Exchange, RecordingError, RecordingReader};
+use common::recording::{RawExchange, RecordingError, RecordingReader};
 
 use crate::faithful::{SliceFaithful, ThinkTimes, recorded_output_tokens};
 use tokio::sync::mpsc;
@@ -99,50 +101,104 @@ pub fn worker_for(sequence: u64, session: Option<&str>, workers: usize) -> usize
     }
 }
 
-/// Walk the run's exchanges in order: `(sequence, index in the recording, exchange, extras)`
-/// with the pass adjustments applied (later passes get shifted arrival times and renamed
-/// sessions), skipping the sessions a sample leaves out. `visit` returns false to stop.
+/// One exchange of the run as the walk meets it: the recording line with its fields left
+/// unparsed, and the session and arrival it has on this pass.
+struct Item<'r, 'a> {
+    raw: &'r RawExchange<'a>,
+    index: u64,
+    pass: u64,
+    /// The session on this pass (`conv-1#pass2` on the third).
+    session: Option<String>,
+    /// The arrival on this pass (shifted by whole passes).
+    at_ms: Option<f64>,
+}
+
+impl Item<'_, '_> {
+    /// What faithful replay sends with the exchange. Only here is a line decoded whole (its
+    /// response holds the recorded output length and the turn's end), and only when the run
+    /// asks for either; `think` must see every turn of a session in order.
+    fn extras(&self, plan: &SlicePlan, think: &mut ThinkTimes) -> Result<Extras, RecordingError> {
+        let faithful = &plan.faithful;
+        if !faithful.pin && !faithful.think {
+            return Ok(Extras::default());
+        }
+        let exchange = self.raw.parse()?;
+        Ok(Extras {
+            pin_output_tokens: if faithful.pin {
+                recorded_output_tokens(&exchange)
+            } else {
+                None
+            },
+            think_ms: if faithful.think {
+                think.next(&exchange)
+            } else {
+                None
+            },
+        })
+    }
+
+    /// The exchange as its worker gets it: the recorded line without its response, copied
+    /// field by field as written (no decode and re-encode), with this pass's session and
+    /// arrival.
+    fn slice_exchange(&self, extras: Extras) -> SliceExchange {
+        let json = if self.pass == 0 {
+            self.raw.to_json_without_response(None, None)
+        } else {
+            self.raw
+                .to_json_without_response(self.session.as_deref(), self.at_ms)
+        };
+        SliceExchange {
+            index: self.index,
+            json,
+            pin_output_tokens: extras.pin_output_tokens,
+            think_ms: extras.think_ms,
+        }
+    }
+}
+
+/// Walk the run's exchanges in order: `(sequence, item)` with the pass adjustments applied
+/// (later passes get shifted arrival times and renamed sessions), skipping the sessions a
+/// sample leaves out. Each line is read for its session and arrival only; `visit` decides
+/// what more it needs of the lines it keeps, and returns false to stop.
 fn walk(
     plan: &SlicePlan,
-    visit: &mut dyn FnMut(u64, u64, Exchange, Extras) -> bool,
+    visit: &mut dyn FnMut(u64, &Item<'_, '_>) -> Result<bool, RecordingError>,
 ) -> Result<(), RecordingError> {
     let mut sequence = 0u64;
     let mut pass = 0u64;
-    let mut think = ThinkTimes::default();
     loop {
-        think.clear();
-        for (index, item) in RecordingReader::open(&plan.recording)?.enumerate() {
-            let index = index as u64;
-            // A torn last line is skipped by the reader (the scan reported it).
-            let (_, mut exchange) = item?;
+        let mut reader = RecordingReader::open(&plan.recording)?;
+        let mut index = 0u64;
+        // A torn last line is skipped by the reader (the scan reported it).
+        while let Some(raw) = reader.next_raw() {
+            let raw = raw?;
+            let this_index = index;
+            index += 1;
             if plan.requests.is_some_and(|n| sequence >= n) {
                 return Ok(());
             }
+            let session = raw.session()?;
             if let Some(sample) = &plan.faithful.sample
-                && !sample.keeps(exchange.session.as_deref(), index)
+                && !sample.keeps(session.as_deref(), this_index)
             {
                 continue;
             }
-            let extras = Extras {
-                pin_output_tokens: if plan.faithful.pin {
-                    recorded_output_tokens(&exchange)
-                } else {
-                    None
-                },
-                think_ms: if plan.faithful.think {
-                    think.next(&exchange)
-                } else {
-                    None
-                },
+            let (session, at_ms) = if pass == 0 {
+                (session.map(|s| s.into_owned()), None)
+            } else {
+                (
+                    session.map(|s| format!("{s}#pass{pass}")),
+                    raw.at_ms()?.map(|at| at + pass as f64 * plan.pass_span_ms),
+                )
             };
-            exchange.response = None;
-            if pass > 0 {
-                exchange.session = exchange.session.map(|s| format!("{s}#pass{pass}"));
-                exchange.at_ms = exchange
-                    .at_ms
-                    .map(|at| at + pass as f64 * plan.pass_span_ms);
-            }
-            if !visit(sequence, index, exchange, extras) {
+            let item = Item {
+                raw: &raw,
+                index: this_index,
+                pass,
+                session,
+                at_ms,
+            };
+            if !visit(sequence, &item)? {
                 return Ok(());
             }
             sequence += 1;
@@ -168,14 +224,8 @@ impl Chunker {
     }
 
     /// Add one exchange; returns false when the destination is gone.
-    fn push(&mut self, tx: &SliceSender, index: u64, exchange: &Exchange, extras: Extras) -> bool {
-        let json = serde_json::to_vec(exchange).expect("an exchange always serializes");
-        self.chunk.push(SliceExchange {
-            index,
-            json,
-            pin_output_tokens: extras.pin_output_tokens,
-            think_ms: extras.think_ms,
-        });
+    fn push(&mut self, tx: &SliceSender, exchange: SliceExchange) -> bool {
+        self.chunk.push(exchange);
         if self.chunk.len() == CHUNK_EXCHANGES {
             return self.flush(tx);
         }
@@ -201,16 +251,24 @@ pub fn feed_slice(plan: &SlicePlan, worker: usize, tx: SliceSender) -> Result<u6
     let mut sent = 0u64;
     let mut chunker = Chunker::new();
     let mut gone = false;
-    walk(plan, &mut |sequence, index, exchange, extras| {
-        if worker_for(sequence, exchange.session.as_deref(), plan.workers) != worker {
-            return true;
+    let mut think = ThinkTimes::default();
+    let mut pass = 0;
+    walk(plan, &mut |sequence, item| {
+        if item.pass != pass {
+            // A new pass renames every session: no turn follows one of the last pass.
+            pass = item.pass;
+            think.clear();
         }
+        if worker_for(sequence, item.session.as_deref(), plan.workers) != worker {
+            return Ok(true);
+        }
+        let exchange = item.slice_exchange(item.extras(plan, &mut think)?);
         sent += 1;
-        if !chunker.push(&tx, index, &exchange, extras) {
+        if !chunker.push(&tx, exchange) {
             gone = true;
-            return false;
+            return Ok(false);
         }
-        true
+        Ok(true)
     })?;
     if !gone {
         chunker.flush(&tx);
@@ -234,26 +292,34 @@ pub fn feed_reassigned(
     let mut chunkers: Vec<Chunker> = survivors.iter().map(|_| Chunker::new()).collect();
     let mut position = 0u64;
     let mut next = 0usize;
-    walk(plan, &mut |sequence, index, exchange, extras| {
-        if worker_for(sequence, exchange.session.as_deref(), plan.workers) != dead {
-            return true;
+    let mut think = ThinkTimes::default();
+    let mut pass = 0;
+    walk(plan, &mut |sequence, item| {
+        if item.pass != pass {
+            pass = item.pass;
+            think.clear();
+        }
+        if worker_for(sequence, item.session.as_deref(), plan.workers) != dead {
+            return Ok(true);
         }
         let mine = position;
         position += 1;
+        // The turns already handed out still count for the think time of the next one.
+        let extras = item.extras(plan, &mut think)?;
         if mine < from {
-            return true;
+            return Ok(true);
         }
-        let target = match exchange.session.as_deref() {
+        let target = match item.session.as_deref() {
             Some(session) => (stable_hash(session) % survivors.len() as u64) as usize,
             None => {
                 next = (next + 1) % survivors.len();
                 next
             }
         };
-        if chunkers[target].push(&survivors[target], index, &exchange, extras) {
+        if chunkers[target].push(&survivors[target], item.slice_exchange(extras)) {
             counts[target] += 1;
         }
-        true
+        Ok(true)
     })?;
     for (chunker, tx) in chunkers.iter_mut().zip(survivors) {
         chunker.flush(tx);
@@ -264,6 +330,104 @@ pub fn feed_reassigned(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use common::recording::Exchange;
+
+    fn recording(name: &str, lines: &[&str]) -> PathBuf {
+        let path = std::env::temp_dir().join(format!(
+            "llm-replay-shard-{}-{name}.jsonl",
+            std::process::id()
+        ));
+        std::fs::write(&path, lines.join("\n") + "\n").expect("write the recording");
+        path
+    }
+
+    fn drain(rx: &mut mpsc::Receiver<SliceChunk>) -> Vec<SliceExchange> {
+        let mut out = Vec::new();
+        while let Ok(chunk) = rx.try_recv() {
+            out.extend(chunk.exchanges);
+        }
+        out
+    }
+
+    #[test]
+    fn slices_carry_each_line_without_its_response_and_passes_rename_sessions() {
+        let lines = [
+            r#"{"session":"a","at_ms":0,"request":{"path":"/v1/chat/completions","body":"{\"x\":1}"},"response":{"status":200,"frames":[{"t_ms":100,"data":"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n"},{"t_ms":150,"data":"data: [DONE]\n\n"}]}}"#,
+            r#"{"at_ms":10,"extra":{"kept":true},"request":{"path":"/v1/completions"}}"#,
+            r#"{"session":"a","at_ms":400,"request":{"path":"/v1/chat/completions"}}"#,
+        ];
+        let path = recording("passes", &lines);
+        let plan = SlicePlan {
+            recording: path.clone(),
+            workers: 1,
+            exchanges: 3,
+            requests: Some(5),
+            open_ended: false,
+            pass_span_ms: 1000.0,
+            faithful: SliceFaithful {
+                pin: false,
+                think: true,
+                sample: None,
+            },
+        };
+        let (tx, mut rx) = mpsc::channel(16);
+        assert_eq!(feed_slice(&plan, 0, tx).expect("feeds"), 5);
+        let slice = drain(&mut rx);
+        let parsed: Vec<Exchange> = slice
+            .iter()
+            .map(|e| serde_json::from_slice(&e.json).expect("exchange JSON"))
+            .collect();
+        assert!(parsed.iter().all(|e| e.response.is_none()));
+        assert_eq!(
+            slice.iter().map(|e| e.index).collect::<Vec<_>>(),
+            [0, 1, 2, 0, 1]
+        );
+        assert_eq!(
+            parsed[1].unknown.get("extra"),
+            Some(&serde_json::json!({"kept": true}))
+        );
+        assert_eq!(parsed[3].session.as_deref(), Some("a#pass1"));
+        assert_eq!(parsed[3].at_ms, Some(1000.0));
+        assert_eq!(parsed[4].session, None);
+        assert_eq!(parsed[4].at_ms, Some(1010.0));
+        // The second turn of "a" follows the first's end (0 + 150 ms) by 250 ms; the new pass
+        // starts its sessions afresh.
+        assert_eq!(
+            slice.iter().map(|e| e.think_ms).collect::<Vec<_>>(),
+            [None, None, Some(250.0), None, None]
+        );
+        let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn a_dead_workers_rest_goes_to_survivors_with_its_think_times() {
+        let lines = [
+            r#"{"session":"s","at_ms":0,"request":{"path":"/v1/completions"},"response":{"status":200,"frames":[{"t_ms":50,"data":"data: [DONE]\n\n"}]}}"#,
+            r#"{"session":"s","at_ms":80,"request":{"path":"/v1/completions"}}"#,
+        ];
+        let path = recording("reassign", &lines);
+        let plan = SlicePlan {
+            recording: path.clone(),
+            workers: 2,
+            exchanges: 2,
+            requests: None,
+            open_ended: false,
+            pass_span_ms: 0.0,
+            faithful: SliceFaithful {
+                pin: false,
+                think: true,
+                sample: None,
+            },
+        };
+        let dead = worker_for(0, Some("s"), 2);
+        let (tx, mut rx) = mpsc::channel(16);
+        let counts = feed_reassigned(&plan, dead, 1, &[tx]).expect("feeds");
+        assert_eq!(counts, [1]);
+        let slice = drain(&mut rx);
+        assert_eq!(slice.len(), 1);
+        assert_eq!((slice[0].index, slice[0].think_ms), (1, Some(30.0)));
+        let _ = std::fs::remove_file(path);
+    }
 
     #[test]
     fn sessions_stay_whole_and_stripes_cover_every_worker() {
