@@ -124,6 +124,6 @@ fn recorded_schedule_with_5ms_gaps_keeps_sub_millisecond_lag() {
     eprintln!("recorded schedule, 5 ms gaps: schedule lag p50 {p50:.3} ms, p99 {p99:.3} ms");
     assert!(p50 <= 0.2, "schedule lag p50 {p50} ms");
     // The p99 goal (≤ 1 ms) is not asserted yet: on the shared 2-core machine p99
-    // read 3.9 ms while other builds ran; see ARCHITECTURE.md's engine entry.
+    // read 3.9 ms at a load average of 7 (other builds running); measured again when idle.
     let _ = p99;
 }
