@@ -32,6 +32,11 @@ pub enum Metric {
     Osl,
     /// Schedule lag: actual send time − intended send time.
     ScheduleLag,
+    /// Connection setup of each new connection to the target: name resolution and TCP
+    /// connect (k6's `http_req_connecting`), before any TLS.
+    Connect,
+    /// TLS handshake of each new https connection (k6's `http_req_tls_handshaking`).
+    TlsHandshake,
 }
 
 /// How a metric's stored integer maps to its display unit.
@@ -57,7 +62,8 @@ impl Unit {
 }
 
 impl Metric {
-    /// Every metric, in report order.
+    /// Every per-request metric, in report order: the wire order of a report's histograms
+    /// and the set goals name. The connection metrics are apart ([`Metric::CONNECTION`]).
     pub const ALL: [Metric; 8] = [
         Metric::Ttft,
         Metric::Ttst,
@@ -68,6 +74,10 @@ impl Metric {
         Metric::Osl,
         Metric::ScheduleLag,
     ];
+
+    /// The per-connection metrics, in their wire order: one sample per connection opened,
+    /// not per request, so they stay out of [`Metric::ALL`].
+    pub const CONNECTION: [Metric; 2] = [Metric::Connect, Metric::TlsHandshake];
 
     /// The report-JSON key (`ttft_ms`, ...).
     pub fn json_key(self) -> &'static str {
@@ -80,6 +90,8 @@ impl Metric {
             Metric::Isl => "isl_tokens",
             Metric::Osl => "osl_tokens",
             Metric::ScheduleLag => "schedule_lag_ms",
+            Metric::Connect => "connect_ms",
+            Metric::TlsHandshake => "tls_handshake_ms",
         }
     }
 
@@ -94,6 +106,8 @@ impl Metric {
             Metric::Isl => "isl",
             Metric::Osl => "osl",
             Metric::ScheduleLag => "schedule-lag",
+            Metric::Connect => "connect",
+            Metric::TlsHandshake => "tls-handshake",
         }
     }
 
@@ -108,15 +122,21 @@ impl Metric {
             Metric::Isl => "Input sequence length (tokens)",
             Metric::Osl => "Output sequence length (tokens)",
             Metric::ScheduleLag => "Schedule lag (ms)",
+            Metric::Connect => "Connection setup (ms)",
+            Metric::TlsHandshake => "TLS handshake (ms)",
         }
     }
 
     /// The unit of stored values.
     pub fn unit(self) -> Unit {
         match self {
-            Metric::Ttft | Metric::Ttst | Metric::Itl | Metric::Latency | Metric::ScheduleLag => {
-                Unit::Milliseconds
-            }
+            Metric::Ttft
+            | Metric::Ttst
+            | Metric::Itl
+            | Metric::Latency
+            | Metric::ScheduleLag
+            | Metric::Connect
+            | Metric::TlsHandshake => Unit::Milliseconds,
             Metric::Isl | Metric::Osl => Unit::Tokens,
             Metric::TokensPerSecondPerUser => Unit::TokensPerSecond,
         }
@@ -127,11 +147,13 @@ impl Metric {
         matches!(self, Metric::TokensPerSecondPerUser)
     }
 
+    /// Position in [`RunMetrics`]'s histograms: [`Metric::ALL`], then [`Metric::CONNECTION`].
     fn index(self) -> usize {
         Metric::ALL
             .iter()
+            .chain(&Metric::CONNECTION)
             .position(|m| *m == self)
-            .expect("every metric is in ALL")
+            .expect("every metric is in ALL or CONNECTION")
     }
 }
 
@@ -433,6 +455,7 @@ impl RunMetrics {
     pub fn new() -> Self {
         let histograms = Metric::ALL
             .iter()
+            .chain(&Metric::CONNECTION)
             .map(|_| Histogram::new(SIGNIFICANT_DIGITS).expect("3 significant digits is valid"))
             .collect();
         RunMetrics {
@@ -451,6 +474,15 @@ impl RunMetrics {
     pub fn record_value(&mut self, metric: Metric, value: u64) {
         // Auto-resizing histograms cannot fail to record.
         let _ = self.histograms[metric.index()].record(value);
+    }
+
+    /// Record one new connection to the target: its setup (resolution and TCP connect) and,
+    /// on https, its TLS handshake, in microseconds.
+    pub fn record_connection(&mut self, connect_us: u64, tls_handshake_us: Option<u64>) {
+        self.record_value(Metric::Connect, connect_us);
+        if let Some(tls) = tls_handshake_us {
+            self.record_value(Metric::TlsHandshake, tls);
+        }
     }
 
     /// Record the outcome of one measured request, following the rules of the metric
@@ -635,12 +667,23 @@ impl RunMetrics {
             .then(|| 100.0 * c.cached_input_tokens as f64 / c.cache_reported_input_tokens as f64)
     }
 
-    /// Serialize every histogram as HDR V2+DEFLATE, in [`Metric::ALL`] order.
+    /// Serialize the per-request histograms as HDR V2+DEFLATE, in [`Metric::ALL`] order.
     pub fn encode_histograms(&self) -> Vec<Vec<u8>> {
+        self.encode(&Metric::ALL)
+    }
+
+    /// Serialize the connection histograms as HDR V2+DEFLATE, in [`Metric::CONNECTION`]
+    /// order.
+    pub fn encode_connection_histograms(&self) -> Vec<Vec<u8>> {
+        self.encode(&Metric::CONNECTION)
+    }
+
+    fn encode(&self, metrics: &[Metric]) -> Vec<Vec<u8>> {
         let mut serializer = V2DeflateSerializer::new();
-        self.histograms
+        metrics
             .iter()
-            .map(|h| {
+            .map(|m| {
+                let h = self.histogram(*m);
                 let mut out = Vec::new();
                 serializer
                     .serialize(h, &mut out)
@@ -650,12 +693,30 @@ impl RunMetrics {
             .collect()
     }
 
-    /// Rebuild metrics from [`RunMetrics::encode_histograms`] output plus counters and window.
+    /// Rebuild metrics from [`RunMetrics::encode_histograms`] output plus counters and window
+    /// (no connection histograms: see [`RunMetrics::decode_with_connections`]).
     pub fn decode(
         encoded: &[Vec<u8>],
         counters: Counters,
         window: Option<Window>,
     ) -> Result<RunMetrics, MetricsDecodeError> {
+        RunMetrics::decode_with_connections(encoded, &[], counters, window)
+    }
+
+    /// [`RunMetrics::decode`], plus [`RunMetrics::encode_connection_histograms`] output;
+    /// `connections` may be empty (a peer that does not send them: no connection samples).
+    pub fn decode_with_connections(
+        encoded: &[Vec<u8>],
+        connections: &[Vec<u8>],
+        counters: Counters,
+        window: Option<Window>,
+    ) -> Result<RunMetrics, MetricsDecodeError> {
+        if !connections.is_empty() && connections.len() != Metric::CONNECTION.len() {
+            return Err(MetricsDecodeError::HistogramCount {
+                expected: Metric::CONNECTION.len(),
+                got: connections.len(),
+            });
+        }
         if encoded.len() != Metric::ALL.len() {
             return Err(MetricsDecodeError::HistogramCount {
                 expected: Metric::ALL.len(),
@@ -673,6 +734,22 @@ impl RunMetrics {
                         metric: metric.json_key(),
                         source,
                     })?;
+            h.auto(true);
+            histograms.push(h);
+        }
+        for (i, metric) in Metric::CONNECTION.into_iter().enumerate() {
+            let mut h: Histogram<u64> = match connections.get(i) {
+                Some(bytes) => {
+                    let inner = validated_v2(bytes, metric.json_key())?;
+                    deserializer
+                        .deserialize(&mut inner.as_slice())
+                        .map_err(|source| MetricsDecodeError::Histogram {
+                            metric: metric.json_key(),
+                            source,
+                        })?
+                }
+                None => Histogram::new(SIGNIFICANT_DIGITS).expect("3 significant digits is valid"),
+            };
             h.auto(true);
             histograms.push(h);
         }

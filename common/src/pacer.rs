@@ -134,6 +134,39 @@ impl Pacer {
     }
 }
 
+impl Pacer {
+    /// Wait until `at` with the pacer's resolution (tens of microseconds, not tokio's
+    /// millisecond). Returns `false` when the pacer stopped before `at`; the caller then
+    /// decides (the worker's scheduler falls back to tokio's timer).
+    pub fn sleep_until(&self, at: Instant) -> SleepUntil<'_> {
+        SleepUntil { pacer: self, at }
+    }
+}
+
+/// The future of [`Pacer::sleep_until`]. Each poll before the deadline registers the current
+/// waker once more (a spurious wake-up costs a heap entry, not a missed deadline).
+pub struct SleepUntil<'a> {
+    pacer: &'a Pacer,
+    at: Instant,
+}
+
+impl std::future::Future for SleepUntil<'_> {
+    type Output = bool;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<bool> {
+        if Instant::now() >= self.at {
+            return std::task::Poll::Ready(true);
+        }
+        if !self.pacer.wake_at(self.at, cx.waker().clone()) {
+            return std::task::Poll::Ready(false);
+        }
+        std::task::Poll::Pending
+    }
+}
+
 fn run(shared: &Shared) {
     let mut ready: Vec<Waker> = Vec::with_capacity(256);
     let mut state = shared.lock();

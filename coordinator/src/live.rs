@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use crate::supervisor::Progress;
 
 /// The histograms served, with their Prometheus names and help. Times are in seconds.
-const HISTOGRAMS: [(Metric, &str, &str); 6] = [
+const HISTOGRAMS: [(Metric, &str, &str); 7] = [
     (
         Metric::Ttft,
         "llm_replay_ttft_seconds",
@@ -44,6 +44,11 @@ const HISTOGRAMS: [(Metric, &str, &str); 6] = [
         Metric::ScheduleLag,
         "llm_replay_schedule_lag_seconds",
         "Actual minus intended send time on a recorded schedule or a rate.",
+    ),
+    (
+        Metric::Connect,
+        "llm_replay_connect_seconds",
+        "Setup (resolution and TCP connect) of each connection opened to the target.",
     ),
     (
         Metric::Osl,

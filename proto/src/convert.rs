@@ -33,6 +33,7 @@ pub fn report_from_metrics(
         seq,
         r#final: is_final,
         histograms: metrics.encode_histograms(),
+        connection_histograms: metrics.encode_connection_histograms(),
         counters: Some(v1::Counters {
             succeeded: c.succeeded,
             ended_early: c.ended_early,
@@ -213,7 +214,12 @@ pub fn metrics_from_report(
         start_unix_us: report.window_start_unix_us,
         end_unix_us: report.window_end_unix_us,
     });
-    let metrics = RunMetrics::decode(&report.histograms, counters, window)?;
+    let metrics = RunMetrics::decode_with_connections(
+        &report.histograms,
+        &report.connection_histograms,
+        counters,
+        window,
+    )?;
     let totals = SliceTotals {
         issued: c.issued,
         not_started: c.not_started,

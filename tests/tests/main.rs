@@ -3,6 +3,7 @@
 
 mod capture;
 mod capture_limits;
+mod connections;
 mod containers;
 mod distributed;
 mod example;

@@ -119,6 +119,19 @@ fn https_target_with_private_ca_over_http1_and_http2() {
             versions.iter().all(|v| v == expected_version),
             "expected {expected_version}: {versions:?}"
         );
+        // Connection setup and the TLS handshake are timed apart, once per connection
+        // opened: one HTTP/2 connection carries both streams; HTTP/1.1 needs one per slot.
+        let connections = if http1_only { 2.0 } else { 1.0 };
+        for key in ["connect_ms", "tls_handshake_ms"] {
+            assert_eq!(
+                num(&report, &["llm", key, "count"]),
+                connections,
+                "{key} ({expected_version}): {:#}",
+                report["llm"]
+            );
+        }
+        let handshake = num(&report, &["llm", "tls_handshake_ms", "p50"]);
+        assert!(handshake > 0.0, "TLS handshake {handshake} ms");
     }
 }
 

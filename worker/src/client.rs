@@ -8,8 +8,10 @@
 //! then fails before any response byte. Such a request never reached the model, so it is
 //! sent once more on a connection of its own, and counted as resent.
 
+use std::any::Any;
 use std::error::Error as StdError;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::measure::{TlsProblem, TransportCause};
@@ -17,6 +19,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 
 use crate::config::TransportConfig;
+use crate::metrics_actor::MetricsHandle;
 
 /// Why the HTTP client could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -42,12 +45,20 @@ pub enum ClientError {
 }
 
 /// The clients of one run: a pooled one for every request, and one that never reuses a
-/// connection, for resends.
+/// connection, for resends. Both time every connection they open ([`Metric::Connect`],
+/// [`Metric::TlsHandshake`]); the pooled one also uses the connections
+/// [`TargetClient::preconnect`] opened before the run.
+///
+/// [`Metric::Connect`]: common::metrics::Metric::Connect
+/// [`Metric::TlsHandshake`]: common::metrics::Metric::TlsHandshake
 #[derive(Clone)]
 pub struct TargetClient {
     pooled: reqwest::Client,
     fresh: reqwest::Client,
     signer: Option<crate::sigv4::SigV4Signer>,
+    connections: Arc<ConnectShared>,
+    /// Cleartext HTTP/2 with prior knowledge: one connection carries every stream.
+    h2c: bool,
 }
 
 /// Why sending failed before a response head arrived.
@@ -63,7 +74,9 @@ pub enum SendFailure {
 pub struct Sent {
     /// Just before the first attempt was written (for schedule lag).
     pub first_t0: Instant,
-    /// Just before the (last) attempt was written: the request's t0.
+    /// Just before the (last) attempt was written: the request's t0. When the attempt had
+    /// to open a connection, the instant that connection was ready: connection setup is
+    /// measured apart ([`Metric::Connect`](common::metrics::Metric::Connect)), not in TTFT.
     pub t0: Instant,
     /// `t0` in wall-clock time, microseconds since the Unix epoch.
     pub sent_unix_us: u64,
@@ -106,6 +119,10 @@ pub fn tls_config(transport: &TransportConfig) -> Result<rustls::ClientConfig, C
         builder.with_root_certificates(roots).with_no_client_auth()
     };
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    // rustls's own cache (the size of its default), which also stamps handshake starts.
+    config.resumption = rustls::client::Resumption::store(Arc::new(TimedSessionStore(Arc::new(
+        rustls::client::ClientSessionMemoryCache::new(256),
+    ))));
     Ok(config)
 }
 
@@ -113,8 +130,13 @@ impl TargetClient {
     /// Build the clients for `transport`.
     pub fn new(transport: &TransportConfig) -> Result<TargetClient, ClientError> {
         let tls = tls_config(transport)?;
+        let connections = Arc::new(ConnectShared::default());
         let build = |idle_per_host: usize| {
             let mut builder = reqwest::Client::builder()
+                .connector_layer(ConnectLayer {
+                    shared: Arc::clone(&connections),
+                    use_stash: idle_per_host > 0,
+                })
                 .tcp_nodelay(true)
                 .pool_max_idle_per_host(idle_per_host)
                 .pool_idle_timeout(Duration::from_secs(90))
@@ -129,7 +151,51 @@ impl TargetClient {
             pooled: build(4096)?,
             fresh: build(0)?,
             signer: transport.sigv4.clone(),
+            connections,
+            h2c: transport.h2c,
         })
+    }
+
+    /// Send the timing of every connection opened from now on to `metrics`.
+    pub fn attach_metrics(&self, metrics: MetricsHandle) {
+        *lock(&self.connections.sink) = Some(metrics);
+    }
+
+    /// Open up to `count` connections to `url`'s origin now and keep them for the requests
+    /// of the run, so that none of the first wave pays for connection setup inside its TTFT.
+    /// Nothing is written on them. One connection only when it speaks HTTP/2 (every stream
+    /// shares it). Each connection is given `patience`; returns how many are waiting.
+    pub async fn preconnect(&self, url: &str, count: usize, patience: Duration) -> usize {
+        use futures_util::StreamExt;
+        if count == 0 {
+            return self.spare_connections();
+        }
+        let open_one = || {
+            // The layer keeps the connection and fails the request before anything is
+            // written: hyper sees a connect error, the target sees a connection.
+            PRECONNECTING.scope((), async move {
+                let _ = tokio::time::timeout(patience, self.pooled.head(url).send()).await;
+            })
+        };
+        open_one().await;
+        if self.spare_connections() == 0
+            || self.h2c
+            || self.connections.negotiated_h2.load(Ordering::Relaxed)
+        {
+            return self.spare_connections();
+        }
+        // Not all at once: a listener's accept backlog is finite.
+        futures_util::stream::iter(1..count)
+            .map(|_| open_one())
+            .buffer_unordered(64)
+            .for_each(|()| async {})
+            .await;
+        self.spare_connections()
+    }
+
+    /// Pre-opened connections not yet taken by a request.
+    pub fn spare_connections(&self) -> usize {
+        lock(&self.connections.stash).len()
     }
 
     /// Start a request (headers and body are added by the caller).
@@ -212,12 +278,243 @@ impl TargetClient {
             tracing::warn!(%error, "SigV4 signing failed");
             return Err(AttemptError::Unsigned);
         }
+        let connected = Arc::new(Mutex::new(None));
         sent.sent_unix_us = unix_micros(SystemTime::now());
         sent.t0 = Instant::now();
-        tokio::select! {
-            response = client.execute(request) => response.map_err(AttemptError::Http),
+        let result = tokio::select! {
+            response = REQUEST_CONNECTED.scope(Arc::clone(&connected), client.execute(request)) => {
+                response.map_err(AttemptError::Http)
+            }
             _ = tokio::time::sleep_until(sent.deadline) => Err(AttemptError::Timeout),
+        };
+        // The request was written once its new connection was ready: t0 moves there.
+        // (Should a pooled connection free up first, hyper takes it and finishes the new one
+        // in the background; this request then only moves by the part of the connect that
+        // ran before its response came, which is the rare case of a race.)
+        let ready = *lock(&connected);
+        if let Some(ready) = ready
+            && ready > sent.t0
+        {
+            let waited = ready - sent.t0;
+            sent.t0 = ready;
+            sent.sent_unix_us += waited.as_micros() as u64;
         }
+        result
+    }
+}
+
+/// The connection side of the client: every new connection is timed (name resolution and
+/// TCP connect, then the TLS handshake), and connections opened before the run wait in a
+/// stash until a request needs a new one.
+///
+/// reqwest opens connections inside its pool and names neither the connection type nor
+/// the connector's request, so this is a tower layer around its connector, generic over
+/// both. The TLS handshake starts when rustls builds the ClientHello, which asks the
+/// session store for a key-exchange hint: [`TimedSessionStore`] stamps that instant into
+/// the connect future's task-local.
+#[derive(Clone)]
+struct ConnectLayer {
+    shared: Arc<ConnectShared>,
+    /// Only the pooled client takes pre-opened connections; the fresh one (resends) never.
+    use_stash: bool,
+}
+
+/// What the connector layers of one client share.
+#[derive(Default)]
+struct ConnectShared {
+    /// Pre-opened connections (reqwest's private connection type, boxed as `Any`).
+    stash: Mutex<Vec<Box<dyn Any + Send>>>,
+    /// Where each connection's timing goes (the run's metrics actor).
+    sink: Mutex<Option<MetricsHandle>>,
+    /// The last pre-opened connection negotiated HTTP/2: one connection carries every stream.
+    negotiated_h2: AtomicBool,
+}
+
+tokio::task_local! {
+    /// Set while [`TargetClient::preconnect`] opens a connection: the layer keeps it.
+    static PRECONNECTING: ();
+    /// Set while a request is sent: the instant its connection became ready, when the
+    /// request had to wait for a new one (t0 then moves to it: the request is written after).
+    static REQUEST_CONNECTED: Arc<Mutex<Option<Instant>>>;
+    /// Set while a connection is being opened: when its TLS handshake started.
+    static TLS_STARTED: Arc<Mutex<Option<Instant>>>;
+}
+
+/// The connector service of [`ConnectLayer`].
+#[derive(Clone)]
+struct ConnectService<S> {
+    inner: S,
+    shared: Arc<ConnectShared>,
+    use_stash: bool,
+}
+
+impl<S> tower_layer::Layer<S> for ConnectLayer {
+    type Service = ConnectService<S>;
+
+    fn layer(&self, inner: S) -> ConnectService<S> {
+        ConnectService {
+            inner,
+            shared: Arc::clone(&self.shared),
+            use_stash: self.use_stash,
+        }
+    }
+}
+
+type BoxError = Box<dyn StdError + Send + Sync>;
+
+/// Why a pre-opening "request" ends without being sent: its connection was kept instead.
+#[derive(Debug, thiserror::Error)]
+#[error("connection pre-opened for the run")]
+struct Preconnected;
+
+impl<S, R> tower_service::Service<R> for ConnectService<S>
+where
+    S: tower_service::Service<R, Error = BoxError> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Response:
+        hyper::rt::Read + hyper_util::client::legacy::connect::Connection + Unpin + Send + 'static,
+    R: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<S::Response, BoxError>> + Send + 'static>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: R) -> Self::Future {
+        let preconnecting = PRECONNECTING.try_with(|()| ()).is_ok();
+        let waiting_request = REQUEST_CONNECTED.try_with(Arc::clone).ok();
+        if self.use_stash && !preconnecting {
+            while let Some(mut conn) = self.shared.take_stashed::<S::Response>() {
+                if still_open(&mut conn) {
+                    if let Some(cell) = waiting_request {
+                        *lock(&cell) = Some(Instant::now());
+                    }
+                    return Box::pin(std::future::ready(Ok(conn)));
+                }
+            }
+        }
+        // The usual tower dance: call the clone that was made ready.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let shared = Arc::clone(&self.shared);
+        let tls_started = Arc::new(Mutex::new(None));
+        let started = Instant::now();
+        let connecting = TLS_STARTED.scope(Arc::clone(&tls_started), inner.call(request));
+        Box::pin(async move {
+            let conn = connecting.await?;
+            let ready = Instant::now();
+            let tls = *lock(&tls_started);
+            let connect_us = tls.unwrap_or(ready).saturating_duration_since(started);
+            let tls_us = tls.map(|t| ready.saturating_duration_since(t).as_micros() as u64);
+            let sink = lock(&shared.sink).clone();
+            if let Some(sink) = sink {
+                sink.record_connection(connect_us.as_micros() as u64, tls_us)
+                    .await;
+            }
+            if preconnecting {
+                let h2 = hyper_util::client::legacy::connect::Connection::connected(&conn)
+                    .is_negotiated_h2();
+                shared.negotiated_h2.store(h2, Ordering::Relaxed);
+                lock(&shared.stash).push(Box::new(conn));
+                return Err(Box::new(Preconnected) as BoxError);
+            }
+            if let Some(cell) = waiting_request {
+                *lock(&cell) = Some(Instant::now());
+            }
+            Ok(conn)
+        })
+    }
+}
+
+impl ConnectShared {
+    fn take_stashed<C: 'static>(&self) -> Option<C> {
+        let conn = lock(&self.stash).pop()?;
+        // The stash only ever holds this connector's connections.
+        conn.downcast::<C>().ok().map(|conn| *conn)
+    }
+}
+
+/// A pre-opened connection is still usable when a read would wait: the server closed it
+/// (idle timeout) when it reads the end, and nothing is expected before a request.
+fn still_open<C: hyper::rt::Read + Unpin>(conn: &mut C) -> bool {
+    let mut storage = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+    let mut buf = hyper::rt::ReadBuf::uninit(&mut storage);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    // Ready means the end (or bytes nobody asked for): either way, not a fresh connection.
+    std::pin::Pin::new(conn)
+        .poll_read(&mut cx, buf.unfilled())
+        .is_pending()
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Plain values: consistent even if a holder panicked.
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The session store of the target's TLS configuration: rustls's own in-memory cache,
+/// plus the instant each handshake starts (rustls asks for a key-exchange hint, or a
+/// session to resume, when it builds the ClientHello).
+#[derive(Debug)]
+struct TimedSessionStore(Arc<dyn rustls::client::ClientSessionStore>);
+
+fn handshake_starts() {
+    let _ = TLS_STARTED.try_with(|cell| {
+        lock(cell).get_or_insert_with(Instant::now);
+    });
+}
+
+impl rustls::client::ClientSessionStore for TimedSessionStore {
+    fn set_kx_hint(&self, server_name: ServerName<'static>, group: rustls::NamedGroup) {
+        self.0.set_kx_hint(server_name, group);
+    }
+
+    fn kx_hint(&self, server_name: &ServerName<'_>) -> Option<rustls::NamedGroup> {
+        handshake_starts();
+        self.0.kx_hint(server_name)
+    }
+
+    fn set_tls12_session(
+        &self,
+        server_name: ServerName<'static>,
+        value: rustls::client::Tls12ClientSessionValue,
+    ) {
+        self.0.set_tls12_session(server_name, value);
+    }
+
+    fn tls12_session(
+        &self,
+        server_name: &ServerName<'_>,
+    ) -> Option<rustls::client::Tls12ClientSessionValue> {
+        handshake_starts();
+        self.0.tls12_session(server_name)
+    }
+
+    fn remove_tls12_session(&self, server_name: &ServerName<'static>) {
+        self.0.remove_tls12_session(server_name);
+    }
+
+    fn insert_tls13_ticket(
+        &self,
+        server_name: ServerName<'static>,
+        value: rustls::client::Tls13ClientSessionValue,
+    ) {
+        self.0.insert_tls13_ticket(server_name, value);
+    }
+
+    fn take_tls13_ticket(
+        &self,
+        server_name: &ServerName<'static>,
+    ) -> Option<rustls::client::Tls13ClientSessionValue> {
+        handshake_starts();
+        self.0.take_tls13_ticket(server_name)
     }
 }
 

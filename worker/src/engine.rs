@@ -9,6 +9,12 @@
 //! (`--session-mode closed`) a turn goes out at the previous turn's replayed end plus its
 //! recorded think time: every turn of a session is handed to its task when the session starts,
 //! and the task waits for the previous turn's end.
+//!
+//! Nothing the client can do ahead sits between an intended send time and the write: the
+//! connections the first wave needs are opened before the start instant
+//! ([`connections_needed`], [`TargetClient::preconnect`]) and timed apart, each request is
+//! built when its item arrives ([`prepare`]), and send times come from the pacer thread
+//! ([`common::pacer`], sub-millisecond) rather than tokio's millisecond timer.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -21,6 +27,7 @@ use common::measure::{
     FailureKind, OutcomeKind, RequestOutcome, StreamMeter, estimate_input_tokens,
     measure_unstreamed,
 };
+use common::pacer::{Pacer, PacerThread};
 use rand::{Rng, SeedableRng};
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio::task::JoinSet;
@@ -28,7 +35,7 @@ use tokio::task::JoinSet;
 use crate::client::{SendFailure, TargetClient};
 use crate::config::{Arrival, ReplayConfig, Schedule, WorkItem};
 use crate::metrics_actor::{MetricsHandle, RecordMeta};
-use crate::request::{pinned_body, replay_headers};
+use crate::request::{PreparedRequest, prepare};
 
 /// The instant the run starts, in both clocks.
 #[derive(Debug, Clone, Copy)]
@@ -65,15 +72,54 @@ pub struct Progress {
     pub target_reached_unix_us: AtomicU64,
 }
 
-/// Wait for `start` precisely: tokio's timer has 1 ms granularity, so sleep until just before
-/// and finish with the OS's high-resolution sleep on a blocking thread (no spinning, which
-/// would steal the cores other workers on the same host need to start on time).
-async fn wait_for_start(start: Instant) {
-    let early = start.checked_sub(Duration::from_millis(3)).unwrap_or(start);
-    tokio::time::sleep_until(early.into()).await;
-    let remaining = start.saturating_duration_since(Instant::now());
-    if !remaining.is_zero() {
-        let _ = tokio::task::spawn_blocking(move || std::thread::sleep(remaining)).await;
+/// Wait until `at` precisely: the pacer thread sleeps on a futex with a nanosecond timeout
+/// (tokio's timer rounds up to the next millisecond) and wakes this task; no core spins,
+/// which would steal the cores other workers on the same host need to send on time. Should
+/// the pacer be gone, tokio's timer stands in.
+async fn pace_until(pacer: Option<&Pacer>, at: Instant) {
+    if let Some(pacer) = pacer
+        && pacer.sleep_until(at).await
+    {
+        return;
+    }
+    tokio::time::sleep_until(at.into()).await;
+}
+
+/// How far ahead of the start the first wave is counted on a schedule or a rate.
+const FIRST_WAVE: Duration = Duration::from_secs(1);
+
+/// At most this many connections are opened before the start when the number is an
+/// estimate (a schedule or a rate); a closed loop opens its concurrency, up to the pool's
+/// idle limit.
+pub const MAX_ESTIMATED_CONNECTIONS: usize = 256;
+
+/// Most connections opened before the start in any mode (the pool keeps 4,096 idle).
+pub const MAX_PRECONNECT: usize = 4096;
+
+/// How many connections to open before the start: a closed loop's concurrency; on a rate,
+/// the requests of the first second; on a recorded schedule, the exchanges (read so far)
+/// due in the first second of sending (`offsets_s`: their send offsets, seconds) — each
+/// bounded by a concurrency cap when there is one. The estimate assumes a first answer
+/// within a second; later connections open on demand and are still measured apart from
+/// TTFT.
+pub fn connections_needed(load: &crate::config::LoadModel, offsets_s: &[f64]) -> usize {
+    let estimate = match (load.schedule, load.rate, load.concurrency) {
+        (_, Some(rate), _) => (rate * FIRST_WAVE.as_secs_f64()).ceil().max(1.0) as usize,
+        (Schedule::Recorded { .. }, None, _) => {
+            let first = offsets_s.iter().copied().fold(f64::INFINITY, f64::min);
+            offsets_s
+                .iter()
+                .filter(|s| **s - first <= FIRST_WAVE.as_secs_f64())
+                .count()
+                .max(1)
+        }
+        (Schedule::Asap, None, Some(concurrency)) => return concurrency.clamp(1, MAX_PRECONNECT),
+        (Schedule::Asap, None, None) => 1,
+    };
+    let estimate = estimate.min(MAX_ESTIMATED_CONNECTIONS);
+    match load.concurrency {
+        Some(cap) => estimate.min(cap.max(1)),
+        None => estimate,
     }
 }
 
@@ -121,12 +167,20 @@ struct Feed {
     /// Closed sessions: each session's first recorded offset, so its later turns are handed
     /// out with it (their tasks then wait for the previous turn's end and the think time).
     session_starts: Option<HashMap<String, f64>>,
+    /// Builds each item's request as it arrives.
+    config: Arc<ReplayConfig>,
 }
 
 struct Pending {
     at_ms: f64,
     arrival: u64,
+    item: Arrived,
+}
+
+/// An item as the scheduler holds it: with its request already built.
+struct Arrived {
     item: WorkItem,
+    request: PreparedRequest,
 }
 
 impl PartialEq for Pending {
@@ -156,7 +210,7 @@ impl Ord for Pending {
 #[allow(clippy::large_enum_variant)]
 enum Next {
     /// An item and its intended send time.
-    Item(WorkItem, Option<Instant>),
+    Item(Arrived, Option<Instant>),
     /// The slice ended and every item was handed out.
     Done,
     /// The run was aborted while waiting.
@@ -164,7 +218,8 @@ enum Next {
 }
 
 impl Feed {
-    fn push(&mut self, item: WorkItem) {
+    fn push(&mut self, mut item: WorkItem) {
+        let request = prepare(&mut item, &self.config);
         // An item without an offset goes out at once, in file order among its kind.
         let mut at_ms = item.exchange.at_ms.unwrap_or(f64::NEG_INFINITY);
         if let (Some(starts), Some(session)) = (&mut self.session_starts, &item.exchange.session) {
@@ -186,7 +241,7 @@ impl Feed {
         self.pending.push(Reverse(Pending {
             at_ms,
             arrival: self.arrivals,
-            item,
+            item: Arrived { item, request },
         }));
     }
 
@@ -201,7 +256,7 @@ impl Feed {
         }
     }
 
-    fn pop(&mut self) -> Option<WorkItem> {
+    fn pop(&mut self) -> Option<Arrived> {
         let Reverse(pending) = self.pending.pop()?;
         if pending.at_ms.is_finite() {
             if pending.at_ms < self.latest_sent_ms {
@@ -218,6 +273,7 @@ impl Feed {
         &mut self,
         start: Instant,
         speed: f64,
+        pacer: Option<&Pacer>,
         abort: &mut watch::Receiver<bool>,
     ) -> Next {
         loop {
@@ -248,7 +304,7 @@ impl Feed {
             tokio::select! {
                 biased;
                 _ = abort.wait_for(|a| *a) => return Next::Aborted,
-                _ = tokio::time::sleep_until(when.into()) => {
+                _ = pace_until(pacer, when) => {
                     let item = self.pop().expect("the heap has a head");
                     return Next::Item(item, intended);
                 }
@@ -317,11 +373,56 @@ pub async fn replay(run: EngineRun) -> EngineTotals {
         latest_sent_ms: f64::NEG_INFINITY,
         sent_out_of_order: 0,
         session_starts: closed_sessions.then(HashMap::new),
+        config: Arc::clone(&config),
     };
+
+    // Connection timings go to the run's metrics; the first wave's connections open now,
+    // while the run waits for its start, so none of them is set up inside a measured TTFT.
+    client.attach_metrics(metrics.clone());
+    let connections = match recorded_speed {
+        Some(speed) => {
+            feed.fill();
+            let offsets = feed
+                .pending
+                .iter()
+                .map(|Reverse(p)| {
+                    // Items without an offset go out at once.
+                    if p.at_ms.is_finite() {
+                        p.at_ms / 1000.0 / speed
+                    } else {
+                        0.0
+                    }
+                })
+                .collect::<Vec<_>>();
+            connections_needed(load, &offsets)
+        }
+        None => connections_needed(load, &[]),
+    };
+    let preconnect = {
+        let client = client.clone();
+        let target = config.target.clone();
+        let patience = config.timeout;
+        tokio::spawn(async move {
+            let opened = client.preconnect(&target, connections, patience).await;
+            tracing::debug!(
+                wanted = connections,
+                opened,
+                "connections opened before the start"
+            );
+        })
+    };
+    // Send times (and the start) from the pacer thread; without it, tokio's timer.
+    let mut pacer_thread = PacerThread::start()
+        .inspect_err(
+            |error| tracing::warn!(%error, "no pacer thread: sends paced to the millisecond"),
+        )
+        .ok();
+    let pacer = pacer_thread.as_ref().map(PacerThread::pacer);
+    let pacer = pacer.as_ref();
 
     // Every worker starts at the coordinator's one instant, whatever the load model.
     tokio::select! {
-        _ = wait_for_start(start.instant) => {
+        _ = pace_until(pacer, start.instant) => {
             let now = unix_nanos(SystemTime::now());
             progress.started_unix_ns.store(now, Ordering::Relaxed);
             if permits.is_none() || recorded_speed.is_some() || load.rate.is_some() {
@@ -335,7 +436,10 @@ pub async fn replay(run: EngineRun) -> EngineTotals {
     'items: while !aborted {
         // The next item and when it should be sent.
         let (item, intended) = if let Some(speed) = recorded_speed {
-            match feed.next_recorded(start.instant, speed, &mut abort).await {
+            match feed
+                .next_recorded(start.instant, speed, pacer, &mut abort)
+                .await
+            {
                 Next::Item(item, intended) => (item, intended),
                 Next::Done => break 'items,
                 Next::Aborted => {
@@ -349,7 +453,9 @@ pub async fn replay(run: EngineRun) -> EngineTotals {
                 _ = abort.wait_for(|a| *a) => { aborted = true; break 'items; }
                 item = feed.items.recv() => item,
             };
-            let Some(item) = item else { break };
+            let Some(mut item) = item else { break };
+            let request = prepare(&mut item, &config);
+            let item = Arrived { item, request };
             let intended = load.rate.map(|rate| {
                 let at = start.instant + offset(next_rate_offset);
                 let gap = match load.arrival {
@@ -376,7 +482,7 @@ pub async fn replay(run: EngineRun) -> EngineTotals {
             tokio::select! {
                 biased;
                 _ = abort.wait_for(|a| *a) => { aborted = true; totals.not_started += 1; break 'items; }
-                _ = tokio::time::sleep_until(intended.into()) => {}
+                _ = pace_until(pacer, intended) => {}
             }
         }
         let permit = match &permits {
@@ -402,6 +508,7 @@ pub async fn replay(run: EngineRun) -> EngineTotals {
             break;
         }
 
+        let Arrived { item, request } = item;
         let previous_turn = match &item.exchange.session {
             Some(session) => {
                 let (done_tx, done_rx) = oneshot::channel::<Instant>();
@@ -420,6 +527,7 @@ pub async fn replay(run: EngineRun) -> EngineTotals {
         let config = config.clone();
         let client = client.clone();
         let metrics = metrics.clone();
+        let task_pacer = pacer.cloned();
         tasks.spawn(async move {
             let _permit = permit;
             let mut intended = intended;
@@ -431,7 +539,7 @@ pub async fn replay(run: EngineRun) -> EngineTotals {
                             // Closed loop: the user reads the answer, thinks, sends.
                             let at = ended + item.think.unwrap_or_default();
                             intended = Some(at);
-                            tokio::time::sleep_until(at.into()).await;
+                            pace_until(task_pacer.as_ref(), at).await;
                         } else {
                             intended = intended.map(|t| t.max(Instant::now()));
                         }
@@ -440,7 +548,7 @@ pub async fn replay(run: EngineRun) -> EngineTotals {
                 }
                 None => None,
             };
-            let (outcome, status) = send_one(&config, &client, &item, intended).await;
+            let (outcome, status) = send_one(&config, &client, &item, request, intended).await;
             if let Some(done) = done {
                 let _ = done.send(Instant::now());
             }
@@ -506,6 +614,10 @@ pub async fn replay(run: EngineRun) -> EngineTotals {
             totals.not_started += feed.drain_count();
         }
     }
+    preconnect.abort();
+    if let Some(thread) = &mut pacer_thread {
+        thread.stop();
+    }
     totals
 }
 
@@ -569,20 +681,20 @@ async fn send_one(
     config: &ReplayConfig,
     client: &TargetClient,
     item: &WorkItem,
+    prepared: PreparedRequest,
     intended: Option<Instant>,
 ) -> (RequestOutcome, Option<u16>) {
     let exchange = &item.exchange;
-    let method = reqwest::Method::from_bytes(exchange.request.method.as_bytes())
-        .unwrap_or(reqwest::Method::POST);
-    let url = crate::request::replay_url(&config.target, &exchange.request.path);
-    let pin = config
-        .faithful
-        .pin
-        .and_then(|mode| Some((item.pin_output_tokens?, mode)));
-    let body = bytes::Bytes::from(pinned_body(exchange, &config.sets, pin));
+    let PreparedRequest {
+        method,
+        url,
+        headers,
+        body,
+    } = prepared;
+    // A reference count, not a copy: the body is read again only after the response.
     let request = client
         .request(method, &url)
-        .headers(replay_headers(exchange, config, item.index))
+        .headers(headers)
         .body(body.clone());
 
     let sent = client.send(request, config.timeout).await;
@@ -737,5 +849,54 @@ async fn send_one(
                 return (finish(outcome), code);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::LoadModel;
+
+    fn load(schedule: Schedule, concurrency: Option<usize>, rate: Option<f64>) -> LoadModel {
+        LoadModel {
+            schedule,
+            concurrency,
+            rate,
+            arrival: Arrival::Constant,
+            duration: None,
+            warmup: 0,
+            seed: 0,
+        }
+    }
+
+    #[test]
+    fn the_first_wave_sets_how_many_connections_open_ahead() {
+        // A closed loop: one per slot.
+        assert_eq!(
+            connections_needed(&load(Schedule::Asap, Some(128), None), &[]),
+            128
+        );
+        // A rate: the first second's requests, under the cap when there is one.
+        assert_eq!(
+            connections_needed(&load(Schedule::Asap, None, Some(20.0)), &[]),
+            20
+        );
+        assert_eq!(
+            connections_needed(&load(Schedule::Asap, Some(8), Some(20.0)), &[]),
+            8
+        );
+        assert_eq!(
+            connections_needed(&load(Schedule::Asap, None, Some(1e6)), &[]),
+            MAX_ESTIMATED_CONNECTIONS
+        );
+        // A schedule: the exchanges due in the first second after the first one.
+        let recorded = Schedule::Recorded { speed: 1.0 };
+        let offsets = [5.0, 5.2, 5.9, 6.0, 6.5, 9.0];
+        assert_eq!(connections_needed(&load(recorded, None, None), &offsets), 4);
+        assert_eq!(
+            connections_needed(&load(recorded, Some(2), None), &offsets),
+            2
+        );
+        assert_eq!(connections_needed(&load(recorded, None, None), &[]), 1);
     }
 }

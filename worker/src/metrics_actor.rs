@@ -1,6 +1,7 @@
 //! The metrics actor: owns the worker's histograms and counters.
 //!
-//! Stream tasks send one message per finished request over a bounded channel (4,096); when it
+//! Stream tasks send one message per finished request, and the client one per new connection,
+//! over a bounded channel (4,096); when it
 //! is full they wait, which only happens if recording falls behind by thousands of requests —
 //! recording a sample is a few hundred nanoseconds. Snapshots are cloned out on request.
 //!
@@ -41,6 +42,11 @@ enum Message {
         status: Option<u16>,
         meta: Option<RecordMeta>,
         pinned: Option<u64>,
+    },
+    /// A new connection to the target: its setup and TLS handshake, µs.
+    Connection {
+        connect_us: u64,
+        tls_handshake_us: Option<u64>,
     },
     Snapshot {
         reply: oneshot::Sender<Snapshot>,
@@ -115,6 +121,12 @@ impl MetricsHandle {
                             });
                         }
                     }
+                    Message::Connection {
+                        connect_us,
+                        tls_handshake_us,
+                    } => snapshot
+                        .metrics
+                        .record_connection(connect_us, tls_handshake_us),
                     Message::Snapshot { reply } => {
                         let records = std::mem::take(&mut snapshot.records);
                         let _ = reply.send(Snapshot {
@@ -151,6 +163,18 @@ impl MetricsHandle {
                 status,
                 meta,
                 pinned,
+            })
+            .await;
+    }
+
+    /// Record one new connection to the target (pre-opened ones included: the run needed
+    /// them): its setup and, on https, its TLS handshake, µs.
+    pub async fn record_connection(&self, connect_us: u64, tls_handshake_us: Option<u64>) {
+        let _ = self
+            .tx
+            .send(Message::Connection {
+                connect_us,
+                tls_handshake_us,
             })
             .await;
     }

@@ -8,7 +8,55 @@ use common::recording::{
 use common::replay::EXCHANGE_HEADER;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::config::ReplayConfig;
+use crate::config::{ReplayConfig, WorkItem};
+
+/// A request ready to be sent, built when its slice item arrives so that nothing of it is
+/// computed between the intended send time and the write: method, URL, headers, and the
+/// body as shared [`bytes::Bytes`] (a resend shares it too; no copy per send).
+#[derive(Debug, Clone)]
+pub struct PreparedRequest {
+    pub method: reqwest::Method,
+    pub url: String,
+    pub headers: HeaderMap,
+    pub body: bytes::Bytes,
+}
+
+/// Build the request `item` will send under `config`, and take the recorded body out of
+/// the item (the prepared body replaces it, so a read-ahead item holds its body once).
+pub fn prepare(item: &mut WorkItem, config: &ReplayConfig) -> PreparedRequest {
+    let pin = config
+        .faithful
+        .pin
+        .and_then(|mode| Some((item.pin_output_tokens?, mode)));
+    let recorded = &item.exchange.request;
+    let method =
+        reqwest::Method::from_bytes(recorded.method.as_bytes()).unwrap_or(reqwest::Method::POST);
+    let url = replay_url(&config.target, &recorded.path);
+    let headers = replay_headers(&item.exchange, config, item.index);
+    let body = match (
+        &item.exchange.request.body,
+        config.sets.is_empty() && pin.is_none(),
+    ) {
+        // Sent as recorded: the recorded text becomes the body without a copy.
+        (Some(_), true) => bytes::Bytes::from(
+            item.exchange
+                .request
+                .body
+                .take()
+                .expect("matched Some")
+                .into_bytes(),
+        ),
+        _ => bytes::Bytes::from(pinned_body(&item.exchange, &config.sets, pin)),
+    };
+    item.exchange.request.body = None;
+    item.exchange.request.body_b64 = None;
+    PreparedRequest {
+        method,
+        url,
+        headers,
+        body,
+    }
+}
 
 /// Headers never copied from a recording: credentials, and those the HTTP client must set
 /// itself for the bytes it actually sends.

@@ -158,6 +158,22 @@ fn headline(out: &mut String, report: &Report) {
         }
         let _ = writeln!(out, "{row}");
     }
+    // Connection setup, measured apart from TTFT: shown when connections were timed.
+    for metric in Metric::CONNECTION {
+        let Some(stats) = report.llm.stats(metric) else {
+            continue;
+        };
+        let cell = |v: f64| format::metric_value(metric, v, false);
+        let tail = if has_baseline { " | |" } else { "" };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} |{tail}",
+            metric.label(),
+            cell(stats.p50),
+            cell(stats.p95),
+            cell(stats.p99)
+        );
+    }
     let rates = [
         (
             format::OUTPUT_THROUGHPUT_LABEL,

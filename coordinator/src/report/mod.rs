@@ -280,6 +280,15 @@ pub struct LlmSection {
     pub osl_tokens: Option<Stats>,
     /// Actual − intended send time, ms (scheduled and rate modes only).
     pub schedule_lag_ms: Option<Stats>,
+    /// Setup of each connection the workers opened to the target (name resolution and TCP
+    /// connect, as k6's `http_req_connecting`), ms; measured apart from TTFT. `null` when
+    /// none was timed (a baseline, an older worker).
+    #[serde(default)]
+    pub connect_ms: Option<Stats>,
+    /// TLS handshake of each https connection (k6's `http_req_tls_handshaking`), ms; `null`
+    /// on cleartext targets.
+    #[serde(default)]
+    pub tls_handshake_ms: Option<Stats>,
     /// Output tokens of succeeded requests per second of the measured window; `null` when
     /// nothing was measured.
     pub output_tokens_per_second: Option<f64>,
@@ -623,6 +632,8 @@ impl LlmSection {
             isl_tokens: metrics.stats(Metric::Isl),
             osl_tokens: metrics.stats(Metric::Osl),
             schedule_lag_ms: metrics.stats(Metric::ScheduleLag),
+            connect_ms: metrics.stats(Metric::Connect),
+            tls_handshake_ms: metrics.stats(Metric::TlsHandshake),
             output_tokens_per_second: measured.then(|| metrics.output_tokens_per_second()),
             requests_per_second: measured.then(|| metrics.requests_per_second()),
             estimated_token_share_pct: (token_sources > 0)
@@ -655,6 +666,8 @@ impl LlmSection {
             Metric::Isl => self.isl_tokens,
             Metric::Osl => self.osl_tokens,
             Metric::ScheduleLag => self.schedule_lag_ms,
+            Metric::Connect => self.connect_ms,
+            Metric::TlsHandshake => self.tls_handshake_ms,
         }
     }
 }

@@ -76,6 +76,14 @@ pub fn render_terminal(report: &Report, color: bool) -> String {
         ));
         metrics.row(cells, None);
     }
+    // Per connection, not per request: shown when connections were timed.
+    for metric in Metric::CONNECTION {
+        if let Some(stats) = report.llm.stats(metric) {
+            let mut cells = vec![metric.label().to_string()];
+            cells.extend(format::stat_cells(metric, Some(&stats)));
+            metrics.row(cells, None);
+        }
+    }
     out.push_str(&metrics.render(color));
 
     out.push('\n');
