@@ -1,16 +1,18 @@
 //! Everything llm-replay's processes share: the recording format, the wire formats of the four
 //! response families, per-stream measurement, the mergeable run metrics, the completion
-//! timeline of the steady-state window, and the pieces that more than one tool uses (the
+//! timeline of the steady-state window, the load model and a worker's assignment, and the pieces that more than one tool uses (the
 //! pacer, redaction, exit codes, replay defaults).
 //!
 //! This crate knows nothing of gRPC, HTTP clients or servers, or the terminal: it is pure data
 //! and parsing (plus the pacer's thread), so the worker, the coordinator, the mock, the proxy
 //! and the importers all measure with the same code.
 
+pub mod assignment;
 pub mod civil;
 pub mod duration;
 pub mod exit;
 pub mod formats;
+pub mod load;
 pub mod measure;
 pub mod metrics;
 pub mod pacer;

@@ -213,6 +213,20 @@ pub struct Counters {
     pub pinned_matched: u64,
 }
 
+/// What happened to a worker's slice beyond the per-request outcomes: the worker's engine
+/// counts them, its reports carry them, the coordinator adds them up.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SliceTotals {
+    /// Requests sent (warm-up included).
+    pub issued: u64,
+    /// Exchanges received but never sent (duration reached, abort).
+    pub not_started: u64,
+    /// Requests in flight when the run was aborted: their outcome is unknown.
+    pub lost: u64,
+    /// Exchanges sent late because they arrived outside the reorder window.
+    pub sent_out_of_order: u64,
+}
+
 /// Transport failures by cause.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct TransportCounters {

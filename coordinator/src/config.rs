@@ -9,9 +9,12 @@ use serde::Deserialize;
 
 use common::duration::parse_duration;
 use common::formats::pin::PinMode;
+use common::load::{Arrival, LoadModel, Schedule};
 use common::replay::{DEFAULT_REORDER_WINDOW, DEFAULT_REQUEST_TIMEOUT};
 
 use crate::faithful::{FaithfulOptions, SessionSample};
+
+pub use common::assignment::TargetTransport;
 
 /// `llm-replay run` arguments.
 #[derive(Debug, Clone, clap::Args)]
@@ -259,17 +262,51 @@ impl FileConfig {
     }
 }
 
-/// Load model across all workers.
+/// The run's load across all workers, in `common::load`'s terms; each worker gets its share
+/// (`GlobalLoad::worker_share`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct GlobalLoad {
-    pub recorded_schedule: bool,
-    pub speed: f64,
+    pub schedule: Schedule,
+    /// Closed-loop concurrency of the whole run, or its cap on in-flight requests.
     pub concurrency: Option<usize>,
+    /// Open-loop requests per second of the whole run.
     pub rate: Option<f64>,
-    pub poisson: bool,
+    pub arrival: Arrival,
+    /// `--requests`: stop after this many exchanges.
     pub requests: Option<u64>,
     pub duration: Option<Duration>,
+    /// Leading requests of the whole run measured as warm-up.
     pub warmup: u64,
+}
+
+impl GlobalLoad {
+    /// The load model of worker `index` out of `workers`: its share of the concurrency, rate
+    /// and warm-up (shares differ by at most one; every worker holds at least one stream),
+    /// the run's schedule, arrival and duration, and its own seed.
+    pub fn worker_share(&self, workers: usize, index: usize, seed: u64) -> LoadModel {
+        let share = |total: u64| split_evenly(total, workers, index);
+        LoadModel {
+            schedule: self.schedule,
+            concurrency: self.concurrency.map(|c| share(c as u64).max(1) as usize),
+            rate: self.rate.map(|r| r / workers.max(1) as f64),
+            arrival: self.arrival,
+            duration: self.duration,
+            warmup: share(self.warmup),
+            seed: seed.wrapping_add(index as u64),
+        }
+    }
+
+    /// Whether the slices never end and `--duration` stops the run
+    /// (`common::replay::is_open_ended`).
+    pub fn is_open_ended(&self) -> bool {
+        common::replay::is_open_ended(self.requests, self.duration, self.schedule.is_recorded())
+    }
+
+    /// Whether requests go out at set instants (the recording's offsets or a rate), so that
+    /// a worker's start skew shows in its timing.
+    pub fn is_scheduled(&self) -> bool {
+        self.schedule.is_recorded() || self.rate.is_some()
+    }
 }
 
 /// Where the baseline comes from.
@@ -296,19 +333,6 @@ pub struct LinkTls {
     pub key: PathBuf,
     /// Client CA: when set, workers must present a certificate it signed.
     pub client_ca: Option<PathBuf>,
-}
-
-/// How workers reach the target, beyond its URL.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct TargetTransport {
-    /// PEM contents of the `--target-ca` files, in order.
-    pub ca_pem: Vec<String>,
-    /// `--insecure`: no certificate verification.
-    pub insecure: bool,
-    /// `--target-h2c`: cleartext HTTP/2 with prior knowledge.
-    pub h2c: bool,
-    /// `--aws-sigv4 REGION`.
-    pub aws_sigv4_region: Option<String>,
 }
 
 /// The validated run configuration.
@@ -477,10 +501,11 @@ impl RunArgs {
         if !(speed.is_finite() && (1e-3..=1e6).contains(&speed)) {
             bail!("--speed must be between 0.001 and 1000000 (a time scale of the recording)");
         }
-        let arrival = self
-            .arrival
-            .or(file.arrival)
-            .unwrap_or_else(|| "poisson".into());
+        // Poisson unless `constant` is asked for (the file's value is not checked further).
+        let arrival = match self.arrival.or(file.arrival).as_deref() {
+            None | Some("poisson") => Arrival::Poisson,
+            Some(_) => Arrival::Constant,
+        };
         let duration = match self.duration.or(file.duration) {
             Some(text) => Some(positive_duration_arg("--duration", &text)?),
             None => None,
@@ -623,15 +648,18 @@ impl RunArgs {
             recording: self.recording,
             target,
             load: GlobalLoad {
-                recorded_schedule,
-                speed,
+                schedule: if recorded_schedule {
+                    Schedule::Recorded { speed }
+                } else {
+                    Schedule::Asap
+                },
                 concurrency: if recorded_schedule || rate.is_some() {
                     concurrency
                 } else {
                     Some(concurrency.unwrap_or(1))
                 },
                 rate,
-                poisson: arrival == "poisson",
+                arrival,
                 requests: self.requests.or(file.requests),
                 duration,
                 warmup: self.warmup.or(file.warmup).unwrap_or(0),

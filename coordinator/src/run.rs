@@ -6,12 +6,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use common::metrics::RunMetrics;
-use proto::convert::SliceTotals;
-use proto::v1;
+use common::assignment::{Assignment, Faithful};
+use common::metrics::{RunMetrics, SliceTotals};
 use tokio::sync::mpsc;
 
-use crate::config::{GlobalLoad, RunConfig, WorkerSource, split_evenly};
+use crate::config::{GlobalLoad, RunConfig, WorkerSource};
 use crate::server::{CoordinatorService, ServiceState, WorkerEvent};
 use crate::shard::SlicePlan;
 use crate::supervisor::{Progress, RunIdentity, Settings, Supervisor};
@@ -80,14 +79,15 @@ pub struct ReplayResult {
     pub steady: Option<crate::faithful::SteadyWindow>,
 }
 
-/// The load model description shown in reports.
+/// The load model as the report shows it (`load` in the report JSON): derived from the run's
+/// `GlobalLoad` here and nowhere else.
 pub fn describe_load(load: &GlobalLoad, workers: usize) -> serde_json::Value {
     serde_json::json!({
-        "schedule": if load.recorded_schedule { "recorded" } else { "asap" },
-        "speed": load.speed,
+        "schedule": load.schedule.name(),
+        "speed": load.schedule.speed(),
         "concurrency": load.concurrency,
         "rate": load.rate,
-        "arrival": if load.rate.is_some() { Some(if load.poisson { "poisson" } else { "constant" }) } else { None },
+        "arrival": load.rate.map(|_| load.arrival.name()),
         "requests": load.requests,
         "duration_s": load.duration.map(|d| d.as_secs_f64()),
         "warmup": load.warmup,
@@ -110,79 +110,35 @@ struct AssignmentPlan {
 impl AssignmentPlan {
     /// The assignment of worker `index`: its share of the global concurrency, rate and
     /// warm-up (shares differ by at most one), and the run-wide target and request options.
-    fn for_worker(&self, index: usize) -> v1::Assignment {
-        let share = |total: u64| split_evenly(total, self.workers, index);
-        let load = &self.load;
-        v1::Assignment {
+    /// The slice key is set per worker by the service, after the token challenge.
+    fn for_worker(&self, index: usize) -> Assignment {
+        let config = &self.config;
+        Assignment {
             run_id: self.run_id.clone(),
             target: self.target.clone(),
-            load: Some(v1::LoadModel {
-                schedule: if load.recorded_schedule {
-                    "recorded"
-                } else {
-                    "asap"
-                }
-                .to_owned(),
-                speed: load.speed,
-                concurrency: load
-                    .concurrency
-                    .map(|c| share(c as u64).max(1) as u32)
-                    .unwrap_or(0),
-                rate: load.rate.map(|r| r / self.workers as f64).unwrap_or(0.0),
-                arrival: if load.poisson { "poisson" } else { "constant" }.to_owned(),
-                duration_s: load.duration.map(|d| d.as_secs_f64()),
-                warmup: share(load.warmup),
-                seed: self
-                    .config
-                    .seed
-                    .unwrap_or(0x5eed_0000)
-                    .wrapping_add(index as u64),
-            }),
-            headers: self
-                .config
-                .headers
-                .iter()
-                .map(|(name, value)| v1::Header {
-                    name: name.clone(),
-                    value: value.clone(),
-                })
-                .collect(),
-            sets: self
-                .config
-                .sets
-                .iter()
-                .map(|(field, value)| v1::SetField {
-                    field: field.clone(),
-                    value: value.clone(),
-                })
-                .collect(),
-            exchange_count: if self.open_ended { 0 } else { 1 },
-            timeout_s: Some(self.config.timeout.as_secs_f64()),
+            load: self
+                .load
+                .worker_share(self.workers, index, config.seed.unwrap_or(DEFAULT_SEED)),
+            headers: config.headers.clone(),
+            sets: config.sets.clone(),
+            open_ended: self.open_ended,
+            timeout: config.timeout,
             tag_requests: self.tag_requests,
-            worker_index: index as u32,
-            target_ca_pem: self.config.transport.ca_pem.clone(),
-            insecure: self.config.transport.insecure,
-            h2c: self.config.transport.h2c,
-            aws_sigv4_region: self
-                .config
-                .transport
-                .aws_sigv4_region
-                .clone()
-                .unwrap_or_default(),
-            requests_out: self.config.requests_out.is_some(),
-            reorder_window: self.config.reorder_window as u32,
-            // Set per worker by the service, after the token challenge.
+            worker_index: u32::try_from(index).unwrap_or(u32::MAX),
+            transport: config.transport.clone(),
+            requests_out: config.requests_out.is_some(),
+            reorder_window: config.reorder_window,
             slice_key: String::new(),
-            pin_output_length: self
-                .config
-                .faithful
-                .pin
-                .map(|mode| mode.name().to_owned())
-                .unwrap_or_default(),
-            closed_sessions: self.config.faithful.closed_sessions,
+            faithful: Faithful {
+                pin: config.faithful.pin,
+                closed_sessions: config.faithful.closed_sessions,
+            },
         }
     }
 }
+
+/// The seed of worker 0's Poisson arrivals without `--seed` (worker `i` adds `i`).
+const DEFAULT_SEED: u64 = 0x5eed_0000;
 
 /// Inputs of one replay that do not change between sweep levels.
 pub struct ReplaySetup<'a> {
@@ -224,8 +180,7 @@ pub async fn replay(setup: ReplaySetup<'_>) -> Result<ReplayResult, RunError> {
         WorkerSource::Remote { expect, .. } => *expect,
     };
     let run_id = uuid::Uuid::new_v4().to_string();
-    let open_ended =
-        common::replay::is_open_ended(load.requests, load.duration, load.recorded_schedule);
+    let open_ended = load.is_open_ended();
     let plan = SlicePlan {
         recording: config.recording.clone(),
         workers,
@@ -355,7 +310,7 @@ pub async fn replay(setup: ReplaySetup<'_>) -> Result<ReplayResult, RunError> {
         run_id: run_id.clone(),
         target: setup.target.clone(),
         load: describe_load(&load, workers),
-        scheduled: load.recorded_schedule || load.rate.is_some(),
+        scheduled: load.is_scheduled(),
     };
     let result = Supervisor::new(
         Settings::from_config(config, workers),

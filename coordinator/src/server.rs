@@ -7,7 +7,8 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use proto::convert::{WorkerReport, report_from_proto};
+use common::assignment::Assignment;
+use proto::convert::{WorkerReport, assignment_to_proto, report_from_proto};
 use proto::v1;
 use proto::v1::coordinator_server::Coordinator;
 use tokio::sync::mpsc;
@@ -170,8 +171,9 @@ struct JoinSlots {
     running: bool,
 }
 
-/// Builds each worker's assignment from its join index.
-pub type AssignmentFor = dyn Fn(usize) -> v1::Assignment + Send + Sync;
+/// Builds each worker's (domain) assignment from its join index; the service sets its slice
+/// key and converts it to the protocol's form.
+pub type AssignmentFor = dyn Fn(usize) -> Assignment + Send + Sync;
 
 /// Shared state of the service.
 pub struct ServiceState {
@@ -350,7 +352,7 @@ async fn serve_worker(
     assignment.slice_key = slice_key;
     let _ = control_tx
         .send(message_of(v1::coordinator_message::Msg::Assignment(
-            assignment,
+            assignment_to_proto(&assignment),
         )))
         .await;
     let events = state.events.clone();

@@ -11,9 +11,10 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use common::metrics::SliceTotals;
 use common::metrics::{Metric, RunMetrics};
 use common::recording::RecordingError;
-use proto::convert::{SliceTotals, WorkerReport};
+use proto::convert::WorkerReport;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;

@@ -321,7 +321,7 @@ mod tests {
         WorkerReport {
             seq,
             metrics: metrics.clone(),
-            totals: proto::convert::SliceTotals {
+            totals: common::metrics::SliceTotals {
                 issued,
                 ..Default::default()
             },

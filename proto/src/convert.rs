@@ -1,37 +1,30 @@
-//! Conversions between protocol messages and `common`'s domain types, at the boundary.
+//! Conversions between protocol messages and `common`'s domain types, at the boundary: the
+//! assignment (`assignment_to_proto`, `assignment_from_proto`, which checks every field a
+//! worker receives), reports, timelines and per-request records.
 
+use std::time::Duration;
+
+use common::assignment::{Assignment, Faithful, TargetTransport};
+use common::formats::pin::PinMode;
+use common::load::{Arrival, LoadModel, Schedule};
 use common::measure::{FailureKind, OutcomeKind, RequestOutcome};
 use common::metrics::{
-    Counters, MetricsDecodeError, RecordMeta, RequestRecord, RunMetrics, TransportCounters, Window,
+    Counters, MetricsDecodeError, RecordMeta, RequestRecord, RunMetrics, SliceTotals,
+    TransportCounters, Window,
 };
 
 use common::timeline::{Timeline, TimelineError};
 
 use crate::v1;
 
-/// Worker-side totals that are not per-request metrics.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SliceTotals {
-    pub issued: u64,
-    pub not_started: u64,
-    pub lost: u64,
-    /// Exchanges sent late because they arrived outside the reorder window.
-    pub sent_out_of_order: u64,
-}
-
-/// Build a report message from a metrics snapshot.
-pub fn report_from_metrics(
-    seq: u64,
-    is_final: bool,
-    metrics: &RunMetrics,
-    totals: SliceTotals,
-    status_codes: &std::collections::BTreeMap<u16, u64>,
-    cpu_seconds: f64,
-) -> v1::Report {
+/// Build a report message from a worker's domain report (the worker's side of the link).
+pub fn report_to_proto(report: &WorkerReport) -> v1::Report {
+    let metrics = &report.metrics;
+    let totals = &report.totals;
     let c = &metrics.counters;
-    v1::Report {
-        seq,
-        r#final: is_final,
+    let mut message = v1::Report {
+        seq: report.seq,
+        r#final: report.is_final,
         histograms: metrics.encode_histograms(),
         connection_histograms: metrics.encode_connection_histograms(),
         counters: Some(v1::Counters {
@@ -66,18 +59,30 @@ pub fn report_from_metrics(
         }),
         window_start_unix_us: metrics.window.map(|w| w.start_unix_us).unwrap_or(0),
         window_end_unix_us: metrics.window.map(|w| w.end_unix_us).unwrap_or(0),
-        status_codes: status_codes
+        status_codes: report
+            .status_codes
             .iter()
             .map(|(code, n)| (u32::from(*code), *n))
             .collect(),
-        cpu_seconds,
-        peak_rss_bytes: peak_rss_bytes(),
-        cores: std::thread::available_parallelism()
-            .map(|n| n.get() as u32)
-            .unwrap_or(1),
-        tls_problems: Default::default(),
+        cpu_seconds: report.cpu_seconds,
+        peak_rss_bytes: report.peak_rss_bytes,
+        cores: report.cores,
+        tls_problems: report
+            .tls_problems
+            .iter()
+            .map(|(problem, n)| (problem.clone(), *n))
+            .collect(),
         ..Default::default()
-    }
+    };
+    timeline_to_report(&report.timeline, &mut message);
+    message
+}
+
+/// Cores this process may run on (at least 1), as a report states them.
+pub fn available_cores() -> u32 {
+    std::thread::available_parallelism()
+        .map(|n| n.get() as u32)
+        .unwrap_or(1)
 }
 
 /// Peak resident set size of this process (Linux `VmHWM`), 0 where unknown.
@@ -92,8 +97,8 @@ pub fn peak_rss_bytes() -> u64 {
         .unwrap_or(0)
 }
 
-/// A worker's cumulative report, decoded once when it arrives: everything the coordinator
-/// reads from a `v1::Report`.
+/// A worker's cumulative report: what the worker's link sends (`report_to_proto`) and what the
+/// coordinator decodes once when it arrives (`report_from_proto`).
 #[derive(Debug, Clone, Default)]
 pub struct WorkerReport {
     pub seq: u64,
@@ -314,4 +319,348 @@ pub fn record_from_proto(record: &v1::RequestRecord) -> Option<RequestRecord> {
         outcome,
         status: record.status.and_then(|s| u16::try_from(s).ok()),
     })
+}
+
+/// Why an assignment from the wire cannot be used; each names the field.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AssignmentError {
+    #[error("assignment without a load model")]
+    MissingLoad,
+    #[error("assignment without {field}")]
+    Missing { field: &'static str },
+    #[error("assignment {field} = {seconds}: expected a positive number of seconds")]
+    Seconds { field: &'static str, seconds: f64 },
+    #[error("assignment pin_output_length = {name:?}: expected \"max\" or \"strict\"")]
+    PinMode { name: String },
+}
+
+impl AssignmentError {
+    /// The field of `v1::Assignment` at fault.
+    pub fn field(&self) -> &'static str {
+        match self {
+            AssignmentError::MissingLoad => "load",
+            AssignmentError::Missing { field } | AssignmentError::Seconds { field, .. } => field,
+            AssignmentError::PinMode { .. } => "pin_output_length",
+        }
+    }
+}
+
+/// The longest duration a peer may ask for: ten years.
+const MAX_WIRE_SECONDS: f64 = 10.0 * 365.0 * 86_400.0;
+
+/// A duration from the wire: positive, finite and at most ten years, or an error naming the
+/// field (never a panic).
+fn wire_seconds(field: &'static str, seconds: f64) -> Result<Duration, AssignmentError> {
+    if seconds.is_finite() && seconds > 0.0 && seconds <= MAX_WIRE_SECONDS {
+        Ok(Duration::from_secs_f64(seconds))
+    } else {
+        Err(AssignmentError::Seconds { field, seconds })
+    }
+}
+
+/// The protocol's form of a worker's assignment (the coordinator's side of the link).
+pub fn assignment_to_proto(assignment: &Assignment) -> v1::Assignment {
+    let load = &assignment.load;
+    v1::Assignment {
+        run_id: assignment.run_id.clone(),
+        target: assignment.target.clone(),
+        load: Some(v1::LoadModel {
+            schedule: load.schedule.name().to_owned(),
+            speed: load.schedule.speed(),
+            // 0 is "unset" on the wire.
+            concurrency: load
+                .concurrency
+                .map(|c| u32::try_from(c).unwrap_or(u32::MAX))
+                .unwrap_or(0),
+            rate: load.rate.unwrap_or(0.0),
+            arrival: load.arrival.name().to_owned(),
+            duration_s: load.duration.map(|d| d.as_secs_f64()),
+            warmup: load.warmup,
+            seed: load.seed,
+        }),
+        headers: assignment
+            .headers
+            .iter()
+            .map(|(name, value)| v1::Header {
+                name: name.clone(),
+                value: value.clone(),
+            })
+            .collect(),
+        sets: assignment
+            .sets
+            .iter()
+            .map(|(field, value)| v1::SetField {
+                field: field.clone(),
+                value: value.clone(),
+            })
+            .collect(),
+        exchange_count: if assignment.open_ended { 0 } else { 1 },
+        timeout_s: Some(assignment.timeout.as_secs_f64()),
+        tag_requests: assignment.tag_requests,
+        worker_index: assignment.worker_index,
+        target_ca_pem: assignment.transport.ca_pem.clone(),
+        insecure: assignment.transport.insecure,
+        h2c: assignment.transport.h2c,
+        aws_sigv4_region: assignment
+            .transport
+            .aws_sigv4_region
+            .clone()
+            .unwrap_or_default(),
+        requests_out: assignment.requests_out,
+        reorder_window: u32::try_from(assignment.reorder_window).unwrap_or(u32::MAX),
+        slice_key: assignment.slice_key.clone(),
+        pin_output_length: assignment
+            .faithful
+            .pin
+            .map(|mode| mode.name().to_owned())
+            .unwrap_or_default(),
+        closed_sessions: assignment.faithful.closed_sessions,
+    }
+}
+
+/// A worker's assignment from the wire, every field checked: a load model must be there,
+/// durations must be positive, finite and at most ten years, the pin mode one the worker
+/// knows. Unset numbers (0 on the wire) are `None` or the default.
+pub fn assignment_from_proto(assignment: &v1::Assignment) -> Result<Assignment, AssignmentError> {
+    let load = assignment
+        .load
+        .as_ref()
+        .ok_or(AssignmentError::MissingLoad)?;
+    let load = LoadModel {
+        schedule: match load.schedule.as_str() {
+            "recorded" => Schedule::Recorded {
+                speed: if load.speed > 0.0 { load.speed } else { 1.0 },
+            },
+            _ => Schedule::Asap,
+        },
+        concurrency: (load.concurrency > 0).then_some(load.concurrency as usize),
+        rate: (load.rate > 0.0).then_some(load.rate),
+        arrival: if load.arrival == "poisson" {
+            Arrival::Poisson
+        } else {
+            Arrival::Constant
+        },
+        duration: match load.duration_s {
+            None => None,
+            Some(s) => Some(wire_seconds("load.duration_s", s)?),
+        },
+        warmup: load.warmup,
+        seed: load.seed,
+    };
+    let timeout = wire_seconds(
+        "timeout_s",
+        assignment
+            .timeout_s
+            .ok_or(AssignmentError::Missing { field: "timeout_s" })?,
+    )?;
+    let pin = match assignment.pin_output_length.as_str() {
+        "" => None,
+        name => Some(
+            PinMode::from_name(name).ok_or_else(|| AssignmentError::PinMode {
+                name: name.to_owned(),
+            })?,
+        ),
+    };
+    Ok(Assignment {
+        run_id: assignment.run_id.clone(),
+        target: assignment.target.clone(),
+        load,
+        headers: assignment
+            .headers
+            .iter()
+            .map(|h| (h.name.clone(), h.value.clone()))
+            .collect(),
+        sets: assignment
+            .sets
+            .iter()
+            .map(|s| (s.field.clone(), s.value.clone()))
+            .collect(),
+        open_ended: assignment.exchange_count == 0,
+        timeout,
+        tag_requests: assignment.tag_requests,
+        worker_index: assignment.worker_index,
+        transport: TargetTransport {
+            ca_pem: assignment.target_ca_pem.clone(),
+            insecure: assignment.insecure,
+            h2c: assignment.h2c,
+            aws_sigv4_region: (!assignment.aws_sigv4_region.is_empty())
+                .then(|| assignment.aws_sigv4_region.clone()),
+        },
+        requests_out: assignment.requests_out,
+        reorder_window: match assignment.reorder_window {
+            0 => common::replay::DEFAULT_REORDER_WINDOW,
+            n => n as usize,
+        },
+        slice_key: assignment.slice_key.clone(),
+        faithful: Faithful {
+            pin,
+            closed_sessions: assignment.closed_sessions,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assignment() -> Assignment {
+        Assignment {
+            run_id: "run-1".into(),
+            target: "https://example.test/base".into(),
+            load: LoadModel {
+                schedule: Schedule::Recorded { speed: 2.5 },
+                concurrency: Some(8),
+                rate: None,
+                arrival: Arrival::Poisson,
+                duration: Some(Duration::from_millis(1500)),
+                warmup: 3,
+                seed: 42,
+            },
+            headers: vec![("authorization".into(), "Bearer ${TOKEN}".into())],
+            sets: vec![("temperature".into(), "0".into())],
+            open_ended: false,
+            timeout: Duration::from_secs(30),
+            tag_requests: true,
+            worker_index: 2,
+            transport: TargetTransport {
+                ca_pem: vec!["-----BEGIN CERTIFICATE-----".into()],
+                insecure: false,
+                h2c: true,
+                aws_sigv4_region: Some("us-east-1".into()),
+            },
+            requests_out: true,
+            reorder_window: 17,
+            slice_key: "key".into(),
+            faithful: Faithful {
+                pin: Some(PinMode::Strict),
+                closed_sessions: true,
+            },
+        }
+    }
+
+    #[test]
+    fn an_assignment_survives_the_wire() {
+        let domain = assignment();
+        let back = assignment_from_proto(&assignment_to_proto(&domain)).expect("valid");
+        assert_eq!(back, domain);
+
+        let asap = Assignment {
+            load: LoadModel {
+                schedule: Schedule::Asap,
+                concurrency: None,
+                rate: Some(3.5),
+                arrival: Arrival::Constant,
+                duration: None,
+                ..domain.load.clone()
+            },
+            open_ended: true,
+            transport: TargetTransport::default(),
+            faithful: Faithful::default(),
+            ..domain
+        };
+        assert_eq!(
+            assignment_from_proto(&assignment_to_proto(&asap)).expect("valid"),
+            asap
+        );
+    }
+
+    #[test]
+    fn unset_numbers_on_the_wire_are_defaults() {
+        let mut wire = assignment_to_proto(&assignment());
+        let load = wire.load.as_mut().expect("load");
+        load.speed = 0.0;
+        load.concurrency = 0;
+        load.rate = 0.0;
+        wire.reorder_window = 0;
+        wire.aws_sigv4_region.clear();
+        let domain = assignment_from_proto(&wire).expect("valid");
+        assert_eq!(domain.load.schedule, Schedule::Recorded { speed: 1.0 });
+        assert_eq!(domain.load.concurrency, None);
+        assert_eq!(domain.load.rate, None);
+        assert_eq!(
+            domain.reorder_window,
+            common::replay::DEFAULT_REORDER_WINDOW
+        );
+        assert_eq!(domain.transport.aws_sigv4_region, None);
+    }
+
+    #[test]
+    fn a_bad_assignment_names_its_field() {
+        let valid = assignment_to_proto(&assignment());
+
+        let mut wire = valid.clone();
+        wire.load = None;
+        let error = assignment_from_proto(&wire).expect_err("no load");
+        assert_eq!(error, AssignmentError::MissingLoad);
+        assert_eq!(error.to_string(), "assignment without a load model");
+
+        let mut wire = valid.clone();
+        wire.timeout_s = None;
+        let error = assignment_from_proto(&wire).expect_err("no timeout");
+        assert_eq!(error.field(), "timeout_s");
+        assert_eq!(error.to_string(), "assignment without timeout_s");
+
+        for seconds in [0.0, -1.0, f64::NAN, f64::INFINITY, 11.0 * 365.0 * 86_400.0] {
+            let mut wire = valid.clone();
+            wire.timeout_s = Some(seconds);
+            let error = assignment_from_proto(&wire).expect_err("bad timeout");
+            assert_eq!(error.field(), "timeout_s", "{seconds}");
+            assert!(
+                error
+                    .to_string()
+                    .ends_with("expected a positive number of seconds"),
+                "{error}"
+            );
+
+            let mut wire = valid.clone();
+            wire.load.as_mut().expect("load").duration_s = Some(seconds);
+            let error = assignment_from_proto(&wire).expect_err("bad duration");
+            assert_eq!(error.field(), "load.duration_s", "{seconds}");
+        }
+
+        let mut wire = valid;
+        wire.pin_output_length = "loose".into();
+        let error = assignment_from_proto(&wire).expect_err("unknown pin mode");
+        assert_eq!(error.field(), "pin_output_length");
+        assert_eq!(
+            error.to_string(),
+            "assignment pin_output_length = \"loose\": expected \"max\" or \"strict\""
+        );
+    }
+
+    #[test]
+    fn a_report_survives_the_wire() {
+        let mut metrics = RunMetrics::default();
+        metrics.counters.succeeded = 5;
+        metrics.counters.failed_transport = 1;
+        metrics.counters.transport.refused = 1;
+        let report = WorkerReport {
+            seq: 7,
+            is_final: true,
+            metrics,
+            totals: SliceTotals {
+                issued: 6,
+                not_started: 2,
+                lost: 0,
+                sent_out_of_order: 1,
+            },
+            status_codes: [(503, 2)].into_iter().collect(),
+            tls_problems: [("unknown issuer".to_owned(), 1)].into_iter().collect(),
+            cpu_seconds: 1.5,
+            peak_rss_bytes: 1 << 20,
+            cores: 4,
+            timeline: Timeline::default(),
+        };
+        let back = report_from_proto(&report_to_proto(&report)).expect("decodes");
+        assert_eq!(back.seq, 7);
+        assert!(back.is_final);
+        assert_eq!(back.metrics.counters, report.metrics.counters);
+        assert_eq!(back.totals, report.totals);
+        assert_eq!(back.status_codes, report.status_codes);
+        assert_eq!(back.tls_problems, report.tls_problems);
+        assert_eq!(
+            (back.cpu_seconds, back.peak_rss_bytes, back.cores),
+            (1.5, 1 << 20, 4)
+        );
+    }
 }

@@ -1,39 +1,10 @@
-//! Typed replay configuration, as the engine uses it (converted from the protocol at the link).
+//! The replay configuration as the engine uses it: the worker's domain assignment
+//! (`common::assignment`) with its headers expanded and its transport resolved (the link
+//! builds it). The load model is `common::load`'s, re-exported here for the engine.
 
 use std::time::Duration;
 
-/// When requests are sent.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Schedule {
-    /// At the recorded arrival offsets, scaled by `speed` (2 = twice as fast).
-    Recorded { speed: f64 },
-    /// As soon as the load model allows (closed loop or open-loop rate).
-    Asap,
-}
-
-/// Inter-arrival distribution for open-loop rate mode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Arrival {
-    Constant,
-    Poisson,
-}
-
-/// The load model of one worker.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LoadModel {
-    pub schedule: Schedule,
-    /// Closed-loop concurrency, or a cap on in-flight requests in scheduled/rate modes.
-    pub concurrency: Option<usize>,
-    /// Open-loop requests per second.
-    pub rate: Option<f64>,
-    pub arrival: Arrival,
-    /// Stop issuing new requests after this long.
-    pub duration: Option<Duration>,
-    /// Leading requests measured as warm-up and left out of every number.
-    pub warmup: u64,
-    /// Seed for Poisson arrivals.
-    pub seed: u64,
-}
+pub use common::load::{Arrival, LoadModel, Schedule};
 
 /// Everything the engine needs to replay a slice.
 #[derive(Debug, Clone)]
@@ -56,18 +27,7 @@ pub struct ReplayConfig {
     /// How to reach the target: TLS trust, HTTP/2, request signing.
     pub transport: TransportConfig,
     /// Faithful replay: pinned output lengths and closed-loop sessions.
-    pub faithful: FaithfulConfig,
-}
-
-/// How faithfully the recording's users are replayed (`--pin-output-length`,
-/// `--session-mode`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct FaithfulConfig {
-    /// Ask each request for the output length the recording measured.
-    pub pin: Option<common::formats::pin::PinMode>,
-    /// A session's next turn goes out at the previous turn's replayed end plus the recorded
-    /// think time (closed loop), not at its recorded offset (open loop).
-    pub closed_sessions: bool,
+    pub faithful: common::assignment::Faithful,
 }
 
 /// How the worker talks to the target.

@@ -27,6 +27,7 @@ use common::measure::{
     FailureKind, OutcomeKind, RequestOutcome, StreamMeter, estimate_input_tokens,
     measure_unstreamed,
 };
+use common::metrics::SliceTotals;
 use common::pacer::{Pacer, PacerThread};
 use rand::{Rng, SeedableRng};
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
@@ -41,19 +42,6 @@ use crate::request::{PreparedRequest, prepare};
 #[derive(Debug, Clone, Copy)]
 pub struct StartAt {
     pub instant: Instant,
-}
-
-/// What happened to the worker's slice, beyond the per-request metrics.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct EngineTotals {
-    /// Requests sent (warm-up included).
-    pub issued: u64,
-    /// Exchanges received but never sent (duration reached, abort).
-    pub not_started: u64,
-    /// Requests in flight when the run was aborted: their outcome is unknown.
-    pub lost: u64,
-    /// Exchanges sent late because they arrived outside the reorder window.
-    pub sent_out_of_order: u64,
 }
 
 /// Live progress of the engine, read by the link for interval reports.
@@ -334,7 +322,7 @@ impl Feed {
 /// turns true (in-flight requests are then cancelled and counted as lost). `open_ended` means
 /// the items loop until the duration ends, so items left unread are not counted as not
 /// started.
-pub async fn replay(run: EngineRun) -> EngineTotals {
+pub async fn replay(run: EngineRun) -> SliceTotals {
     let EngineRun {
         config,
         client,
@@ -353,7 +341,7 @@ pub async fn replay(run: EngineRun) -> EngineTotals {
     let closed_sessions = config.faithful.closed_sessions;
     let mut sessions: HashMap<String, PreviousTurn> = HashMap::new();
     let mut tasks: JoinSet<()> = JoinSet::new();
-    let mut totals = EngineTotals::default();
+    let mut totals = SliceTotals::default();
     let mut aborted = false;
     let mut seq: u64 = 0;
     let recorded_speed = match load.schedule {

@@ -301,7 +301,7 @@ async fn replay_command(args: RunArgs, live: &mut Option<LiveServer>) -> ExitCod
         let mut level_config = config.clone();
         if let Some(concurrency) = level {
             load.concurrency = Some(*concurrency);
-            load.recorded_schedule = false;
+            load.schedule = common::load::Schedule::Asap;
             load.rate = None;
             if let coordinator::config::WorkerSource::Local(n) = config.source {
                 level_config.source = coordinator::config::WorkerSource::Local(n.min(*concurrency));
@@ -541,8 +541,12 @@ fn build_report(
         &mut report,
         coordinator::faithful::FaithfulInput {
             options: &config.faithful,
-            recorded_speed: (config.load.recorded_schedule && config.sweep.is_empty())
-                .then_some(config.load.speed),
+            recorded_speed: match config.load.schedule {
+                common::load::Schedule::Recorded { speed } if config.sweep.is_empty() => {
+                    Some(speed)
+                }
+                _ => None,
+            },
             scan: scanned,
             unsampled,
             steady: result.steady,

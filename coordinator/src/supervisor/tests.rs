@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use common::metrics::RunMetrics;
-use proto::convert::{SliceTotals, WorkerReport};
+use common::metrics::SliceTotals;
+use proto::convert::WorkerReport;
 use tokio::sync::{mpsc, watch};
 
 use super::*;

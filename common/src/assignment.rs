@@ -1,0 +1,67 @@
+//! What a worker is asked to do in one run: the assignment the coordinator builds for each
+//! worker and the worker turns into its replay configuration. The protocol's form of it lives
+//! in `proto::convert`; this is the only form the rest of the code sees.
+
+use std::time::Duration;
+
+use crate::formats::pin::PinMode;
+use crate::load::LoadModel;
+
+/// One worker's part of a run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Assignment {
+    pub run_id: String,
+    /// Base URL of the target, e.g. `http://127.0.0.1:8080`; recorded paths are appended.
+    pub target: String,
+    /// This worker's share of the run's load.
+    pub load: LoadModel,
+    /// `--header` name and value *templates*: `${VAR}` is expanded on the worker, from its
+    /// own environment, never on the coordinator.
+    pub headers: Vec<(String, String)>,
+    /// `--set` top-level body fields: a JSON value when the text parses as JSON, else a
+    /// string.
+    pub sets: Vec<(String, String)>,
+    /// The slice never ends: the run's `--duration` stops it (`common::replay::is_open_ended`).
+    pub open_ended: bool,
+    /// Per-request time limit.
+    pub timeout: Duration,
+    /// Send `x-llm-replay-exchange: <index>` so the embedded mock matches exactly.
+    pub tag_requests: bool,
+    /// The worker's join index.
+    pub worker_index: u32,
+    /// How to reach the target beyond its URL.
+    pub transport: TargetTransport,
+    /// Keep one record per request for `--requests-out`.
+    pub requests_out: bool,
+    /// How many exchanges the recorded schedule reads ahead to send them in `at_ms` order.
+    pub reorder_window: usize,
+    /// The key this worker presents on its slice stream (never the shared token).
+    pub slice_key: String,
+    /// Faithful replay: pinned output lengths and closed-loop sessions.
+    pub faithful: Faithful,
+}
+
+/// How workers reach the target, beyond its URL.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TargetTransport {
+    /// PEM contents of the `--target-ca` files, in order (contents, not paths: remote
+    /// workers do not share the coordinator's disk).
+    pub ca_pem: Vec<String>,
+    /// `--insecure`: no certificate verification.
+    pub insecure: bool,
+    /// `--target-h2c`: cleartext HTTP/2 with prior knowledge.
+    pub h2c: bool,
+    /// `--aws-sigv4 REGION`: re-sign each request for Bedrock in this region.
+    pub aws_sigv4_region: Option<String>,
+}
+
+/// How faithfully the recording's users are replayed (`--pin-output-length`,
+/// `--session-mode`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Faithful {
+    /// Ask each request for the output length the recording measured.
+    pub pin: Option<PinMode>,
+    /// A session's next turn goes out at the previous turn's replayed end plus the recorded
+    /// think time (closed loop), not at its recorded offset (open loop).
+    pub closed_sessions: bool,
+}

@@ -1,0 +1,584 @@
+//! The worker's gRPC link to the coordinator, the protocol boundary of the worker: connect,
+//! say hello, answer the token challenge, take the assignment (converted and checked by
+//! `proto::convert::assignment_from_proto`, then turned into a `ReplayConfig`), open the slice
+//! stream, and from then on turn every protocol message into a `session::CoordinatorEvent`
+//! and every `session::ToCoordinator` into a protocol message. What a worker does in a run
+//! (wait for the start, load, report, stop) is the `session` actor's.
+//!
+//! The link runs on its own runtime (see `cli`), apart from the load: heartbeats and aborts
+//! are never starved by thousands of open streams.
+
+mod session;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::assignment::Assignment;
+use proto::convert::AssignmentError;
+use proto::v1;
+use proto::v1::coordinator_client::CoordinatorClient;
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::client::TargetClient;
+use crate::config::{ReplayConfig, TransportConfig, WorkItem};
+use crate::request::expand_headers;
+use crate::sigv4::SigV4Signer;
+
+pub use session::{CoordinatorEvent, Session, SessionHandle, ToCoordinator};
+
+/// How the link behaves.
+#[derive(Debug, Clone)]
+pub struct LinkOptions {
+    /// `host:port` of the coordinator (or a full `http://` URL).
+    pub coordinator: String,
+    pub worker_id: String,
+    pub host: String,
+    pub token: Option<String>,
+    /// Give up connecting after this long.
+    pub connect_patience: Duration,
+    /// The coordinator is lost after this long without any message from it.
+    pub heartbeat_timeout: Duration,
+    /// Interval between reports (and heartbeats).
+    pub report_interval: Duration,
+    /// TLS to the coordinator (`https`), with a client certificate for mutual TLS.
+    pub tls: Option<ClientTls>,
+    /// What the health endpoint reports.
+    pub health: Arc<HealthState>,
+    /// Environment variables the coordinator's assignment may expand (`--allow-env`).
+    pub allow_env: Vec<String>,
+}
+
+/// TLS settings of the link.
+#[derive(Debug, Clone)]
+pub struct ClientTls {
+    /// PEM CA bundle that signed the coordinator's certificate.
+    pub ca: PathBuf,
+    /// PEM client certificate and key, for mutual TLS.
+    pub identity: Option<(PathBuf, PathBuf)>,
+}
+
+/// The worker's state as the health port shows it.
+#[derive(Debug, Default)]
+pub struct HealthState {
+    /// 0 connecting, 1 joined (waiting for start), 2 running, 3 finished.
+    pub phase: std::sync::atomic::AtomicU8,
+}
+
+impl HealthState {
+    /// The phase as a word.
+    pub fn phase_name(&self) -> &'static str {
+        match self.phase.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => "connecting",
+            1 => "joined",
+            2 => "running",
+            _ => "finished",
+        }
+    }
+
+    fn set(&self, phase: u8) {
+        self.phase
+            .store(phase, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Why a run ended badly for this worker.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    #[error("could not reach the coordinator at {addr} within {patience:?}: {source}")]
+    Connect {
+        addr: String,
+        patience: Duration,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("invalid coordinator address {0:?}")]
+    Address(String),
+    #[error("the coordinator refused this worker: {0}")]
+    Refused(String),
+    #[error("not trusted, nothing sent and nothing run: {0}")]
+    Untrusted(String),
+    #[error("the coordinator went away ({0}); stopped issuing requests")]
+    CoordinatorLost(String),
+    #[error("the coordinator aborted the run: {0}")]
+    Aborted(String),
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    #[error("protocol error: {0}")]
+    Assignment(#[from] AssignmentError),
+    #[error(transparent)]
+    Header(#[from] crate::request::HeaderTemplateError),
+    #[error(transparent)]
+    Client(#[from] crate::client::ClientError),
+    #[error(transparent)]
+    SigV4(#[from] crate::sigv4::SigV4Error),
+    #[error("TLS: {path}: {source}")]
+    TlsFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("TLS configuration: {0}")]
+    Tls(#[source] tonic::transport::Error),
+}
+
+/// The coordinator is gone: say when it was noticed, so a log can show no request after it.
+fn coordinator_lost(reason: &str) -> LinkError {
+    LinkError::CoordinatorLost(format!(
+        "{reason}; noticed at unix ms {}",
+        unix_ns() / 1_000_000
+    ))
+}
+
+fn unix_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+fn endpoint_url(addr: &str, tls: bool) -> String {
+    if addr.starts_with("http://") || addr.starts_with("https://") {
+        addr.to_owned()
+    } else if tls {
+        format!("https://{addr}")
+    } else {
+        format!("http://{addr}")
+    }
+}
+
+fn read_pem(path: &std::path::Path) -> Result<Vec<u8>, LinkError> {
+    std::fs::read(path).map_err(|source| LinkError::TlsFile {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+async fn connect(
+    options: &LinkOptions,
+) -> Result<CoordinatorClient<tonic::transport::Channel>, LinkError> {
+    let url = endpoint_url(&options.coordinator, options.tls.is_some());
+    let mut endpoint = tonic::transport::Endpoint::from_shared(url.clone())
+        .map_err(|_| LinkError::Address(options.coordinator.clone()))?
+        .tcp_nodelay(true)
+        .connect_timeout(Duration::from_secs(2))
+        // A peer that stops answering is noticed on the link itself, not only by silence.
+        .http2_keep_alive_interval(Duration::from_secs(1))
+        .keep_alive_timeout(options.heartbeat_timeout)
+        .keep_alive_while_idle(true);
+    if let Some(tls) = &options.tls {
+        let mut config = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(read_pem(&tls.ca)?));
+        if let Some((cert, key)) = &tls.identity {
+            config = config.identity(tonic::transport::Identity::from_pem(
+                read_pem(cert)?,
+                read_pem(key)?,
+            ));
+        }
+        endpoint = endpoint.tls_config(config).map_err(LinkError::Tls)?;
+    }
+    let give_up = Instant::now() + options.connect_patience;
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match endpoint.connect().await {
+            Ok(channel) => {
+                return Ok(
+                    CoordinatorClient::new(channel).max_decoding_message_size(64 * 1024 * 1024)
+                );
+            }
+            Err(source) if Instant::now() + backoff >= give_up => {
+                return Err(LinkError::Connect {
+                    addr: options.coordinator.clone(),
+                    patience: options.connect_patience,
+                    source,
+                });
+            }
+            Err(error) => {
+                tracing::debug!(%error, "coordinator not reachable yet; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+/// Every environment variable the assignment would read (`${VAR}` in headers, the AWS
+/// credentials for `--aws-sigv4`) must be allowed by this worker's `--allow-env`: a
+/// coordinator cannot make a worker send its environment anywhere.
+fn check_allowed_env(assignment: &Assignment, allowed: &[String]) -> Result<(), LinkError> {
+    let mut wanted: Vec<String> = assignment
+        .headers
+        .iter()
+        .flat_map(|(_, value)| crate::request::template_vars(value))
+        .collect();
+    if assignment.transport.aws_sigv4_region.is_some() {
+        wanted.extend([
+            "AWS_ACCESS_KEY_ID".to_owned(),
+            "AWS_SECRET_ACCESS_KEY".to_owned(),
+        ]);
+    }
+    match wanted.into_iter().find(|v| !allowed.iter().any(|a| a == v)) {
+        None => Ok(()),
+        Some(var) => Err(LinkError::Protocol(format!(
+            "the run asks this worker to expand ${{{var}}}, which it does not allow: start it with --allow-env {var}"
+        ))),
+    }
+}
+
+/// The engine's configuration from the assignment: headers expanded from the worker's
+/// environment (through `lookup`), `--set` values parsed, the SigV4 signer made.
+fn replay_config(
+    assignment: &Assignment,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<ReplayConfig, LinkError> {
+    let headers = expand_headers(&assignment.headers, lookup)?;
+    let sets = assignment
+        .sets
+        .iter()
+        .map(|(field, value)| {
+            let value = serde_json::from_str(value)
+                .unwrap_or_else(|_| serde_json::Value::String(value.clone()));
+            (field.clone(), value)
+        })
+        .collect();
+    let transport = &assignment.transport;
+    Ok(ReplayConfig {
+        target: assignment.target.clone(),
+        load: assignment.load.clone(),
+        headers,
+        sets,
+        timeout: assignment.timeout,
+        tag_requests: assignment.tag_requests,
+        requests_out: assignment.requests_out,
+        faithful: assignment.faithful,
+        reorder_window: assignment.reorder_window,
+        transport: TransportConfig {
+            extra_ca_pem: transport.ca_pem.clone(),
+            insecure: transport.insecure,
+            h2c: transport.h2c,
+            sigv4: match &transport.aws_sigv4_region {
+                None => None,
+                Some(region) => Some(SigV4Signer::from_env(region, lookup)?),
+            },
+        },
+    })
+}
+
+/// One exchange of the slice, checked at the edge: its JSON, and a think time that is a
+/// duration (finite, not negative, at most ten years).
+fn work_item(exchange: v1::Exchange) -> Result<WorkItem, String> {
+    let parsed = serde_json::from_slice(&exchange.json)
+        .map_err(|error| format!("exchange {}: {error}", exchange.index))?;
+    let think = match exchange.think_ms {
+        None => None,
+        Some(ms) if ms.is_finite() && (0.0..=10.0 * 365.0 * 86_400_000.0).contains(&ms) => {
+            Some(Duration::from_secs_f64(ms / 1000.0))
+        }
+        Some(ms) => {
+            return Err(format!(
+                "exchange {}: think_ms = {ms}: expected a duration in ms",
+                exchange.index
+            ));
+        }
+    };
+    Ok(WorkItem {
+        index: exchange.index,
+        exchange: parsed,
+        pin_output_tokens: exchange.pin_output_tokens,
+        think,
+    })
+}
+
+/// A message of the coordinator as the session sees it; `received_unix_ns` is when it was
+/// read (the clock is taken at the edge, before anything else).
+fn event_from_proto(message: v1::CoordinatorMessage, received_unix_ns: u64) -> CoordinatorEvent {
+    use v1::coordinator_message::Msg;
+    match message.msg {
+        Some(Msg::Start(start)) => CoordinatorEvent::Start {
+            start_unix_ns: start.start_unix_ns,
+        },
+        Some(Msg::ClockPing(ping)) => CoordinatorEvent::ClockPing {
+            seq: ping.seq,
+            coordinator_send_unix_ns: ping.coordinator_send_unix_ns,
+            received_unix_ns,
+        },
+        Some(Msg::Abort(abort)) => CoordinatorEvent::Abort {
+            reason: abort.reason,
+        },
+        Some(Msg::Finish(_)) => CoordinatorEvent::Finish,
+        // A heartbeat, or anything this late in the run that means nothing but "alive".
+        Some(Msg::Heartbeat(_) | Msg::Assignment(_) | Msg::Refused(_) | Msg::Challenge(_))
+        | None => CoordinatorEvent::Alive,
+    }
+}
+
+/// The protocol message of a session's message. A clock pong's send time is stamped here,
+/// as it goes to the wire.
+fn message_to_proto(message: ToCoordinator) -> v1::WorkerMessage {
+    use v1::worker_message::Msg;
+    let msg = match message {
+        ToCoordinator::ClockPong {
+            seq,
+            coordinator_send_unix_ns,
+            worker_receive_unix_ns,
+        } => Msg::ClockPong(v1::ClockPong {
+            seq,
+            coordinator_send_unix_ns,
+            worker_receive_unix_ns,
+            worker_send_unix_ns: unix_ns(),
+        }),
+        ToCoordinator::Started { unix_ns } => Msg::Started(v1::Started { unix_ns }),
+        ToCoordinator::Records(records) => Msg::Records(v1::RequestRecords {
+            records: records
+                .into_iter()
+                .map(proto::convert::record_to_proto)
+                .collect(),
+        }),
+        ToCoordinator::Report(report) => Msg::Report(proto::convert::report_to_proto(&report)),
+        ToCoordinator::Heartbeat { unix_ns } => Msg::Heartbeat(v1::Heartbeat { unix_ns }),
+    };
+    v1::WorkerMessage { msg: Some(msg) }
+}
+
+/// Messages of the join handshake waiting for the stream (hello, challenge answer, failure).
+const HANDSHAKE_CAPACITY: usize = 4;
+
+/// Messages of the session waiting for the stream: a report waits when it is full (gRPC's
+/// flow control reaches the session), a pong or heartbeat is dropped.
+const OUTBOUND_CAPACITY: usize = 64;
+
+/// Join the coordinator and take part in one run. `load` is the runtime that carries the
+/// load (the link itself runs on the caller's runtime). `on_joined` is called once the
+/// coordinator accepted the worker.
+pub async fn run_once(
+    options: &LinkOptions,
+    load: tokio::runtime::Handle,
+    on_joined: &mut dyn FnMut(&str),
+) -> Result<(), LinkError> {
+    let mut client = connect(options).await?;
+    // One stream to the coordinator: the handshake's protocol messages, then the session's
+    // domain messages, converted as they go out.
+    let (handshake_tx, handshake_rx) = mpsc::channel::<v1::WorkerMessage>(HANDSHAKE_CAPACITY);
+    let (out_tx, out_rx) = mpsc::channel::<ToCoordinator>(OUTBOUND_CAPACITY);
+    let outbound =
+        ReceiverStream::new(handshake_rx).merge(ReceiverStream::new(out_rx).map(message_to_proto));
+    let send = |msg: v1::worker_message::Msg| v1::WorkerMessage { msg: Some(msg) };
+    let worker_nonce = proto::auth::nonce();
+    handshake_tx
+        .send(send(v1::worker_message::Msg::Hello(v1::Hello {
+            protocol_version: proto::PROTOCOL_VERSION,
+            worker_id: options.worker_id.clone(),
+            host: options.host.clone(),
+            capacity: 0,
+            // The token itself never crosses the link: see the challenge below.
+            token: String::new(),
+            nonce: worker_nonce.clone(),
+        })))
+        .await
+        .map_err(|_| LinkError::Protocol("outbound stream closed".into()))?;
+    // Every wait is bounded: a peer that accepts the connection and never answers is not a
+    // coordinator.
+    let answer_within = options.heartbeat_timeout;
+    let silent = |what: &str| coordinator_lost(&format!("no {what} within {answer_within:?}"));
+    let mut inbound = tokio::time::timeout(answer_within, client.join(outbound))
+        .await
+        .map_err(|_| silent("answer to the join"))?
+        .map_err(|status| LinkError::Refused(status.message().to_owned()))?
+        .into_inner();
+
+    let token = options
+        .token
+        .as_deref()
+        .map(str::trim)
+        .filter(|t| !t.is_empty());
+    let mut authenticated = false;
+    let assignment = loop {
+        let message = tokio::time::timeout(answer_within, inbound.message())
+            .await
+            .map_err(|_| silent("assignment"))?;
+        match message {
+            Ok(Some(v1::CoordinatorMessage {
+                msg: Some(v1::coordinator_message::Msg::Challenge(challenge)),
+            })) => {
+                let Some(token) = token else {
+                    return Err(LinkError::Refused(
+                        "the coordinator asks for a token: give this worker --token (or LLM_REPLAY_TOKEN)".into(),
+                    ));
+                };
+                let expected = proto::auth::coordinator_proof(
+                    token,
+                    &worker_nonce,
+                    &challenge.nonce,
+                    &options.worker_id,
+                );
+                if !proto::auth::verify(&expected, &challenge.proof) {
+                    return Err(LinkError::Untrusted(
+                        "the coordinator could not prove it knows this worker's token: this worker's --token is wrong, or the peer is not the coordinator the token belongs to".into(),
+                    ));
+                }
+                authenticated = true;
+                let proof = proto::auth::worker_proof(
+                    token,
+                    &worker_nonce,
+                    &challenge.nonce,
+                    &options.worker_id,
+                );
+                handshake_tx
+                    .send(send(v1::worker_message::Msg::Answer(v1::ChallengeAnswer {
+                        proof,
+                    })))
+                    .await
+                    .map_err(|_| LinkError::Protocol("outbound stream closed".into()))?;
+            }
+            Ok(Some(v1::CoordinatorMessage {
+                msg: Some(v1::coordinator_message::Msg::Assignment(a)),
+            })) => {
+                if token.is_some() && !authenticated {
+                    // Nothing it says is trusted: not its target, not its ${VAR}s.
+                    return Err(LinkError::Untrusted(
+                        "the peer sent an assignment without proving it knows the token".into(),
+                    ));
+                }
+                break a;
+            }
+            Ok(Some(v1::CoordinatorMessage {
+                msg: Some(v1::coordinator_message::Msg::Refused(r)),
+            })) => return Err(LinkError::Refused(r.reason)),
+            Ok(Some(v1::CoordinatorMessage {
+                msg: Some(v1::coordinator_message::Msg::Heartbeat(_)),
+            })) => continue,
+            Ok(Some(other)) => {
+                return Err(LinkError::Protocol(format!(
+                    "expected an assignment, got {other:?}"
+                )));
+            }
+            Ok(None) => return Err(coordinator_lost("its stream ended")),
+            Err(status) => return Err(LinkError::Refused(status.message().to_owned())),
+        }
+    };
+    let allowed = |var: &str| {
+        options
+            .allow_env
+            .iter()
+            .any(|a| a == var)
+            .then(|| std::env::var(var).ok())
+            .flatten()
+    };
+    let prepared = proto::convert::assignment_from_proto(&assignment)
+        .map_err(LinkError::from)
+        .and_then(|assignment| {
+            check_allowed_env(&assignment, &options.allow_env)?;
+            let config = replay_config(&assignment, &allowed)?;
+            let client = TargetClient::new(&config.transport)?;
+            Ok((assignment, Arc::new(config), client))
+        });
+    let (assignment, config, client_http) = match prepared {
+        Ok(prepared) => prepared,
+        Err(error) => {
+            let _ = handshake_tx
+                .send(send(v1::worker_message::Msg::Failed(v1::WorkerFailed {
+                    reason: error.to_string(),
+                })))
+                .await;
+            return Err(error);
+        }
+    };
+    drop(handshake_tx);
+    on_joined(&assignment.run_id);
+    options.health.set(1);
+
+    // The slice arrives on its own stream; the forwarder blocks on the bounded items channel
+    // when the engine is behind, which back-pressures the coordinator through HTTP/2.
+    let slice_request = client.exchanges(v1::SliceRequest {
+        run_id: assignment.run_id.clone(),
+        worker_id: options.worker_id.clone(),
+        token: assignment.slice_key.clone(),
+    });
+    let mut slice = tokio::time::timeout(answer_within, slice_request)
+        .await
+        .map_err(|_| silent("slice stream"))?
+        .map_err(|status| LinkError::Protocol(format!("slice stream: {}", status.message())))?
+        .into_inner();
+    let (items_tx, items_rx) = mpsc::channel::<WorkItem>(2048);
+    let (session, session_task) = SessionHandle::spawn(
+        Session {
+            config,
+            client: client_http,
+            items: items_rx,
+            open_ended: assignment.open_ended,
+            load: load.clone(),
+            heartbeat_timeout: options.heartbeat_timeout,
+            report_interval: options.report_interval,
+            health: options.health.clone(),
+        },
+        out_tx,
+    );
+    let slice_session = session.clone();
+    let slice_task = load.spawn(async move {
+        loop {
+            match slice.message().await {
+                Ok(Some(chunk)) => {
+                    for exchange in chunk.exchanges {
+                        let item = match work_item(exchange) {
+                            Ok(item) => item,
+                            Err(reason) => {
+                                slice_session
+                                    .send(CoordinatorEvent::SliceFailed {
+                                        transport: false,
+                                        reason,
+                                    })
+                                    .await;
+                                return;
+                            }
+                        };
+                        if items_tx.send(item).await.is_err() {
+                            return;
+                        }
+                    }
+                    if chunk.last {
+                        return;
+                    }
+                }
+                Ok(None) => return,
+                Err(status) => {
+                    slice_session
+                        .send(CoordinatorEvent::SliceFailed {
+                            transport: true,
+                            reason: status.message().to_owned(),
+                        })
+                        .await;
+                    return;
+                }
+            }
+        }
+    });
+    // Every message of the coordinator becomes an event of the session, stamped as it is read.
+    let inbound_task = tokio::spawn(async move {
+        loop {
+            let event = match inbound.message().await {
+                Ok(Some(message)) => event_from_proto(message, unix_ns()),
+                Ok(None) => CoordinatorEvent::StreamEnded,
+                Err(status) => CoordinatorEvent::StreamBroke {
+                    reason: status.message().to_owned(),
+                },
+            };
+            let last = matches!(
+                event,
+                CoordinatorEvent::StreamEnded | CoordinatorEvent::StreamBroke { .. }
+            );
+            if !session.send(event).await || last {
+                return;
+            }
+        }
+    });
+    let outcome = session_task.await.unwrap_or_else(|error| {
+        Err(LinkError::Protocol(format!(
+            "the link's session failed: {error}"
+        )))
+    });
+    inbound_task.abort();
+    slice_task.abort();
+    outcome
+}

@@ -1,0 +1,398 @@
+//! A worker's session in one run, once the coordinator has accepted it: wait for the start
+//! (answering clock pings, watching the heartbeat timeout), run the engine, report every
+//! interval, send `Started` once, stop the load on an abort, a lost coordinator or a broken
+//! slice, send the final records and report, then wait for `Finish`.
+//!
+//! An actor over one event enum (`CoordinatorEvent`) that speaks domain messages
+//! (`ToCoordinator`) on a bounded channel. The gRPC boundary (`super`) turns protocol
+//! messages into events and messages into protocol messages, so this logic knows no protocol
+//! type and its unit tests (`tests`) run it under `tokio::time::pause`, without gRPC.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::metrics::{RequestRecord, SliceTotals};
+use proto::convert::WorkerReport;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::{HealthState, LinkError, coordinator_lost, unix_ns};
+use crate::client::TargetClient;
+use crate::config::{ReplayConfig, WorkItem};
+use crate::engine::{self, StartAt};
+use crate::metrics_actor::MetricsHandle;
+
+/// What the coordinator (or the worker's slice stream) told the session.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CoordinatorEvent {
+    /// Start the load at this instant of the worker's own wall clock (Unix ns).
+    Start { start_unix_ns: u64 },
+    /// A clock sample, to answer at once; `received_unix_ns` was stamped when it was read.
+    ClockPing {
+        seq: u64,
+        coordinator_send_unix_ns: u64,
+        received_unix_ns: u64,
+    },
+    /// Stop the load at once.
+    Abort { reason: String },
+    /// The coordinator has the final report: the session may end.
+    Finish,
+    /// Any other message (a heartbeat): the coordinator is alive.
+    Alive,
+    /// The coordinator closed its stream.
+    StreamEnded,
+    /// The coordinator's stream broke.
+    StreamBroke { reason: String },
+    /// The slice stream failed: its transport broke (`transport`), or it sent an exchange
+    /// that does not check out.
+    SliceFailed { transport: bool, reason: String },
+}
+
+/// What the session tells the coordinator.
+#[derive(Debug)]
+pub enum ToCoordinator {
+    /// The answer to a clock ping; the boundary stamps the send time as it writes it.
+    ClockPong {
+        seq: u64,
+        coordinator_send_unix_ns: u64,
+        worker_receive_unix_ns: u64,
+    },
+    /// The instant the load actually started, in the worker's clock (sent once).
+    Started {
+        unix_ns: u64,
+    },
+    /// Per-request records (`--requests-out`), at most `RECORDS_PER_MESSAGE` at a time.
+    Records(Vec<RequestRecord>),
+    /// A cumulative report; the last one is final.
+    Report(Box<WorkerReport>),
+    Heartbeat {
+        unix_ns: u64,
+    },
+}
+
+/// Records per message: a batch stays far below gRPC's 4 MiB message limit.
+pub const RECORDS_PER_MESSAGE: usize = 1024;
+
+/// Events waiting for the session. When it is full the sender waits: the boundary then stops
+/// reading the coordinator's stream, which back-pressures it through HTTP/2.
+const EVENTS_CAPACITY: usize = 64;
+
+/// Everything a session needs besides its channels.
+pub struct Session {
+    pub config: Arc<ReplayConfig>,
+    pub client: TargetClient,
+    /// The slice, as it arrives.
+    pub items: mpsc::Receiver<WorkItem>,
+    /// The slice loops until the duration ends.
+    pub open_ended: bool,
+    /// The runtime that carries the load (the session runs on the link's).
+    pub load: tokio::runtime::Handle,
+    /// The coordinator is lost after this long without any message from it.
+    pub heartbeat_timeout: Duration,
+    /// Interval between reports (and heartbeats).
+    pub report_interval: Duration,
+    pub health: Arc<HealthState>,
+}
+
+/// The handle of a running session: a cheap clone of its events' sender.
+#[derive(Debug, Clone)]
+pub struct SessionHandle {
+    events: mpsc::Sender<CoordinatorEvent>,
+}
+
+impl SessionHandle {
+    /// Spawn the session on the current runtime. Messages for the coordinator go to `out`
+    /// (bounded: clock pongs, heartbeats and `Started` are dropped when it is full, a later
+    /// one stands for them; records and reports wait for room). The task ends with the
+    /// session's outcome.
+    pub fn spawn(
+        session: Session,
+        out: mpsc::Sender<ToCoordinator>,
+    ) -> (SessionHandle, JoinHandle<Result<(), LinkError>>) {
+        let (events_tx, events_rx) = mpsc::channel(EVENTS_CAPACITY);
+        let task = tokio::spawn(session.run(events_rx, out));
+        (SessionHandle { events: events_tx }, task)
+    }
+
+    /// Hand an event to the session; false when the session is over.
+    pub async fn send(&self, event: CoordinatorEvent) -> bool {
+        self.events.send(event).await.is_ok()
+    }
+}
+
+impl Session {
+    async fn run(
+        self,
+        mut events: mpsc::Receiver<CoordinatorEvent>,
+        out: mpsc::Sender<ToCoordinator>,
+    ) -> Result<(), LinkError> {
+        let Session {
+            config,
+            client,
+            items,
+            open_ended,
+            load,
+            heartbeat_timeout,
+            report_interval,
+            health,
+        } = self;
+        let silence = || coordinator_lost(&format!("no message for {heartbeat_timeout:?}"));
+
+        // Before the start: answer clock pings, and give up on a silent coordinator. A slice
+        // failure is kept for the start (as the load cannot have begun, it only stops it).
+        let mut last_heard = Instant::now();
+        let mut slice_failure: Option<LinkError> = None;
+        let start_unix_ns = loop {
+            tokio::select! {
+                event = events.recv() => match event {
+                    Some(CoordinatorEvent::Start { start_unix_ns }) => break start_unix_ns,
+                    Some(CoordinatorEvent::ClockPing { seq, coordinator_send_unix_ns, received_unix_ns }) => {
+                        last_heard = Instant::now();
+                        let _ = out.try_send(ToCoordinator::ClockPong {
+                            seq,
+                            coordinator_send_unix_ns,
+                            worker_receive_unix_ns: received_unix_ns,
+                        });
+                    }
+                    Some(CoordinatorEvent::Abort { reason }) => return Err(LinkError::Aborted(reason)),
+                    Some(CoordinatorEvent::StreamEnded) | None => {
+                        return Err(coordinator_lost("its stream ended before the start"));
+                    }
+                    Some(CoordinatorEvent::StreamBroke { reason }) => return Err(coordinator_lost(&reason)),
+                    Some(CoordinatorEvent::SliceFailed { transport, reason }) => {
+                        slice_failure.get_or_insert(slice_error(transport, &reason));
+                    }
+                    Some(CoordinatorEvent::Finish | CoordinatorEvent::Alive) => last_heard = Instant::now(),
+                },
+                _ = tokio::time::sleep_until(last_heard + heartbeat_timeout) => return Err(silence()),
+            }
+        };
+        let now_ns = unix_ns();
+        let start = StartAt {
+            instant: std::time::Instant::now()
+                + Duration::from_nanos(start_unix_ns.saturating_sub(now_ns)),
+        };
+
+        let (abort_tx, abort_rx) = watch::channel(false);
+        let metrics = {
+            let _guard = load.enter();
+            MetricsHandle::spawn()
+        };
+        let progress = Arc::new(engine::Progress::default());
+        let mut engine_task = load.spawn(engine::replay(engine::EngineRun {
+            config,
+            client,
+            items,
+            start,
+            metrics: metrics.clone(),
+            abort: abort_rx,
+            open_ended,
+            progress: progress.clone(),
+        }));
+        health.set(2);
+        let mut failure: Option<LinkError> = None;
+        if let Some(slice_failure) = slice_failure {
+            failure = Some(slice_failure);
+            let _ = abort_tx.send(true);
+        }
+        let mut started_sent = false;
+        let mut seq = 0u64;
+        let mut ticker = tokio::time::interval(report_interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let totals = loop {
+            tokio::select! {
+                finished = &mut engine_task => match finished {
+                    Ok(totals) => break totals,
+                    Err(error) => {
+                        // Never silent zeros: a failed engine is a failed worker.
+                        failure.get_or_insert(LinkError::Protocol(format!("the load engine failed: {error}")));
+                        break SliceTotals::default();
+                    }
+                },
+                _ = ticker.tick() => {
+                    if !started_sent {
+                        let started = progress.started_unix_ns.load(Ordering::Relaxed);
+                        if started > 0 {
+                            started_sent = true;
+                            let _ = out.try_send(ToCoordinator::Started { unix_ns: started });
+                        }
+                    }
+                    let snapshot = metrics.snapshot().await;
+                    if send_records(&out, snapshot.records).await.is_err() {
+                        failure.get_or_insert(coordinator_lost("its report stream closed"));
+                        let _ = abort_tx.send(true);
+                    }
+                    seq += 1;
+                    let report = WorkerReport {
+                        seq,
+                        is_final: false,
+                        metrics: snapshot.metrics,
+                        totals: live_totals(&progress),
+                        status_codes: snapshot.status_codes,
+                        tls_problems: snapshot.tls_problems,
+                        cpu_seconds: cpu_seconds(),
+                        peak_rss_bytes: proto::convert::peak_rss_bytes(),
+                        cores: proto::convert::available_cores(),
+                        timeline: with_target_reached(snapshot.timeline, &progress),
+                    };
+                    if out.send(ToCoordinator::Report(Box::new(report))).await.is_err() {
+                        failure.get_or_insert(coordinator_lost("its report stream closed"));
+                        let _ = abort_tx.send(true);
+                    }
+                    let _ = out.try_send(ToCoordinator::Heartbeat { unix_ns: unix_ns() });
+                }
+                event = events.recv(), if failure.is_none() => match event {
+                    Some(CoordinatorEvent::Abort { reason }) => {
+                        tracing::warn!(reason, "run aborted by the coordinator");
+                        failure = Some(LinkError::Aborted(reason));
+                        let _ = abort_tx.send(true);
+                    }
+                    Some(CoordinatorEvent::ClockPing { seq, coordinator_send_unix_ns, received_unix_ns }) => {
+                        last_heard = Instant::now();
+                        let _ = out.try_send(ToCoordinator::ClockPong {
+                            seq,
+                            coordinator_send_unix_ns,
+                            worker_receive_unix_ns: received_unix_ns,
+                        });
+                    }
+                    Some(CoordinatorEvent::SliceFailed { transport, reason }) => {
+                        failure = Some(slice_error(transport, &reason));
+                        let _ = abort_tx.send(true);
+                    }
+                    Some(CoordinatorEvent::StreamEnded) | None => {
+                        failure = Some(coordinator_lost("its stream ended"));
+                        let _ = abort_tx.send(true);
+                    }
+                    Some(CoordinatorEvent::StreamBroke { reason }) => {
+                        failure = Some(coordinator_lost(&reason));
+                        let _ = abort_tx.send(true);
+                    }
+                    Some(CoordinatorEvent::Start { .. } | CoordinatorEvent::Finish | CoordinatorEvent::Alive) => {
+                        last_heard = Instant::now();
+                    }
+                },
+                _ = tokio::time::sleep_until(last_heard + heartbeat_timeout), if failure.is_none() => {
+                    failure = Some(silence());
+                    let _ = abort_tx.send(true);
+                }
+            }
+        };
+
+        health.set(3);
+        let started = progress.started_unix_ns.load(Ordering::Relaxed);
+        if !started_sent && started > 0 {
+            let _ = out.try_send(ToCoordinator::Started { unix_ns: started });
+        }
+        let snapshot = metrics.snapshot().await;
+        // The records go before the final report, on the same stream, so the coordinator has
+        // every one of them when it reads the final counts.
+        let records_sent = send_records(&out, snapshot.records).await;
+        seq += 1;
+        let report = ToCoordinator::Report(Box::new(WorkerReport {
+            seq,
+            is_final: true,
+            metrics: snapshot.metrics,
+            totals,
+            status_codes: snapshot.status_codes,
+            tls_problems: snapshot.tls_problems,
+            cpu_seconds: cpu_seconds(),
+            peak_rss_bytes: proto::convert::peak_rss_bytes(),
+            cores: proto::convert::available_cores(),
+            timeline: with_target_reached(snapshot.timeline, &progress),
+        }));
+        if records_sent.is_err() {
+            failure.get_or_insert(coordinator_lost("its report stream closed"));
+        }
+        if let Some(failure) = failure {
+            // Best effort: the coordinator may still be there (abort) and want the partial
+            // numbers.
+            let _ = tokio::time::timeout(Duration::from_secs(1), out.send(report)).await;
+            return Err(failure);
+        }
+        out.send(report)
+            .await
+            .map_err(|_| coordinator_lost("its report stream closed"))?;
+        // Wait for the coordinator's Finish (or the end of its stream) so the report is
+        // delivered.
+        let wait = async {
+            loop {
+                match events.recv().await {
+                    Some(
+                        CoordinatorEvent::Finish
+                        | CoordinatorEvent::StreamEnded
+                        | CoordinatorEvent::StreamBroke { .. },
+                    )
+                    | None => return,
+                    Some(_) => {}
+                }
+            }
+        };
+        let _ = tokio::time::timeout(heartbeat_timeout, wait).await;
+        Ok(())
+    }
+}
+
+/// A failed slice stream: the coordinator is gone when its transport broke, else it sent
+/// something this worker will not replay.
+fn slice_error(transport: bool, reason: &str) -> LinkError {
+    if transport {
+        coordinator_lost(&format!("its slice stream broke: {reason}"))
+    } else {
+        LinkError::Protocol(format!("slice: {reason}"))
+    }
+}
+
+/// The engine's counters so far (nothing is lost while it runs).
+fn live_totals(progress: &engine::Progress) -> SliceTotals {
+    SliceTotals {
+        issued: progress.issued.load(Ordering::Relaxed),
+        not_started: progress.not_started.load(Ordering::Relaxed),
+        lost: 0,
+        sent_out_of_order: progress.sent_out_of_order.load(Ordering::Relaxed),
+    }
+}
+
+/// The steady-state window's data: the completion timeline and when the load reached its
+/// target.
+fn with_target_reached(
+    mut timeline: common::timeline::Timeline,
+    progress: &engine::Progress,
+) -> common::timeline::Timeline {
+    let reached = progress.target_reached_unix_us.load(Ordering::Relaxed);
+    timeline.target_reached_unix_us = (reached > 0).then_some(reached);
+    timeline
+}
+
+/// Send per-request records in bounded batches; an error when the coordinator's side is gone.
+async fn send_records(
+    out: &mpsc::Sender<ToCoordinator>,
+    records: Vec<RequestRecord>,
+) -> Result<(), ()> {
+    let mut records = records.into_iter().peekable();
+    while records.peek().is_some() {
+        let batch = records.by_ref().take(RECORDS_PER_MESSAGE).collect();
+        out.send(ToCoordinator::Records(batch))
+            .await
+            .map_err(|_| ())?;
+    }
+    Ok(())
+}
+
+fn cpu_seconds() -> f64 {
+    // utime + stime of this process, in clock ticks (USER_HZ is 100 on Linux).
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|stat| {
+            let after = stat.rsplit_once(')')?.1;
+            let fields: Vec<&str> = after.split_whitespace().collect();
+            let utime: f64 = fields.get(11)?.parse().ok()?;
+            let stime: f64 = fields.get(12)?.parse().ok()?;
+            Some((utime + stime) / 100.0)
+        })
+        .unwrap_or(0.0)
+}
+
+#[cfg(test)]
+mod tests;
