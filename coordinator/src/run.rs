@@ -154,6 +154,9 @@ pub struct ReplaySetup<'a> {
     pub interrupt: tokio::sync::watch::Receiver<bool>,
     /// Live progress for a person watching (the CLI renders it); `None` when nobody is.
     pub progress: Option<tokio::sync::watch::Sender<Progress>>,
+    /// Told how many remote workers the run waits for and where it listens, once it does
+    /// (the CLI prints how to start them).
+    pub waiting_for_workers: &'a (dyn Fn(usize, SocketAddr) + Send + Sync),
 }
 
 fn tls_server_config(
@@ -299,11 +302,7 @@ pub async fn replay(setup: ReplaySetup<'_>) -> Result<ReplayResult, RunError> {
                 children.push(child);
             }
         }
-        WorkerSource::Remote { expect, .. } => {
-            eprintln!(
-                "llm-replay: waiting for {expect} workers on {addr} (llm-replay-worker --coordinator {addr})"
-            );
-        }
+        WorkerSource::Remote { expect, .. } => (setup.waiting_for_workers)(*expect, addr),
     }
 
     let identity = RunIdentity {

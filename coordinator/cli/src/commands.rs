@@ -317,6 +317,11 @@ async fn replay_command(args: RunArgs, live: &mut Option<LiveServer>) -> ExitCod
             requests_out: requests_out.clone(),
             interrupt: interrupt.clone(),
             progress: progress.clone(),
+            waiting_for_workers: &|expect, addr| {
+                eprintln!(
+                    "llm-replay: waiting for {expect} workers on {addr} (llm-replay-worker --coordinator {addr})"
+                );
+            },
         };
         match replay(setup).await {
             Ok(result) => {
