@@ -689,6 +689,18 @@ impl<'a> RawExchange<'a> {
         }
     }
 
+    /// A reader at this line, for its messages and checks.
+    fn reader(&self) -> RecordingReader {
+        RecordingReader {
+            path: self.path.to_path_buf(),
+            input: Box::new(std::io::empty()),
+            line_no: self.line,
+            buf: Vec::new(),
+            done: true,
+            torn_last_line: None,
+        }
+    }
+
     /// The `session` field.
     pub fn session(&self) -> Result<Option<Cow<'a, str>>, RecordingError> {
         self.field::<Cow<'a, str>>("session")
@@ -712,15 +724,22 @@ impl<'a> RawExchange<'a> {
             text.push_str(value.get());
         }
         text.push('}');
-        let reader = RecordingReader {
-            path: self.path.to_path_buf(),
-            input: Box::new(std::io::empty()),
-            line_no: self.line,
-            buf: Vec::new(),
-            done: true,
-            torn_last_line: None,
-        };
-        reader.parse_line(&text)
+        self.reader().parse_line(&text)
+    }
+
+    /// [`Self::to_json_without_response`], checked as [`RecordingReader::next_exchange`]
+    /// checks a line (types, path, method, base64, offsets): an exchange that would not
+    /// replay is an error naming this file, line and field here, not a puzzle on a worker.
+    /// The response is neither decoded nor checked.
+    pub fn checked_json_without_response(
+        &self,
+        session: Option<&str>,
+        at_ms: Option<f64>,
+    ) -> Result<Vec<u8>, RecordingError> {
+        let json = self.to_json_without_response(session, at_ms);
+        let text = std::str::from_utf8(&json).expect("built from UTF-8 text");
+        self.reader().parse_line(text)?;
+        Ok(json)
     }
 
     /// The line as JSON without its `response`, with `session` and `at_ms` replaced when
@@ -1033,6 +1052,20 @@ mod tests {
         let raw = r.next_raw().expect("line 1").expect("an object");
         let err = raw.session().expect_err("not a string").to_string();
         assert!(err.starts_with("rec.jsonl:1: session: "), "{err}");
+        let mut r = reader(&format!("{good}\n{{\"request\": 42}}\n"));
+        assert!(
+            r.next_raw()
+                .expect("line 1")
+                .expect("an object")
+                .checked_json_without_response(None, None)
+                .is_ok()
+        );
+        let raw = r.next_raw().expect("line 2").expect("an object");
+        let err = raw
+            .checked_json_without_response(None, None)
+            .expect_err("no request")
+            .to_string();
+        assert!(err.starts_with("rec.jsonl:2: request: "), "{err}");
     }
 
     #[test]

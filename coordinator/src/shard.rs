@@ -138,21 +138,23 @@ impl Item<'_, '_> {
     }
 
     /// The exchange as its worker gets it: the recorded line without its response, copied
-    /// field by field as written (no decode and re-encode), with this pass's session and
-    /// arrival.
-    fn slice_exchange(&self, extras: Extras) -> SliceExchange {
+    /// field by field as written (never re-encoded from a decoded exchange), with this pass's
+    /// session and arrival.
+    /// The request part is checked here (a line the scan passed can have changed since: the
+    /// error then names its file, line and field, and stops the run).
+    fn slice_exchange(&self, extras: Extras) -> Result<SliceExchange, RecordingError> {
         let json = if self.pass == 0 {
-            self.raw.to_json_without_response(None, None)
+            self.raw.checked_json_without_response(None, None)?
         } else {
             self.raw
-                .to_json_without_response(self.session.as_deref(), self.at_ms)
+                .checked_json_without_response(self.session.as_deref(), self.at_ms)?
         };
-        SliceExchange {
+        Ok(SliceExchange {
             index: self.index,
             json,
             pin_output_tokens: extras.pin_output_tokens,
             think_ms: extras.think_ms,
-        }
+        })
     }
 }
 
@@ -262,7 +264,7 @@ pub fn feed_slice(plan: &SlicePlan, worker: usize, tx: SliceSender) -> Result<u6
         if worker_for(sequence, item.session.as_deref(), plan.workers) != worker {
             return Ok(true);
         }
-        let exchange = item.slice_exchange(item.extras(plan, &mut think)?);
+        let exchange = item.slice_exchange(item.extras(plan, &mut think)?)?;
         sent += 1;
         if !chunker.push(&tx, exchange) {
             gone = true;
@@ -316,7 +318,7 @@ pub fn feed_reassigned(
                 next
             }
         };
-        if chunkers[target].push(&survivors[target], item.slice_exchange(extras)) {
+        if chunkers[target].push(&survivors[target], item.slice_exchange(extras)?) {
             counts[target] += 1;
         }
         Ok(true)

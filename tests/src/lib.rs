@@ -6,7 +6,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Every test of the integration binary takes one of two guards as its first line:
 ///
@@ -21,14 +21,71 @@ use std::time::Duration;
 /// timing test fail. A waiting timing test goes before new parallel ones (the lock prefers
 /// writers on Linux), so timing tests are not starved. A test that failed while holding a
 /// guard poisons the lock; the next holder takes it anyway (it guards the cores, no data).
-pub fn timing_lock() -> RwLockWriteGuard<'static, ()> {
-    CORES.write().unwrap_or_else(PoisonError::into_inner)
+pub fn timing_lock() -> CoresGuard {
+    let asked = Instant::now();
+    let guard = CORES.write().unwrap_or_else(PoisonError::into_inner);
+    CoresGuard::new("timing", asked, Held::Alone(guard))
 }
 
 /// The guard of a test that measures no time and loads the machine no more than a few
 /// hundred short requests do: see [`timing_lock`].
-pub fn parallel_lock() -> RwLockReadGuard<'static, ()> {
-    CORES.read().unwrap_or_else(PoisonError::into_inner)
+pub fn parallel_lock() -> CoresGuard {
+    let asked = Instant::now();
+    let guard = CORES.read().unwrap_or_else(PoisonError::into_inner);
+    CoresGuard::new("parallel", asked, Held::Shared(guard))
+}
+
+/// A test's hold on the cores. When it ends, one line goes to
+/// `target/integration-test-times.tsv` (test, kind, seconds waited for the lock, seconds
+/// held): where the suite's time goes, without a nightly toolchain's `--report-time`.
+pub struct CoresGuard {
+    kind: &'static str,
+    asked: Instant,
+    acquired: Instant,
+    _held: Held,
+}
+
+enum Held {
+    Alone(RwLockWriteGuard<'static, ()>),
+    Shared(RwLockReadGuard<'static, ()>),
+}
+
+impl CoresGuard {
+    fn new(kind: &'static str, asked: Instant, held: Held) -> CoresGuard {
+        CoresGuard {
+            kind,
+            asked,
+            acquired: Instant::now(),
+            _held: held,
+        }
+    }
+}
+
+impl Drop for CoresGuard {
+    fn drop(&mut self) {
+        use std::io::Write;
+        let name = std::thread::current()
+            .name()
+            .unwrap_or("(unnamed)")
+            .to_owned();
+        let line = format!(
+            "{name}\t{}\t{:.1}\t{:.1}\n",
+            self.kind,
+            (self.acquired - self.asked).as_secs_f64(),
+            self.acquired.elapsed().as_secs_f64()
+        );
+        let path = profile_dir()
+            .parent()
+            .map(|target| target.join("integration-test-times.tsv"));
+        if let Some(path) = path
+            && let Ok(mut file) = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+        {
+            let _ = file.write_all(line.as_bytes());
+        }
+    }
 }
 
 /// Timing tests hold it exclusively, the others shared.
