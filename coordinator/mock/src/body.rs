@@ -5,6 +5,7 @@
 //! (`start + offset`), never accumulated sleeps, so scheduling delays do not add up.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -13,6 +14,8 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::sync::OwnedSemaphorePermit;
 
 use common::pacer::Pacer;
+
+use crate::truth::RequestTrace;
 
 /// One frame of a planned response and when to write it, relative to the stream's start.
 #[derive(Debug, Clone)]
@@ -58,6 +61,10 @@ pub(crate) struct TimedBody {
     exact_len: Option<u64>,
     /// Holds the concurrent-stream slot until the body is done or dropped.
     _permit: Option<OwnedSemaphorePermit>,
+    /// `--write-log`: stamps each data frame as it is handed to hyper.
+    trace: Option<Arc<RequestTrace>>,
+    /// Index of the frame that carries the first token (after a role/preamble frame).
+    first_token: usize,
 }
 
 impl TimedBody {
@@ -79,6 +86,8 @@ impl TimedBody {
             unflushed: false,
             exact_len: None,
             _permit: permit,
+            trace: None,
+            first_token: 0,
         }
     }
 
@@ -118,7 +127,20 @@ impl TimedBody {
             unflushed: false,
             exact_len: Some(len),
             _permit: None,
+            trace: None,
+            first_token: 0,
         }
+    }
+
+    /// Which frame carries the first token (default: the first frame).
+    pub(crate) fn with_first_token(mut self, index: usize) -> TimedBody {
+        self.first_token = index;
+        self
+    }
+
+    /// Log this body's frames in the truth log.
+    pub(crate) fn set_trace(&mut self, trace: Arc<RequestTrace>) {
+        self.trace = Some(trace);
     }
 
     fn next_deadline(&self) -> Option<Instant> {
@@ -163,6 +185,9 @@ impl Body for TimedBody {
         match this.frames.get(this.next) {
             Some(frame) => {
                 let bytes = frame.bytes.clone();
+                if let Some(trace) = &this.trace {
+                    trace.frame_handed(this.next == this.first_token);
+                }
                 this.next += 1;
                 this.unflushed = true;
                 Poll::Ready(Some(Ok(Frame::data(bytes))))

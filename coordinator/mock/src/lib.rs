@@ -12,6 +12,7 @@
 mod body;
 mod recorded;
 mod synth;
+mod truth;
 
 #[cfg(test)]
 mod tests;
@@ -97,6 +98,12 @@ pub enum MockError {
     TlsCertKey(#[source] rustls::Error),
     #[error("starting the pacer thread")]
     Pacer(#[source] std::io::Error),
+    #[error("truth log {}", path.display())]
+    WriteLog {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("opening request log {}", path.display())]
     RequestLog {
         path: PathBuf,
@@ -167,6 +174,11 @@ pub struct MockArgs {
     /// Append one JSON line per request on arrival to this file.
     #[arg(long)]
     pub request_log: Option<PathBuf>,
+    /// Log, per request, when its head arrived and when its first and last frames were
+    /// written to the socket (Unix ns, CLOCK_REALTIME) with its `x-llm-replay-exchange` tag:
+    /// server truth for benchmarks. Kept in memory, written as JSON lines at shutdown.
+    #[arg(long, value_name = "FILE")]
+    pub write_log: Option<PathBuf>,
     /// Serve the responses of this recording (format v1) at their recorded timing.
     #[arg(long)]
     pub recording: Option<PathBuf>,
@@ -208,6 +220,8 @@ pub struct MockConfig {
     pub faults: FaultConfig,
     pub seed: Option<u64>,
     pub request_log: Option<PathBuf>,
+    /// Server-truth timing log (`--write-log`), written when the server stops.
+    pub write_log: Option<PathBuf>,
     /// Recorded responses to serve, if any.
     pub recording: Option<Arc<Recorded>>,
     /// Serve https with this configuration (ALPN h2 and http/1.1) instead of cleartext.
@@ -232,6 +246,7 @@ impl Default for MockConfig {
             },
             seed: None,
             request_log: None,
+            write_log: None,
             recording: None,
             tls: None,
             http1_only: false,
@@ -273,6 +288,7 @@ impl MockArgs {
             },
             seed: self.seed,
             request_log: self.request_log,
+            write_log: self.write_log,
             recording,
             tls,
             http1_only: self.http1_only,
@@ -355,23 +371,20 @@ pub async fn serve(
                 if let Err(error) = stream.set_nodelay(true) {
                     tracing::debug!(%error, %peer, "set_nodelay failed");
                 }
-                let state = Arc::clone(&state);
-                let builder = builder.clone();
-                let stop = stop_rx.clone();
-                let acceptor = acceptor.clone();
-                connections.spawn(async move {
-                    let service = hyper::service::service_fn(move |req| {
-                        let state = Arc::clone(&state);
-                        async move { Ok::<_, Infallible>(handle(&state, req).await) }
-                    });
-                    match acceptor {
-                        None => serve_connection(&builder, TokioIo::new(stream), service, stop, peer).await,
-                        Some(acceptor) => match acceptor.accept(stream).await {
-                            Ok(tls) => serve_connection(&builder, TokioIo::new(tls), service, stop, peer).await,
-                            Err(error) => tracing::debug!(%error, %peer, "TLS handshake failed"),
-                        },
-                    }
-                });
+                let accepted = Accepted {
+                    state: Arc::clone(&state),
+                    builder: builder.clone(),
+                    stop: stop_rx.clone(),
+                    acceptor: acceptor.clone(),
+                    peer,
+                };
+                if state.truth.is_some() {
+                    let current = truth::CurrentResponse::default();
+                    let stamped = truth::StampedIo::new(stream, Arc::clone(&current));
+                    connections.spawn(accepted.serve(stamped, Some(current)));
+                } else {
+                    connections.spawn(accepted.serve(stream, None));
+                }
             }
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
         }
@@ -391,7 +404,84 @@ pub async fn serve(
     }
     // Every body is gone with its connection; only now stop the thread that paces them.
     pacer_thread.stop();
+    if let Some(log) = &state.truth {
+        let written = log.finish().map_err(|source| MockError::WriteLog {
+            path: log.path().to_owned(),
+            source,
+        })?;
+        tracing::info!(requests = written, path = %log.path().display(), "truth log written");
+    }
     Ok(())
+}
+
+/// One accepted connection and what serving it needs.
+struct Accepted {
+    state: Arc<State>,
+    builder: hyper_util::server::conn::auto::Builder<TokioExecutor>,
+    stop: watch::Receiver<bool>,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    peer: SocketAddr,
+}
+
+impl Accepted {
+    /// TLS handshake if any, then HTTP until the connection ends or the server stops.
+    /// `current` is the connection's response slot for the truth log (`--write-log`).
+    async fn serve<T>(self, stream: T, current: Option<truth::CurrentResponse>)
+    where
+        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let Accepted {
+            state,
+            builder,
+            stop,
+            acceptor,
+            peer,
+        } = self;
+        let service = hyper::service::service_fn(move |req| {
+            let state = Arc::clone(&state);
+            let current = current.clone();
+            async move { Ok::<_, Infallible>(handle_logged(&state, current.as_ref(), req).await) }
+        });
+        match acceptor {
+            None => serve_connection(&builder, TokioIo::new(stream), service, stop, peer).await,
+            Some(acceptor) => match acceptor.accept(stream).await {
+                Ok(tls) => serve_connection(&builder, TokioIo::new(tls), service, stop, peer).await,
+                Err(error) => tracing::debug!(%error, %peer, "TLS handshake failed"),
+            },
+        }
+    }
+}
+
+/// [`handle`], plus the request's truth-log entry when `--write-log` is on: the head's
+/// arrival is stamped before anything else, and the response's frames are stamped as they are
+/// handed to hyper and (HTTP/1) written to the socket.
+async fn handle_logged(
+    state: &State,
+    current: Option<&truth::CurrentResponse>,
+    req: Request<Incoming>,
+) -> MockResponse {
+    let Some(log) = &state.truth else {
+        return handle(state, req).await;
+    };
+    let head_ns = truth::unix_ns();
+    let http2 = req.version() == http::Version::HTTP_2;
+    let trace = Arc::new(truth::RequestTrace::new(
+        Arc::clone(log),
+        state.next_trace.fetch_add(1, Ordering::Relaxed),
+        req.headers()
+            .get(EXCHANGE_HEADER)
+            .and_then(|v| v.to_str().ok()),
+        http2,
+        head_ns,
+    ));
+    let mut response = handle(state, req).await;
+    trace.set_status(response.status().as_u16());
+    if let (false, Some(current)) = (http2, current) {
+        // HTTP/1: this response is the only one the connection writes until it ends.
+        *current.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&trace));
+    }
+    response.body_mut().set_trace(trace);
+    response
 }
 
 /// Serve one accepted connection (cleartext or TLS) until it ends or the server stops.
@@ -438,6 +528,10 @@ struct State {
     request_log: Option<Mutex<File>>,
     next_id: AtomicU64,
     pacer: pacer::Pacer,
+    /// `--write-log`: the server-truth records, written when the server stops.
+    truth: Option<Arc<truth::TruthLog>>,
+    /// Request numbers of the truth log (every request, routed or not).
+    next_trace: AtomicU64,
 }
 
 impl State {
@@ -461,7 +555,18 @@ impl State {
             )),
             None => None,
         };
+        let truth = match &config.write_log {
+            Some(path) => Some(Arc::new(truth::TruthLog::create(path).map_err(
+                |source| MockError::WriteLog {
+                    path: path.clone(),
+                    source,
+                },
+            )?)),
+            None => None,
+        };
         Ok(State {
+            truth,
+            next_trace: AtomicU64::new(1),
             slots: config.max_streams.map(|n| Arc::new(Semaphore::new(n))),
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
             waiting: AtomicUsize::new(0),
@@ -710,14 +815,15 @@ async fn serve_synthetic(
         timings: synth::timings(&schedule),
     };
     match synth::plan(wire, params, info.stream, &schedule) {
-        SynthPlan::Stream { frames, ending } => {
-            let mut response = Response::new(TimedBody::stream(
-                frames,
-                start,
-                ending,
-                state.pacer.clone(),
-                permit,
-            ));
+        SynthPlan::Stream {
+            frames,
+            ending,
+            first_token,
+        } => {
+            let mut response = Response::new(
+                TimedBody::stream(frames, start, ending, state.pacer.clone(), permit)
+                    .with_first_token(first_token),
+            );
             let headers = response.headers_mut();
             headers.insert(
                 header::CONTENT_TYPE,

@@ -114,6 +114,8 @@ pub(crate) enum SynthPlan {
     Stream {
         frames: Vec<PlannedFrame>,
         ending: Ending,
+        /// Index in `frames` of the frame carrying the first token.
+        first_token: usize,
     },
     Whole {
         body: Bytes,
@@ -167,6 +169,8 @@ pub(crate) fn plan(
     if !out.is_empty() {
         marks.push((out.len(), Duration::ZERO));
     }
+    // The frame that carries token 0 (after the preamble's, if any): the server's TTFT.
+    let first_token = marks.len();
     let mut word = String::with_capacity(32);
     for i in 0..sent {
         let (space, w) = token_text(i);
@@ -205,7 +209,11 @@ pub(crate) fn plan(
         }
         start = end;
     }
-    SynthPlan::Stream { frames, ending }
+    SynthPlan::Stream {
+        frames,
+        ending,
+        first_token,
+    }
 }
 
 /// Server timings to report for a schedule (Ollama durations, Bedrock metrics).
@@ -291,7 +299,8 @@ mod tests {
             system_fingerprint: "fp".into(),
             timings: timings(&schedule),
         };
-        let SynthPlan::Stream { frames, ending } = plan(Wire::OpenAiChat, params, true, &schedule)
+        let SynthPlan::Stream { frames, ending, .. } =
+            plan(Wire::OpenAiChat, params, true, &schedule)
         else {
             panic!("expected a stream");
         };

@@ -533,6 +533,74 @@ async fn full_queue_answers_429_and_queued_requests_wait_their_turn() {
 }
 
 #[tokio::test]
+async fn write_log_has_each_request_head_and_frame_write_instants_with_its_tag() {
+    let log = temp_path("truth.jsonl");
+    let server = Server::start(MockConfig {
+        write_log: Some(log.clone()),
+        ..fast()
+    })
+    .await;
+    let before = truth::unix_ns();
+    let streamed = request(
+        server.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[(EXCHANGE_HEADER, "7")],
+        CHAT,
+    )
+    .await;
+    assert_eq!(streamed.status, 200);
+    request(server.addr, "GET", "/api/version", &[], "").await;
+    // Nothing is written before the server stops: the hot path only buffers.
+    assert_eq!(std::fs::read_to_string(&log).expect("created at start"), "");
+    server.shutdown().await;
+    let text = std::fs::read_to_string(&log).expect("log written");
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    let stream = &lines[0];
+    assert_eq!(stream["exchange"], "7");
+    assert_eq!(stream["status"], 200);
+    assert_eq!(stream["version"], "HTTP/1.1");
+    let ns = |key: &str| {
+        stream[key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{key} in {stream}"))
+    };
+    // `fast()`: 4 tokens, so a role frame, 4 token frames, usage and the terminal marker.
+    assert!(stream["frames"].as_u64().expect("frames") >= 5, "{stream}");
+    assert!(ns("head_ns") >= before);
+    // The role frame goes at once, the first token 5 ms after the head; each is written
+    // after it was handed over.
+    assert!(ns("first_handed_ns") >= ns("head_ns"), "{stream}");
+    assert!(ns("first_write_ns") >= ns("first_handed_ns"), "{stream}");
+    assert!(
+        ns("first_token_handed_ns") >= ns("head_ns") + 5_000_000,
+        "{stream}"
+    );
+    assert!(
+        ns("first_token_write_ns") >= ns("first_token_handed_ns"),
+        "{stream}"
+    );
+    assert!(ns("last_write_ns") >= ns("last_handed_ns"), "{stream}");
+    // Deadlines are absolute from the head: the last token is due at 5 + 3 × 1 ms.
+    assert!(
+        ns("last_handed_ns") >= ns("head_ns") + 8_000_000,
+        "{stream}"
+    );
+    assert_eq!(lines[1]["exchange"], serde_json::Value::Null);
+    assert_eq!(lines[1]["frames"], 1);
+    assert!(
+        lines[1]["first_write_ns"].as_u64().is_some(),
+        "{}",
+        lines[1]
+    );
+    let _ = std::fs::remove_file(&log);
+}
+
+#[tokio::test]
 async fn request_log_has_one_line_per_request_on_arrival() {
     let log = temp_path("requests.jsonl");
     let server = Server::start(MockConfig {
