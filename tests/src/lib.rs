@@ -16,6 +16,9 @@ use std::time::{Duration, Instant};
 ///   (100,000 requests, hundreds of open streams). It runs alone.
 /// - `let _parallel = fixtures::parallel_lock();` in every other test. These run in parallel
 ///   with each other (`cargo test` uses one thread per core), never beside a timing test.
+///   A test that measures nothing but is heavy for a while (the container build) takes this
+///   one too: it slows its parallel neighbours, which assert no time, and never overlaps a
+///   timing test.
 ///
 /// A test taking neither runs whenever its thread gets to it, beside anything: it may make a
 /// timing test fail. A waiting timing test goes before new parallel ones (the lock prefers

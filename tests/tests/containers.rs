@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use fixtures::{Spawned, TempDir, num, parallel_lock, timing_lock, workspace_root};
+use fixtures::{Spawned, TempDir, num, parallel_lock, workspace_root};
 
 /// The goal of issue 9 for `docker image ls`'s size (decimal megabytes, as docker prints).
 const IMAGE_SIZE_LIMIT_BYTES: u64 = 40_000_000;
@@ -21,7 +21,8 @@ const IMAGE_UID: u32 = 65532;
 
 #[test]
 fn compose_example_hands_back_reports_and_the_coordinators_exit_code() {
-    let _timing = timing_lock();
+    // Heavy (an image build, five containers) but timed by nothing: see `parallel_lock`.
+    let _parallel = parallel_lock();
     let Some(compose) = container_tools() else {
         return;
     };
