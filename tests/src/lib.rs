@@ -5,7 +5,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::{OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Condvar, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 /// Every test of the integration binary takes one of two guards as its first line:
@@ -15,27 +15,47 @@ use std::time::{Duration, Instant};
 ///   after t + 1 ms"), or that loads the machine hard enough to disturb such a measurement
 ///   (100,000 requests, hundreds of open streams). It runs alone.
 /// - `let _parallel = fixtures::parallel_lock();` in every other test. These run in parallel
-///   with each other (`cargo test` uses one thread per core), never beside a timing test.
+///   with each other (eight test threads, `.cargo/config.toml`), never beside a timing test.
 ///   A test that measures nothing but is heavy for a while (the container build) takes this
 ///   one too: it slows its parallel neighbours, which assert no time, and never overlaps a
 ///   timing test.
 ///
 /// A test taking neither runs whenever its thread gets to it, beside anything: it may make a
-/// timing test fail. A waiting timing test goes before new parallel ones (the lock prefers
-/// writers on Linux), so timing tests are not starved. A test that failed while holding a
-/// guard poisons the lock; the next holder takes it anyway (it guards the cores, no data).
+/// timing test fail.
+///
+/// The lock prefers the parallel tests: a timing test waits until none is running, and
+/// while it waits, new parallel tests still start. The suite's time is then close to the sum
+/// of the timing tests plus the parallel ones spread over the test threads; a lock that
+/// preferred the waiting timing test would leave threads idle behind the longest parallel
+/// test (the container build) each time. Timing tests are not starved: the parallel tests
+/// are finite, and every thread that reaches a timing test stops starting new ones. A test
+/// that failed while holding a guard releases it as it unwinds (it guards the cores, no data).
 pub fn timing_lock() -> CoresGuard {
     let asked = Instant::now();
-    let guard = CORES.write().unwrap_or_else(PoisonError::into_inner);
-    CoresGuard::new("timing", asked, Held::Alone(guard))
+    let mut state = CORES.state.lock().unwrap_or_else(PoisonError::into_inner);
+    while state.timing || state.parallel > 0 {
+        state = CORES
+            .changed
+            .wait(state)
+            .unwrap_or_else(PoisonError::into_inner);
+    }
+    state.timing = true;
+    CoresGuard::new("timing", asked)
 }
 
 /// The guard of a test that measures no time and loads the machine no more than a few
 /// hundred short requests do: see [`timing_lock`].
 pub fn parallel_lock() -> CoresGuard {
     let asked = Instant::now();
-    let guard = CORES.read().unwrap_or_else(PoisonError::into_inner);
-    CoresGuard::new("parallel", asked, Held::Shared(guard))
+    let mut state = CORES.state.lock().unwrap_or_else(PoisonError::into_inner);
+    while state.timing {
+        state = CORES
+            .changed
+            .wait(state)
+            .unwrap_or_else(PoisonError::into_inner);
+    }
+    state.parallel += 1;
+    CoresGuard::new("parallel", asked)
 }
 
 /// A test's hold on the cores. When it ends, one line goes to
@@ -45,21 +65,14 @@ pub struct CoresGuard {
     kind: &'static str,
     asked: Instant,
     acquired: Instant,
-    _held: Held,
-}
-
-enum Held {
-    Alone(RwLockWriteGuard<'static, ()>),
-    Shared(RwLockReadGuard<'static, ()>),
 }
 
 impl CoresGuard {
-    fn new(kind: &'static str, asked: Instant, held: Held) -> CoresGuard {
+    fn new(kind: &'static str, asked: Instant) -> CoresGuard {
         CoresGuard {
             kind,
             asked,
             acquired: Instant::now(),
-            _held: held,
         }
     }
 }
@@ -67,6 +80,15 @@ impl CoresGuard {
 impl Drop for CoresGuard {
     fn drop(&mut self) {
         use std::io::Write;
+        {
+            let mut state = CORES.state.lock().unwrap_or_else(PoisonError::into_inner);
+            if self.kind == "timing" {
+                state.timing = false;
+            } else {
+                state.parallel -= 1;
+            }
+            CORES.changed.notify_all();
+        }
         let name = std::thread::current()
             .name()
             .unwrap_or("(unnamed)")
@@ -91,8 +113,24 @@ impl Drop for CoresGuard {
     }
 }
 
-/// Timing tests hold it exclusively, the others shared.
-static CORES: RwLock<()> = RwLock::new(());
+/// Who holds the cores: one timing test, or any number of parallel ones.
+struct Cores {
+    state: Mutex<CoresState>,
+    changed: Condvar,
+}
+
+struct CoresState {
+    timing: bool,
+    parallel: usize,
+}
+
+static CORES: Cores = Cores {
+    state: Mutex::new(CoresState {
+        timing: false,
+        parallel: 0,
+    }),
+    changed: Condvar::new(),
+};
 
 /// The workspace root (the folder holding `Cargo.toml` of the workspace).
 pub fn workspace_root() -> PathBuf {

@@ -381,6 +381,9 @@ impl ComposeRun {
             ),
             // Empty = the compose file's default, the image's non-root user.
             ("LLM_REPLAY_USER".to_owned(), String::new()),
+            // The example's 20 s schedule in 5: the test is about the hand-back, not the
+            // timing.
+            ("LLM_REPLAY_SPEED".to_owned(), "4".to_owned()),
         ];
         let mut args = compose_args(compose, &project);
         args.extend(["up", "--exit-code-from", "coordinator"].map(String::from));

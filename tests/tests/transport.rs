@@ -120,16 +120,20 @@ fn https_target_with_private_ca_over_http1_and_http2() {
             "expected {expected_version}: {versions:?}"
         );
         // Connection setup and the TLS handshake are timed apart, once per connection
-        // opened: one HTTP/2 connection carries both streams; HTTP/1.1 needs one per slot.
-        let connections = if http1_only { 2.0 } else { 1.0 };
-        for key in ["connect_ms", "tls_handshake_ms"] {
-            assert_eq!(
-                num(&report, &["llm", key, "count"]),
-                connections,
-                "{key} ({expected_version}): {:#}",
-                report["llm"]
-            );
-        }
+        // opened. HTTP/1.1 opens at least one per slot (2), more when the next request of a
+        // slot goes out before hyper's pool has its connection back. Over HTTP/2 one
+        // connection can carry both streams, but the client learns that the server speaks
+        // HTTP/2 only from the first handshake (ALPN): two first requests that race may each
+        // open one. Every connection opened had its handshake timed.
+        let connects = num(&report, &["llm", "connect_ms", "count"]);
+        let least = if http1_only { 2.0 } else { 1.0 };
+        assert!((least..=12.0).contains(&connects), "{:#}", report["llm"]);
+        assert_eq!(
+            num(&report, &["llm", "tls_handshake_ms", "count"]),
+            connects,
+            "({expected_version}): {:#}",
+            report["llm"]
+        );
         let handshake = num(&report, &["llm", "tls_handshake_ms", "p50"]);
         assert!(handshake > 0.0, "TLS handshake {handshake} ms");
     }
