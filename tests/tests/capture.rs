@@ -226,8 +226,9 @@ fn record_in_front_of_mock_keeps_ttft_and_replays_within_3_percent() {
 
 #[test]
 fn sigkill_during_200_streams_leaves_a_readable_recording() {
-    // 200 open streams load both cores: keep them away from timing measurements.
-    let _timing = timing_lock();
+    // 200 open streams load both cores, but nothing here is timed: the shared guard keeps
+    // them away from timing measurements (see `parallel_lock`).
+    let _parallel = parallel_lock();
     let mock = MockServer::start(&["--ttft", "20ms", "--itl", "20ms"]);
     let dir = TempDir::new("capture-kill");
     let recorded = dir.join("recorded.jsonl");

@@ -171,7 +171,8 @@ const CHAT: &str = r#"{"model":"mock-model","stream":true,"max_tokens":2,"messag
 
 #[test]
 fn a_200_mb_response_passes_whole_with_bounded_memory_and_a_truncated_record() {
-    let _timing = fixtures::timing_lock();
+    // Heavy in memory, timed by nothing.
+    let _parallel = fixtures::parallel_lock();
     const TOTAL: usize = 200 << 20;
     let upstream = start_upstream(Upstream::Huge(TOTAL));
     let dir = TempDir::new("capture-huge");

@@ -441,7 +441,8 @@ fn a_worker_gives_up_on_a_silent_peer() {
 /// Item 10: a huge error body and a huge one-body answer are not held whole by the worker.
 #[test]
 fn huge_bodies_are_capped_in_the_worker() {
-    let _timing = fixtures::timing_lock();
+    // Heavy in memory, timed by nothing.
+    let _parallel = fixtures::parallel_lock();
     const BIG: usize = 256 << 20;
     for (status, expect_key) in [(500u16, "failed"), (200u16, "succeeded")] {
         let server = start_gateway(Gateway {
