@@ -18,6 +18,7 @@ mod memory;
 mod otel_import;
 mod raw_server;
 mod real_traffic;
+mod repository;
 mod significance;
 mod timing;
 mod transport;
