@@ -6,7 +6,9 @@ use std::path::Path;
 use fixtures::{parallel_lock, workspace_root};
 
 /// Text files a merge can leave markers in.
-const CHECKED: &[&str] = &["md", "rs", "toml", "yaml", "yml", "json", "py", "sh", "proto"];
+const CHECKED: &[&str] = &[
+    "md", "rs", "toml", "yaml", "yml", "json", "py", "sh", "proto",
+];
 
 fn walk(dir: &Path, found: &mut Vec<String>, checked: &mut usize) {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -17,7 +19,10 @@ fn walk(dir: &Path, found: &mut Vec<String>, checked: &mut usize) {
         let name = entry.file_name();
         let name = name.to_string_lossy();
         if path.is_dir() {
-            if !matches!(name.as_ref(), "target" | ".git" | "node_modules" | "reports") {
+            if !matches!(
+                name.as_ref(),
+                "target" | ".git" | "node_modules" | "reports"
+            ) {
                 walk(&path, found, checked);
             }
             continue;
