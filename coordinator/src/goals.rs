@@ -227,6 +227,7 @@ impl Quantity {
     pub fn all() -> Vec<Quantity> {
         let mut all: Vec<Quantity> = Metric::ALL
             .iter()
+            .chain(&Metric::CONNECTION)
             .flat_map(|&metric| {
                 Stat::ALL
                     .iter()
@@ -492,6 +493,7 @@ fn parse_metric(text: &str) -> Result<GoalMetric, String> {
 fn valid_names_listing() -> String {
     let mut lines: Vec<String> = Metric::ALL
         .iter()
+        .chain(&Metric::CONNECTION)
         .map(|&metric| {
             let names: Vec<String> = Stat::ALL
                 .iter()
@@ -606,7 +608,7 @@ mod tests {
     #[test]
     fn every_contract_name_is_valid() {
         let names = valid_metric_names();
-        assert_eq!(names.len(), 8 * 7 + 11);
+        assert_eq!(names.len(), 10 * 7 + 11);
         for family in [
             "ttft",
             "ttst",
@@ -616,6 +618,8 @@ mod tests {
             "isl",
             "osl",
             "schedule-lag",
+            "connect",
+            "tls-handshake",
         ] {
             for stat in ["avg", "min", "max", "p50", "p90", "p95", "p99"] {
                 let name = format!("llm.{family}-{stat}");
@@ -737,6 +741,9 @@ mod tests {
             m.record(&outcome(ttft, i as u64));
         }
         m.record(&RequestOutcome::failed(FailureKind::Status));
+        // Two plain-HTTP connections: 300 µs and 1.5 ms of setup, no TLS.
+        m.record_connection(300, None);
+        m.record_connection(1_500, None);
         let mut b = RunMetrics::new();
         b.record(&outcome(1_000, 0));
         Report::build(ReportInput {
@@ -789,6 +796,15 @@ mod tests {
         assert!((rps.value.expect("rps") - 3.0 / 2.01104).abs() < 1e-9);
         let tps = result("llm.output-throughput < 10", &report);
         assert!((tps.value.expect("tps") - 30.0 / 2.01104).abs() < 1e-9);
+        // Connection setup is a goal of its own, per connection.
+        let connect = result("llm.connect-max > 1", &report);
+        assert_eq!(connect.value, Some(1.5));
+        assert!(connect.failed);
+        assert!(!result("llm.connect-min > 0.5", &report).failed);
+        // No https connection: a TLS gate has nothing to pass on, so it fails.
+        let tls = result("llm.tls-handshake-p95 > 100", &report);
+        assert_eq!(tls.value, None);
+        assert!(tls.failed);
     }
 
     #[test]

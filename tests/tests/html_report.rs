@@ -13,10 +13,11 @@ use std::time::Duration;
 
 use fixtures::{MockServer, Spawned, TempDir, llm_replay, num, write_chat_recording};
 
-/// The plots the acceptance names, by element id.
-const PLOTS: [&str; 9] = [
+/// The plots the acceptance names, by element id, and the connection-setup CDF (issue 9).
+const PLOTS: [&str; 10] = [
     "plot-ttft-cdf",
     "plot-itl-cdf",
+    "plot-connect-cdf",
     "plot-ttft-time",
     "plot-itl-time",
     "plot-throughput-time",

@@ -299,10 +299,12 @@ fn warnings(out: &mut String, report: &Report) {
 /// `[value, percent]` pairs of `metric` in `llm`: the saved CDF, or for a report without one
 /// the percentiles its summary has.
 fn cdf_points(llm: &super::LlmSection, metric: Metric) -> Vec<(f64, f64)> {
-    let saved = llm.cdf.as_ref().map(|cdf| match metric {
-        Metric::Ttft => &cdf.ttft_ms,
-        Metric::Itl => &cdf.itl_ms,
-        _ => &cdf.latency_ms,
+    let saved = llm.cdf.as_ref().and_then(|cdf| match metric {
+        Metric::Ttft => Some(&cdf.ttft_ms),
+        Metric::Itl => Some(&cdf.itl_ms),
+        Metric::Latency => Some(&cdf.latency_ms),
+        Metric::Connect => Some(&cdf.connect_ms),
+        _ => None,
     });
     match saved {
         Some(points) if !points.is_empty() => points.iter().map(|&[v, p]| (v, p)).collect(),
@@ -368,6 +370,19 @@ fn distributions(out: &mut String, report: &Report) {
     );
     out.push_str(&cdf_chart(report, Metric::Ttft, "plot-ttft-cdf", "Time to first token").render());
     out.push_str(&cdf_chart(report, Metric::Itl, "plot-itl-cdf", "Inter-token latency").render());
+    // Connection setup is timed apart from TTFT (per connection, not per request): plotted
+    // when the run opened any.
+    if report.llm.connect_ms.is_some() {
+        out.push_str(
+            &cdf_chart(
+                report,
+                Metric::Connect,
+                "plot-connect-cdf",
+                "Connection setup",
+            )
+            .render(),
+        );
+    }
     let _ = writeln!(out, "</div>");
 }
 
@@ -600,7 +615,11 @@ fn metrics_tables(out: &mut String, report: &Report) {
         let _ = write!(out, "<th>{column}</th>");
     }
     let _ = writeln!(out, "</tr>");
-    for metric in Metric::ALL {
+    // The connection metrics are per connection and shown only when connections were timed.
+    let connection = Metric::CONNECTION
+        .into_iter()
+        .filter(|&metric| report.llm.stats(metric).is_some());
+    for metric in Metric::ALL.into_iter().chain(connection) {
         let _ = write!(out, "<tr><td>{}</td>", esc(metric.label()));
         for value in format::stat_cells(metric, report.llm.stats(metric).as_ref()) {
             let _ = write!(out, "<td class=\"n\">{value}</td>");

@@ -339,6 +339,10 @@ pub struct CdfSection {
     /// Request latency, ms.
     #[serde(default)]
     pub latency_ms: Vec<[f64; 2]>,
+    /// Connection setup of each new connection, ms (apart from TTFT); absent when no
+    /// connection was timed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub connect_ms: Vec<[f64; 2]>,
 }
 
 /// The `baseline` section.
@@ -645,6 +649,7 @@ impl LlmSection {
                 ttft_ms: cdf_of(metrics, Metric::Ttft),
                 itl_ms: cdf_of(metrics, Metric::Itl),
                 latency_ms: cdf_of(metrics, Metric::Latency),
+                connect_ms: cdf_of(metrics, Metric::Connect),
             }),
             // Set from the workers' timelines by `crate::faithful`: metrics alone do not
             // know when the load reached its target.
@@ -747,6 +752,7 @@ impl Samples<'_> {
                     Metric::Ttft => &cdf.ttft_ms,
                     Metric::Itl => &cdf.itl_ms,
                     Metric::Latency => &cdf.latency_ms,
+                    Metric::Connect => &cdf.connect_ms,
                     _ => return None,
                 };
                 significance::Distribution::from_cdf(points, section.stats(metric)?.count)
