@@ -628,6 +628,61 @@ def median_of(runs):
 # ---------------------------------------------------------------------------------------------
 
 
+# Machine stalls: one probe per core (bench/stall_probe.py) for the whole invocation.
+
+STALL_MS = 10.0
+
+
+def start_stall_probes(cfg):
+    """One stall probe per core (0: the server's, 1: the client's), unless --no-stall-probe."""
+    if cfg.no_stall_probe:
+        return []
+    probes = []
+    for core in ("0", "1"):
+        path = cfg.out_dir / f"stalls-core{core}.jsonl"
+        path.unlink(missing_ok=True)
+        proc = subprocess.Popen(pinned(core, [sys.executable, REPO / "bench/stall_probe.py",
+                                               path]))
+        probes.append((core, path, proc))
+    return probes
+
+
+def stop_stall_probes(probes, windows):
+    """Per row and run: the gaps of at least STALL_MS each core's probe saw in its window."""
+    gaps = {}
+    for core, path, proc in probes:
+        proc.terminate()
+        proc.wait(timeout=10)
+        gaps[core] = [json.loads(line) for line in path.read_text().splitlines() if line]
+    if not probes:
+        return {}
+    result = {}
+    for key, runs in windows.items():
+        result[key] = []
+        for began, ended in runs:
+            per_core = {}
+            for core, seen in gaps.items():
+                inside = [g["gap_ms"] for g in seen
+                          if began <= g["at"] <= ended and g["gap_ms"] >= STALL_MS]
+                per_core[core] = {"count": len(inside), "max_ms": max(inside, default=0.0)}
+            result[key].append(per_core)
+    return result
+
+
+def stall_lines(stalls):
+    """One line per row: the stalls of >= STALL_MS each run saw on the client core (1)."""
+    if not stalls:
+        return ""
+    lines = [f"\nmachine stalls (a 1 ms sleep overshooting by >= {STALL_MS:.0f} ms), "
+             "per run, client core 1 / server core 0:"]
+    for key, runs in stalls.items():
+        cells = ", ".join(
+            f"{r['1']['count']} (max {r['1']['max_ms']:.0f} ms) / "
+            f"{r['0']['count']} (max {r['0']['max_ms']:.0f} ms)" for r in runs)
+        lines.append(f"  {key}: {cells}")
+    return "\n".join(lines)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--llm-replay", default=str(REPO / "target/release/llm-replay"))
@@ -643,6 +698,8 @@ def main():
     parser.add_argument("--coord-heartbeat-timeout", default="",
                         help="--heartbeat-timeout of the coord row (default: llm-replay's)")
     parser.add_argument("--out-dir", default=str(REPO / "target/bench"))
+    parser.add_argument("--no-stall-probe", action="store_true",
+                        help="do not run bench/stall_probe.py on each core beside the rows")
     cfg = parser.parse_args()
     cfg.out_dir = Path(cfg.out_dir).resolve()
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
@@ -661,21 +718,26 @@ def main():
         "coord": lambda: row_coordinator(cfg, cfg.coord_workers),
         "image": lambda: row_image(cfg),
     }
-    rows, raw = {}, {}
+    rows, raw, windows = {}, {}, {}
+    probes = start_stall_probes(cfg)
     for key in cfg.rows.split(","):
         repeats = 1 if key in ("image", "rss", "coord") else cfg.repeat
         runs = []
+        windows[key] = []
         for i in range(repeats):
             print(f"{key}: run {i + 1}/{repeats}", file=sys.stderr, flush=True)
+            began = time.time()
             try:
                 runs.append(plan[key]())
             except Exception as error:  # one row failing must not lose the others
                 print(f"  {key} failed: {error}", file=sys.stderr)
+            windows[key].append((began, time.time()))
             print(f"  {json.dumps(runs[-1] if runs else None, default=str)}", file=sys.stderr)
         raw[key] = runs
         rows[key] = median_of(runs)
         if key == "rss" and rows[key] is not None:
             rows[key]["streams"] = cfg.streams
+    stalls = stop_stall_probes(probes, windows)
     machine = {
         "nproc": os.cpu_count(),
         "cpu": next((line.split(":", 1)[1].strip()
@@ -684,8 +746,10 @@ def main():
         "load_avg_at_end": os.getloadavg(),
     }
     (cfg.out_dir / "results.json").write_text(
-        json.dumps({"machine": machine, "median": rows, "runs": raw}, indent=2, default=str))
+        json.dumps({"machine": machine, "median": rows, "runs": raw, "stalls": stalls},
+                   indent=2, default=str))
     print(build_table(rows))
+    print(stall_lines(stalls))
     print(f"\nmachine: {machine['nproc']} cores, {machine['cpu']}; "
           f"load average at end {machine['load_avg_at_end']}; median of repeats; "
           f"details in {cfg.out_dir / 'results.json'}")
