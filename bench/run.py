@@ -470,6 +470,7 @@ def row_coordinator(cfg, workers, rounds=40):
         "--report-json", cfg.out_dir / f"{name}.report.json",
         *(["--heartbeat-timeout", cfg.coord_heartbeat_timeout]
           if cfg.coord_heartbeat_timeout else []),
+        *cfg.coord_extra.split(),
     ]
     samples = []
     try:
@@ -498,6 +499,84 @@ def row_coordinator(cfg, workers, rounds=40):
     whole = (samples[-1][1] - samples[0][1]) / (t1 - t0) * 100
     return {"llm-replay": {"cpu_pct": steady, "cpu_pct_whole_run": whole, "workers": joined,
                            "succeeded": succeeded, "requests": total}}
+
+
+def free_port():
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def cpu_figures(samples):
+    """% of a core over the middle half of the samples (workers joined and replaying) and
+    over the whole run, from (monotonic s, CPU s) samples."""
+    if len(samples) < 4:
+        return None, None
+    t0, t1 = samples[0][0], samples[-1][0]
+    middle = [s for s in samples if t0 + (t1 - t0) * 0.25 <= s[0] <= t0 + (t1 - t0) * 0.75]
+    steady = ((middle[-1][1] - middle[0][1]) / (middle[-1][0] - middle[0][0]) * 100
+              if len(middle) >= 2 else None)
+    whole = (samples[-1][1] - samples[0][1]) / (t1 - t0) * 100
+    return steady, whole
+
+
+def row_coordinator_simulated(cfg, workers, rounds=40):
+    """Coordinator CPU (its own process only) with `workers` simulated workers.
+
+    The coordinator (`--listen`, `--expect-workers`) runs on core 1; `many-workers` (the
+    bench crate) runs the workers in one process on core 0, each speaking the real gRPC
+    protocol and reporting real HDR histograms every 0.5 s, with no HTTP request (a request
+    "takes" `--coord-sim-latency`). Two requests in flight per worker, `rounds` per slot, as
+    the coord row. The target is never dialled.
+    """
+    name = f"coord-sim-{workers}"
+    recording = cfg.out_dir / f"{name}.recording.jsonl"
+    write_recording(recording, 1000)
+    port = free_port()
+    token = "coord-sim-" + os.urandom(8).hex()
+    argv = [
+        cfg.llm_replay, "run", recording, "--target", "http://127.0.0.1:9", "--baseline", "none",
+        "--listen", f"127.0.0.1:{port}", "--expect-workers", workers, "--token", token,
+        "--concurrency", workers * 2, "--requests", workers * 2 * rounds,
+        "--join-timeout", "120s",
+        "--report-json", cfg.out_dir / f"{name}.report.json",
+        *(["--heartbeat-timeout", cfg.coord_heartbeat_timeout]
+          if cfg.coord_heartbeat_timeout else []),
+        *cfg.coord_extra.split(),
+    ]
+    sim_argv = [cfg.many_workers, "--coordinator", f"127.0.0.1:{port}", "--workers", workers,
+                "--token", token, "--latency", cfg.coord_sim_latency]
+    samples = []
+    with open(cfg.out_dir / f"{name}.llm-replay.log", "w") as log, \
+            open(cfg.out_dir / f"{name}.many-workers.log", "w") as sim_log:
+        proc = subprocess.Popen(pinned(CLIENT_CORE, argv), stdout=log, stderr=log,
+                                preexec_fn=raise_fd_limit)
+        time.sleep(0.5)
+        sim = subprocess.Popen(pinned(SERVER_CORE, sim_argv), stdout=sim_log, stderr=sim_log,
+                               preexec_fn=raise_fd_limit)
+        try:
+            while proc.poll() is None:
+                cpu = proc_cpu_s(proc.pid)
+                if cpu is not None:
+                    samples.append((time.monotonic(), cpu))
+                time.sleep(0.5)
+            sim.wait(timeout=120)
+        finally:
+            for p in (proc, sim):
+                if p.poll() is None:
+                    p.kill()
+    report_path = cfg.out_dir / f"{name}.report.json"
+    report = json.loads(report_path.read_text()) if report_path.exists() else {}
+    joined = len(report.get("run", {}).get("workers", []))
+    succeeded = report.get("requests", {}).get("succeeded", 0)
+    total = report.get("requests", {}).get("total", 0)
+    steady, whole = cpu_figures(samples)
+    ok = succeeded >= total > 0
+    return {"llm-replay": {"cpu_pct": steady if ok else None,
+                           "cpu_pct_whole_run": whole if ok else None, "workers": joined,
+                           "succeeded": succeeded, "requests": total,
+                           "cpu_s_total": samples[-1][1] if samples else None}}
 
 
 def row_image(cfg):
@@ -603,6 +682,16 @@ def build_table(rows):
             f"| coordinator CPU, {lr.get('workers')} workers (% of a core, steady; whole run) "
             f"| ≤ 3 (200 workers) | {fmt(v, 1)} ({fmt(lr.get('cpu_pct_whole_run'), 1)}; {done}) "
             f"| – | – | – | {'pass' if v is not None and v <= 3 else 'FAIL'} |")
+    for key in sorted(k for k in rows if k.startswith("coord-sim-")):
+        lr = (rows[key] or {}).get("llm-replay", {})
+        v = lr.get("cpu_pct")
+        n = int(key.rsplit("-", 1)[1])
+        goal = 3 if n <= 200 else 15
+        done = f"{fmt(lr.get('succeeded'))} of {fmt(lr.get('requests'))} requests done"
+        lines.append(
+            f"| coordinator CPU, {n} simulated workers (% of a core, steady; whole run) "
+            f"| ≤ {goal} | {fmt(v, 1)} ({fmt(lr.get('cpu_pct_whole_run'), 1)}; {done}) "
+            f"| – | – | – | {'pass' if v is not None and v <= goal else 'FAIL'} |")
     if "image" in rows:
         r = rows["image"]
         v = r and r["llm-replay"]["size_mb"]
@@ -697,6 +786,13 @@ def main():
     parser.add_argument("--coord-workers", type=int, default=50)
     parser.add_argument("--coord-heartbeat-timeout", default="",
                         help="--heartbeat-timeout of the coord row (default: llm-replay's)")
+    parser.add_argument("--many-workers", default=str(REPO / "target/release/many-workers"))
+    parser.add_argument("--coord-sim-workers", default="200,1000",
+                        help="worker counts of the coord-sim row (comma-separated)")
+    parser.add_argument("--coord-sim-latency", default="550ms",
+                        help="simulated request latency of the coord-sim row")
+    parser.add_argument("--coord-extra", default="",
+                        help="more `llm-replay run` flags for the coord and coord-sim rows")
     parser.add_argument("--out-dir", default=str(REPO / "target/bench"))
     parser.add_argument("--no-stall-probe", action="store_true",
                         help="do not run bench/stall_probe.py on each core beside the rows")
@@ -718,10 +814,20 @@ def main():
         "coord": lambda: row_coordinator(cfg, cfg.coord_workers),
         "image": lambda: row_image(cfg),
     }
+    keys = []
+    for key in cfg.rows.split(","):
+        if key == "coord-sim":
+            for n in cfg.coord_sim_workers.split(","):
+                n = int(n)
+                plan[f"coord-sim-{n}"] = lambda n=n: row_coordinator_simulated(cfg, n)
+                keys.append(f"coord-sim-{n}")
+        else:
+            keys.append(key)
     rows, raw, windows = {}, {}, {}
     probes = start_stall_probes(cfg)
-    for key in cfg.rows.split(","):
-        repeats = 1 if key in ("image", "rss", "coord") else cfg.repeat
+    for key in keys:
+        repeats = 1 if key in ("image", "rss", "coord") or key.startswith("coord-sim") \
+            else cfg.repeat
         runs = []
         windows[key] = []
         for i in range(repeats):

@@ -39,6 +39,9 @@ pub struct Assignment {
     pub slice_key: String,
     /// Faithful replay: pinned output lengths and closed-loop sessions.
     pub faithful: Faithful,
+    /// How often the worker reports (and sends heartbeats); `None` = the worker's own
+    /// interval. The coordinator lengthens it when many workers report to it.
+    pub report_interval: Option<Duration>,
 }
 
 /// How workers reach the target, beyond its URL.

@@ -399,12 +399,54 @@ pub const MAX_DECODED_HISTOGRAM_BYTES: usize = 40 + 90_000 * 9;
 /// Highest trackable value accepted from a peer (2^53 µs is 285 years).
 const MAX_HIGHEST_TRACKABLE: u64 = 1 << 53;
 
+thread_local! {
+    /// One zlib inflater per thread, reset for each histogram: a fresh one allocates and
+    /// zeroes tens of kilobytes, which was most of the cost of decoding a worker's report on a
+    /// coordinator with many workers.
+    static INFLATER: std::cell::RefCell<flate2::Decompress> =
+        std::cell::RefCell::new(flate2::Decompress::new(true));
+}
+
+/// Inflate one zlib stream, at most [`MAX_DECODED_HISTOGRAM_BYTES`] (never what the data
+/// claims), with `inflater` reset first.
+fn inflate_capped(
+    inflater: &mut flate2::Decompress,
+    input: &[u8],
+) -> Result<Vec<u8>, &'static str> {
+    inflater.reset(true);
+    let mut out = Vec::with_capacity((input.len() * 8).clamp(256, MAX_DECODED_HISTOGRAM_BYTES + 1));
+    loop {
+        let consumed = inflater.total_in() as usize;
+        let rest = input.get(consumed..).unwrap_or_default();
+        let produced = out.len();
+        let status = inflater
+            .decompress_vec(rest, &mut out, flate2::FlushDecompress::Finish)
+            .map_err(|_| "not valid DEFLATE data")?;
+        if out.len() > MAX_DECODED_HISTOGRAM_BYTES {
+            return Err("inflates past the size limit");
+        }
+        match status {
+            flate2::Status::StreamEnd => return Ok(out),
+            _ if out.len() == out.capacity() => {
+                // Out of room: grow, never past the cap (plus one byte to see it exceeded).
+                let room = out
+                    .capacity()
+                    .min(MAX_DECODED_HISTOGRAM_BYTES + 1 - out.len());
+                out.reserve_exact(room.max(1));
+            }
+            _ if inflater.total_in() as usize == consumed && out.len() == produced => {
+                return Err("not valid DEFLATE data");
+            }
+            _ => {}
+        }
+    }
+}
+
 /// Check one V2+DEFLATE histogram from a peer before the decoder trusts its lengths: the
 /// compressed length, the inflated size (inflated with a cap, never by what the header
 /// claims), the inner payload length, the precision and the value range. Returns the inner,
 /// uncompressed V2 encoding.
 fn validated_v2(bytes: &[u8], metric: &'static str) -> Result<Vec<u8>, MetricsDecodeError> {
-    use std::io::Read;
     const V2_COOKIE: u32 = 0x1c84_9303 | 0x10;
     const V2_COMPRESSED_COOKIE: u32 = 0x1c84_9304 | 0x10;
     let invalid = |reason| MetricsDecodeError::Invalid { metric, reason };
@@ -424,14 +466,9 @@ fn validated_v2(bytes: &[u8], metric: &'static str) -> Result<Vec<u8>, MetricsDe
     if compressed_len != bytes.len() - 8 {
         return Err(invalid("compressed length does not match the bytes sent"));
     }
-    let mut inner = Vec::new();
-    flate2::read::ZlibDecoder::new(&bytes[8..])
-        .take(MAX_DECODED_HISTOGRAM_BYTES as u64 + 1)
-        .read_to_end(&mut inner)
-        .map_err(|_| invalid("not valid DEFLATE data"))?;
-    if inner.len() > MAX_DECODED_HISTOGRAM_BYTES {
-        return Err(invalid("inflates past the size limit"));
-    }
+    let inner = INFLATER
+        .with(|inflater| inflate_capped(&mut inflater.borrow_mut(), &bytes[8..]))
+        .map_err(invalid)?;
     if u32_at(&inner, 0) != Some(V2_COOKIE) {
         return Err(invalid("inner cookie is not V2"));
     }

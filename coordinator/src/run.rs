@@ -133,6 +133,10 @@ impl AssignmentPlan {
                 pin: config.faithful.pin,
                 closed_sessions: config.faithful.closed_sessions,
             },
+            report_interval: Some(crate::supervisor::report_interval_for(
+                self.workers,
+                config.heartbeat_timeout,
+            )),
         }
     }
 }
@@ -311,8 +315,10 @@ pub async fn replay(setup: ReplaySetup<'_>) -> Result<ReplayResult, RunError> {
         load: describe_load(&load, workers),
         scheduled: load.is_scheduled(),
     };
+    let mut settings = Settings::from_config(config, workers);
+    settings.load_duration = load.duration;
     let result = Supervisor::new(
-        Settings::from_config(config, workers),
+        settings,
         plan,
         identity,
         events,

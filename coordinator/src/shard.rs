@@ -18,6 +18,8 @@ use std::path::PathBuf;
 
 use common::recording::{RawExchange, RecordingError, RecordingReader};
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use crate::faithful::{SliceFaithful, ThinkTimes, recorded_output_tokens};
 use tokio::sync::mpsc;
 
@@ -247,35 +249,186 @@ impl Chunker {
     }
 }
 
-/// Stream worker `worker`'s slice into `tx`. Runs on a blocking thread (file IO). Returns the
-/// number of exchanges handed over; stops early (without error) when the worker is gone.
-pub fn feed_slice(plan: &SlicePlan, worker: usize, tx: SliceSender) -> Result<u64, RecordingError> {
-    let mut sent = 0u64;
-    let mut chunker = Chunker::new();
-    let mut gone = false;
+/// What the supervisor can tell the feeder while it runs: stop altogether (the run's
+/// duration is over: nothing sent now could be started in time), or stop feeding one worker
+/// (it was lost; a hung worker's full channel must not hold the others back).
+#[derive(Debug)]
+pub struct FeedControl {
+    stop: AtomicBool,
+    dropped: Vec<AtomicBool>,
+}
+
+impl FeedControl {
+    /// Control of a feed to `workers` workers.
+    pub fn new(workers: usize) -> FeedControl {
+        FeedControl {
+            stop: AtomicBool::new(false),
+            dropped: (0..workers).map(|_| AtomicBool::new(false)).collect(),
+        }
+    }
+
+    /// Stop the whole feed: it returns what it handed over so far.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    /// Feed nothing more to worker `index`.
+    pub fn drop_worker(&self, index: usize) {
+        if let Some(flag) = self.dropped.get(index) {
+            flag.store(true, Ordering::Relaxed);
+        }
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    fn is_dropped(&self, index: usize) -> bool {
+        self.dropped
+            .get(index)
+            .is_some_and(|flag| flag.load(Ordering::Relaxed))
+    }
+}
+
+/// How often a feeder waiting for room in a full slice tries again and looks at its
+/// [`FeedControl`]: a worker holds thousands of exchanges, so a few ms of delay refilling its
+/// slice never leaves it without work, and a feeder that waits costs a hundred wake-ups a
+/// second at most.
+const FEED_RETRY: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// What became of a chunk handed to a worker's slice.
+enum Delivery {
+    Delivered,
+    /// The worker is gone or dropped: nothing more goes to it.
+    Gone,
+    /// The feed was stopped.
+    Stopped,
+}
+
+/// Hand `chunk` to worker `index`, waiting for room in its bounded slice while neither the
+/// feed is stopped nor the worker dropped.
+fn deliver(
+    control: &FeedControl,
+    index: usize,
+    tx: &SliceSender,
+    mut chunk: SliceChunk,
+) -> Delivery {
+    loop {
+        match tx.try_send(chunk) {
+            Ok(()) => return Delivery::Delivered,
+            Err(mpsc::error::TrySendError::Closed(_)) => return Delivery::Gone,
+            Err(mpsc::error::TrySendError::Full(back)) => chunk = back,
+        }
+        if control.stopped() {
+            return Delivery::Stopped;
+        }
+        if control.is_dropped(index) {
+            return Delivery::Gone;
+        }
+        std::thread::sleep(FEED_RETRY);
+    }
+}
+
+/// Stream every worker's slice into `slices` (worker `i`'s into `slices[i]`) in one walk of
+/// the recording: each line is read once for the whole run, whatever the worker count (one
+/// walk per worker would read every line once per worker). Runs on a blocking thread (file
+/// IO). Returns the number of exchanges
+/// handed to each worker; stops early (without error) when `control` says so, and skips a
+/// worker that is gone or dropped.
+///
+/// Slices fill in the run's order, so a worker whose slice is full holds the walk back: the
+/// walk waits (for room, a stop, or the worker being dropped) while the others replay what
+/// they hold. Every worker takes its stripe at the same pace, and each holds a deep buffer
+/// (its slice channel, the HTTP/2 window and the worker's own queue), so only a worker
+/// thousands of exchanges behind the others, or hung, holds anyone back; a hung worker is
+/// found silent and dropped.
+pub fn feed_slices(
+    plan: &SlicePlan,
+    slices: &[SliceSender],
+    control: &FeedControl,
+) -> Result<Vec<u64>, RecordingError> {
+    let mut sent = vec![0u64; slices.len()];
+    let mut chunks: Vec<Vec<SliceExchange>> = slices.iter().map(|_| Vec::new()).collect();
+    let mut gone = vec![false; slices.len()];
+    let mut stopped = false;
     let mut think = ThinkTimes::default();
     let mut pass = 0;
+    let mut deliver_to = |worker: usize, chunk: Vec<SliceExchange>, gone: &mut [bool]| {
+        let n = chunk.len() as u64;
+        let chunk = SliceChunk {
+            exchanges: chunk,
+            last: false,
+        };
+        match deliver(control, worker, &slices[worker], chunk) {
+            Delivery::Delivered => {
+                sent[worker] += n;
+                true
+            }
+            Delivery::Gone => {
+                gone[worker] = true;
+                true
+            }
+            Delivery::Stopped => false,
+        }
+    };
     walk(plan, &mut |sequence, item| {
+        if control.stopped() {
+            stopped = true;
+            return Ok(false);
+        }
         if item.pass != pass {
             // A new pass renames every session: no turn follows one of the last pass.
             pass = item.pass;
             think.clear();
         }
-        if worker_for(sequence, item.session.as_deref(), plan.workers) != worker {
+        let worker = worker_for(sequence, item.session.as_deref(), plan.workers);
+        if gone.get(worker).is_none_or(|gone| *gone) {
             return Ok(true);
         }
-        let exchange = item.slice_exchange(item.extras(plan, &mut think)?)?;
-        sent += 1;
-        if !chunker.push(&tx, exchange) {
-            gone = true;
-            return Ok(false);
+        // Sessions are whole on one worker, so one `think` serves every worker's sessions.
+        let extras = item.extras(plan, &mut think)?;
+        chunks[worker].push(item.slice_exchange(extras)?);
+        if chunks[worker].len() == CHUNK_EXCHANGES {
+            let full = std::mem::replace(&mut chunks[worker], Vec::with_capacity(CHUNK_EXCHANGES));
+            if !deliver_to(worker, full, &mut gone) {
+                stopped = true;
+                return Ok(false);
+            }
         }
         Ok(true)
     })?;
-    if !gone {
-        chunker.flush(&tx);
+    if !stopped {
+        for worker in 0..slices.len() {
+            let rest = std::mem::take(&mut chunks[worker]);
+            if !gone[worker] && !rest.is_empty() && !deliver_to(worker, rest, &mut gone) {
+                break;
+            }
+        }
     }
     Ok(sent)
+}
+
+/// Stream worker `worker`'s slice into `tx` alone (tests; the run feeds every slice in one
+/// walk with [`feed_slices`]). Returns the number of exchanges handed over.
+#[cfg(test)]
+pub fn feed_slice(plan: &SlicePlan, worker: usize, tx: SliceSender) -> Result<u64, RecordingError> {
+    let (sink, closed) = mpsc::channel(1);
+    drop(closed);
+    let slices: Vec<SliceSender> = (0..plan.workers)
+        .map(|i| {
+            if i == worker {
+                tx.clone()
+            } else {
+                sink.clone()
+            }
+        })
+        .collect();
+    let control = FeedControl::new(plan.workers);
+    for i in (0..plan.workers).filter(|&i| i != worker) {
+        control.drop_worker(i);
+    }
+    let sent = feed_slices(plan, &slices, &control)?;
+    Ok(sent[worker])
 }
 
 /// Re-route the exchanges of dead worker `dead` from position `from` of its slice onwards to
@@ -428,6 +581,61 @@ mod tests {
         let slice = drain(&mut rx);
         assert_eq!(slice.len(), 1);
         assert_eq!((slice[0].index, slice[0].think_ms), (1, Some(30.0)));
+        let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn one_walk_feeds_every_worker_and_a_full_slice_of_a_dropped_worker_holds_nobody() {
+        let lines: Vec<String> = (0..600)
+            .map(|i| format!(r#"{{"at_ms":{i},"request":{{"path":"/v1/completions"}}}}"#))
+            .collect();
+        let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+        let path = recording("one-walk", &refs);
+        let plan = SlicePlan {
+            recording: path.clone(),
+            workers: 3,
+            exchanges: 600,
+            requests: Some(1200),
+            open_ended: false,
+            pass_span_ms: 1000.0,
+            faithful: SliceFaithful::default(),
+        };
+        // Worker 1 never reads: its one-chunk slice is full after its first chunk.
+        let (tx0, mut rx0) = mpsc::channel(64);
+        let (tx1, _rx1) = mpsc::channel(1);
+        let (tx2, mut rx2) = mpsc::channel(64);
+        let control = std::sync::Arc::new(FeedControl::new(3));
+        let dropper = {
+            let control = control.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(300));
+                control.drop_worker(1);
+            })
+        };
+        let sent = feed_slices(&plan, &[tx0, tx1, tx2], &control).expect("feeds");
+        dropper.join().expect("the dropper thread");
+        assert_eq!((sent[0], sent[1], sent[2]), (400, 64, 400));
+        let (slice0, slice2) = (drain(&mut rx0), drain(&mut rx2));
+        assert_eq!(slice0.len(), 400);
+        assert!(slice0.iter().all(|e| e.index % 3 == 0));
+        assert!(slice2.iter().all(|e| e.index % 3 == 2));
+
+        // A stopped feed returns at once, even while a slice is full.
+        let (tx, _rx) = mpsc::channel(1);
+        let control = FeedControl::new(1);
+        let one = SlicePlan {
+            workers: 1,
+            requests: Some(10_000_000),
+            ..plan
+        };
+        let stopper = std::thread::scope(|scope| {
+            scope.spawn(|| {
+                std::thread::sleep(std::time::Duration::from_millis(300));
+                control.stop();
+            });
+            feed_slices(&one, &[tx], &control).expect("feeds")
+        });
+        assert_eq!(stopper, [64]);
         let _ = std::fs::remove_file(path);
     }
 

@@ -22,8 +22,8 @@ use tokio::time::Instant;
 use crate::config::{RunConfig, WorkerSource};
 use crate::run::{ClockEstimate, ReplayResult, RunError, WorkerOutcome};
 use crate::server::{ClockSample, Control, WorkerControl, WorkerEvent};
-use crate::shard::{SliceChunk, SlicePlan, SliceSender, feed_reassigned, feed_slice};
-use crate::timeline::Timeline;
+use crate::shard::{FeedControl, SliceChunk, SlicePlan, SliceSender, feed_reassigned, feed_slices};
+use crate::timeline::{LiveTotals, Timeline};
 
 /// How the supervisor behaves; from the run's config, or set directly by tests.
 #[derive(Debug, Clone)]
@@ -47,7 +47,37 @@ pub struct Settings {
     pub abort_grace: Duration,
     /// Heartbeats, silence checks and progress.
     pub tick: Duration,
+    /// How often each worker reports ([`report_interval_for`]).
+    pub report_interval: Duration,
+    /// `--metrics-listen`: publish the merged histograms with the live state on each tick
+    /// (the progress line itself needs only the timeline's running totals).
+    pub live_histograms: bool,
+    /// `--duration`: no worker starts an exchange later than this after the start, so the
+    /// feed stops then (plus [`FEED_MARGIN`]); what was never handed out is not started.
+    pub load_duration: Option<Duration>,
 }
+
+/// How often each worker reports to a coordinator of `workers` workers: a worker's own
+/// 0.5 s up to 100 workers, then 5 ms per worker (1 s for 200), so that the coordinator
+/// decodes about 200 reports a second; but never more than a third of the heartbeat timeout,
+/// since a worker's heartbeats go with its reports (1.67 s with the default 5 s).
+pub fn report_interval_for(workers: usize, heartbeat_timeout: Duration) -> Duration {
+    let scaled =
+        Duration::from_millis(5).saturating_mul(u32::try_from(workers).unwrap_or(u32::MAX));
+    scaled
+        .max(Duration::from_millis(500))
+        .min(heartbeat_timeout / 3)
+        .max(Duration::from_millis(100))
+}
+
+/// How often the coordinator tells each worker it is alive. A worker's own heartbeat timeout
+/// (5 s by default) is several of these; sending one every tick cost a message per worker
+/// per tick for nothing.
+pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
+
+/// How long after the end of `--duration` the feed goes on: the workers' clocks and start
+/// instants differ by far less, and each worker holds thousands of exchanges anyway.
+pub const FEED_MARGIN: Duration = Duration::from_secs(1);
 
 impl Settings {
     pub fn from_config(config: &RunConfig, workers: usize) -> Settings {
@@ -64,6 +94,9 @@ impl Settings {
             clock_patience: Duration::from_secs(2),
             abort_grace: Duration::from_secs(3),
             tick: Duration::from_millis(500),
+            report_interval: report_interval_for(workers, config.heartbeat_timeout),
+            live_histograms: config.metrics_listen.is_some(),
+            load_duration: None,
         }
     }
 }
@@ -120,6 +153,12 @@ pub struct Supervisor {
     interrupted: bool,
     /// The run over time, from the start on.
     timeline: Option<Timeline>,
+    /// Stops the feed (or one worker's part of it).
+    feed: std::sync::Arc<FeedControl>,
+    /// When the feed stops: the end of `--duration` plus [`FEED_MARGIN`].
+    feed_until: Option<Instant>,
+    /// When the workers were last told the coordinator is alive.
+    last_heartbeat: Option<Instant>,
 }
 
 /// One worker, from its join to the end of the run.
@@ -150,9 +189,9 @@ struct Slot {
 
 /// Long work that finished.
 enum Background {
+    /// The feed of every slice; what each worker was handed.
     Fed {
-        index: usize,
-        result: Result<u64, RecordingError>,
+        result: Result<Vec<u64>, RecordingError>,
     },
     Reassigned {
         dead: usize,
@@ -219,18 +258,39 @@ impl Slot {
     /// that answers for more exchanges than the worker was sent makes the worker lost (named
     /// in the report); the last valid report stays, so the other workers' data and this
     /// one's earlier data are kept.
-    fn accept_report(&mut self, report: Box<WorkerReport>) {
+    /// Returns whether it was taken.
+    fn accept_report(&mut self, mut report: Box<WorkerReport>) -> bool {
         if self.latest.as_ref().is_some_and(|r| report.seq <= r.seq) {
-            return;
+            return false;
         }
         match self.check_report(&report) {
             Ok(()) => {
+                // Most reports leave the timeline's buckets out
+                // (`proto::convert::TIMELINE_EVERY_REPORTS`): keep the last ones sent.
+                if report.timeline.completions.is_empty()
+                    && let Some(previous) = &mut self.latest
+                    && !previous.timeline.completions.is_empty()
+                {
+                    let kept = std::mem::take(&mut previous.timeline);
+                    let edges = &report.timeline;
+                    report.timeline = common::timeline::Timeline {
+                        target_reached_unix_us: edges
+                            .target_reached_unix_us
+                            .or(kept.target_reached_unix_us),
+                        last_issued_unix_us: edges.last_issued_unix_us.or(kept.last_issued_unix_us),
+                        ..kept
+                    };
+                }
                 self.done = report.is_final;
                 self.latest = Some(report);
+                true
             }
-            Err(reason) => self.lose(format!(
-                "it sent an invalid report ({reason}); its data after its last valid report is dropped"
-            )),
+            Err(reason) => {
+                self.lose(format!(
+                    "it sent an invalid report ({reason}); its data after its last valid report is dropped"
+                ));
+                false
+            }
         }
     }
 
@@ -277,6 +337,9 @@ impl Supervisor {
             aborted: false,
             interrupted: false,
             timeline: None,
+            feed: std::sync::Arc::new(FeedControl::new(0)),
+            feed_until: None,
+            last_heartbeat: None,
         }
     }
 
@@ -286,7 +349,11 @@ impl Supervisor {
         self.sync_clocks().await?;
         self.spawn_feeders();
         let (started_at, started) = self.start();
-        self.supervise(started).await?;
+        let supervised = self.supervise(started).await;
+        // Nothing more can be sent once the workers are done; a feed waiting on a full slice
+        // ends now rather than when its worker's stream closes.
+        self.feed.stop();
+        supervised?;
         self.stop().await;
         self.background.abort_all();
         let duration = started.elapsed();
@@ -467,17 +534,22 @@ impl Supervisor {
         self.slots.get(index).map(|s| s.id.as_str()).unwrap_or("?")
     }
 
-    /// Each worker's slice is read from the recording in a blocking task of its own.
+    /// Every worker's slice is read from the recording in one walk, in a blocking task.
     fn spawn_feeders(&mut self) {
-        for (index, slot) in self.slots.iter_mut().enumerate() {
-            let plan = self.plan.clone();
-            let slice = slot.slice.clone();
-            slot.feeding = true;
-            self.background.spawn_blocking(move || Background::Fed {
-                index,
-                result: feed_slice(&plan, index, slice),
-            });
-        }
+        let feed = std::sync::Arc::new(FeedControl::new(self.slots.len()));
+        self.feed = feed.clone();
+        let slices: Vec<SliceSender> = self
+            .slots
+            .iter_mut()
+            .map(|slot| {
+                slot.feeding = true;
+                slot.slice.clone()
+            })
+            .collect();
+        let plan = self.plan.clone();
+        self.background.spawn_blocking(move || Background::Fed {
+            result: feed_slices(&plan, &slices, &feed),
+        });
     }
 
     /// One start instant for everyone, far enough ahead for the message to arrive and the
@@ -493,7 +565,14 @@ impl Supervisor {
             });
             slot.last_heard = Instant::now();
         }
-        self.timeline = Some(Timeline::new(started_at, self.slots.len()));
+        self.timeline = Some(
+            Timeline::new(started_at, self.slots.len())
+                .with_report_interval(self.settings.report_interval),
+        );
+        self.feed_until = self
+            .settings
+            .load_duration
+            .map(|duration| started + duration + FEED_MARGIN);
         (started_at, started)
     }
 
@@ -518,7 +597,12 @@ impl Supervisor {
                     return Ok(());
                 }
                 Wake::Event(None) => return Ok(()),
-                Wake::Event(Some(event)) => self.on_event(event),
+                // Heartbeats and pongs (half the events) change nothing below.
+                Wake::Event(Some(event)) => {
+                    if !self.on_event(event) {
+                        continue;
+                    }
+                }
                 Wake::Tick => self.on_tick(started),
                 Wake::Background(done) => self.on_background(done)?,
             }
@@ -531,9 +615,11 @@ impl Supervisor {
         Ok(())
     }
 
-    fn on_event(&mut self, event: WorkerEvent) {
+    /// Returns false when the event cannot have lost a worker or changed what it reported
+    /// (a heartbeat), so nothing needs to be looked at again.
+    fn on_event(&mut self, event: WorkerEvent) -> bool {
         let index = match &event {
-            WorkerEvent::Joined { .. } => return,
+            WorkerEvent::Joined { .. } => return false,
             WorkerEvent::Report { index, .. }
             | WorkerEvent::InvalidReport { index, .. }
             | WorkerEvent::Heartbeat { index }
@@ -543,23 +629,31 @@ impl Supervisor {
             | WorkerEvent::Gone { index, .. } => *index,
         };
         let Some(slot) = self.slots.get_mut(index) else {
-            return;
+            return false;
         };
         match event {
             WorkerEvent::Report { report, .. } => {
                 slot.last_heard = Instant::now();
-                slot.accept_report(report);
+                // Each report goes into the series as it arrives: the tick walks nobody's
+                // histograms.
+                if slot.accept_report(report)
+                    && let (Some(timeline), Some(report)) = (&mut self.timeline, &slot.latest)
+                {
+                    timeline.add_report(index, report);
+                }
             }
             WorkerEvent::InvalidReport { reason, .. } => slot.lose(format!(
                 "it sent an invalid report ({reason}); its data after its last valid report is dropped"
             )),
             WorkerEvent::Heartbeat { .. } | WorkerEvent::ClockPong { .. } => {
                 slot.last_heard = Instant::now();
+                return false;
             }
             WorkerEvent::Started { unix_ns, .. } => {
                 slot.last_heard = Instant::now();
                 slot.started_unix_ns =
                     Some((unix_ns as i128 - slot.clock.offset_ns as i128).max(0) as u64);
+                return false;
             }
             WorkerEvent::Failed { reason, .. } => {
                 if slot.alive() {
@@ -573,10 +667,23 @@ impl Supervisor {
             }
             WorkerEvent::Joined { .. } => {}
         }
+        true
     }
 
     fn on_tick(&mut self, started: Instant) {
         let now = Instant::now();
+        if self.feed_until.is_some_and(|until| now >= until) {
+            // The duration is over: every exchange not handed out yet is not started, and
+            // feeding it only for the workers to count it so would cost as much as the budget.
+            self.feed.stop();
+        }
+        let heartbeat = self
+            .last_heartbeat
+            .is_none_or(|last| now.duration_since(last) >= HEARTBEAT_EVERY);
+        if heartbeat {
+            self.last_heartbeat = Some(now);
+        }
+        let unix_now = unix_ns(SystemTime::now());
         for slot in &mut self.slots {
             if slot.alive() && now.duration_since(slot.last_heard) > self.settings.heartbeat_timeout
             {
@@ -585,14 +692,16 @@ impl Supervisor {
                     self.settings.heartbeat_timeout
                 ));
             }
-            slot.control.send(Control::Heartbeat {
-                unix_ns: unix_ns(SystemTime::now()),
-            });
+            if heartbeat {
+                slot.control.send(Control::Heartbeat { unix_ns: unix_now });
+            }
         }
-        if let Some(timeline) = &mut self.timeline {
-            timeline.sample(self.slots.iter().map(|s| s.latest.as_deref()));
-        }
-        self.publish_progress(started);
+        let totals = self
+            .timeline
+            .as_mut()
+            .map(Timeline::tick)
+            .unwrap_or_default();
+        self.publish_progress(started, totals);
     }
 
     fn on_background(
@@ -600,18 +709,19 @@ impl Supervisor {
         done: Result<Background, tokio::task::JoinError>,
     ) -> Result<(), RunError> {
         match done.map_err(|e| RunError::Failed(format!("feeding a slice: {e}")))? {
-            Background::Fed { index, result } => {
+            Background::Fed { result } => {
                 let sent = result.map_err(|e| RunError::Input(e.to_string()))?;
-                let slot = &mut self.slots[index];
-                slot.sent += sent;
-                slot.feeding = false;
-                // A report that came before the slice's count was known is checked now.
-                if slot.alive()
-                    && let Some(report) = &slot.latest
-                    && let Err(reason) = slot.check_report(report)
-                {
-                    slot.lose(format!("it sent an invalid report ({reason})"));
-                    slot.latest = None;
+                for (slot, sent) in self.slots.iter_mut().zip(sent) {
+                    slot.sent += sent;
+                    slot.feeding = false;
+                    // A report that came before the slice's count was known is checked now.
+                    if slot.alive()
+                        && let Some(report) = &slot.latest
+                        && let Err(reason) = slot.check_report(report)
+                    {
+                        slot.lose(format!("it sent an invalid report ({reason})"));
+                        slot.latest = None;
+                    }
                 }
             }
             Background::Reassigned {
@@ -646,6 +756,8 @@ impl Supervisor {
             .filter(|&i| self.slots[i].lost.is_some() && self.slots[i].lost_accounting.is_none())
             .collect();
         for dead in newly_lost {
+            // Its slice may be full and never read again: the feed must not wait on it.
+            self.feed.drop_worker(dead);
             let slot = &mut self.slots[dead];
             let reason = slot.lost.clone().unwrap_or_default();
             let answered = slot.answered();
@@ -769,34 +881,35 @@ impl Supervisor {
         }
     }
 
-    fn publish_progress(&self, started: Instant) {
+    /// The live state: the counts from the series' running totals (each report was merged
+    /// into them once, as it arrived), and the merged histograms only for `--metrics-listen`.
+    fn publish_progress(&self, started: Instant, totals: LiveTotals) {
         let Some(progress) = &self.progress else {
             return;
         };
-        let mut merged = RunMetrics::new();
-        let (mut in_flight, mut not_started, mut lost) = (0, 0, 0);
-        for slot in &self.slots {
-            if let Some(report) = &slot.latest {
+        let (mut not_started, mut lost) = (0, 0);
+        let mut merged = self.settings.live_histograms.then(RunMetrics::new);
+        for report in self.slots.iter().filter_map(|slot| slot.latest.as_deref()) {
+            not_started += report.totals.not_started;
+            lost += report.totals.lost;
+            if let Some(merged) = &mut merged {
                 merged.merge(&report.metrics);
-                in_flight += report.totals.issued.saturating_sub(report.answered());
-                not_started += report.totals.not_started;
-                lost += report.totals.lost;
             }
         }
         progress.send_replace(Progress {
             run_id: self.identity.run_id.clone(),
-            answered: merged.counters.completed(),
+            answered: totals.answered,
             planned: self.plan.planned_total(),
             elapsed: Instant::now().saturating_duration_since(started),
-            ttft_ms: merged.stats(Metric::Ttft).map(|s| (s.p50, s.p95)),
-            errors: merged.counters.failed(),
-            in_flight,
+            ttft_ms: totals.ttft.map(|s| (s.p50, s.p95)),
+            errors: totals.failed,
+            in_flight: totals.in_flight,
             not_started,
             lost,
             alive: self.slots.iter().filter(|s| s.lost.is_none()).count(),
             workers: self.slots.len(),
             finished: false,
-            metrics: std::sync::Arc::new(merged),
+            metrics: std::sync::Arc::new(merged.unwrap_or_default()),
         });
     }
 

@@ -2,17 +2,18 @@
 //! built from the workers' cumulative interval reports.
 //!
 //! Workers send cumulative HDR histograms and counters every report interval. The supervisor
-//! hands the latest report of every worker to [`Timeline::sample`] on each of its ticks; the
-//! timeline takes only reports it has not seen (decoded once by the gRPC service), subtracts each worker's previous cumulative
-//! histograms from its new ones (HDR subtraction is exact) and adds the differences into the
-//! open interval. An interval closes once it spans [`INTERVAL`] (wider on long runs, see
+//! hands each report it accepts (decoded once, by the gRPC service) to [`Timeline::add_report`]
+//! as it arrives; the timeline subtracts the worker's previous cumulative TTFT and ITL
+//! histograms from the new ones (HDR subtraction is exact) and adds the differences into the
+//! open interval, and [`Timeline::tick`] closes intervals: no tick walks every worker's
+//! histograms. An interval closes once it spans [`INTERVAL`] (wider on long runs, see
 //! [`MAX_POINTS`]), so every measured request lands in exactly one interval: the sums over the
 //! series equal the run's totals. A sample is stamped when the coordinator takes it, so a
 //! request may land up to one report interval after it finished.
 
 use std::time::{Duration, SystemTime};
 
-use common::metrics::{Counters, Metric, RunMetrics, Stats, stats_of};
+use common::metrics::{Counters, Metric, Stats, stats_of};
 use hdrhistogram::Histogram;
 use proto::convert::WorkerReport;
 
@@ -55,10 +56,12 @@ pub struct Timeline {
     ttft_total: Histogram<u64>,
 }
 
-/// A worker's last decoded report.
+/// What the series keeps of a worker's last report: only what it subtracts next time.
 struct WorkerCumulative {
     seq: u64,
-    metrics: RunMetrics,
+    ttft: Histogram<u64>,
+    itl: Histogram<u64>,
+    counters: Counters,
     /// Sent and not yet answered, at that report.
     in_flight: u64,
 }
@@ -105,6 +108,24 @@ impl Timeline {
             points: Vec::new(),
             ttft_total: empty_histogram(),
         }
+    }
+
+    /// Add worker `index`'s new report (one it has not taken yet) to the open interval.
+    pub fn add_report(&mut self, index: usize, report: &WorkerReport) {
+        self.take(index, report);
+    }
+
+    /// Close the open interval when it is due; returns the merged totals so far for the
+    /// progress line.
+    pub fn tick(&mut self) -> LiveTotals {
+        self.sample_at(SystemTime::now(), std::iter::empty())
+    }
+
+    /// The series' intervals are at least `report_interval` wide: narrower ones would
+    /// alternate between holding a report of every worker and holding none.
+    pub fn with_report_interval(mut self, report_interval: Duration) -> Timeline {
+        self.width_s = self.width_s.max(report_interval.as_secs_f64());
+        self
     }
 
     /// Take the latest report of every worker (in worker order; `None` before its first
@@ -184,33 +205,41 @@ impl Timeline {
         {
             return;
         }
-        let metrics = report.metrics.clone();
+        let metrics = &report.metrics;
         let totals = report.totals;
         let c = &metrics.counters;
         let in_flight = totals.issued.saturating_sub(c.completed() + c.warmup);
         let previous = self.workers[index].take();
-        let empty = RunMetrics::new();
-        let before = previous.as_ref().map_or(&empty, |w| &w.metrics);
+        let empty = empty_histogram();
+        let next = WorkerCumulative {
+            seq: report.seq,
+            ttft: metrics.histogram(Metric::Ttft).clone(),
+            itl: metrics.histogram(Metric::Itl).clone(),
+            counters: metrics.counters,
+            in_flight,
+        };
         for (metric, into) in [
             (Metric::Ttft, &mut self.open.ttft),
             (Metric::Itl, &mut self.open.itl),
         ] {
+            let before = match (&previous, metric) {
+                (Some(p), Metric::Ttft) => &p.ttft,
+                (Some(p), _) => &p.itl,
+                (None, _) => &empty,
+            };
             let mut delta = metrics.histogram(metric).clone();
             // Cumulative histograms only grow; a worker whose numbers went back (it cannot
             // happen with a valid worker) contributes nothing to this interval.
-            if delta.subtract(before.histogram(metric)).is_ok() {
+            if delta.subtract(before).is_ok() {
                 let _ = into.add(&delta);
                 if metric == Metric::Ttft {
                     let _ = self.ttft_total.add(&delta);
                 }
             }
         }
-        add_difference(&mut self.open.counters, &metrics.counters, &before.counters);
-        self.workers[index] = Some(WorkerCumulative {
-            seq: report.seq,
-            metrics,
-            in_flight,
-        });
+        let before_counters = previous.as_ref().map(|p| p.counters).unwrap_or_default();
+        add_difference(&mut self.open.counters, &next.counters, &before_counters);
+        self.workers[index] = Some(next);
     }
 
     /// Close the open interval at `t` seconds.
@@ -250,8 +279,8 @@ impl Timeline {
             ..LiveTotals::default()
         };
         for worker in self.workers.iter().flatten() {
-            totals.answered += worker.metrics.counters.completed();
-            totals.failed += worker.metrics.counters.failed();
+            totals.answered += worker.counters.completed();
+            totals.failed += worker.counters.failed();
             totals.in_flight += worker.in_flight;
         }
         totals
@@ -297,6 +326,7 @@ pub fn join_levels<'a>(
 mod tests {
     use super::*;
     use common::measure::{OutcomeKind, RequestOutcome};
+    use common::metrics::RunMetrics;
 
     fn outcome(ttft_ms: u64, osl: u64) -> RequestOutcome {
         RequestOutcome {

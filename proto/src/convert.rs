@@ -75,8 +75,22 @@ pub fn report_to_proto(report: &WorkerReport) -> v1::Report {
         ..Default::default()
     };
     timeline_to_report(&report.timeline, &mut message);
+    if !report.is_final && report.seq % TIMELINE_EVERY_REPORTS != 1 {
+        // The buckets are cumulative and the coordinator needs them only at the end (a lost
+        // worker's from its last report that has them): most reports leave them out, which
+        // spares the coordinator decoding thousands of buckets per report. Its edges (load
+        // reached, last sent) always travel.
+        message.timeline_completions = Vec::new();
+        message.timeline_output_tokens = Vec::new();
+    }
     message
 }
+
+/// Every this many reports (the first, the 11th, ...), and in the final one, a report
+/// carries the worker's whole timeline; the others carry only its edges, and the coordinator
+/// keeps the buckets it has (a cumulative timeline never loses buckets, so empty buckets after
+/// non-empty ones mean "left out").
+pub const TIMELINE_EVERY_REPORTS: u64 = 10;
 
 /// Cores this process may run on (at least 1), as a report states them.
 pub fn available_cores() -> u32 {
@@ -415,6 +429,7 @@ pub fn assignment_to_proto(assignment: &Assignment) -> v1::Assignment {
             .map(|mode| mode.name().to_owned())
             .unwrap_or_default(),
         closed_sessions: assignment.faithful.closed_sessions,
+        report_interval_s: assignment.report_interval.map(|d| d.as_secs_f64()),
     }
 }
 
@@ -496,8 +511,22 @@ pub fn assignment_from_proto(assignment: &v1::Assignment) -> Result<Assignment, 
             pin,
             closed_sessions: assignment.closed_sessions,
         },
+        report_interval: match assignment.report_interval_s {
+            None => None,
+            Some(s) if s > MAX_REPORT_INTERVAL_S => {
+                return Err(AssignmentError::Seconds {
+                    field: "report_interval_s",
+                    seconds: s,
+                });
+            }
+            Some(s) => Some(wire_seconds("report_interval_s", s)?),
+        },
     })
 }
+
+/// The longest report interval a coordinator may ask for: a worker heard from less often
+/// than this is not supervised.
+const MAX_REPORT_INTERVAL_S: f64 = 60.0;
 
 #[cfg(test)]
 mod tests {
@@ -535,6 +564,7 @@ mod tests {
                 pin: Some(PinMode::Strict),
                 closed_sessions: true,
             },
+            report_interval: Some(Duration::from_millis(1500)),
         }
     }
 
@@ -556,6 +586,7 @@ mod tests {
             open_ended: true,
             transport: TargetTransport::default(),
             faithful: Faithful::default(),
+            report_interval: None,
             ..domain
         };
         assert_eq!(
@@ -618,6 +649,13 @@ mod tests {
             assert_eq!(error.field(), "load.duration_s", "{seconds}");
         }
 
+        for seconds in [0.0, -1.0, f64::NAN, 61.0] {
+            let mut wire = valid.clone();
+            wire.report_interval_s = Some(seconds);
+            let error = assignment_from_proto(&wire).expect_err("a bad report interval");
+            assert_eq!(error.field(), "report_interval_s", "{seconds}");
+        }
+
         let mut wire = valid;
         wire.pin_output_length = "loose".into();
         let error = assignment_from_proto(&wire).expect_err("unknown pin mode");
@@ -626,6 +664,26 @@ mod tests {
             error.to_string(),
             "assignment pin_output_length = \"loose\": expected \"max\" or \"strict\""
         );
+    }
+
+    #[test]
+    fn most_reports_leave_the_timeline_buckets_out_and_keep_its_edges() {
+        let mut timeline = Timeline::default();
+        timeline.record(1_000_000, 10);
+        timeline.last_issued_unix_us = Some(999_000);
+        let report = |seq, is_final| WorkerReport {
+            seq,
+            is_final,
+            timeline: timeline.clone(),
+            ..WorkerReport::default()
+        };
+        for (seq, is_final, buckets) in
+            [(1, false, 1), (2, false, 0), (11, false, 1), (12, true, 1)]
+        {
+            let back = report_from_proto(&report_to_proto(&report(seq, is_final))).expect("valid");
+            assert_eq!(back.timeline.completions.len(), buckets, "report {seq}");
+            assert_eq!(back.timeline.last_issued_unix_us, Some(999_000));
+        }
     }
 
     #[test]

@@ -56,6 +56,9 @@ fn settings(workers: usize, reassign_on_loss: bool) -> Settings {
         clock_patience: Duration::from_secs(2),
         abort_grace: Duration::from_secs(3),
         tick: Duration::from_millis(500),
+        report_interval: Duration::from_millis(500),
+        live_histograms: false,
+        load_duration: None,
     }
 }
 
@@ -547,4 +550,85 @@ async fn a_report_answering_for_more_than_issued_loses_the_worker_but_keeps_its_
         "{:?}",
         result.warnings
     );
+}
+
+/// `--requests 10000000 --duration 5s`: the budget is cut by the duration. The feed must stop
+/// with the duration (what was never handed out is not started) instead of walking the whole
+/// budget so that the workers count it as not started, which with 50 workers kept the
+/// coordinator busy for minutes and starved its heartbeats.
+#[tokio::test(start_paused = true)]
+async fn a_large_budget_cut_by_the_duration_feeds_only_what_the_duration_can_use() {
+    const BUDGET: u64 = 10_000_000;
+    let recording = Recording::new("budget", 100);
+    let mut settings = settings(2, false);
+    settings.load_duration = Some(Duration::from_secs(5));
+    let mut plan = plan(&recording, 2, 100);
+    plan.requests = Some(BUDGET);
+    let harness = start_supervisor(settings, plan);
+    let mut w0 = FakeWorker::join(&harness, 0, 0).await;
+    let mut w1 = FakeWorker::join(&harness, 1, 0).await;
+    tokio::join!(w0.sync_until_start(), w1.sync_until_start());
+    // The start is `start_lead` (500 ms) after the start message.
+    let end_of_duration = tokio::time::Instant::now() + Duration::from_millis(5_500);
+    let mut workers = [w0, w1];
+    let mut issued = [0u64; 2];
+    let mut not_started = [0u64; 2];
+    let mut closed = [false; 2];
+    // Play the engine: issue what arrives until the duration is over, then count the rest
+    // as not started until the slice closes. The feed runs on a thread of its own (a blocking
+    // task, which holds the paused clock's auto-advance): the test moves time itself, and
+    // gives the feed a few real milliseconds each step.
+    while !closed.iter().all(|c| *c) {
+        std::thread::sleep(Duration::from_millis(5));
+        tokio::time::advance(Duration::from_millis(250)).await;
+        let over = tokio::time::Instant::now() >= end_of_duration;
+        for (i, worker) in workers.iter_mut().enumerate() {
+            while let Ok(chunk) = worker.slice.try_recv() {
+                let n = chunk.exchanges.len() as u64;
+                if over {
+                    not_started[i] += n;
+                } else {
+                    issued[i] += n;
+                }
+                closed[i] |= chunk.last;
+            }
+            assert!(
+                issued[i] + not_started[i] < 100_000,
+                "worker {i} was fed {} exchanges: the feed went on after the duration",
+                issued[i] + not_started[i]
+            );
+            let totals = SliceTotals {
+                issued: issued[i],
+                not_started: not_started[i],
+                ..SliceTotals::default()
+            };
+            worker.report(false, issued[i], totals).await;
+        }
+        assert!(
+            tokio::time::Instant::now() < end_of_duration + Duration::from_secs(120),
+            "the slices were not closed within 120 s of the duration's end"
+        );
+    }
+    for (i, worker) in workers.iter_mut().enumerate() {
+        let totals = SliceTotals {
+            issued: issued[i],
+            not_started: not_started[i],
+            ..SliceTotals::default()
+        };
+        worker.report(true, issued[i], totals).await;
+    }
+    for worker in &mut workers {
+        assert_eq!(worker.next_order().await, Control::Finish);
+    }
+    let result = harness
+        .run
+        .await
+        .expect("no panic")
+        .expect("the run completes");
+    let answered: u64 = issued.iter().sum();
+    assert!(answered > 0, "the workers were fed while the duration ran");
+    assert_eq!(result.metrics.counters.succeeded, answered);
+    // Every planned exchange is accounted for: answered, or not started.
+    assert_eq!(result.not_started, BUDGET - answered);
+    assert!(!result.aborted);
 }

@@ -510,7 +510,10 @@ pub async fn run_once(
             open_ended: assignment.open_ended,
             load: load.clone(),
             heartbeat_timeout: options.heartbeat_timeout,
-            report_interval: options.report_interval,
+            // The coordinator may ask for a longer interval when it has many workers.
+            report_interval: assignment
+                .report_interval
+                .unwrap_or(options.report_interval),
             health: options.health.clone(),
         },
         out_tx,

@@ -1,0 +1,446 @@
+//! `many-workers`: N lightweight simulated workers in one process, each speaking the real
+//! worker gRPC protocol (`llm_replay.v1`) to a real coordinator started with `llm-replay run
+//! --listen ADDR --expect-workers N --token T`: hello, the token challenge, the assignment,
+//! the slice stream, clock pongs, `Started`, reports every interval (real V2+DEFLATE HDR
+//! histograms and counters, cumulative, as `proto::convert::report_to_proto` encodes them for
+//! a real worker), heartbeats, the final report and the wait for `Finish`.
+//!
+//! No HTTP request is made: each simulated worker takes the exchanges of its slice at its
+//! share of the closed-loop concurrency and "answers" each one after `--latency`, recording
+//! plausible TTFT, ITL, latency and token values. It is what the coordinator sees of a worker
+//! without the worker's cost, so that the coordinator's own CPU can be measured with 1,000
+//! workers on a 2-core machine (`bench/run.py --rows coord-sim`).
+//!
+//! Prints one JSON line at the end: workers joined, finished, lost (refused or broken),
+//! exchanges received, requests answered.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use common::metrics::{Metric, RunMetrics, SliceTotals, Window};
+use common::timeline::Timeline;
+use proto::convert::WorkerReport;
+use proto::v1;
+use proto::v1::coordinator_client::CoordinatorClient;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
+
+#[derive(Parser, Debug, Clone)]
+#[command(about = "Many simulated llm-replay workers in one process, against a real coordinator")]
+struct Args {
+    /// The coordinator's worker address (HOST:PORT, as given to `llm-replay run --listen`).
+    #[arg(long)]
+    coordinator: String,
+    /// Simulated workers to run.
+    #[arg(long, default_value_t = 200)]
+    workers: usize,
+    /// The run's token (`--token` of the coordinator).
+    #[arg(long, env = "LLM_REPLAY_TOKEN", hide_env_values = true)]
+    token: String,
+    /// Simulated request latency: TTFT is a tenth of it, the rest is spread over the tokens.
+    #[arg(long, default_value = "550ms", value_parser = parse_duration)]
+    latency: Duration,
+    /// Output tokens per simulated request.
+    #[arg(long, default_value_t = 10)]
+    tokens: u64,
+    /// Interval between reports, unless the coordinator's assignment asks for another (a
+    /// real worker reports every 0.5 s, or as the assignment says).
+    #[arg(long, default_value = "500ms", value_parser = parse_duration)]
+    report_interval: Duration,
+    /// Joins spread over this long (a thousand workers do not dial in the same millisecond).
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    join_spread: Duration,
+    /// Worker ids are PREFIX-0, PREFIX-1, ...
+    #[arg(long, default_value = "sim")]
+    id_prefix: String,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    common::duration::parse_duration(text).map_err(|e| e.to_string())
+}
+
+/// Totals over every simulated worker, for the summary line.
+#[derive(Default)]
+struct Tally {
+    joined: AtomicU64,
+    finished: AtomicU64,
+    failed: AtomicU64,
+    received: AtomicU64,
+    answered: AtomicU64,
+}
+
+fn unix_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    // One thread: the harness must stay light next to the coordinator it measures.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
+    runtime.block_on(run(args))
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let tally = Arc::new(Tally::default());
+    let mut tasks = tokio::task::JoinSet::new();
+    let spread = args.join_spread.as_secs_f64() / args.workers.max(1) as f64;
+    for i in 0..args.workers {
+        let args = args.clone();
+        let tally = tally.clone();
+        let delay = Duration::from_secs_f64(spread * i as f64);
+        tasks.spawn(async move {
+            tokio::time::sleep(delay).await;
+            let id = format!("{}-{i}", args.id_prefix);
+            match simulate(&args, &id, &tally).await {
+                Ok(()) => {
+                    tally.finished.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(error) => {
+                    tally.failed.fetch_add(1, Ordering::Relaxed);
+                    eprintln!("{id}: {error:#}");
+                }
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    println!(
+        "{}",
+        serde_json::json!({
+            "workers": args.workers,
+            "joined": tally.joined.load(Ordering::Relaxed),
+            "finished": tally.finished.load(Ordering::Relaxed),
+            "failed": tally.failed.load(Ordering::Relaxed),
+            "exchanges_received": tally.received.load(Ordering::Relaxed),
+            "answered": tally.answered.load(Ordering::Relaxed),
+        })
+    );
+    if tally.failed.load(Ordering::Relaxed) > 0 {
+        bail!("some simulated workers failed");
+    }
+    Ok(())
+}
+
+fn message(msg: v1::worker_message::Msg) -> v1::WorkerMessage {
+    v1::WorkerMessage { msg: Some(msg) }
+}
+
+/// The simulated load of one worker: exchanges waiting, requests in flight (their answer
+/// instants), and the cumulative metrics its reports carry.
+struct Load {
+    queued: u64,
+    in_flight: VecDeque<(Instant, u64)>,
+    concurrency: usize,
+    latency: Duration,
+    tokens: u64,
+    issued: u64,
+    not_started: u64,
+    metrics: RunMetrics,
+    timeline: Timeline,
+    slice_closed: bool,
+    /// Stop issuing after this instant (`--duration`).
+    deadline: Option<Instant>,
+    open_ended: bool,
+    started: Option<Instant>,
+    jitter: u64,
+}
+
+impl Load {
+    /// Issue what the free slots can take, at `now`.
+    fn issue(&mut self, now: Instant) {
+        let Some(started) = self.started else {
+            return;
+        };
+        if now < started {
+            return;
+        }
+        let over = self.deadline.is_some_and(|d| now >= d);
+        if over {
+            if !self.open_ended {
+                // Like the engine: what was received but not sent is not started.
+                self.not_started += self.queued;
+                self.queued = 0;
+            }
+            return;
+        }
+        while self.queued > 0 && self.in_flight.len() < self.concurrency {
+            self.queued -= 1;
+            self.issued += 1;
+            self.in_flight
+                .push_back((now + self.latency, unix_ns() / 1000));
+        }
+    }
+
+    /// Answer the requests due by `now`.
+    fn complete(&mut self, now: Instant) -> u64 {
+        let mut answered = 0;
+        while self.in_flight.front().is_some_and(|(due, _)| *due <= now) {
+            let Some((_, sent_us)) = self.in_flight.pop_front() else {
+                break;
+            };
+            // A cheap deterministic spread of values (xorshift), so the histograms are not a
+            // single bucket.
+            self.jitter ^= self.jitter << 13;
+            self.jitter ^= self.jitter >> 7;
+            self.jitter ^= self.jitter << 17;
+            let spread = 0.9 + (self.jitter % 2000) as f64 / 10_000.0;
+            let latency_us = (self.latency.as_secs_f64() * 1e6 * spread) as u64;
+            let ttft_us = latency_us / 10;
+            let itl_us = (latency_us - ttft_us) / self.tokens.max(2).saturating_sub(1);
+            let m = &mut self.metrics;
+            m.record_value(Metric::Ttft, ttft_us);
+            m.record_value(Metric::Ttst, itl_us);
+            m.record_value(Metric::Itl, itl_us);
+            m.record_value(Metric::Latency, latency_us);
+            // Stored in thousandths of a token per second.
+            m.record_value(
+                Metric::TokensPerSecondPerUser,
+                (1e9 / itl_us.max(1) as f64) as u64,
+            );
+            m.record_value(Metric::Isl, 100 + self.jitter % 400);
+            m.record_value(Metric::Osl, self.tokens);
+            m.counters.succeeded += 1;
+            m.counters.usage_reported += 1;
+            m.counters.output_tokens += self.tokens;
+            let end_us = sent_us + latency_us;
+            m.window = Some(match m.window {
+                None => Window {
+                    start_unix_us: sent_us,
+                    end_unix_us: end_us,
+                },
+                Some(w) => Window {
+                    start_unix_us: w.start_unix_us.min(sent_us),
+                    end_unix_us: w.end_unix_us.max(end_us),
+                },
+            });
+            self.timeline.record(end_us, self.tokens);
+            answered += 1;
+        }
+        answered
+    }
+
+    fn done(&self, now: Instant) -> bool {
+        if !self.in_flight.is_empty() || self.started.is_none() {
+            return false;
+        }
+        let over = self.deadline.is_some_and(|d| now >= d);
+        (over && self.open_ended) || (self.slice_closed && (self.queued == 0 || over))
+    }
+
+    fn report(&self, seq: u64, is_final: bool) -> v1::Report {
+        proto::convert::report_to_proto(&WorkerReport {
+            seq,
+            is_final,
+            metrics: self.metrics.clone(),
+            totals: SliceTotals {
+                issued: self.issued,
+                not_started: self.not_started,
+                lost: 0,
+                sent_out_of_order: 0,
+            },
+            status_codes: Default::default(),
+            tls_problems: Default::default(),
+            cpu_seconds: 0.0,
+            peak_rss_bytes: 0,
+            cores: 1,
+            timeline: self.timeline.clone(),
+        })
+    }
+}
+
+/// One simulated worker's run.
+async fn simulate(args: &Args, id: &str, tally: &Tally) -> anyhow::Result<()> {
+    let url = if args.coordinator.contains("://") {
+        args.coordinator.clone()
+    } else {
+        format!("http://{}", args.coordinator)
+    };
+    // Like a real worker, keep dialling while the coordinator is not listening yet.
+    let endpoint = tonic::transport::Endpoint::from_shared(url)?
+        .tcp_nodelay(true)
+        .connect_timeout(Duration::from_secs(10));
+    let patience = Instant::now() + Duration::from_secs(60);
+    let channel = loop {
+        match endpoint.connect().await {
+            Ok(channel) => break channel,
+            Err(error) if Instant::now() > patience => {
+                return Err(anyhow::Error::new(error).context("connect"));
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    };
+    let mut client = CoordinatorClient::new(channel.clone());
+    let (out, out_rx) = mpsc::channel::<v1::WorkerMessage>(64);
+    let nonce = proto::auth::nonce();
+    out.send(message(v1::worker_message::Msg::Hello(v1::Hello {
+        protocol_version: proto::PROTOCOL_VERSION,
+        worker_id: id.to_owned(),
+        host: "many-workers".into(),
+        capacity: 0,
+        token: String::new(),
+        nonce: nonce.clone(),
+    })))
+    .await?;
+    let mut inbound = client
+        .join(ReceiverStream::new(out_rx))
+        .await
+        .context("join")?
+        .into_inner();
+    let assignment = loop {
+        let Some(msg) = inbound.message().await?.and_then(|m| m.msg) else {
+            bail!("the coordinator closed the join stream");
+        };
+        use v1::coordinator_message::Msg;
+        match msg {
+            Msg::Challenge(challenge) => {
+                let expected =
+                    proto::auth::coordinator_proof(&args.token, &nonce, &challenge.nonce, id);
+                if !proto::auth::verify(&expected, &challenge.proof) {
+                    bail!("the coordinator does not know the token");
+                }
+                let proof = proto::auth::worker_proof(&args.token, &nonce, &challenge.nonce, id);
+                out.send(message(v1::worker_message::Msg::Answer(
+                    v1::ChallengeAnswer { proof },
+                )))
+                .await?;
+            }
+            Msg::Assignment(assignment) => break assignment,
+            Msg::Refused(refused) => bail!("refused: {}", refused.reason),
+            _ => {}
+        }
+    };
+    tally.joined.fetch_add(1, Ordering::Relaxed);
+    let domain = proto::convert::assignment_from_proto(&assignment)?;
+    let mut slice = CoordinatorClient::new(channel)
+        .exchanges(v1::SliceRequest {
+            run_id: assignment.run_id.clone(),
+            worker_id: id.to_owned(),
+            token: assignment.slice_key.clone(),
+        })
+        .await
+        .context("slice stream")?
+        .into_inner();
+    let mut metrics = RunMetrics::new();
+    // One connection per slot, as a real worker opens them before the start.
+    for _ in 0..domain.load.concurrency.unwrap_or(1).max(1) {
+        metrics.record_connection(150, None);
+    }
+    let mut load = Load {
+        queued: 0,
+        in_flight: VecDeque::new(),
+        concurrency: domain.load.concurrency.unwrap_or(1).max(1),
+        latency: args.latency,
+        tokens: args.tokens,
+        issued: 0,
+        not_started: 0,
+        metrics,
+        timeline: Timeline::default(),
+        slice_closed: false,
+        deadline: None,
+        open_ended: domain.open_ended,
+        started: None,
+        jitter: 0x9e37_79b9_7f4a_7c15 ^ (id.len() as u64) ^ unix_ns(),
+    };
+    let duration = domain.load.duration;
+    let mut seq = 0u64;
+    // The coordinator may ask for a longer interval, as it asks a real worker.
+    let mut ticker = tokio::time::interval(domain.report_interval.unwrap_or(args.report_interval));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut started_sent = false;
+    let far = Instant::now() + Duration::from_secs(86_400 * 365);
+    loop {
+        let now = Instant::now();
+        let answered = load.complete(now);
+        tally.answered.fetch_add(answered, Ordering::Relaxed);
+        load.issue(now);
+        if load.done(now) {
+            break;
+        }
+        let next_due = load.in_flight.front().map(|(due, _)| *due);
+        let start_due = load.started.filter(|s| *s > now);
+        let deadline_due = load.deadline.filter(|d| *d > now);
+        let wake = [next_due, start_due, deadline_due]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(far);
+        tokio::select! {
+            _ = tokio::time::sleep_until(wake) => {}
+            _ = ticker.tick(), if load.started.is_some() => {
+                if !started_sent && load.started.is_some_and(|s| s <= now) {
+                    started_sent = true;
+                    let _ = out.try_send(message(v1::worker_message::Msg::Started(v1::Started {
+                        unix_ns: unix_ns(),
+                    })));
+                }
+                seq += 1;
+                out.send(message(v1::worker_message::Msg::Report(load.report(seq, false)))).await?;
+                let _ = out.try_send(message(v1::worker_message::Msg::Heartbeat(v1::Heartbeat {
+                    unix_ns: unix_ns(),
+                })));
+            }
+            chunk = slice.message(), if !load.slice_closed => match chunk {
+                Ok(Some(chunk)) => {
+                    let n = chunk.exchanges.len() as u64;
+                    tally.received.fetch_add(n, Ordering::Relaxed);
+                    load.queued += n;
+                    load.slice_closed = chunk.last;
+                }
+                Ok(None) => load.slice_closed = true,
+                Err(status) => bail!("slice stream broke: {}", status.message()),
+            },
+            msg = inbound.message() => {
+                let Some(msg) = msg?.and_then(|m| m.msg) else {
+                    bail!("the coordinator closed the join stream");
+                };
+                use v1::coordinator_message::Msg;
+                match msg {
+                    Msg::ClockPing(ping) => {
+                        let t2 = unix_ns();
+                        let _ = out.try_send(message(v1::worker_message::Msg::ClockPong(v1::ClockPong {
+                            seq: ping.seq,
+                            coordinator_send_unix_ns: ping.coordinator_send_unix_ns,
+                            worker_receive_unix_ns: t2,
+                            worker_send_unix_ns: unix_ns(),
+                        })));
+                    }
+                    Msg::Start(start) => {
+                        let wait = Duration::from_nanos(start.start_unix_ns.saturating_sub(unix_ns()));
+                        let at = Instant::now() + wait;
+                        load.started = Some(at);
+                        load.deadline = duration.map(|d| at + d);
+                        ticker.reset();
+                    }
+                    Msg::Abort(abort) => bail!("aborted: {}", abort.reason),
+                    Msg::Finish(_) => bail!("Finish before the final report"),
+                    _ => {}
+                }
+            }
+        }
+    }
+    seq += 1;
+    out.send(message(v1::worker_message::Msg::Report(
+        load.report(seq, true),
+    )))
+    .await?;
+    // Wait for Finish (or the end of the stream), as a real worker does.
+    let wait = async {
+        while let Ok(Some(msg)) = inbound.message().await {
+            if matches!(msg.msg, Some(v1::coordinator_message::Msg::Finish(_))) {
+                return;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(60), wait).await;
+    Ok(())
+}
