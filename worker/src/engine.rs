@@ -167,8 +167,44 @@ struct Pending {
 
 /// An item as the scheduler holds it: with its request already built.
 struct Arrived {
-    item: WorkItem,
+    item: Sendable,
     request: PreparedRequest,
+}
+
+/// What a request's task keeps of its work item once the request is built: the recorded
+/// exchange itself (headers, unknown fields) is dropped, so an open stream holds only this.
+struct Sendable {
+    index: u64,
+    id: Option<String>,
+    session: Option<String>,
+    /// The recorded path, which with the response decides the family.
+    path: String,
+    think: Option<Duration>,
+    pin_output_tokens: Option<u64>,
+}
+
+impl Arrived {
+    /// Build `item`'s request under `config` and keep of the item what its task needs.
+    fn new(mut item: WorkItem, config: &ReplayConfig) -> Arrived {
+        let request = prepare(&mut item, config);
+        let WorkItem {
+            index,
+            exchange,
+            pin_output_tokens,
+            think,
+        } = item;
+        Arrived {
+            item: Sendable {
+                index,
+                id: exchange.id,
+                session: exchange.session,
+                path: exchange.request.path,
+                think,
+                pin_output_tokens,
+            },
+            request,
+        }
+    }
 }
 
 impl PartialEq for Pending {
@@ -206,11 +242,11 @@ enum Next {
 }
 
 impl Feed {
-    fn push(&mut self, mut item: WorkItem) {
-        let request = prepare(&mut item, &self.config);
+    fn push(&mut self, item: WorkItem) {
         // An item without an offset goes out at once, in file order among its kind.
         let mut at_ms = item.exchange.at_ms.unwrap_or(f64::NEG_INFINITY);
-        if let (Some(starts), Some(session)) = (&mut self.session_starts, &item.exchange.session) {
+        let item = Arrived::new(item, &self.config);
+        if let (Some(starts), Some(session)) = (&mut self.session_starts, &item.item.session) {
             match starts.get(session) {
                 Some(start) => at_ms = at_ms.min(*start),
                 None => {
@@ -229,7 +265,7 @@ impl Feed {
         self.pending.push(Reverse(Pending {
             at_ms,
             arrival: self.arrivals,
-            item: Arrived { item, request },
+            item,
         }));
     }
 
@@ -441,9 +477,8 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
                 _ = abort.wait_for(|a| *a) => { aborted = true; break 'items; }
                 item = feed.items.recv() => item,
             };
-            let Some(mut item) = item else { break };
-            let request = prepare(&mut item, &config);
-            let item = Arrived { item, request };
+            let Some(item) = item else { break };
+            let item = Arrived::new(item, &config);
             let intended = load.rate.map(|rate| {
                 let at = start.instant + offset(next_rate_offset);
                 let gap = match load.arrival {
@@ -497,7 +532,7 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
         }
 
         let Arrived { item, request } = item;
-        let previous_turn = match &item.exchange.session {
+        let previous_turn = match &item.session {
             Some(session) => {
                 let (done_tx, done_rx) = oneshot::channel::<Instant>();
                 let previous = sessions.insert(session.clone(), PreviousTurn::Running(done_rx));
@@ -536,14 +571,14 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
                 }
                 None => None,
             };
-            let (outcome, status) = send_one(&config, &client, &item, request, intended).await;
+            let (outcome, status) = send_one(&config, &client, &item.path, request, intended).await;
             if let Some(done) = done {
                 let _ = done.send(Instant::now());
             }
-            let meta = config.requests_out.then(|| RecordMeta {
+            let meta = config.requests_out.then_some(RecordMeta {
                 index: item.index,
-                id: item.exchange.id.clone(),
-                session: item.exchange.session.clone(),
+                id: item.id,
+                session: item.session,
             });
             let pinned = config.faithful.pin.and(item.pin_output_tokens);
             metrics.record(outcome, warmup, status, meta, pinned).await;
@@ -668,11 +703,10 @@ fn unix_nanos(t: SystemTime) -> u64 {
 async fn send_one(
     config: &ReplayConfig,
     client: &TargetClient,
-    item: &WorkItem,
+    path: &str,
     prepared: PreparedRequest,
     intended: Option<Instant>,
 ) -> (RequestOutcome, Option<u16>) {
-    let exchange = &item.exchange;
     let PreparedRequest {
         method,
         url,
@@ -685,7 +719,9 @@ async fn send_one(
         .headers(headers)
         .body(body.clone());
 
-    let sent = client.send(request, config.timeout).await;
+    // Boxed: the send state (reqwest's pending request) is large and lives only until the
+    // response head; the task of an open stream then holds only what reading it needs.
+    let sent = Box::pin(client.send(request, config.timeout)).await;
     let (t0, deadline, sent_unix_us, resent) =
         (sent.t0, sent.deadline, sent.sent_unix_us, sent.resent);
     // Lag is the scheduler's: measured at the first attempt, whatever happened after.
@@ -733,15 +769,18 @@ async fn send_one(
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let content_type = content_type.as_deref();
-    let path = exchange.request.path.as_str();
 
     // The first read decides between a stream and one body: content types lie behind
     // gateways (SSE as `text/plain`, or none at all), the bytes do not.
+    // One timer for the whole body, registered once, not one per read.
+    let expired = tokio::time::sleep_until(deadline);
+    tokio::pin!(expired);
     let first = tokio::select! {
-        chunk = response.chunk() => chunk,
-        _ = tokio::time::sleep_until(deadline) => {
+        biased;
+        _ = &mut expired => {
             return (finish(RequestOutcome::failed(FailureKind::Timeout)), code);
         }
+        chunk = response.chunk() => chunk,
     };
     let t_first = t0.elapsed().as_micros() as u64;
     let first = match first {
@@ -762,10 +801,11 @@ async fn send_one(
         let mut t_last = t_first;
         loop {
             let chunk = tokio::select! {
-                chunk = response.chunk() => chunk,
-                _ = tokio::time::sleep_until(deadline) => {
+                biased;
+                _ = &mut expired => {
                     return (finish(RequestOutcome::failed(FailureKind::Timeout)), code);
                 }
+                chunk = response.chunk() => chunk,
             };
             t_last = match chunk {
                 Ok(Some(bytes)) => {
@@ -813,10 +853,11 @@ async fn send_one(
             return (finish(meter.finish(t_us, false)), code);
         }
         let chunk = tokio::select! {
-            chunk = response.chunk() => chunk,
-            _ = tokio::time::sleep_until(deadline) => {
+            biased;
+            _ = &mut expired => {
                 return (finish(RequestOutcome::failed(FailureKind::Timeout)), code);
             }
+            chunk = response.chunk() => chunk,
         };
         // Timestamp at the edge: the read returned; parse after.
         let t_us = t0.elapsed().as_micros() as u64;

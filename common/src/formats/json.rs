@@ -196,7 +196,14 @@ pub(crate) fn parse<'a, T: Deserialize<'a>>(
     family: &'static str,
     json: &'a [u8],
 ) -> Result<T, FrameError> {
-    serde_json::from_slice(json).map_err(|error| FrameError::Malformed {
+    // UTF-8 checked once for the whole frame (an ASCII fast path): serde_json then borrows
+    // every string without checking each again. A frame that is not UTF-8 takes the byte
+    // parser, which judges it exactly as before.
+    let parsed = match std::str::from_utf8(json) {
+        Ok(text) => serde_json::from_str(text),
+        Err(_) => serde_json::from_slice(json),
+    };
+    parsed.map_err(|error| FrameError::Malformed {
         family,
         // Error path: allocating the reason is fine.
         reason: format!("frame is not the expected JSON: {error}"),

@@ -31,7 +31,7 @@ impl NdjsonDecoder {
     where
         F: FnMut(&[u8]) -> Result<(), FrameError>,
     {
-        while let Some(end) = bytes.iter().position(|&b| b == b'\n') {
+        while let Some(end) = memchr::memchr(b'\n', bytes) {
             if self.line.is_empty() {
                 emit(&bytes[..end], on_line)?;
             } else {

@@ -52,7 +52,7 @@ impl SseDecoder {
                 bytes = rest;
             }
         }
-        while let Some(end) = bytes.iter().position(|&b| b == b'\n' || b == b'\r') {
+        while let Some(end) = memchr::memchr2(b'\n', b'\r', bytes) {
             let terminator_len = if bytes[end] == b'\r' {
                 match bytes.get(end + 1) {
                     Some(b'\n') => 2,
@@ -122,7 +122,7 @@ impl SseDecoder {
             return Ok(()); // comment / keep-alive
         }
         self.field_seen = true;
-        let (name, value) = match line.iter().position(|&b| b == b':') {
+        let (name, value) = match memchr::memchr(b':', line) {
             Some(colon) => {
                 let value = &line[colon + 1..];
                 (&line[..colon], value.strip_prefix(b" ").unwrap_or(value))
