@@ -92,6 +92,49 @@ fn first_wave_pays_no_connection_setup_in_ttft() {
     assert!(md.contains("| Connection setup (ms) |"), "{md}");
 }
 
+/// Keep-alive: a connection that carried a stream carries the next request, even when the
+/// stream's terminal frame (`[DONE]`) is read before the end of its chunked body (the rest is
+/// read after the outcome is measured). Four slots, forty requests: four connections, each
+/// timed once, and no request resent.
+#[test]
+fn streams_reuse_their_connections() {
+    let _shared = fixtures::parallel_lock();
+    let mock = MockServer::start(&["--ttft", "2ms", "--itl", "1ms", "--tokens", "5"]);
+    let dir = TempDir::new("keep-alive");
+    let recording = dir.join("rec.jsonl");
+    write_chat_recording(&recording, 40, 5, None);
+    let report_path = dir.join("report.json");
+    let out = llm_replay(
+        &[
+            "run",
+            path_str(&recording),
+            "--target",
+            &mock.url,
+            "--concurrency",
+            "4",
+            "--requests",
+            "40",
+            "--warmup",
+            "0",
+        ],
+        Some(&report_path),
+    );
+    assert_eq!(
+        out.code, 0,
+        "stdout:\n{}\nstderr:\n{}",
+        out.stdout, out.stderr
+    );
+    let report = out.report.expect("report JSON");
+    assert_eq!(num(&report, &["requests", "succeeded"]), 40.0, "{report:#}");
+    assert_eq!(
+        num(&report, &["llm", "connect_ms", "count"]),
+        4.0,
+        "one connection per slot: {:#}",
+        report["llm"]
+    );
+    assert_eq!(num(&report, &["requests", "resent"]), 0.0, "{report:#}");
+}
+
 /// Acceptance: on a recorded schedule with 5 ms gaps, requests go out within 0.2 ms of their
 /// intended time at the median (tokio's timer alone rounds every wait up to the next
 /// millisecond: 0.99 ms at p50, 1.54 ms at p99 before the pacer).

@@ -19,6 +19,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 
 use crate::config::TransportConfig;
+use crate::h1;
 use crate::metrics_actor::MetricsHandle;
 
 /// Why the HTTP client could not be built.
@@ -59,6 +60,66 @@ pub struct TargetClient {
     connections: Arc<ConnectShared>,
     /// Cleartext HTTP/2 with prior knowledge: one connection carries every stream.
     h2c: bool,
+    /// The own HTTP/1.1 client's keep-alive connections: `http://` targets go through it
+    /// unless HTTP/2, SigV4 or a proxy is asked for ([`TargetClient::own_http1`]).
+    h1: Option<Arc<h1::Pool>>,
+}
+
+/// A response head and the body to read, from either client.
+pub enum Response {
+    Reqwest(reqwest::Response),
+    H1(h1::Response),
+}
+
+/// Why reading a response body failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    /// reqwest's error, without the URL (which may carry credentials).
+    #[error("{0}")]
+    Reqwest(#[source] reqwest::Error),
+    #[error("{0}")]
+    H1(#[source] h1::H1Error),
+}
+
+impl Response {
+    pub fn status(&self) -> http::StatusCode {
+        match self {
+            Response::Reqwest(response) => response.status(),
+            Response::H1(response) => response.status,
+        }
+    }
+
+    /// The `content-type` header, when it is text.
+    pub fn content_type(&self) -> Option<&str> {
+        match self {
+            Response::Reqwest(response) => response
+                .headers()
+                .get(http::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok()),
+            Response::H1(response) => response.content_type.as_deref(),
+        }
+    }
+
+    /// The next bytes of the body, `None` at its end.
+    pub async fn chunk(&mut self) -> Result<Option<bytes::Bytes>, BodyError> {
+        match self {
+            Response::Reqwest(response) => response
+                .chunk()
+                .await
+                .map_err(|e| BodyError::Reqwest(e.without_url())),
+            Response::H1(response) => response.chunk().await.map_err(BodyError::H1),
+        }
+    }
+
+    /// The caller is done with a body that has not ended yet (a stream's terminal frame
+    /// came before the end of the body): let the connection finish it and carry another
+    /// request, when the client can (the own HTTP/1.1 client reads the rest in the
+    /// background, for up to a second and 64 KiB); otherwise the connection is dropped.
+    pub fn finish_in_background(self) {
+        if let Response::H1(response) = self {
+            response.finish_in_background(Duration::from_secs(1), 64 << 10);
+        }
+    }
 }
 
 /// Why sending failed before a response head arrived.
@@ -84,7 +145,7 @@ pub struct Sent {
     pub deadline: tokio::time::Instant,
     /// The request was sent a second time, on a fresh connection.
     pub resent: bool,
-    pub result: Result<reqwest::Response, SendFailure>,
+    pub result: Result<Response, SendFailure>,
 }
 
 /// The rustls configuration for https targets: Mozilla roots plus the extra CAs (or no
@@ -147,13 +208,25 @@ impl TargetClient {
             }
             builder.build().map_err(ClientError::Build)
         };
+        let own_http1 = !transport.h2c && transport.sigv4.is_none() && !proxy_in_environment();
         Ok(TargetClient {
             pooled: build(4096)?,
             fresh: build(0)?,
             signer: transport.sigv4.clone(),
             connections,
             h2c: transport.h2c,
+            h1: own_http1.then(|| Arc::new(h1::Pool::default())),
         })
+    }
+
+    /// The own HTTP/1.1 client's pool and `url`'s authority and request target, when that
+    /// client sends to `url`: a cleartext `http://` URL without credentials, and neither
+    /// HTTP/2 (`--target-h2c`), SigV4 nor a proxy (`HTTP_PROXY`, `ALL_PROXY`, which reqwest
+    /// honours) asked for.
+    fn own_http1<'u>(&self, url: &'u str) -> Option<(&Arc<h1::Pool>, &'u str, &'u str)> {
+        let pool = self.h1.as_ref()?;
+        let (authority, target) = h1::split_url(url)?;
+        Some((pool, authority, target))
     }
 
     /// Send the timing of every connection opened from now on to `metrics`.
@@ -168,6 +241,19 @@ impl TargetClient {
     pub async fn preconnect(&self, url: &str, count: usize, patience: Duration) -> usize {
         use futures_util::StreamExt;
         if count == 0 {
+            return self.spare_connections();
+        }
+        if let Some((pool, authority, _)) = self.own_http1(url) {
+            let sink = lock(&self.connections.sink).clone();
+            h1::preconnect(pool, authority, count, patience, |took| {
+                let sink = sink.clone();
+                async move {
+                    if let Some(sink) = sink {
+                        sink.record_connection(took.as_micros() as u64, None).await;
+                    }
+                }
+            })
+            .await;
             return self.spare_connections();
         }
         let open_one = || {
@@ -195,7 +281,146 @@ impl TargetClient {
 
     /// Pre-opened connections not yet taken by a request.
     pub fn spare_connections(&self) -> usize {
-        lock(&self.connections.stash).len()
+        lock(&self.connections.stash).len() + self.h1.as_ref().map_or(0, |pool| pool.idle_count())
+    }
+
+    /// Send a prepared request: through the own HTTP/1.1 client when it serves `url`
+    /// ([`TargetClient::own_http1`]), otherwise through reqwest ([`TargetClient::send`]).
+    /// The same rules either way: t0 just before the write (or when a new connection became
+    /// ready), one resend on a fresh connection when the connection failed before any
+    /// response byte, the whole request within the first t0 + `timeout`.
+    pub async fn send_prepared(
+        &self,
+        method: http::Method,
+        url: &str,
+        headers: http::HeaderMap,
+        body: bytes::Bytes,
+        timeout: Duration,
+    ) -> Sent {
+        let Some((pool, authority, target)) = self.own_http1(url) else {
+            let request = self.request(method, url).headers(headers).body(body);
+            return self.send(request, timeout).await;
+        };
+        let first_t0 = Instant::now();
+        let mut sent = Sent {
+            first_t0,
+            t0: first_t0,
+            sent_unix_us: unix_micros(SystemTime::now()),
+            deadline: tokio::time::Instant::from_std(first_t0 + timeout),
+            resent: false,
+            result: Err(SendFailure::Transport(TransportCause::Other)),
+        };
+        let head = h1::request_head(&method, authority, target, &headers, body.len());
+        let exchange = H1Exchange {
+            pool,
+            authority,
+            method: &method,
+            head: &head,
+            body: &body,
+        };
+        let error = match self.attempt_h1(&exchange, false, &mut sent).await {
+            Ok(response) => {
+                sent.result = Ok(Response::H1(response));
+                return sent;
+            }
+            Err(H1AttemptError::Timeout) => {
+                sent.result = Err(SendFailure::Timeout);
+                return sent;
+            }
+            Err(H1AttemptError::Failed { error, connecting }) => (error, connecting),
+        };
+        let url = common::recording::redact_url(url);
+        let cause = classify(&error.0);
+        if !error.1
+            && matches!(
+                cause,
+                TransportCause::ClosedBeforeResponse | TransportCause::Reset
+            )
+        {
+            tracing::debug!(
+                cause = cause.name(),
+                error = %error.0,
+                url,
+                "connection closed before a response; resending once on a fresh connection"
+            );
+            sent.resent = true;
+            sent.result = match self.attempt_h1(&exchange, true, &mut sent).await {
+                Ok(response) => Ok(Response::H1(response)),
+                Err(H1AttemptError::Timeout) => Err(SendFailure::Timeout),
+                Err(H1AttemptError::Failed { error, .. }) => {
+                    let cause = classify(&error);
+                    tracing::debug!(cause = cause.name(), %error, url, "request failed before a response");
+                    Err(SendFailure::Transport(cause))
+                }
+            };
+            return sent;
+        }
+        tracing::debug!(cause = cause.name(), error = %error.0, url, "request failed before a response");
+        sent.result = Err(SendFailure::Transport(cause));
+        sent
+    }
+
+    /// One attempt through the own HTTP/1.1 client: a pooled connection (or a new one when
+    /// `fresh` or none waits), t0, the write, the response head; all before the deadline.
+    async fn attempt_h1(
+        &self,
+        exchange: &H1Exchange<'_>,
+        fresh: bool,
+        sent: &mut Sent,
+    ) -> Result<h1::Response, H1AttemptError> {
+        sent.sent_unix_us = unix_micros(SystemTime::now());
+        sent.t0 = Instant::now();
+        // Shared with the attempt's future (which a timeout drops): plain, uncontended.
+        let ready = Mutex::new(None);
+        let connecting = AtomicBool::new(false);
+        let work = async {
+            let pooled = if fresh {
+                None
+            } else {
+                exchange.pool.take(exchange.authority)
+            };
+            let mut conn = match pooled {
+                Some(conn) => conn,
+                None => {
+                    connecting.store(true, Ordering::Relaxed);
+                    let started = Instant::now();
+                    let conn = h1::connect(exchange.authority).await?;
+                    let at = Instant::now();
+                    *lock(&ready) = Some(at);
+                    let sink = lock(&self.connections.sink).clone();
+                    if let Some(sink) = sink {
+                        sink.record_connection((at - started).as_micros() as u64, None)
+                            .await;
+                    }
+                    connecting.store(false, Ordering::Relaxed);
+                    conn
+                }
+            };
+            conn.write_request(exchange.head, exchange.body).await?;
+            let head = conn.read_head(exchange.method).await?;
+            Ok::<_, h1::H1Error>(h1::Response::new(
+                head,
+                conn,
+                exchange.authority,
+                Arc::clone(exchange.pool),
+            ))
+        };
+        let result = tokio::select! {
+            result = work => result.map_err(|error| H1AttemptError::Failed {
+                error,
+                connecting: connecting.load(Ordering::Relaxed),
+            }),
+            _ = tokio::time::sleep_until(sent.deadline) => Err(H1AttemptError::Timeout),
+        };
+        // As for reqwest: the request was written once its new connection was ready.
+        if let Some(ready) = *lock(&ready)
+            && ready > sent.t0
+        {
+            let waited = ready - sent.t0;
+            sent.t0 = ready;
+            sent.sent_unix_us += waited.as_micros() as u64;
+        }
+        result
     }
 
     /// Start a request (headers and body are added by the caller).
@@ -229,7 +454,7 @@ impl TargetClient {
         let url = common::recording::redact_url(request.url().as_str());
         let error = match self.attempt(&self.pooled, request, &mut sent).await {
             Ok(response) => {
-                sent.result = Ok(response);
+                sent.result = Ok(Response::Reqwest(response));
                 return sent;
             }
             Err(AttemptError::Timeout) => {
@@ -250,7 +475,7 @@ impl TargetClient {
                 );
                 sent.resent = true;
                 sent.result = match self.attempt(&self.fresh, spare, &mut sent).await {
-                    Ok(response) => Ok(response),
+                    Ok(response) => Ok(Response::Reqwest(response)),
                     Err(AttemptError::Timeout) => Err(SendFailure::Timeout),
                     Err(AttemptError::Unsigned) => {
                         Err(SendFailure::Transport(TransportCause::Other))
@@ -301,6 +526,32 @@ impl TargetClient {
         }
         result
     }
+}
+
+/// One request for the own HTTP/1.1 client: where it goes and its bytes.
+struct H1Exchange<'a> {
+    pool: &'a Arc<h1::Pool>,
+    authority: &'a str,
+    method: &'a http::Method,
+    head: &'a [u8],
+    body: &'a bytes::Bytes,
+}
+
+/// How one attempt of the own HTTP/1.1 client failed.
+enum H1AttemptError {
+    Timeout,
+    /// `connecting`: it failed opening its connection (nothing was written: no resend).
+    Failed {
+        error: h1::H1Error,
+        connecting: bool,
+    },
+}
+
+/// A proxy reqwest would use for `http://` targets is set in the environment.
+fn proxy_in_environment() -> bool {
+    ["http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"]
+        .iter()
+        .any(|name| std::env::var_os(name).is_some_and(|v| !v.is_empty()))
 }
 
 /// The connection side of the client: every new connection is timed (name resolution and

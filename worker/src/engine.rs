@@ -726,14 +726,10 @@ async fn send_one(
         body,
     } = prepared;
     // A reference count, not a copy: the body is read again only after the response.
-    let request = client
-        .request(method, &url)
-        .headers(headers)
-        .body(body.clone());
-
-    // Boxed: the send state (reqwest's pending request) is large and lives only until the
-    // response head; the task of an open stream then holds only what reading it needs.
-    let sent = Box::pin(client.send(request, config.timeout)).await;
+    // Boxed: the send state (a pending request) is large and lives only until the response
+    // head; the task of an open stream then holds only what reading it needs.
+    let sent =
+        Box::pin(client.send_prepared(method, &url, headers, body.clone(), config.timeout)).await;
     let (t0, deadline, sent_unix_us, resent) =
         (sent.t0, sent.deadline, sent.sent_unix_us, sent.resent);
     // Lag is the scheduler's: measured at the first attempt, whatever happened after.
@@ -775,11 +771,7 @@ async fn send_one(
         let _ = tokio::time::timeout_at(deadline, drain).await;
         return (finish(RequestOutcome::failed(FailureKind::Status)), code);
     }
-    let content_type = response
-        .headers()
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    let content_type = response.content_type().map(str::to_owned);
     let content_type = content_type.as_deref();
 
     // The first read decides between a stream and one body: content types lie behind
@@ -800,7 +792,7 @@ async fn send_one(
         Ok(None) => return (finish(RequestOutcome::failed(FailureKind::Empty)), code),
         Err(error) => {
             let cause = crate::client::classify(&error);
-            tracing::debug!(error = %error.without_url(), url = %common::recording::redact_url(&url), cause = cause.name(), "body failed before its first byte");
+            tracing::debug!(%error, url = %common::recording::redact_url(&url), cause = cause.name(), "body failed before its first byte");
             return (finish(RequestOutcome::transport_failure(cause)), code);
         }
     };
@@ -830,7 +822,7 @@ async fn send_one(
                 }
                 Ok(None) => break,
                 Err(error) => {
-                    tracing::debug!(error = %error.without_url(), url = %common::recording::redact_url(&url), "body cut");
+                    tracing::debug!(%error, url = %common::recording::redact_url(&url), "body cut");
                     return (finish(RequestOutcome::failed(FailureKind::Transport)), code);
                 }
             };
@@ -862,6 +854,7 @@ async fn send_one(
             // The stream is complete at its terminal marker, whether or not the server
             // keeps the connection open after it.
             let t_us = t0.elapsed().as_micros() as u64;
+            response.finish_in_background();
             return (finish(meter.finish(t_us, false)), code);
         }
         let chunk = tokio::select! {
@@ -882,7 +875,7 @@ async fn send_one(
             Ok(None) => return (finish(meter.finish(t_us, false)), code),
             Err(error) => {
                 let cause = crate::client::classify(&error);
-                tracing::debug!(error = %error.without_url(), url = %common::recording::redact_url(&url), cause = cause.name(), "stream cut");
+                tracing::debug!(%error, url = %common::recording::redact_url(&url), cause = cause.name(), "stream cut");
                 let mut outcome = meter.finish(t_us, true);
                 if outcome.kind == OutcomeKind::Failed(FailureKind::Transport) {
                     outcome.transport_cause = Some(cause);

@@ -12,6 +12,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod engine;
+pub mod h1;
 pub mod health;
 pub mod link;
 pub mod metrics_actor;
