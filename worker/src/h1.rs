@@ -307,6 +307,10 @@ fn parse_head(bytes: &[u8], method: &Method) -> Result<Option<(Head, usize)>, H1
             }
         }
     }
+    if status == StatusCode::SWITCHING_PROTOCOLS {
+        // The connection now speaks something else: never back to the pool.
+        close = true;
+    }
     let bodiless = *method == Method::HEAD
         || status.is_informational()
         || status == StatusCode::NO_CONTENT
@@ -393,7 +397,7 @@ impl Response {
             let Some(conn) = self.conn.as_mut() else {
                 return Ok(None);
             };
-            decode(conn, &mut self.state, &mut out)?;
+            decode(&conn.buf, &mut conn.pos, &mut self.state, &mut out)?;
             if !out.is_empty() {
                 self.release_if_done();
                 return Ok(Some(Bytes::from(out)));
@@ -461,10 +465,15 @@ impl Response {
     }
 }
 
-/// Decode what `conn` holds of the body into `out`, moving `state` on.
-fn decode(conn: &mut Conn, state: &mut BodyState, out: &mut Vec<u8>) -> Result<(), H1Error> {
+/// Decode what `buf[*pos..]` holds of the body into `out`, moving `pos` and `state` on.
+fn decode(
+    buf: &[u8],
+    pos: &mut usize,
+    state: &mut BodyState,
+    out: &mut Vec<u8>,
+) -> Result<(), H1Error> {
     loop {
-        let available = conn.buffered();
+        let available = &buf[*pos..];
         if available.is_empty() {
             return Ok(());
         }
@@ -472,7 +481,7 @@ fn decode(conn: &mut Conn, state: &mut BodyState, out: &mut Vec<u8>) -> Result<(
             BodyState::Done => return Ok(()),
             BodyState::UntilClose => {
                 out.extend_from_slice(available);
-                conn.pos = conn.buf.len();
+                *pos = buf.len();
                 return Ok(());
             }
             BodyState::Length(left) => {
@@ -480,7 +489,7 @@ fn decode(conn: &mut Conn, state: &mut BodyState, out: &mut Vec<u8>) -> Result<(
                     .len()
                     .min(usize::try_from(*left).unwrap_or(usize::MAX));
                 out.extend_from_slice(&available[..take]);
-                conn.pos += take;
+                *pos += take;
                 *left -= take as u64;
                 if *left == 0 {
                     *state = BodyState::Done;
@@ -492,7 +501,7 @@ fn decode(conn: &mut Conn, state: &mut BodyState, out: &mut Vec<u8>) -> Result<(
                     .len()
                     .min(usize::try_from(*left).unwrap_or(usize::MAX));
                 out.extend_from_slice(&available[..take]);
-                conn.pos += take;
+                *pos += take;
                 *left -= take as u64;
                 if *left == 0 {
                     *state = BodyState::Chunked(Chunk::DataEnd);
@@ -500,11 +509,11 @@ fn decode(conn: &mut Conn, state: &mut BodyState, out: &mut Vec<u8>) -> Result<(
             }
             BodyState::Chunked(Chunk::DataEnd) => match available {
                 [b'\r', b'\n', ..] => {
-                    conn.pos += 2;
+                    *pos += 2;
                     *state = BodyState::Chunked(Chunk::Size);
                 }
                 [b'\n', ..] => {
-                    conn.pos += 1;
+                    *pos += 1;
                     *state = BodyState::Chunked(Chunk::Size);
                 }
                 [b'\r'] => return Ok(()),
@@ -515,7 +524,7 @@ fn decode(conn: &mut Conn, state: &mut BodyState, out: &mut Vec<u8>) -> Result<(
                     return check_line_length(available);
                 };
                 let size = parse_chunk_size(&available[..end])?;
-                conn.pos += end + 1;
+                *pos += end + 1;
                 *state = BodyState::Chunked(if size == 0 {
                     Chunk::Trailers
                 } else {
@@ -527,7 +536,7 @@ fn decode(conn: &mut Conn, state: &mut BodyState, out: &mut Vec<u8>) -> Result<(
                     return check_line_length(available);
                 };
                 let last = end == 0 || (end == 1 && available[0] == b'\r');
-                conn.pos += end + 1;
+                *pos += end + 1;
                 if last {
                     *state = BodyState::Done;
                     return Ok(());
@@ -585,7 +594,11 @@ pub fn request_head(
     }
     head.extend_from_slice(target.as_bytes());
     head.extend_from_slice(b" HTTP/1.1\r\nhost: ");
-    head.extend_from_slice(authority.as_bytes());
+    // A `--header 'Host: …'` of the user's wins over the URL's (a gateway's virtual host).
+    match headers.get(http::header::HOST) {
+        Some(host) => head.extend_from_slice(host.as_bytes()),
+        None => head.extend_from_slice(authority.as_bytes()),
+    }
     head.extend_from_slice(b"\r\n");
     for (name, value) in headers {
         if name == http::header::HOST || name == http::header::CONTENT_LENGTH {
@@ -651,32 +664,53 @@ where
 mod tests {
     use super::*;
 
+    /// The decoder fed `wire` one byte at a time (every split point is a read boundary).
     fn decode_all(wire: &[u8], state: BodyState) -> Result<(Vec<u8>, BodyState), H1Error> {
-        // Through a real socket pair is in the integration tests; here the decoder alone,
-        // fed one byte at a time (every split) and whole.
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        runtime.block_on(async {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-            let addr = listener.local_addr()?;
-            let client = TcpStream::connect(addr).await?;
-            let (_server, _) = listener.accept().await?;
-            let mut conn = Conn {
-                stream: client,
-                buf: Vec::new(),
-                pos: 0,
-                reused: false,
-            };
-            let mut out = Vec::new();
-            let mut state = state;
-            for byte in wire {
-                conn.buf.push(*byte);
-                decode(&mut conn, &mut state, &mut out)?;
+        let mut buf = Vec::new();
+        let mut pos = 0;
+        let mut out = Vec::new();
+        let mut state = state;
+        for byte in wire {
+            buf.push(*byte);
+            decode(&buf, &mut pos, &mut state, &mut out)?;
+        }
+        Ok((out, state))
+    }
+
+    /// Any bytes, any split: the head parser and the body decoder return or refuse, never
+    /// panic; a valid chunked body decodes to its payload whatever the reads' sizes.
+    #[test]
+    fn random_bytes_and_splits_never_panic() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let valid = b"4\r\ndata\r\n10\r\n0123456789abcdef\r\n0\r\n\r\n";
+        for _ in 0..2_000 {
+            let mut wire = valid.to_vec();
+            for _ in 0..rng.random_range(0..4) {
+                let at = rng.random_range(0..wire.len());
+                wire[at] = rng.random();
             }
-            Ok((out, state))
-        })
+            let _ = parse_head(&wire, &Method::POST);
+            for state in [
+                BodyState::Chunked(Chunk::Size),
+                BodyState::Length(7),
+                BodyState::UntilClose,
+            ] {
+                let _ = decode_all(&wire, state);
+            }
+            // The valid body, cut into reads of random sizes.
+            let (mut buf, mut pos, mut out) = (Vec::new(), 0, Vec::new());
+            let mut state = BodyState::Chunked(Chunk::Size);
+            let mut rest = &valid[..];
+            while !rest.is_empty() {
+                let take = rng.random_range(1..=rest.len());
+                buf.extend_from_slice(&rest[..take]);
+                rest = &rest[take..];
+                decode(&buf, &mut pos, &mut state, &mut out).expect("valid body");
+            }
+            assert_eq!(out, b"data0123456789abcdef");
+            assert_eq!(state, BodyState::Done);
+        }
     }
 
     #[test]
@@ -760,6 +794,12 @@ mod tests {
         assert_eq!(
             String::from_utf8(head).expect("ascii"),
             "POST /?q=1 HTTP/1.1\r\nhost: h:1\r\ncontent-type: application/json\r\naccept: */*\r\ncontent-length: 12\r\n\r\n"
+        );
+        headers.insert("host", "api.example.com".parse().expect("value"));
+        let head = request_head(&Method::GET, "10.0.0.1:80", "/v1/models", &headers, 0);
+        assert_eq!(
+            String::from_utf8(head).expect("ascii"),
+            "GET /v1/models HTTP/1.1\r\nhost: api.example.com\r\ncontent-type: application/json\r\naccept: */*\r\n\r\n"
         );
     }
 }
