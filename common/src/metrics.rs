@@ -10,6 +10,10 @@ use hdrhistogram::serialization::{Deserializer, Serializer, V2DeflateSerializer}
 
 use crate::measure::{FailureKind, OutcomeKind, RequestOutcome, TransportCause};
 
+mod sparse;
+
+pub use sparse::{SparseHistogram, SparseMetrics};
+
 /// Significant digits kept by every histogram.
 pub const SIGNIFICANT_DIGITS: u8 = 3;
 
@@ -481,7 +485,8 @@ fn validated_v2(bytes: &[u8], metric: &'static str) -> Result<Vec<u8>, MetricsDe
     }
     let lowest = u64_at(&inner, 16).ok_or(invalid("truncated header"))?;
     let highest = u64_at(&inner, 24).ok_or(invalid("truncated header"))?;
-    if lowest < 1 || highest < 2 * lowest || highest > MAX_HIGHEST_TRACKABLE {
+    // `highest < 2 * lowest` without the overflow of a huge `lowest`.
+    if lowest < 1 || highest / 2 < lowest || highest > MAX_HIGHEST_TRACKABLE {
         return Err(invalid("value range out of bounds"));
     }
     Ok(inner)

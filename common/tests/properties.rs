@@ -20,7 +20,7 @@ use common::formats::{
     ContentKind, Ending, Event, Family, FrameError, MAX_EVENT_STREAM_FRAME_BYTES, StreamParser,
     Usage,
 };
-use common::metrics::{Counters, Metric, RunMetrics};
+use common::metrics::{Counters, Metric, RunMetrics, SparseMetrics};
 use common::recording::{
     Exchange, Frame, MAX_OFFSET_MS, RecordingReader, RecordingWriter, Request, Response,
 };
@@ -757,13 +757,35 @@ fn random_metrics() -> impl Strategy<Value = RunMetrics> {
     })
 }
 
-/// Decode, asserting no panic and bounded time; the result is whatever the decoder says.
+/// Decode with both decoders, asserting no panic and bounded time, and that the sparse
+/// decoder (the coordinator's) takes nothing the dense one refuses and adds exactly what the
+/// dense one decoded; the result is whatever the dense decoder says.
 fn timed_decode(encoded: &[Vec<u8>]) -> Result<bool, TestCaseError> {
     let started = Instant::now();
-    let ok = RunMetrics::decode(encoded, Counters::default(), None).is_ok();
+    let dense = RunMetrics::decode(encoded, Counters::default(), None);
+    let sparse = SparseMetrics::decode_with_connections(encoded, &[], Counters::default(), None);
     let took = started.elapsed();
     prop_assert!(took < DECODE_PATIENCE, "decode took {:?}", took);
-    Ok(ok)
+    if let Ok(sparse) = &sparse {
+        let Ok(dense) = &dense else {
+            return Err(TestCaseError::fail(
+                "the sparse decoder took what the dense one refused",
+            ));
+        };
+        let (mut from_sparse, mut from_dense) = (RunMetrics::new(), RunMetrics::new());
+        from_sparse.merge_sparse(sparse);
+        from_dense.merge(dense);
+        for metric in Metric::ALL {
+            prop_assert!(
+                from_sparse.histogram(metric) == from_dense.histogram(metric),
+                "{:?}: {:?} != {:?}",
+                metric,
+                sparse.histogram(metric),
+                from_dense.stats(metric)
+            );
+        }
+    }
+    Ok(dense.is_ok())
 }
 
 /// One way to damage an encoded histogram.
@@ -862,8 +884,12 @@ proptest! {
         let encoded = metrics.encode_histograms();
         let decoded = RunMetrics::decode(&encoded, Counters::default(), None)
             .map_err(|e| TestCaseError::fail(format!("valid encoding refused: {e}")))?;
+        prop_assert!(timed_decode(&encoded)?);
+        let sparse = SparseMetrics::decode_with_connections(&encoded, &[], Counters::default(), None)
+            .map_err(|e| TestCaseError::fail(format!("valid encoding refused: {e}")))?;
         for metric in Metric::ALL {
             prop_assert_eq!(decoded.stats(metric), metrics.stats(metric), "{:?}", metric);
+            prop_assert_eq!(sparse.stats(metric), metrics.stats(metric), "{:?}", metric);
             prop_assert_eq!(
                 decoded.histogram(metric).len(),
                 metrics.histogram(metric).len(),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use common::assignment::{Assignment, Faithful};
-use common::metrics::{RunMetrics, SliceTotals};
+use common::metrics::{RunMetrics, SliceTotals, SparseMetrics};
 use tokio::sync::mpsc;
 
 use crate::config::{GlobalLoad, RunConfig, WorkerSource};
@@ -41,7 +41,8 @@ pub struct WorkerOutcome {
     /// Exchanges this worker answered for (its slice, plus reassigned, minus re-routed).
     pub assigned: u64,
     pub totals: SliceTotals,
-    pub metrics: RunMetrics,
+    /// Its last report's metrics, as received (the run's are merged from them).
+    pub metrics: SparseMetrics,
     pub lost: bool,
     pub cpu_seconds: f64,
     pub cores: u32,

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::assignment::Assignment;
-use proto::convert::{WorkerReport, assignment_to_proto, report_from_proto};
+use proto::convert::{ReceivedReport, assignment_to_proto, report_from_proto};
 use proto::v1;
 use proto::v1::coordinator_server::Coordinator;
 use tokio::sync::mpsc;
@@ -32,7 +32,7 @@ pub enum WorkerEvent {
     Report {
         index: usize,
         /// Boxed: a report is far larger than every other event.
-        report: Box<WorkerReport>,
+        report: Box<ReceivedReport>,
     },
     /// A report that does not decode (corrupt histograms): the worker cannot be trusted.
     InvalidReport {

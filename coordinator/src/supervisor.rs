@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use common::metrics::SliceTotals;
 use common::metrics::{Metric, RunMetrics};
 use common::recording::RecordingError;
-use proto::convert::WorkerReport;
+use proto::convert::ReceivedReport;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -176,7 +176,7 @@ struct Slot {
     sent: u64,
     /// Reassigned exchanges it received (their order within its stream is unknown).
     reassigned_in: u64,
-    latest: Option<Box<WorkerReport>>,
+    latest: Option<Box<ReceivedReport>>,
     done: bool,
     lost: Option<String>,
     last_heard: Instant,
@@ -260,7 +260,7 @@ impl Slot {
     /// in the report); the last valid report stays, so the other workers' data and this
     /// one's earlier data are kept.
     /// Returns whether it was taken.
-    fn accept_report(&mut self, mut report: Box<WorkerReport>) -> bool {
+    fn accept_report(&mut self, mut report: Box<ReceivedReport>) -> bool {
         if self.latest.as_ref().is_some_and(|r| report.seq <= r.seq) {
             return false;
         }
@@ -295,7 +295,7 @@ impl Slot {
         }
     }
 
-    fn check_report(&self, report: &WorkerReport) -> Result<(), String> {
+    fn check_report(&self, report: &ReceivedReport) -> Result<(), String> {
         let accounted = report.accounted().ok_or("its counters overflow")?;
         let answered = accounted - report.totals.not_started - report.totals.lost;
         if answered > report.totals.issued {
@@ -896,7 +896,7 @@ impl Supervisor {
             not_started += report.totals.not_started;
             lost += report.totals.lost;
             if let Some(merged) = &mut merged {
-                merged.merge(&report.metrics);
+                merged.merge_sparse(&report.metrics);
             }
         }
         progress.send_replace(Progress {
@@ -945,7 +945,7 @@ impl Supervisor {
         );
         for slot in slots {
             let report = slot.latest.map(|r| *r).unwrap_or_default();
-            merged.merge(&report.metrics);
+            merged.merge_sparse(&report.metrics);
             for (code, n) in &report.status_codes {
                 *status_codes.entry(*code).or_default() += n;
             }

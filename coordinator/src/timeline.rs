@@ -2,10 +2,10 @@
 //! built from the workers' cumulative interval reports.
 //!
 //! Workers send cumulative HDR histograms and counters every report interval. The supervisor
-//! hands each report it accepts (decoded once, by the gRPC service) to [`Timeline::add_report`]
-//! as it arrives; the timeline subtracts the worker's previous cumulative TTFT and ITL
-//! histograms from the new ones (HDR subtraction is exact) and adds the differences into the
-//! open interval, and [`Timeline::tick`] closes intervals: no tick walks every worker's
+//! hands each report it accepts (decoded once, by the gRPC service, into sparse histograms) to
+//! [`Timeline::add_report`] as it arrives; the timeline subtracts the worker's previous
+//! cumulative TTFT and ITL histograms from the new ones, bucket by bucket (exact), and adds the
+//! differences into the open interval's dense histograms, and [`Timeline::tick`] closes intervals: no tick walks every worker's
 //! histograms. An interval closes once it spans [`INTERVAL`] (wider on long runs, see
 //! [`MAX_POINTS`]), so every measured request lands in exactly one interval: the sums over the
 //! series equal the run's totals. A sample is stamped when the coordinator takes it, so a
@@ -13,9 +13,9 @@
 
 use std::time::{Duration, SystemTime};
 
-use common::metrics::{Counters, Metric, Stats, stats_of};
+use common::metrics::{Counters, Metric, SparseHistogram, Stats, stats_of};
 use hdrhistogram::Histogram;
-use proto::convert::WorkerReport;
+use proto::convert::ReceivedReport;
 
 use crate::report::TimelinePoint;
 
@@ -59,8 +59,8 @@ pub struct Timeline {
 /// What the series keeps of a worker's last report: only what it subtracts next time.
 struct WorkerCumulative {
     seq: u64,
-    ttft: Histogram<u64>,
-    itl: Histogram<u64>,
+    ttft: SparseHistogram,
+    itl: SparseHistogram,
     counters: Counters,
     /// Sent and not yet answered, at that report.
     in_flight: u64,
@@ -111,7 +111,7 @@ impl Timeline {
     }
 
     /// Add worker `index`'s new report (one it has not taken yet) to the open interval.
-    pub fn add_report(&mut self, index: usize, report: &WorkerReport) {
+    pub fn add_report(&mut self, index: usize, report: &ReceivedReport) {
         self.take(index, report);
     }
 
@@ -132,7 +132,7 @@ impl Timeline {
     /// one), now. Returns the merged totals so far for the progress line.
     pub fn sample<'a>(
         &mut self,
-        latest: impl IntoIterator<Item = Option<&'a WorkerReport>>,
+        latest: impl IntoIterator<Item = Option<&'a ReceivedReport>>,
     ) -> LiveTotals {
         self.sample_at(SystemTime::now(), latest)
     }
@@ -140,7 +140,7 @@ impl Timeline {
     /// The series, after a last sample of the workers' final reports.
     pub fn finish<'a>(
         self,
-        latest: impl IntoIterator<Item = Option<&'a WorkerReport>>,
+        latest: impl IntoIterator<Item = Option<&'a ReceivedReport>>,
     ) -> Vec<TimelinePoint> {
         self.finish_at(SystemTime::now(), latest)
     }
@@ -148,7 +148,7 @@ impl Timeline {
     fn finish_at<'a>(
         mut self,
         at: SystemTime,
-        latest: impl IntoIterator<Item = Option<&'a WorkerReport>>,
+        latest: impl IntoIterator<Item = Option<&'a ReceivedReport>>,
     ) -> Vec<TimelinePoint> {
         self.sample_at(at, latest);
         let t = self.seconds_at(at).max(self.closed_until_s);
@@ -178,7 +178,7 @@ impl Timeline {
     fn sample_at<'a>(
         &mut self,
         at: SystemTime,
-        latest: impl IntoIterator<Item = Option<&'a WorkerReport>>,
+        latest: impl IntoIterator<Item = Option<&'a ReceivedReport>>,
     ) -> LiveTotals {
         for (index, report) in latest.into_iter().enumerate() {
             if let Some(report) = report {
@@ -195,7 +195,7 @@ impl Timeline {
     }
 
     /// Add a worker's report, if newer than the last one taken, as differences.
-    fn take(&mut self, index: usize, report: &WorkerReport) {
+    fn take(&mut self, index: usize, report: &ReceivedReport) {
         if index >= self.workers.len() {
             self.workers.resize_with(index + 1, || None);
         }
@@ -210,7 +210,7 @@ impl Timeline {
         let c = &metrics.counters;
         let in_flight = totals.issued.saturating_sub(c.completed() + c.warmup);
         let previous = self.workers[index].take();
-        let empty = empty_histogram();
+        let empty = SparseHistogram::default();
         let next = WorkerCumulative {
             seq: report.seq,
             ttft: metrics.histogram(Metric::Ttft).clone(),
@@ -227,13 +227,12 @@ impl Timeline {
                 (Some(p), _) => &p.itl,
                 (None, _) => &empty,
             };
-            let mut delta = metrics.histogram(metric).clone();
             // Cumulative histograms only grow; a worker whose numbers went back (it cannot
-            // happen with a valid worker) contributes nothing to this interval.
-            if delta.subtract(before).is_ok() {
-                let _ = into.add(&delta);
+            // happen with a valid worker) contributes nothing of this metric to this interval.
+            if let Some(delta) = metrics.histogram(metric).minus(before) {
+                delta.add_into(into);
                 if metric == Metric::Ttft {
-                    let _ = self.ttft_total.add(&delta);
+                    delta.add_into(&mut self.ttft_total);
                 }
             }
         }
@@ -326,7 +325,7 @@ pub fn join_levels<'a>(
 mod tests {
     use super::*;
     use common::measure::{OutcomeKind, RequestOutcome};
-    use common::metrics::RunMetrics;
+    use common::metrics::{RunMetrics, SparseMetrics};
 
     fn outcome(ttft_ms: u64, osl: u64) -> RequestOutcome {
         RequestOutcome {
@@ -347,10 +346,10 @@ mod tests {
     }
 
     /// The report a worker sends: cumulative metrics, `issued` requests sent so far.
-    fn report(seq: u64, metrics: &RunMetrics, issued: u64) -> WorkerReport {
-        WorkerReport {
+    fn report(seq: u64, metrics: &RunMetrics, issued: u64) -> ReceivedReport {
+        ReceivedReport {
             seq,
-            metrics: metrics.clone(),
+            metrics: SparseMetrics::from(metrics),
             totals: common::metrics::SliceTotals {
                 issued,
                 ..Default::default()
@@ -445,6 +444,30 @@ mod tests {
             (max - 50.0).abs() < 0.1,
             "the sliver's request is in it: {max}"
         );
+    }
+
+    /// A worker whose cumulative numbers went back (a valid worker never does) adds nothing
+    /// of them to the interval; its next report counts from the one that went back.
+    #[test]
+    fn a_worker_whose_numbers_went_back_adds_nothing() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let at = |s: f64| t0 + Duration::from_secs_f64(s);
+        let mut timeline = Timeline::new(t0, 1);
+        let mut w = RunMetrics::new();
+        w.record(&outcome(10, 11));
+        w.record(&outcome(12, 11));
+        timeline.sample_at(at(1.0), [Some(&report(1, &w, 2))]);
+        let mut back = RunMetrics::new();
+        back.record(&outcome(900, 11));
+        timeline.sample_at(at(2.0), [Some(&report(2, &back, 2))]);
+        back.record(&outcome(40, 11));
+        let points = timeline.finish_at(at(3.0), [Some(&report(3, &back, 3))]);
+        assert_eq!(points.len(), 3, "{points:#?}");
+        assert_eq!(points[0].succeeded, 2);
+        assert_eq!((points[1].succeeded, points[1].ttft_p95_ms), (0, None));
+        assert_eq!(points[2].succeeded, 1);
+        let p95 = points[2].ttft_p95_ms.expect("the new request");
+        assert!((p95 - 40.0).abs() < 0.1, "{p95}");
     }
 
     #[test]

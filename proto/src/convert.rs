@@ -10,7 +10,7 @@ use common::load::{Arrival, LoadModel, Schedule};
 use common::measure::{FailureKind, OutcomeKind, RequestOutcome};
 use common::metrics::{
     Counters, MetricsDecodeError, RecordMeta, RequestRecord, RunMetrics, SliceTotals,
-    TransportCounters, Window,
+    SparseMetrics, TransportCounters, Window,
 };
 
 use common::timeline::{Timeline, TimelineError};
@@ -111,14 +111,15 @@ pub fn peak_rss_bytes() -> u64 {
         .unwrap_or(0)
 }
 
-/// A worker's cumulative report: what the worker's link sends (`report_to_proto`) and what the
-/// coordinator decodes once when it arrives (`report_from_proto`).
+/// A worker's cumulative report: what the worker's link sends (`report_to_proto`, with the
+/// worker's dense [`RunMetrics`]) and what the coordinator decodes once when it arrives
+/// ([`ReceivedReport`], from `report_from_proto`).
 #[derive(Debug, Clone, Default)]
-pub struct WorkerReport {
+pub struct WorkerReport<M = RunMetrics> {
     pub seq: u64,
     /// The worker's last report: its slice is done.
     pub is_final: bool,
-    pub metrics: RunMetrics,
+    pub metrics: M,
     pub totals: SliceTotals,
     /// Status codes of failed requests: code → count.
     pub status_codes: std::collections::BTreeMap<u16, u64>,
@@ -131,6 +132,10 @@ pub struct WorkerReport {
     pub timeline: Timeline,
 }
 
+/// A report as the coordinator keeps it: its histograms sparse (the non-zero buckets only),
+/// since it receives one from every worker every report interval and needs few of them dense.
+pub type ReceivedReport = WorkerReport<SparseMetrics>;
+
 /// Why a report from a worker cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ReportDecodeError {
@@ -140,7 +145,7 @@ pub enum ReportDecodeError {
     Timeline(#[from] TimelineError),
 }
 
-impl WorkerReport {
+impl ReceivedReport {
     /// Requests this report answers for (measured or warm-up), out of those issued.
     pub fn answered(&self) -> u64 {
         self.metrics.counters.completed() + self.metrics.counters.warmup
@@ -168,10 +173,10 @@ impl WorkerReport {
 }
 
 /// Decode a report message into the coordinator's domain form.
-pub fn report_from_proto(report: &v1::Report) -> Result<WorkerReport, ReportDecodeError> {
+pub fn report_from_proto(report: &v1::Report) -> Result<ReceivedReport, ReportDecodeError> {
     let (metrics, totals, status_codes) = metrics_from_report(report)?;
     let timeline = timeline_from_report(report)?;
-    Ok(WorkerReport {
+    Ok(ReceivedReport {
         seq: report.seq,
         is_final: report.r#final,
         metrics,
@@ -189,12 +194,12 @@ pub fn report_from_proto(report: &v1::Report) -> Result<WorkerReport, ReportDeco
     })
 }
 
-/// Decode a report message into metrics, slice totals and status codes.
+/// Decode a report message into metrics (sparse histograms), slice totals and status codes.
 pub fn metrics_from_report(
     report: &v1::Report,
 ) -> Result<
     (
-        RunMetrics,
+        SparseMetrics,
         SliceTotals,
         std::collections::BTreeMap<u16, u64>,
     ),
@@ -233,7 +238,7 @@ pub fn metrics_from_report(
         start_unix_us: report.window_start_unix_us,
         end_unix_us: report.window_end_unix_us,
     });
-    let metrics = RunMetrics::decode_with_connections(
+    let metrics = SparseMetrics::decode_with_connections(
         &report.histograms,
         &report.connection_histograms,
         counters,
@@ -531,6 +536,7 @@ const MAX_REPORT_INTERVAL_S: f64 = 60.0;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use common::metrics::Metric;
 
     fn assignment() -> Assignment {
         Assignment {
@@ -689,6 +695,11 @@ mod tests {
     #[test]
     fn a_report_survives_the_wire() {
         let mut metrics = RunMetrics::default();
+        for (i, metric) in Metric::ALL.iter().chain(&Metric::CONNECTION).enumerate() {
+            for value in [0, 1, 999, 2_049, 1_000_000 + i as u64, 7 << 40] {
+                metrics.record_value(*metric, value);
+            }
+        }
         metrics.counters.succeeded = 5;
         metrics.counters.failed_transport = 1;
         metrics.counters.transport.refused = 1;
@@ -713,6 +724,17 @@ mod tests {
         assert_eq!(back.seq, 7);
         assert!(back.is_final);
         assert_eq!(back.metrics.counters, report.metrics.counters);
+        // Every bucket of every histogram, connections too, lands where it was.
+        let sent = SparseMetrics::from(&report.metrics);
+        for metric in Metric::ALL.iter().chain(&Metric::CONNECTION) {
+            assert_eq!(back.metrics.histogram(*metric).len(), 6, "{metric:?}");
+            assert_eq!(
+                back.metrics.histogram(*metric),
+                sent.histogram(*metric),
+                "{metric:?}"
+            );
+            assert_eq!(back.metrics.stats(*metric), report.metrics.stats(*metric));
+        }
         assert_eq!(back.totals, report.totals);
         assert_eq!(back.status_codes, report.status_codes);
         assert_eq!(back.tls_problems, report.tls_problems);

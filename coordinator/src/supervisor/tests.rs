@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use common::metrics::RunMetrics;
 use common::metrics::SliceTotals;
-use proto::convert::WorkerReport;
+use common::metrics::SparseMetrics;
+use proto::convert::ReceivedReport;
 use tokio::sync::{mpsc, watch};
 
 use super::*;
@@ -208,14 +209,19 @@ impl FakeWorker {
         self.seq += 1;
         let mut metrics = RunMetrics::new();
         metrics.counters.succeeded = succeeded;
+        for k in 0..succeeded {
+            let (ttft, lag) = fake_samples(self.index, k);
+            metrics.record_value(Metric::Ttft, ttft);
+            metrics.record_value(Metric::ScheduleLag, lag);
+        }
         self.send(WorkerEvent::Report {
             index: self.index,
-            report: Box::new(WorkerReport {
+            report: Box::new(ReceivedReport {
                 seq: self.seq,
                 is_final,
-                metrics,
+                metrics: SparseMetrics::from(&metrics),
                 totals,
-                ..WorkerReport::default()
+                ..ReceivedReport::default()
             }),
         })
         .await;
@@ -244,6 +250,13 @@ impl FakeWorker {
             }
         }
     }
+}
+
+/// The TTFT and schedule lag (µs) a fake worker reports for its `k`th request: spread over
+/// several magnitudes, different for each worker.
+fn fake_samples(index: usize, k: u64) -> (u64, u64) {
+    let i = index as u64 + 1;
+    (i * 1_000 + k * k * k * 7_919, i * 37 + k * 1_001)
 }
 
 /// Send heartbeats every second (virtual time) until the returned sender is dropped.
@@ -299,6 +312,35 @@ async fn a_run_joins_starts_everyone_in_its_own_clock_and_merges_the_final_repor
     assert_eq!(result.not_started, 0);
     assert_eq!(result.start_skew_ms, Some(0.0));
     assert!(result.warnings.is_empty(), "{:?}", result.warnings);
+    // The merged histograms hold every worker's samples, each in its bucket: exactly those of
+    // one histogram that saw them all.
+    let mut all = RunMetrics::new();
+    for (index, worker) in result.workers.iter().enumerate() {
+        let mut own = RunMetrics::new();
+        for k in 0..10 {
+            let (ttft, lag) = fake_samples(index, k);
+            for metrics in [&mut all, &mut own] {
+                metrics.record_value(Metric::Ttft, ttft);
+                metrics.record_value(Metric::ScheduleLag, lag);
+            }
+        }
+        assert_eq!(
+            worker.metrics.stats(Metric::ScheduleLag),
+            own.stats(Metric::ScheduleLag)
+        );
+    }
+    for metric in [Metric::Ttft, Metric::ScheduleLag] {
+        assert!(
+            result.metrics.histogram(metric) == all.histogram(metric),
+            "{metric:?}"
+        );
+        assert_eq!(
+            result.metrics.stats(metric),
+            all.stats(metric),
+            "{metric:?}"
+        );
+    }
+    assert_eq!(result.metrics.histogram(Metric::Ttft).len(), 20);
 }
 
 #[tokio::test(start_paused = true)]
