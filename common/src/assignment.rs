@@ -42,6 +42,9 @@ pub struct Assignment {
     /// How often the worker reports (and sends heartbeats); `None` = the worker's own
     /// interval. The coordinator lengthens it when many workers report to it.
     pub report_interval: Option<Duration>,
+    /// How the worker encodes its reports' histograms: plain V2 when the coordinator reads
+    /// it (every coordinator since it was added says so), V2+DEFLATE otherwise.
+    pub histograms: crate::metrics::HistogramEncoding,
 }
 
 /// How workers reach the target, beyond its URL.

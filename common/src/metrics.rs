@@ -6,7 +6,7 @@
 //! sample set gives the histogram of the whole set.
 
 use hdrhistogram::Histogram;
-use hdrhistogram::serialization::{Deserializer, Serializer, V2DeflateSerializer};
+use hdrhistogram::serialization::{Deserializer, Serializer, V2DeflateSerializer, V2Serializer};
 
 use crate::measure::{FailureKind, OutcomeKind, RequestOutcome, TransportCause};
 
@@ -446,11 +446,14 @@ fn inflate_capped(
     }
 }
 
-/// Check one V2+DEFLATE histogram from a peer before the decoder trusts its lengths: the
-/// compressed length, the inflated size (inflated with a cap, never by what the header
-/// claims), the inner payload length, the precision and the value range. Returns the inner,
-/// uncompressed V2 encoding.
-fn validated_v2(bytes: &[u8], metric: &'static str) -> Result<Vec<u8>, MetricsDecodeError> {
+/// Check one histogram from a peer, plain V2 or V2+DEFLATE, before the decoder trusts its
+/// lengths: the compressed length, the inflated size (inflated with a cap, never by what
+/// the header claims), the inner payload length, the precision and the value range. Returns
+/// the plain V2 encoding (borrowed when it came plain).
+fn validated_v2<'b>(
+    bytes: &'b [u8],
+    metric: &'static str,
+) -> Result<std::borrow::Cow<'b, [u8]>, MetricsDecodeError> {
     const V2_COOKIE: u32 = 0x1c84_9303 | 0x10;
     const V2_COMPRESSED_COOKIE: u32 = 0x1c84_9304 | 0x10;
     let invalid = |reason| MetricsDecodeError::Invalid { metric, reason };
@@ -460,19 +463,28 @@ fn validated_v2(bytes: &[u8], metric: &'static str) -> Result<Vec<u8>, MetricsDe
     let u64_at = |b: &[u8], at: usize| -> Option<u64> {
         Some(u64::from_be_bytes(b.get(at..at + 8)?.try_into().ok()?))
     };
-    if bytes.len() > MAX_ENCODED_HISTOGRAM_BYTES {
-        return Err(invalid("over the size limit"));
-    }
-    if u32_at(bytes, 0) != Some(V2_COMPRESSED_COOKIE) {
-        return Err(invalid("not a V2+DEFLATE histogram"));
-    }
-    let compressed_len = u32_at(bytes, 4).ok_or(invalid("truncated header"))? as usize;
-    if compressed_len != bytes.len() - 8 {
-        return Err(invalid("compressed length does not match the bytes sent"));
-    }
-    let inner = INFLATER
-        .with(|inflater| inflate_capped(&mut inflater.borrow_mut(), &bytes[8..]))
-        .map_err(invalid)?;
+    let inner = match u32_at(bytes, 0) {
+        // Plain V2 (`HistogramEncoding::Plain`): no inflating, the same checks after.
+        Some(V2_COOKIE) if bytes.len() <= MAX_DECODED_HISTOGRAM_BYTES => {
+            std::borrow::Cow::Borrowed(bytes)
+        }
+        Some(V2_COOKIE) => return Err(invalid("over the size limit")),
+        Some(V2_COMPRESSED_COOKIE) => {
+            if bytes.len() > MAX_ENCODED_HISTOGRAM_BYTES {
+                return Err(invalid("over the size limit"));
+            }
+            let compressed_len = u32_at(bytes, 4).ok_or(invalid("truncated header"))? as usize;
+            if compressed_len != bytes.len() - 8 {
+                return Err(invalid("compressed length does not match the bytes sent"));
+            }
+            std::borrow::Cow::Owned(
+                INFLATER
+                    .with(|inflater| inflate_capped(&mut inflater.borrow_mut(), &bytes[8..]))
+                    .map_err(invalid)?,
+            )
+        }
+        _ => return Err(invalid("not a V2 or V2+DEFLATE histogram")),
+    };
     if u32_at(&inner, 0) != Some(V2_COOKIE) {
         return Err(invalid("inner cookie is not V2"));
     }
@@ -490,6 +502,19 @@ fn validated_v2(bytes: &[u8], metric: &'static str) -> Result<Vec<u8>, MetricsDe
         return Err(invalid("value range out of bounds"));
     }
     Ok(inner)
+}
+
+/// How histograms travel from a worker to the coordinator. Both are HDR V2 (the cookie
+/// tells them apart, and every decoder here takes both).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HistogramEncoding {
+    /// V2+DEFLATE: smallest on the wire; what a coordinator that does not say otherwise
+    /// gets (older ones only read this).
+    #[default]
+    Deflate,
+    /// Plain V2 (its counts are already run-length and varint coded): no compressor on the
+    /// worker, no inflater on the coordinator, whose CPU with many workers this was most of.
+    Plain,
 }
 
 /// The metrics of a run (or of one worker's share of it): mergeable.
@@ -725,25 +750,37 @@ impl RunMetrics {
 
     /// Serialize the per-request histograms as HDR V2+DEFLATE, in [`Metric::ALL`] order.
     pub fn encode_histograms(&self) -> Vec<Vec<u8>> {
-        self.encode(&Metric::ALL)
+        self.encode(&Metric::ALL, HistogramEncoding::Deflate)
     }
 
     /// Serialize the connection histograms as HDR V2+DEFLATE, in [`Metric::CONNECTION`]
     /// order.
     pub fn encode_connection_histograms(&self) -> Vec<Vec<u8>> {
-        self.encode(&Metric::CONNECTION)
+        self.encode(&Metric::CONNECTION, HistogramEncoding::Deflate)
     }
 
-    fn encode(&self, metrics: &[Metric]) -> Vec<Vec<u8>> {
-        let mut serializer = V2DeflateSerializer::new();
+    /// [`RunMetrics::encode_histograms`] and [`RunMetrics::encode_connection_histograms`]
+    /// in `encoding`.
+    pub fn encode_all(&self, encoding: HistogramEncoding) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+        (
+            self.encode(&Metric::ALL, encoding),
+            self.encode(&Metric::CONNECTION, encoding),
+        )
+    }
+
+    fn encode(&self, metrics: &[Metric], encoding: HistogramEncoding) -> Vec<Vec<u8>> {
+        let mut deflate = V2DeflateSerializer::new();
+        let mut plain = V2Serializer::new();
         metrics
             .iter()
             .map(|m| {
                 let h = self.histogram(*m);
                 let mut out = Vec::new();
-                serializer
-                    .serialize(h, &mut out)
-                    .expect("serializing into a Vec cannot fail");
+                let written = match encoding {
+                    HistogramEncoding::Deflate => deflate.serialize(h, &mut out).ok(),
+                    HistogramEncoding::Plain => plain.serialize(h, &mut out).ok(),
+                };
+                written.expect("serializing into a Vec cannot fail");
                 out
             })
             .collect()
@@ -785,7 +822,7 @@ impl RunMetrics {
             let inner = validated_v2(bytes, metric.json_key())?;
             let mut h: Histogram<u64> =
                 deserializer
-                    .deserialize(&mut inner.as_slice())
+                    .deserialize(&mut &inner[..])
                     .map_err(|source| MetricsDecodeError::Histogram {
                         metric: metric.json_key(),
                         source,
@@ -798,7 +835,7 @@ impl RunMetrics {
                 Some(bytes) => {
                     let inner = validated_v2(bytes, metric.json_key())?;
                     deserializer
-                        .deserialize(&mut inner.as_slice())
+                        .deserialize(&mut &inner[..])
                         .map_err(|source| MetricsDecodeError::Histogram {
                             metric: metric.json_key(),
                             source,
@@ -952,6 +989,21 @@ mod tests {
         let keep = cut[2].len() - 3;
         cut[2].truncate(keep);
         assert!(RunMetrics::decode(&cut, Counters::default(), None).is_err());
+        // The same claim in plain V2 (no DEFLATE) is refused the same way, and so is a
+        // plain one cut short or past the size cap.
+        let (mut plain, _) = RunMetrics::new().encode_all(HistogramEncoding::Plain);
+        plain[0] = inner;
+        let error = RunMetrics::decode(&plain, Counters::default(), None).expect_err("refused");
+        assert!(error.to_string().contains("payload length"), "{error}");
+        let (mut plain, _) = RunMetrics::new().encode_all(HistogramEncoding::Plain);
+        RunMetrics::decode(&plain, Counters::default(), None).expect("valid");
+        let keep = plain[2].len() - 1;
+        plain[2].truncate(keep);
+        assert!(RunMetrics::decode(&plain, Counters::default(), None).is_err());
+        let (mut plain, _) = RunMetrics::new().encode_all(HistogramEncoding::Plain);
+        plain[1].resize(MAX_DECODED_HISTOGRAM_BYTES + 1, 0);
+        let error = RunMetrics::decode(&plain, Counters::default(), None).expect_err("refused");
+        assert!(error.to_string().contains("size limit"), "{error}");
     }
 
     #[test]

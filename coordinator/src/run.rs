@@ -138,6 +138,9 @@ impl AssignmentPlan {
                 self.workers,
                 config.heartbeat_timeout,
             )),
+            // This coordinator reads plain V2: no inflating per report (most of its CPU
+            // with hundreds of workers).
+            histograms: common::metrics::HistogramEncoding::Plain,
         }
     }
 }

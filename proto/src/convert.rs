@@ -9,8 +9,8 @@ use common::formats::pin::PinMode;
 use common::load::{Arrival, LoadModel, Schedule};
 use common::measure::{FailureKind, OutcomeKind, RequestOutcome};
 use common::metrics::{
-    Counters, MetricsDecodeError, RecordMeta, RequestRecord, RunMetrics, SliceTotals,
-    SparseMetrics, TransportCounters, Window,
+    Counters, HistogramEncoding, MetricsDecodeError, RecordMeta, RequestRecord, RunMetrics,
+    SliceTotals, SparseMetrics, TransportCounters, Window,
 };
 
 use common::timeline::{Timeline, TimelineError};
@@ -19,14 +19,20 @@ use crate::v1;
 
 /// Build a report message from a worker's domain report (the worker's side of the link).
 pub fn report_to_proto(report: &WorkerReport) -> v1::Report {
+    report_to_proto_as(report, HistogramEncoding::Deflate)
+}
+
+/// [`report_to_proto`] with the histograms in `encoding` (what the assignment asked for).
+pub fn report_to_proto_as(report: &WorkerReport, encoding: HistogramEncoding) -> v1::Report {
     let metrics = &report.metrics;
     let totals = &report.totals;
     let c = &metrics.counters;
+    let (histograms, connection_histograms) = metrics.encode_all(encoding);
     let mut message = v1::Report {
         seq: report.seq,
         r#final: report.is_final,
-        histograms: metrics.encode_histograms(),
-        connection_histograms: metrics.encode_connection_histograms(),
+        histograms,
+        connection_histograms,
         counters: Some(v1::Counters {
             succeeded: c.succeeded,
             ended_early: c.ended_early,
@@ -435,6 +441,7 @@ pub fn assignment_to_proto(assignment: &Assignment) -> v1::Assignment {
             .unwrap_or_default(),
         closed_sessions: assignment.faithful.closed_sessions,
         report_interval_s: assignment.report_interval.map(|d| d.as_secs_f64()),
+        plain_histograms: assignment.histograms == HistogramEncoding::Plain,
     }
 }
 
@@ -526,6 +533,11 @@ pub fn assignment_from_proto(assignment: &v1::Assignment) -> Result<Assignment, 
             }
             Some(s) => Some(wire_seconds("report_interval_s", s)?),
         },
+        histograms: if assignment.plain_histograms {
+            HistogramEncoding::Plain
+        } else {
+            HistogramEncoding::Deflate
+        },
     })
 }
 
@@ -571,6 +583,7 @@ mod tests {
                 closed_sessions: true,
             },
             report_interval: Some(Duration::from_millis(1500)),
+            histograms: HistogramEncoding::Plain,
         }
     }
 
@@ -579,6 +592,13 @@ mod tests {
         let domain = assignment();
         let back = assignment_from_proto(&assignment_to_proto(&domain)).expect("valid");
         assert_eq!(back, domain);
+        // An older coordinator does not set the field: its workers keep compressing.
+        let mut older = assignment_to_proto(&domain);
+        older.plain_histograms = false;
+        assert_eq!(
+            assignment_from_proto(&older).expect("valid").histograms,
+            HistogramEncoding::Deflate
+        );
 
         let asap = Assignment {
             load: LoadModel {
@@ -720,21 +740,39 @@ mod tests {
             cores: 4,
             timeline: Timeline::default(),
         };
-        let back = report_from_proto(&report_to_proto(&report)).expect("decodes");
-        assert_eq!(back.seq, 7);
-        assert!(back.is_final);
-        assert_eq!(back.metrics.counters, report.metrics.counters);
-        // Every bucket of every histogram, connections too, lands where it was.
-        let sent = SparseMetrics::from(&report.metrics);
-        for metric in Metric::ALL.iter().chain(&Metric::CONNECTION) {
-            assert_eq!(back.metrics.histogram(*metric).len(), 6, "{metric:?}");
-            assert_eq!(
-                back.metrics.histogram(*metric),
-                sent.histogram(*metric),
-                "{metric:?}"
-            );
-            assert_eq!(back.metrics.stats(*metric), report.metrics.stats(*metric));
+        // Both encodings: V2+DEFLATE (older coordinators) and plain V2 (this one asks).
+        let deflated = report_to_proto(&report);
+        let plain = report_to_proto_as(&report, HistogramEncoding::Plain);
+        assert_ne!(deflated.histograms, plain.histograms);
+        for wire in [deflated, plain] {
+            let back = report_from_proto(&wire).expect("decodes");
+            assert_eq!(back.seq, 7);
+            assert!(back.is_final);
+            assert_eq!(back.metrics.counters, report.metrics.counters);
+            // Every bucket of every histogram, connections too, lands where it was.
+            let sent = SparseMetrics::from(&report.metrics);
+            for metric in Metric::ALL.iter().chain(&Metric::CONNECTION) {
+                assert_eq!(back.metrics.histogram(*metric).len(), 6, "{metric:?}");
+                assert_eq!(
+                    back.metrics.histogram(*metric),
+                    sent.histogram(*metric),
+                    "{metric:?}"
+                );
+                assert_eq!(back.metrics.stats(*metric), report.metrics.stats(*metric));
+            }
+            // The dense decoder (baselines, `report`) reads both as well.
+            let dense = RunMetrics::decode_with_connections(
+                &wire.histograms,
+                &wire.connection_histograms,
+                report.metrics.counters,
+                None,
+            )
+            .expect("dense decode");
+            for metric in Metric::ALL.iter().chain(&Metric::CONNECTION) {
+                assert_eq!(dense.histogram(*metric), report.metrics.histogram(*metric));
+            }
         }
+        let back = report_from_proto(&report_to_proto(&report)).expect("decodes");
         assert_eq!(back.totals, report.totals);
         assert_eq!(back.status_codes, report.status_codes);
         assert_eq!(back.tls_problems, report.tls_problems);

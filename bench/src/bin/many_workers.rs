@@ -1,9 +1,10 @@
 //! `many-workers`: N lightweight simulated workers in one process, each speaking the real
 //! worker gRPC protocol (`llm_replay.v1`) to a real coordinator started with `llm-replay run
 //! --listen ADDR --expect-workers N --token T`: hello, the token challenge, the assignment,
-//! the slice stream, clock pongs, `Started`, reports every interval (real V2+DEFLATE HDR
-//! histograms and counters, cumulative, as `proto::convert::report_to_proto` encodes them for
-//! a real worker), heartbeats, the final report and the wait for `Finish`.
+//! the slice stream, clock pongs, `Started`, reports every interval (real HDR histograms
+//! and counters, cumulative, encoded as the assignment asks, as
+//! `proto::convert::report_to_proto_as` encodes them for a real worker), heartbeats, the
+//! final report and the wait for `Finish`.
 //!
 //! No HTTP request is made: each simulated worker takes the exchanges of its slice at its
 //! share of the closed-loop concurrency and "answers" each one after `--latency`, recording
@@ -153,6 +154,8 @@ struct Load {
     open_ended: bool,
     started: Option<Instant>,
     jitter: u64,
+    /// How the reports encode their histograms (as the assignment asks a real worker).
+    encoding: common::metrics::HistogramEncoding,
 }
 
 impl Load {
@@ -238,23 +241,26 @@ impl Load {
     }
 
     fn report(&self, seq: u64, is_final: bool) -> v1::Report {
-        proto::convert::report_to_proto(&WorkerReport {
-            seq,
-            is_final,
-            metrics: self.metrics.clone(),
-            totals: SliceTotals {
-                issued: self.issued,
-                not_started: self.not_started,
-                lost: 0,
-                sent_out_of_order: 0,
+        proto::convert::report_to_proto_as(
+            &WorkerReport {
+                seq,
+                is_final,
+                metrics: self.metrics.clone(),
+                totals: SliceTotals {
+                    issued: self.issued,
+                    not_started: self.not_started,
+                    lost: 0,
+                    sent_out_of_order: 0,
+                },
+                status_codes: Default::default(),
+                tls_problems: Default::default(),
+                cpu_seconds: 0.0,
+                peak_rss_bytes: 0,
+                cores: 1,
+                timeline: self.timeline.clone(),
             },
-            status_codes: Default::default(),
-            tls_problems: Default::default(),
-            cpu_seconds: 0.0,
-            peak_rss_bytes: 0,
-            cores: 1,
-            timeline: self.timeline.clone(),
-        })
+            self.encoding,
+        )
     }
 }
 
@@ -348,6 +354,7 @@ async fn simulate(args: &Args, id: &str, tally: &Tally) -> anyhow::Result<()> {
         slice_closed: false,
         deadline: None,
         open_ended: domain.open_ended,
+        encoding: domain.histograms,
         started: None,
         jitter: 0x9e37_79b9_7f4a_7c15 ^ (id.len() as u64) ^ unix_ns(),
     };

@@ -149,7 +149,7 @@ fn zig_zag_decode(encoded: u64) -> i64 {
 }
 
 impl SparseHistogram {
-    /// Decode one V2+DEFLATE histogram from a peer (as [`RunMetrics::encode_histograms`]
+    /// Decode one V2 or V2+DEFLATE histogram from a peer (as [`RunMetrics::encode_all`]
     /// writes them), checked like the dense decoder's input (sizes, cookies, precision, value
     /// range), without allocating by what its header claims. `metric` names it in errors.
     pub fn decode(

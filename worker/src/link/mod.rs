@@ -12,9 +12,11 @@ mod session;
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::assignment::Assignment;
+use common::metrics::HistogramEncoding;
 use proto::convert::AssignmentError;
 use proto::v1;
 use proto::v1::coordinator_client::CoordinatorClient;
@@ -316,7 +318,8 @@ fn event_from_proto(message: v1::CoordinatorMessage, received_unix_ns: u64) -> C
 
 /// The protocol message of a session's message. A clock pong's send time is stamped here,
 /// as it goes to the wire.
-fn message_to_proto(message: ToCoordinator) -> v1::WorkerMessage {
+/// `plain`: histograms in plain V2 (the assignment said the coordinator reads it).
+fn message_to_proto(message: ToCoordinator, plain: bool) -> v1::WorkerMessage {
     use v1::worker_message::Msg;
     let msg = match message {
         ToCoordinator::ClockPong {
@@ -336,7 +339,14 @@ fn message_to_proto(message: ToCoordinator) -> v1::WorkerMessage {
                 .map(proto::convert::record_to_proto)
                 .collect(),
         }),
-        ToCoordinator::Report(report) => Msg::Report(proto::convert::report_to_proto(&report)),
+        ToCoordinator::Report(report) => Msg::Report(proto::convert::report_to_proto_as(
+            &report,
+            if plain {
+                HistogramEncoding::Plain
+            } else {
+                HistogramEncoding::Deflate
+            },
+        )),
         ToCoordinator::Heartbeat { unix_ns } => Msg::Heartbeat(v1::Heartbeat { unix_ns }),
     };
     v1::WorkerMessage { msg: Some(msg) }
@@ -362,8 +372,16 @@ pub async fn run_once(
     // domain messages, converted as they go out.
     let (handshake_tx, handshake_rx) = mpsc::channel::<v1::WorkerMessage>(HANDSHAKE_CAPACITY);
     let (out_tx, out_rx) = mpsc::channel::<ToCoordinator>(OUTBOUND_CAPACITY);
-    let outbound =
-        ReceiverStream::new(handshake_rx).merge(ReceiverStream::new(out_rx).map(message_to_proto));
+    // How reports encode their histograms: known once the assignment arrives, before any
+    // report is sent.
+    let plain = Arc::new(AtomicBool::new(false));
+    let outbound = {
+        let plain = Arc::clone(&plain);
+        ReceiverStream::new(handshake_rx).merge(
+            ReceiverStream::new(out_rx)
+                .map(move |message| message_to_proto(message, plain.load(Ordering::Relaxed))),
+        )
+    };
     let send = |msg: v1::worker_message::Msg| v1::WorkerMessage { msg: Some(msg) };
     let worker_nonce = proto::auth::nonce();
     handshake_tx
@@ -475,7 +493,13 @@ pub async fn run_once(
             Ok((assignment, Arc::new(config), client))
         });
     let (assignment, config, client_http) = match prepared {
-        Ok(prepared) => prepared,
+        Ok(prepared) => {
+            plain.store(
+                prepared.0.histograms == HistogramEncoding::Plain,
+                Ordering::Relaxed,
+            );
+            prepared
+        }
         Err(error) => {
             let _ = handshake_tx
                 .send(send(v1::worker_message::Msg::Failed(v1::WorkerFailed {
