@@ -70,32 +70,6 @@ fn host_name() -> String {
         .unwrap_or_else(|| "localhost".to_owned())
 }
 
-/// The runtime that carries the load, on its own thread(s) named `llm-replay-load`. On one
-/// core (a container limited to one CPU, or a process pinned to one) a current-thread
-/// runtime on one thread: every request and its connection then run on that thread without
-/// the work-stealing scheduler's cross-thread bookkeeping (the throughput benchmark's client
-/// core spends a tenth of its time there otherwise). On more cores, the multi-thread one.
-/// Returns its handle, and the runtime itself when it is the multi-thread one (dropping it
-/// stops it; the current-thread one lives on its thread until the process exits).
-fn load_runtime() -> std::io::Result<(tokio::runtime::Handle, Option<tokio::runtime::Runtime>)> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if cores > 1 {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .thread_name("llm-replay-load")
-            .build()?;
-        return Ok((runtime.handle().clone(), Some(runtime)));
-    }
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let handle = runtime.handle().clone();
-    std::thread::Builder::new()
-        .name("llm-replay-load".to_owned())
-        .spawn(move || runtime.block_on(std::future::pending::<()>()))?;
-    Ok((handle, None))
-}
-
 /// Run the worker: builds its two runtimes (one for the load, one for the coordinator link)
 /// and returns the process exit code.
 pub fn run(args: WorkerArgs) -> ExitCode {
@@ -130,8 +104,12 @@ pub fn run(args: WorkerArgs) -> ExitCode {
         );
         return ExitCode::from(exit::USAGE);
     }
-    let (load, _load_runtime) = match load_runtime() {
-        Ok(runtime) => runtime,
+    let load = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("llm-replay-load")
+        .build()
+    {
+        Ok(rt) => rt,
         Err(error) => {
             eprintln!("llm-replay-worker: cannot start the load runtime: {error}");
             return ExitCode::from(exit::RUN_FAILED);
@@ -164,7 +142,7 @@ pub fn run(args: WorkerArgs) -> ExitCode {
                 options.worker_id, options.coordinator
             );
         };
-        let result = link.block_on(run_once(&options, load.clone(), &mut on_joined));
+        let result = link.block_on(run_once(&options, load.handle().clone(), &mut on_joined));
         match result {
             Ok(()) if args.once => return ExitCode::from(exit::OK),
             Ok(()) => continue,
