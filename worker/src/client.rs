@@ -113,11 +113,14 @@ impl Response {
 
     /// The caller is done with a body that has not ended yet (a stream's terminal frame
     /// came before the end of the body): let the connection finish it and carry another
-    /// request, when the client can (the own HTTP/1.1 client reads the rest in the
-    /// background, for up to a second and 64 KiB); otherwise the connection is dropped.
-    pub fn finish_in_background(self) {
+    /// request, when the client can (the own HTTP/1.1 client reads the rest, for up to 2 ms
+    /// here, then in the background, up to a second and 64 KiB in all); otherwise the
+    /// connection is dropped.
+    pub async fn finish(self) {
         if let Response::H1(response) = self {
-            response.finish_in_background(Duration::from_secs(1), 64 << 10);
+            response
+                .finish(Duration::from_millis(2), Duration::from_secs(1), 64 << 10)
+                .await;
         }
     }
 }

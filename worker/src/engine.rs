@@ -869,7 +869,8 @@ async fn send_one(
             // The stream is complete at its terminal marker, whether or not the server
             // keeps the connection open after it.
             let t_us = t0.elapsed().as_micros() as u64;
-            response.finish_in_background();
+            // Measured; the end of the body only frees the connection for the next request.
+            response.finish().await;
             return (finish(meter.finish(t_us, false)), code);
         }
         let chunk = tokio::select! {

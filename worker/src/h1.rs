@@ -422,10 +422,32 @@ impl Response {
     }
 
     /// The caller has what it needs (a stream's terminal frame) but the body has not ended
-    /// yet (its last chunk is on the way): read the rest in the background, up to `limit`
-    /// bytes and `patience`, so the connection can carry another request.
-    pub fn finish_in_background(mut self, patience: std::time::Duration, limit: usize) {
+    /// yet (its last chunk is on the way): read the rest, up to `limit` bytes, so the
+    /// connection can carry another request. For up to `inline` here — the end usually
+    /// follows the terminal frame within microseconds, and a closed loop's next request
+    /// then finds this connection waiting instead of opening a new one (whose accept the
+    /// server would make it wait for) — then in the background, up to `patience` in all.
+    pub async fn finish(
+        mut self,
+        inline: std::time::Duration,
+        patience: std::time::Duration,
+        limit: usize,
+    ) {
         if self.conn.is_none() || self.close || self.state == BodyState::UntilClose {
+            return;
+        }
+        let mut read = 0usize;
+        let started = tokio::time::Instant::now();
+        let drain = async {
+            while let Ok(Some(bytes)) = self.chunk().await {
+                read += bytes.len();
+                if read > limit {
+                    return false;
+                }
+            }
+            true
+        };
+        if tokio::time::timeout(inline, drain).await.is_ok() {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -433,7 +455,6 @@ impl Response {
         };
         runtime.spawn(async move {
             let drain = async {
-                let mut read = 0usize;
                 while let Ok(Some(bytes)) = self.chunk().await {
                     read += bytes.len();
                     if read > limit {
@@ -441,7 +462,7 @@ impl Response {
                     }
                 }
             };
-            let _ = tokio::time::timeout(patience, drain).await;
+            let _ = tokio::time::timeout_at(started + patience, drain).await;
         });
     }
 
