@@ -58,6 +58,35 @@ pub fn parallel_lock() -> CoresGuard {
     CoresGuard::new("parallel", asked)
 }
 
+/// How many times a timing test measures before it fails: see [`remeasure`].
+pub const TIMING_ATTEMPTS: usize = 3;
+
+/// Runs a timing measurement up to `attempts` times and passes at the first attempt whose
+/// numbers are all within their tolerances; fails with every attempt's miss otherwise.
+///
+/// The tolerances stay as tight as their acceptance lines; what the attempts absorb is a
+/// shared machine that is not ours for a few seconds. CI runs on a VM whose neighbours take
+/// its cores now and then: once a 13 ms stall landed in one stream of 200 (ITL 3.4 ms against
+/// the mock's 2), once every stream of a c=128 level started 5 ms late (TTFT p50 205.3 ms;
+/// 200.3-201.1 ms here, idle, with both cores busy with other work, or with the whole test on
+/// one core). A bias in our own code misses every attempt and fails. `measure` returns
+/// `Err` with the numbers only for a time outside its tolerance; anything else it checks
+/// (counts, outcomes, keys) it asserts, so a wrong answer fails at once and is never
+/// measured again. Every miss is printed, so a run that needed a second attempt says so.
+pub fn remeasure(what: &str, attempts: usize, mut measure: impl FnMut() -> Result<(), String>) {
+    let mut misses = Vec::new();
+    for attempt in 1..=attempts {
+        match measure() {
+            Ok(()) => return,
+            Err(miss) => {
+                eprintln!("{what}: attempt {attempt} of {attempts} missed: {miss}");
+                misses.push(format!("attempt {attempt}: {miss}"));
+            }
+        }
+    }
+    panic!("{what}: every attempt missed\n{}", misses.join("\n"));
+}
+
 /// A test's hold on the cores. When it ends, one line goes to
 /// `target/integration-test-times.tsv` (test, kind, seconds waited for the lock, seconds
 /// held): where the suite's time goes, without a nightly toolchain's `--report-time`.
@@ -522,4 +551,33 @@ pub fn request_log(path: &Path) -> Vec<(f64, Option<u64>)> {
             )
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::remeasure;
+
+    #[test]
+    fn remeasure_passes_at_the_first_attempt_within_tolerance() {
+        let mut attempts = 0;
+        remeasure("second time lucky", 3, || {
+            attempts += 1;
+            if attempts == 2 {
+                Ok(())
+            } else {
+                Err(format!("miss {attempts}"))
+            }
+        });
+        assert_eq!(attempts, 2, "no attempt after the one that passed");
+    }
+
+    #[test]
+    #[should_panic(expected = "every attempt missed\nattempt 1: 5.1 ms\nattempt 2: 5.2 ms")]
+    fn remeasure_fails_when_every_attempt_misses() {
+        let mut attempts = 0;
+        remeasure("always late", 2, || {
+            attempts += 1;
+            Err(format!("5.{attempts} ms"))
+        });
+    }
 }

@@ -419,6 +419,17 @@ fn mutual_tls_admits_only_certified_workers() {
 #[test]
 fn recorded_schedule_starts_four_workers_together() {
     let _timing = timing_lock();
+    fixtures::remeasure(
+        "start skew across 4 workers",
+        fixtures::TIMING_ATTEMPTS,
+        measure_start_skew,
+    );
+    let _ = bin("llm-replay-worker");
+}
+
+/// One run of four workers on a recorded schedule: `Err` when their starts are 2 ms apart or
+/// more.
+fn measure_start_skew() -> Result<(), String> {
     let mock = MockServer::start(&["--ttft", "5ms", "--itl", "1ms", "--tokens", "5"]);
     let dir = TempDir::new("skew");
     let path = dir.join("rec.jsonl");
@@ -443,11 +454,14 @@ fn recorded_schedule_starts_four_workers_together() {
     let report = out.report.expect("report JSON");
     let skew = num(&report, &["run", "start_skew_ms"]);
     eprintln!("start skew across 4 workers: {skew:.3} ms");
-    assert!(skew < 2.0, "start skew {skew} ms");
     for w in report["run"]["workers"].as_array().expect("workers") {
         assert!(num(w, &["clock_uncertainty_ms"]) < 5.0);
     }
-    let _ = bin("llm-replay-worker");
+    if skew < 2.0 {
+        Ok(())
+    } else {
+        Err(format!("start skew {skew} ms (< 2)"))
+    }
 }
 
 #[test]

@@ -321,8 +321,18 @@ fn requests_out_has_one_line_per_request_from_every_worker() {
             line["sent_unix_ms"].as_f64().expect("sent") > 1.6e12,
             "{line}"
         );
+        // Each line carries its own request's numbers: its ITL is its own (latency - TTFT)
+        // spread over the frames after the first. Not each line's ITL against the mock's
+        // 2 ms: one stall of the shared machine in one stream of 200 (CI once saw 13 ms,
+        // ITL 3.4 ms) says nothing about the records; the lines' median below is the timing.
         let itl = line["itl_ms"].as_f64().expect("itl");
-        assert!((itl - 2.0).abs() < 1.0, "{line}");
+        let own = (line["latency_ms"].as_f64().expect("latency")
+            - line["ttft_ms"].as_f64().expect("ttft"))
+            / 9.0;
+        assert!(
+            (itl - own).abs() < 0.001,
+            "ITL {own} from its own times: {line}"
+        );
         for key in ["ttst_ms", "latency_ms", "input_tokens"] {
             assert!(line[key].is_number(), "{key}: {line}");
         }
@@ -335,6 +345,16 @@ fn requests_out_has_one_line_per_request_from_every_worker() {
     let median = ttfts[(ttfts.len() - 1) / 2];
     let p50 = num(&report, &["llm", "ttft_ms", "p50"]);
     println!("median of lines {median:.3} ms, report p50 {p50:.3} ms");
+    let mut itls: Vec<f64> = lines
+        .iter()
+        .map(|l| l["itl_ms"].as_f64().expect("itl"))
+        .collect();
+    itls.sort_by(f64::total_cmp);
+    let itl_median = itls[(itls.len() - 1) / 2];
+    assert!(
+        (itl_median - 2.0).abs() < 1.0,
+        "the lines' median ITL {itl_median} ms against the mock's 2 ms"
+    );
     assert!(
         (median - p50).abs() / p50 <= 0.01,
         "median {median} vs p50 {p50}"

@@ -7,15 +7,29 @@
 //! concurrency-1 level takes about 2 minutes instead of 8: a request's ITL is
 //! (latency − TTFT) / 9, so the 0.5 ms tolerance still catches a bias of 0.5 ms per frame and
 //! leaves 4.5 ms of error over a whole stream (100 tokens left 49.5 ms). Each level holds the
-//! timing lock: no other measurement or heavy load shares the cores with it.
+//! timing lock: no other measurement or heavy load shares the cores with it, and a level that
+//! misses is measured again, up to `TIMING_ATTEMPTS` times, with the same tolerances (see
+//! `fixtures::remeasure`).
 
-use fixtures::{MockServer, TempDir, llm_replay, num, timing_lock, write_chat_recording};
+use fixtures::{
+    MockServer, TIMING_ATTEMPTS, TempDir, llm_replay, num, remeasure, timing_lock,
+    write_chat_recording,
+};
 
 const TOKENS: &str = "10";
 const REQUESTS: usize = 400;
 
 fn check_level(concurrency: usize) {
     let _timing = timing_lock();
+    remeasure(
+        &format!("timing at concurrency {concurrency}"),
+        TIMING_ATTEMPTS,
+        || measure_level(concurrency),
+    );
+}
+
+/// One measurement of a level: `Err` with the numbers when a time is outside its tolerance.
+fn measure_level(concurrency: usize) -> Result<(), String> {
     let mock = MockServer::start(&["--ttft", "200ms", "--itl", "10ms", "--tokens", TOKENS]);
     let dir = TempDir::new("timing");
     let recording = dir.join("rec.jsonl");
@@ -62,18 +76,15 @@ fn check_level(concurrency: usize) {
     eprintln!(
         "timing concurrency {concurrency}: TTFT p50 {ttft:.3} ms, ITL p50 {itl:.3} ms, latency p50 {latency:.3} ms"
     );
-    assert!(
-        (ttft - 200.0).abs() <= 2.0,
-        "concurrency {concurrency}: TTFT p50 {ttft} ms"
-    );
-    assert!(
-        (itl - 10.0).abs() <= 0.5,
-        "concurrency {concurrency}: ITL p50 {itl} ms"
-    );
-    assert!(
-        (latency - 290.0).abs() <= 3.0,
-        "concurrency {concurrency}: latency p50 {latency} ms"
-    );
+    let within =
+        (ttft - 200.0).abs() <= 2.0 && (itl - 10.0).abs() <= 0.5 && (latency - 290.0).abs() <= 3.0;
+    if within {
+        Ok(())
+    } else {
+        Err(format!(
+            "TTFT p50 {ttft} ms (200 ± 2), ITL p50 {itl} ms (10 ± 0.5), latency p50 {latency} ms (290 ± 3)"
+        ))
+    }
 }
 
 #[test]
