@@ -384,6 +384,73 @@ fn cut_streams_are_recorded_incomplete() {
     );
 }
 
+/// A client that hangs up after the terminal frame leaves a complete exchange. SDKs stop
+/// reading at `[DONE]`, and a gateway may hold the body's end back (here for 3 s): the answer
+/// arrived whole, and a recording made through such a gateway was once all incomplete. A client
+/// that hangs up before the terminal frame still leaves a cut one.
+#[test]
+fn a_client_leaving_after_done_leaves_a_complete_exchange() {
+    let _parallel = parallel_lock();
+    let gateway = crate::raw_server::start_gateway(crate::raw_server::Gateway {
+        content_type: Some("text/event-stream"),
+        hold_after_done: Duration::from_secs(3),
+        big_body: None,
+    });
+    let dir = TempDir::new("capture-leave-after-done");
+    let recorded = dir.join("recorded.jsonl");
+    let recorder = Recorder::start(&gateway.url, &recorded, &[]);
+    let url = format!("{}/v1/chat/completions", recorder.url);
+    runtime().block_on(async {
+        let client = reqwest::Client::new();
+        let mut after_done = client
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(chat_body(5, "leaves after done"))
+            .send()
+            .await
+            .expect("request");
+        let mut seen = Vec::new();
+        while !String::from_utf8_lossy(&seen).contains("[DONE]") {
+            let chunk = after_done.chunk().await.expect("read").expect("a chunk");
+            seen.extend_from_slice(&chunk);
+        }
+        drop(after_done);
+        let mut before_done = client
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(chat_body(5, "leaves before done"))
+            .send()
+            .await
+            .expect("request");
+        before_done.chunk().await.expect("read").expect("a chunk");
+        drop(before_done);
+    });
+    // Both are written when the client leaves, long before the gateway's 3 s hold ends.
+    assert!(eventually(Duration::from_secs(2), || recorder.lines() >= 2));
+    recorder.stop();
+    let lines = read_lines(&recorded);
+    let by_prompt = |needle: &str| {
+        lines
+            .iter()
+            .find(|l| {
+                l["request"]["body"]
+                    .as_str()
+                    .is_some_and(|b| b.contains(needle))
+            })
+            .unwrap_or_else(|| panic!("no exchange for {needle}"))
+            .clone()
+    };
+    let after = by_prompt("leaves after done");
+    assert_eq!(after["response"]["complete"], json!(true), "{after:#}");
+    assert_eq!(
+        after["response"]["ended"],
+        json!("client disconnected after the terminal frame")
+    );
+    let before = by_prompt("leaves before done");
+    assert_eq!(before["response"]["complete"], json!(false), "{before:#}");
+    assert_eq!(before["response"]["ended"], json!("client disconnected"));
+}
+
 /// Every file under `dir` (recursively) as text.
 fn all_output(paths: &[&Path]) -> String {
     paths

@@ -8,8 +8,10 @@
 //! bytes — up to `--max-recorded-bytes` per exchange; past the cap frames are passed on but
 //! not kept, and the exchange is marked `truncated`, so a huge response costs bounded memory.
 //! A silent upstream (no headers, or no read, for `--upstream-idle-timeout`) ends the
-//! client's response and the exchange is recorded incomplete with the reason. Completeness (the family's terminal marker) is worked out once the stream is over,
-//! off the per-frame path.
+//! client's response and the exchange is recorded incomplete with the reason. Completeness
+//! (the family's terminal marker) is worked out once the stream is over, off the per-frame
+//! path. A client that hangs up after the terminal frame (SDKs stop reading at `[DONE]`,
+//! before a gateway's held-open body ends) leaves a complete exchange; before it, a cut one.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -452,15 +454,28 @@ impl Pending {
         self.frames.push((t_ms, data.clone()));
     }
 
-    /// The stream is over: `ended` is true when the upstream body reached its end without a
-    /// transport error (a cut stream is recorded as incomplete whatever it holds).
-    fn finish(mut self, ended: bool, note: Option<String>) {
+    /// The stream is over, and how: the upstream body reached its end, the upstream cut it
+    /// (a transport error or silence: incomplete whatever it holds), or the client hung up
+    /// first.
+    fn finish(mut self, end: StreamEnd) {
         let path = self.exchange.request.path.clone();
         let mut tracker = CompletionTracker::new(&path, self.content_type.as_deref());
         for (_, bytes) in &self.frames {
             tracker.feed(bytes);
         }
-        let complete = tracker.finish() && ended && !self.truncated;
+        let whole = tracker.finish() && !self.truncated;
+        let (complete, note) = match end {
+            StreamEnd::Ended => (whole, None),
+            StreamEnd::Cut(note) => (false, Some(note)),
+            // A client stops reading at the terminal frame (`[DONE]`, `message_stop`, ...)
+            // and may close before the body's own end, which a gateway can hold back for
+            // seconds: the answer arrived whole. Before the terminal frame, it is cut.
+            StreamEnd::ClientLeft if whole => (
+                true,
+                Some("client disconnected after the terminal frame".to_owned()),
+            ),
+            StreamEnd::ClientLeft => (false, Some("client disconnected".to_owned())),
+        };
         if let Some(response) = self.exchange.response.as_mut() {
             // Consumed as converted, so the reads and their copies are not all held at once.
             response.frames = std::mem::take(&mut self.frames)
@@ -487,6 +502,16 @@ impl Pending {
         self.state.writer.submit(self.exchange);
         self.state.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// How a recorded stream ended.
+enum StreamEnd {
+    /// The upstream body reached its end.
+    Ended,
+    /// The upstream cut it (transport error, silence), with the reason.
+    Cut(String),
+    /// The client hung up before the upstream body's end.
+    ClientLeft,
 }
 
 /// The upstream body, passed through frame by frame, recorded as it goes.
@@ -531,12 +556,12 @@ impl Body for RecordingBody {
             }
             Poll::Ready(Some(Err(error))) => {
                 if let Some(pending) = self.pending.take() {
-                    pending.finish(false, Some(format!("upstream error: {error}")));
+                    pending.finish(StreamEnd::Cut(format!("upstream error: {error}")));
                 }
             }
             Poll::Ready(None) => {
                 if let Some(pending) = self.pending.take() {
-                    pending.finish(true, None);
+                    pending.finish(StreamEnd::Ended);
                 }
             }
             Poll::Pending => return self.poll_idle(cx),
@@ -574,12 +599,9 @@ impl RecordingBody {
             let silence = humanize(self.idle_timeout);
             tracing::warn!(timeout = %silence, "the upstream went silent; response cut");
             if let Some(pending) = self.pending.take() {
-                pending.finish(
-                    false,
-                    Some(format!(
-                        "upstream idle: nothing for {silence}; response cut"
-                    )),
-                );
+                pending.finish(StreamEnd::Cut(format!(
+                    "upstream idle: nothing for {silence}; response cut"
+                )));
             }
             return Poll::Ready(Some(Err(ProxyBodyError::UpstreamIdle(silence))));
         }
@@ -592,9 +614,9 @@ impl Drop for RecordingBody {
         if let Some(pending) = self.pending.take() {
             if self.inner.is_end_stream() {
                 // Nothing left to read (an empty body is never polled).
-                pending.finish(true, None);
+                pending.finish(StreamEnd::Ended);
             } else {
-                pending.finish(false, Some("client disconnected".to_owned()));
+                pending.finish(StreamEnd::ClientLeft);
             }
         }
     }
