@@ -445,6 +445,56 @@ pub fn recorded_outcome(exchange: &Exchange) -> Option<RequestOutcome> {
     Some(outcome)
 }
 
+/// The outcome an import's `source` note shows for `exchange`, when the exchange has no frame
+/// timing but its source measured the request itself: an OpenTelemetry GenAI span
+/// (`llm-replay import otel-genai`) notes `ttft_ms` (first-token event − span start),
+/// `duration_ms` (span end − start) and `output_tokens` (`gen_ai.usage.output_tokens`).
+///
+/// These map onto the replay's own definitions: the span starts as the client makes the call
+/// (t0), so TTFT is `ttft_ms`, request latency is `duration_ms`, and ITL and the per-user
+/// token rate follow from them and the output tokens as for a replayed stream. TTST needs a
+/// second frame and is absent. All three notes are needed (a span without usage would give
+/// an output length of zero); the input tokens are the span's `input_tokens`, else the
+/// replay's estimate from the request body. `None` for an exchange with frame timing (the
+/// frames are measured instead, [`recorded_outcome`]) or without the three notes.
+pub fn noted_outcome(exchange: &Exchange) -> Option<RequestOutcome> {
+    if exchange.response.as_ref().is_some_and(|r| r.has_timing()) {
+        return None;
+    }
+    let source = exchange.unknown.get("source")?;
+    let ms = |key: &str| {
+        source
+            .get(key)?
+            .as_f64()
+            .filter(|v| v.is_finite() && *v >= 0.0)
+    };
+    let (ttft, duration) = (ms("ttft_ms")?, ms("duration_ms")?);
+    let output_tokens = source.get("output_tokens")?.as_u64()?;
+    if ttft > duration || output_tokens == 0 {
+        return None;
+    }
+    let us = |ms: f64| (ms * 1000.0).round() as u64;
+    let input_tokens = source
+        .get("input_tokens")
+        .and_then(serde_json::Value::as_u64)
+        .or_else(|| estimate_input_tokens(&exchange.request.body_bytes()));
+    Some(RequestOutcome {
+        kind: OutcomeKind::Succeeded,
+        ttft_us: Some(us(ttft)),
+        ttst_us: None,
+        latency_us: Some(us(duration)),
+        content_frames: 0,
+        usage_output_tokens: Some(output_tokens),
+        input_tokens,
+        schedule_lag_us: None,
+        sent_unix_us: exchange.at_ms.map(|ms| (ms.max(0.0) * 1000.0) as u64),
+        transport_cause: None,
+        resent: false,
+        unstreamed: false,
+        cached_input_tokens: None,
+    })
+}
+
 /// Measure a whole recorded response: frames with their offsets in microseconds.
 pub fn measure_frames<B: AsRef<[u8]>>(
     family: Family,
@@ -468,4 +518,62 @@ pub fn estimate_input_tokens(body: &[u8]) -> Option<u64> {
     let value: serde_json::Value = serde_json::from_slice(body).ok()?;
     let tokens = formats::request::estimated_input_tokens(&value);
     (tokens > 0).then_some(tokens)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::{Metric, RunMetrics};
+
+    fn exchange(line: &str) -> Exchange {
+        serde_json::from_str(line).expect("a recording line")
+    }
+
+    const SPAN: &str = r#"{"at_ms":250,"request":{"method":"POST","path":"/v1/chat/completions","body":"{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"},"source":{"format":"otel-genai","ttft_ms":125.0,"duration_ms":1115.0,"output_tokens":100,"input_tokens":42}}"#;
+
+    #[test]
+    fn a_span_with_first_token_duration_and_usage_is_measured_like_a_stream() {
+        let outcome = noted_outcome(&exchange(SPAN)).expect("a noted outcome");
+        assert_eq!(outcome.kind, OutcomeKind::Succeeded);
+        assert_eq!(outcome.ttft_us, Some(125_000));
+        assert_eq!(outcome.latency_us, Some(1_115_000));
+        assert_eq!(outcome.ttst_us, None);
+        assert_eq!(outcome.output_tokens(), 100);
+        assert_eq!(outcome.input_tokens, Some(42));
+        assert_eq!(outcome.sent_unix_us, Some(250_000));
+        // ITL = (latency − TTFT) / (output tokens − 1) = 990 / 99 = 10 ms, as for a replay.
+        let mut metrics = RunMetrics::new();
+        metrics.record(&outcome);
+        let itl = metrics.stats(Metric::Itl).expect("ITL");
+        assert!((itl.p50 - 10.0).abs() < 0.01, "{itl:?}");
+        assert_eq!(metrics.counters.succeeded, 1);
+        assert_eq!(metrics.counters.usage_reported, 1);
+    }
+
+    #[test]
+    fn a_span_missing_a_note_or_an_exchange_with_frames_has_no_noted_outcome() {
+        for missing in ["ttft_ms", "duration_ms", "output_tokens"] {
+            let mut line: serde_json::Value = serde_json::from_str(SPAN).expect("JSON");
+            line["source"]
+                .as_object_mut()
+                .expect("source")
+                .remove(missing);
+            assert!(
+                noted_outcome(&exchange(&line.to_string())).is_none(),
+                "without {missing}"
+            );
+        }
+        let mut later: serde_json::Value = serde_json::from_str(SPAN).expect("JSON");
+        later["source"]["ttft_ms"] = serde_json::json!(2000.0);
+        assert!(
+            noted_outcome(&exchange(&later.to_string())).is_none(),
+            "a first token after the span's end"
+        );
+        let mut framed: serde_json::Value = serde_json::from_str(SPAN).expect("JSON");
+        framed["response"] = serde_json::json!({"status": 200, "frames": [{"t_ms": 5.0, "data": "data: [DONE]\n\n"}]});
+        assert!(
+            noted_outcome(&exchange(&framed.to_string())).is_none(),
+            "frames are measured instead"
+        );
+    }
 }

@@ -1,11 +1,13 @@
 //! The pre-scan of a recording: validates every line (so bad input fails before any load is
 //! sent), counts exchanges and sessions, and measures the baseline from the recorded frames
-//! with the same [`common::measure`] code the workers use.
+//! with the same [`common::measure`] code the workers use; an imported exchange without frames
+//! whose source measured it (an OpenTelemetry span's first-token time, duration and usage)
+//! enters the baseline with those numbers ([`common::measure::noted_outcome`]).
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use common::measure::{recorded_family, recorded_outcome};
+use common::measure::{noted_outcome, recorded_family, recorded_outcome};
 use common::metrics::{RunMetrics, Stats};
 use common::recording::{RecordingError, RecordingReader};
 
@@ -23,6 +25,9 @@ pub struct RecordingScan {
     pub sessions: u64,
     /// Exchanges whose response frames all have timing (they make the baseline).
     pub with_frame_timing: u64,
+    /// Exchanges without frame timing whose import noted what the source measured (TTFT,
+    /// duration, output tokens): they make the baseline too.
+    pub with_source_timing: u64,
     /// The recording's own metrics, measured from its frames; `None` without frame timing.
     pub baseline: Option<RunMetrics>,
     /// Families seen, by name.
@@ -89,13 +94,16 @@ pub fn scan_sampled(
         if let Some(outcome) = recorded_outcome(&exchange) {
             out.with_frame_timing += 1;
             baseline.record(&outcome);
+        } else if let Some(outcome) = noted_outcome(&exchange) {
+            out.with_source_timing += 1;
+            baseline.record(&outcome);
         }
     }
     out.torn_last_line = reader.torn_last_line();
     out.think_time_ms = common::metrics::stats_of(&think_hist, 1000.0);
     out.span_ms = (last_end > first_at).then_some(last_end - first_at);
     out.sessions = sessions.len() as u64;
-    if out.with_frame_timing > 0 {
+    if out.with_frame_timing + out.with_source_timing > 0 {
         out.baseline = Some(baseline);
     }
     Ok(out)

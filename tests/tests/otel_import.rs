@@ -8,6 +8,10 @@ use std::process::{Command, Stdio};
 use fixtures::{MockServer, TempDir, bin, llm_replay, num, parallel_lock, test_data};
 use serde_json::Value;
 
+/// A value read back from a histogram of 3 significant digits is within 0.1 % (a bucket's
+/// width); twice that, for the rounding of the reported value.
+const HDR_RELATIVE_ERROR: f64 = 2e-3;
+
 fn path_str(path: &std::path::Path) -> &str {
     path.to_str().expect("utf-8 path")
 }
@@ -94,6 +98,45 @@ fn otel_fixture_imports_and_replays_whole_sessions_with_its_prompts() {
     let report = run.report.expect("report JSON");
     assert_eq!(num(&report, &["requests", "succeeded"]), 4.0, "{report:#}");
     assert_eq!(num(&report, &["requests", "failed"]), 0.0, "{report:#}");
+    // The baseline is what the spans measured: the two with a first-token time (212 ms as an
+    // attribute, 240 ms as an event), their durations (850, 900 ms) and output usage (17, 29
+    // tokens): ITL (850 − 212) / 16 = 39.875 ms and (900 − 240) / 28 = 23.571 ms.
+    let baseline = &report["baseline"];
+    assert!(
+        baseline["source"]
+            .as_str()
+            .is_some_and(|s| s.contains("2 of 2 exchanges timed by their source")),
+        "{baseline:#}"
+    );
+    for (key, count, min, max) in [
+        ("ttft_ms", 2.0, 212.0, 240.0),
+        ("latency_ms", 2.0, 850.0, 900.0),
+        ("itl_ms", 2.0, 23.571, 39.875),
+    ] {
+        let llm = &baseline["llm"];
+        assert_eq!(num(llm, &[key, "count"]), count, "{key}: {llm:#}");
+        assert!(
+            (num(llm, &[key, "min"]) - min).abs() <= min * HDR_RELATIVE_ERROR,
+            "{key}: {llm:#}"
+        );
+        assert!(
+            (num(llm, &[key, "max"]) - max).abs() <= max * HDR_RELATIVE_ERROR,
+            "{key}: {llm:#}"
+        );
+    }
+    assert!(
+        baseline["changes"]["ttft_ms.p50"]["baseline"].is_number(),
+        "{baseline:#}"
+    );
+    let stats = llm_replay(
+        &["recording", "stats", path_str(&recording), "--json"],
+        None,
+    );
+    assert_eq!(stats.code, 0, "{}", stats.stderr);
+    let stats: Value = serde_json::from_str(&stats.stdout).expect("stats JSON");
+    assert_eq!(stats["with_source_timing"], 2, "{stats:#}");
+    assert_eq!(stats["ttft_ms"]["count"], 2, "{stats:#}");
+    assert_eq!(stats["osl_sources"]["source"], 4, "{stats:#}");
     let requests = lines(&requests_out);
     assert_eq!(requests.len(), 4);
     for session in ["conv-alpha", "0af7651916cd43dd8448eb211c80319c"] {

@@ -511,7 +511,16 @@ fn build_report(
     all_warnings.extend(warnings);
     let recorded_baseline = match (&config.baseline, &scanned.baseline) {
         (BaselineSource::Recorded, Some(metrics)) => Some(Baseline {
-            source: format!("recording {}", config.recording.display()),
+            source: if scanned.with_source_timing > 0 {
+                format!(
+                    "recording {} ({} of {} exchanges timed by their source, e.g. a span)",
+                    config.recording.display(),
+                    scanned.with_source_timing,
+                    scanned.with_frame_timing + scanned.with_source_timing
+                )
+            } else {
+                format!("recording {}", config.recording.display())
+            },
             metrics,
         }),
         _ => None,

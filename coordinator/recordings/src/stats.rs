@@ -6,7 +6,9 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use common::formats::{Family, request};
-use common::measure::{estimate_input_tokens, measure_recorded, recorded_family, recorded_outcome};
+use common::measure::{
+    estimate_input_tokens, measure_recorded, noted_outcome, recorded_family, recorded_outcome,
+};
 use common::metrics::{Stats, stats_of};
 use common::recording::{Exchange, RecordingError, RecordingReader};
 use hdrhistogram::Histogram;
@@ -58,16 +60,20 @@ pub struct RecordingStats {
     /// Exchanges whose every response frame has an arrival offset.
     pub with_frame_timing: u64,
     pub frame_timing_share_pct: f64,
+    /// Exchanges without frame timing whose import noted what their source measured (an
+    /// OpenTelemetry span's first-token time, duration and output tokens): they are in the
+    /// TTFT below and in a replay's baseline.
+    pub with_source_timing: u64,
     /// Input tokens: server usage, else a synthesised prompt's count, else characters / 4.
     pub isl_tokens: Option<Stats>,
-    /// Where ISL values came from: `usage`, `synth`, `estimate`.
+    /// Where ISL values came from: `usage`, `source` (the import's note), `synth`, `estimate`.
     pub isl_sources: BTreeMap<&'static str, u64>,
     /// Output tokens: server usage, else content frames of a complete response, else the
-    /// request's max tokens.
+    /// usage the import's source noted, else the request's max tokens.
     pub osl_tokens: Option<Stats>,
-    /// Where OSL values came from: `usage`, `frames`, `max_tokens`.
+    /// Where OSL values came from: `usage`, `frames`, `source`, `max_tokens`.
     pub osl_sources: BTreeMap<&'static str, u64>,
-    /// Recorded time to first token (exchanges with frame timing), ms.
+    /// Recorded time to first token (exchanges with frame or source timing), ms.
     pub ttft_ms: Option<Stats>,
     pub families: BTreeMap<String, u64>,
     pub models: BTreeMap<String, u64>,
@@ -164,13 +170,27 @@ pub fn recording_stats(path: &Path) -> Result<RecordingStats, RecordingError> {
                 }
             }
         }
+        if let Some(noted) = noted_outcome(&exchange) {
+            out.with_source_timing += 1;
+            if let Some(t) = noted.ttft_us {
+                let _ = ttft.record(t.max(1));
+            }
+        }
+        let noted = |key: &str| {
+            exchange
+                .unknown
+                .get("source")
+                .and_then(|s| s.get(key))
+                .and_then(Value::as_u64)
+        };
         let synth_in = exchange
             .unknown
             .get("synth")
             .and_then(|s| s.get("input_tokens"))
             .and_then(Value::as_u64);
-        let (isl_value, isl_source) = match (usage_in, synth_in) {
-            (Some(n), _) => (Some(n), "usage"),
+        let (isl_value, isl_source) = match (usage_in.or(noted("input_tokens")), synth_in) {
+            (Some(n), _) if usage_in.is_some() => (Some(n), "usage"),
+            (Some(n), _) => (Some(n), "source"),
             (None, Some(n)) => (Some(n), "synth"),
             (None, None) => (
                 estimate_input_tokens(&exchange.request.body_bytes()),
@@ -186,6 +206,8 @@ pub fn recording_stats(path: &Path) -> Result<RecordingStats, RecordingError> {
             Some((n, "usage"))
         } else if complete && content_frames > 0 {
             Some((content_frames, "frames"))
+        } else if let Some(n) = noted("output_tokens") {
+            Some((n, "source"))
         } else {
             body.as_ref()
                 .and_then(request::max_tokens)
@@ -289,9 +311,16 @@ pub fn render_text(s: &RecordingStats) -> String {
         s.duration_s, s.arrival_rate_per_s, s.burstiness_cv, s.peak_arrivals_per_s
     ));
     out.push_str(&format!(
-        "frame timing  {} of {} exchanges ({:.1} %)\n",
+        "frame timing  {} of {} exchanges ({:.1} %)",
         s.with_frame_timing, s.exchanges, s.frame_timing_share_pct
     ));
+    if s.with_source_timing > 0 {
+        out.push_str(&format!(
+            "   timed by their source (spans): {}",
+            s.with_source_timing
+        ));
+    }
+    out.push('\n');
     out.push_str("distributions\n");
     out.push_str(&render_stats_row("ISL", &s.isl_tokens, "tokens"));
     out.push_str(&render_stats_row("OSL", &s.osl_tokens, "tokens"));
