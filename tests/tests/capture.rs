@@ -174,6 +174,16 @@ fn stats_json(recording: &Path) -> Value {
 #[test]
 fn record_in_front_of_mock_keeps_ttft_and_replays_within_3_percent() {
     let _timing = timing_lock();
+    fixtures::remeasure(
+        "record in front of the mock, then replay",
+        fixtures::TIMING_ATTEMPTS,
+        measure_record_and_replay,
+    );
+}
+
+/// One recording through the proxy and one replay of it: `Err` with the numbers when the
+/// recorded TTFT is more than 3 ms from the mock's 300 ms or the replay more than 3 % from it.
+fn measure_record_and_replay() -> Result<(), String> {
     let mock = MockServer::start(&["--ttft", "300ms", "--itl", "10ms", "--tokens", "20"]);
     let dir = TempDir::new("capture-ttft");
     let recorded = dir.join("recorded.jsonl");
@@ -200,10 +210,9 @@ fn record_in_front_of_mock_keeps_ttft_and_replays_within_3_percent() {
     assert_eq!(stats["with_frame_timing"], json!(40));
     assert_eq!(stats["complete_responses"], json!(40));
     let recorded_ttft = stats["ttft_ms"]["p50"].as_f64().expect("ttft p50");
-    assert!(
-        (recorded_ttft - 300.0).abs() <= 3.0,
-        "recorded TTFT p50 {recorded_ttft} ms"
-    );
+    if (recorded_ttft - 300.0).abs() > 3.0 {
+        return Err(format!("recorded TTFT p50 {recorded_ttft} ms (300 ± 3)"));
+    }
 
     let report_path = dir.join("report.json");
     let replay = llm_replay(
@@ -218,10 +227,13 @@ fn record_in_front_of_mock_keeps_ttft_and_replays_within_3_percent() {
         "recorded TTFT p50 {recorded_ttft:.3} ms; replay: baseline p50 {baseline:.3} ms, replayed p50 {replayed:.3} ms ({:+.2} %)",
         (replayed - baseline) / baseline * 100.0
     );
-    assert!(
-        (replayed - baseline).abs() / baseline <= 0.03,
-        "baseline TTFT p50 {baseline} ms, replayed {replayed} ms"
-    );
+    if (replayed - baseline).abs() / baseline <= 0.03 {
+        Ok(())
+    } else {
+        Err(format!(
+            "baseline TTFT p50 {baseline} ms, replayed {replayed} ms (±3 %)"
+        ))
+    }
 }
 
 #[test]

@@ -20,6 +20,12 @@ fn recording(dir: &TempDir, n: usize, tokens: u32) -> String {
 #[test]
 fn four_workers_merge_like_one() {
     let _timing = timing_lock();
+    fixtures::remeasure("1 and 4 workers", fixtures::TIMING_ATTEMPTS, measure_merge);
+}
+
+/// One pair of runs, 1 and 4 workers: `Err` with the numbers when a percentile differs by
+/// more than 2 %.
+fn measure_merge() -> Result<(), String> {
     let mock = MockServer::start(&["--ttft", "100ms", "--itl", "5ms", "--tokens", "10"]);
     let dir = TempDir::new("merge");
     let rec = recording(&dir, 2000, 10);
@@ -64,17 +70,24 @@ fn four_workers_merge_like_one() {
         assert_eq!(assigned, 2000.0);
         reports.push(report);
     }
+    let mut misses = Vec::new();
     for metric in ["ttft_ms", "itl_ms"] {
         for stat in ["p50", "p95"] {
             let one = num(&reports[0], &["llm", metric, stat]);
             let four = num(&reports[1], &["llm", metric, stat]);
             let diff = (four - one).abs() / one * 100.0;
             eprintln!("{metric}.{stat}: 1 worker {one:.3}, 4 workers {four:.3} ({diff:.2} %)");
-            assert!(
-                diff <= 2.0,
-                "{metric}.{stat}: 1 worker {one}, 4 workers {four}"
-            );
+            if diff > 2.0 {
+                misses.push(format!(
+                    "{metric}.{stat}: 1 worker {one}, 4 workers {four} ({diff:.2} % > 2 %)"
+                ));
+            }
         }
+    }
+    if misses.is_empty() {
+        Ok(())
+    } else {
+        Err(misses.join("; "))
     }
 }
 

@@ -58,6 +58,15 @@ fn sse_response(ttft_ms: f64, itl_ms: f64, tokens: u32, usage: Value) -> Value {
 #[test]
 fn unstreamed_answers_count_in_latency_only_and_match_the_baseline() {
     let _timing = fixtures::timing_lock();
+    fixtures::remeasure(
+        "streamed and unstreamed against their baseline",
+        fixtures::TIMING_ATTEMPTS,
+        measure_unstreamed_mix,
+    );
+}
+
+/// One replay of the mixed recording: `Err` with the changes when one is over 3 %.
+fn measure_unstreamed_mix() -> Result<(), String> {
     let dir = TempDir::new("unstreamed");
     let recording = dir.join("mixed.jsonl");
     let mut lines = Vec::new();
@@ -116,8 +125,11 @@ fn unstreamed_answers_count_in_latency_only_and_match_the_baseline() {
     ] {
         let change = num(&report, &["baseline", "changes", key, "change_pct"]);
         println!("{key} change {change:+.2} %");
-        assert!(change.abs() <= 3.0, "{key} changed {change:.2} %");
+        if change.abs() > 3.0 {
+            return Err(format!("{key} changed {change:.2} % (±3 %)"));
+        }
     }
+    Ok(())
 }
 
 fn replay_against(url: &str, dir: &TempDir, extra: &[&str]) -> Value {
