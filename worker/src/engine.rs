@@ -88,6 +88,13 @@ async fn pace_until(pacer: Option<&Pacer>, at: Instant) {
 /// How early the pacer wakes a send (see [`pace_until`]).
 const WAKE_MARGIN: Duration = Duration::from_micros(250);
 
+/// On a recorded schedule, the first wave's connections open at the latest this long before
+/// the start (earlier when the read-ahead is full or the slice is all there).
+const PRECONNECT_LEAD: Duration = Duration::from_millis(200);
+
+/// Items read ahead (each request built) between two looks at the start instant.
+const READ_AHEAD_BATCH: usize = 64;
+
 /// How far ahead of the start the first wave is counted on a schedule or a rate.
 const FIRST_WAVE: Duration = Duration::from_secs(1);
 
@@ -286,7 +293,14 @@ impl Feed {
 
     /// Read ahead whatever has already arrived, up to the window.
     fn fill(&mut self) {
-        while !self.closed && self.pending.len() < self.window {
+        self.fill_up_to(usize::MAX);
+    }
+
+    /// [`Feed::fill`], reading at most `batch` items.
+    fn fill_up_to(&mut self, batch: usize) {
+        let mut read = 0;
+        while !self.closed && self.pending.len() < self.window && read < batch {
+            read += 1;
             match self.items.try_recv() {
                 Ok(item) => self.push(item),
                 Err(mpsc::error::TryRecvError::Empty) => break,
@@ -356,6 +370,21 @@ impl Feed {
         }
     }
 
+    /// The send offsets (seconds after the start) of the items read ahead, for the first
+    /// wave's size ([`connections_needed`]); an item without an offset goes out at once.
+    fn offsets_s(&self, speed: f64) -> Vec<f64> {
+        self.pending
+            .iter()
+            .map(|Reverse(p)| {
+                if p.at_ms.is_finite() {
+                    p.at_ms / 1000.0 / speed
+                } else {
+                    0.0
+                }
+            })
+            .collect()
+    }
+
     /// Items left unsent (read ahead or still in the channel), counted as not started.
     fn drain_count(&mut self) -> u64 {
         let mut n = self.pending.len() as u64;
@@ -415,29 +444,10 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
         config: Arc::clone(&config),
     };
 
-    // Connection timings go to the run's metrics; the first wave's connections open now,
-    // while the run waits for its start, so none of them is set up inside a measured TTFT.
+    // Connection timings go to the run's metrics; the first wave's connections open before
+    // the start, so none of them is set up inside a measured TTFT.
     client.attach_metrics(metrics.clone());
-    let connections = match recorded_speed {
-        Some(speed) => {
-            feed.fill();
-            let offsets = feed
-                .pending
-                .iter()
-                .map(|Reverse(p)| {
-                    // Items without an offset go out at once.
-                    if p.at_ms.is_finite() {
-                        p.at_ms / 1000.0 / speed
-                    } else {
-                        0.0
-                    }
-                })
-                .collect::<Vec<_>>();
-            connections_needed(load, &offsets)
-        }
-        None => connections_needed(load, &[]),
-    };
-    let preconnect = {
+    let spawn_preconnect = |connections: usize| {
         let client = client.clone();
         let target = config.target.clone();
         let patience = config.timeout;
@@ -450,6 +460,12 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
             );
         })
     };
+    // A closed loop or a rate knows its first wave now; a recorded schedule learns it from
+    // the items read ahead, which arrive during the start lead (below).
+    let mut preconnect = match recorded_speed {
+        Some(_) => None,
+        None => Some(spawn_preconnect(connections_needed(load, &[]))),
+    };
     // Send times (and the start) from the pacer thread; without it, tokio's timer.
     let mut pacer_thread = PacerThread::start()
         .inspect_err(
@@ -459,17 +475,65 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
     let pacer = pacer_thread.as_ref().map(PacerThread::pacer);
     let pacer = pacer.as_ref();
 
-    // Every worker starts at the coordinator's one instant, whatever the load model.
-    tokio::select! {
-        _ = pace_until(pacer, start.instant) => {
-            let now = unix_nanos(SystemTime::now());
-            progress.started_unix_ns.store(now, Ordering::Relaxed);
-            if permits.is_none() || recorded_speed.is_some() || load.rate.is_some() {
-                // On a schedule or a rate, the load is at its target once it runs.
-                progress.target_reached_unix_us.store(now / 1000, Ordering::Relaxed);
-            }
+    // Every worker starts at the coordinator's one instant, whatever the load model. On a
+    // recorded schedule the slice is read ahead while the start is awaited (up to the
+    // reorder window, each request built as it arrives), so the first exchanges are ready at
+    // the start: built at the start instead, a window of 4,096 sent the first exchange
+    // milliseconds late. The first wave's connections open once the read-ahead is full or
+    // closed, or `PRECONNECT_LEAD` before the start, whichever comes first.
+    let preconnect_by = start
+        .instant
+        .checked_sub(PRECONNECT_LEAD)
+        .unwrap_or(start.instant);
+    let start_wait = pace_until(pacer, start.instant);
+    tokio::pin!(start_wait);
+    loop {
+        if let Some(speed) = recorded_speed
+            && preconnect.is_none()
+            && (feed.closed || feed.pending.len() >= feed.window || Instant::now() >= preconnect_by)
+        {
+            preconnect = Some(spawn_preconnect(connections_needed(
+                load,
+                &feed.offsets_s(speed),
+            )));
         }
-        _ = abort.wait_for(|a| *a) => aborted = true,
+        let read_ahead =
+            recorded_speed.is_some() && !feed.closed && feed.pending.len() < feed.window;
+        tokio::select! {
+            biased;
+            _ = abort.wait_for(|a| *a) => {
+                aborted = true;
+                break;
+            }
+            _ = &mut start_wait => {
+                let now = unix_nanos(SystemTime::now());
+                progress.started_unix_ns.store(now, Ordering::Relaxed);
+                if permits.is_none() || recorded_speed.is_some() || load.rate.is_some() {
+                    // On a schedule or a rate, the load is at its target once it runs.
+                    progress.target_reached_unix_us.store(now / 1000, Ordering::Relaxed);
+                }
+                break;
+            }
+            item = feed.items.recv(), if read_ahead => match item {
+                Some(item) => {
+                    feed.push(item);
+                    // In small batches, so the start is looked at between them.
+                    feed.fill_up_to(READ_AHEAD_BATCH);
+                }
+                None => feed.closed = true,
+            },
+            _ = tokio::time::sleep_until(preconnect_by.into()),
+                if recorded_speed.is_some() && preconnect.is_none() => {}
+        }
+    }
+    if preconnect.is_none()
+        && let Some(speed) = recorded_speed
+    {
+        // The start came first (a lead shorter than `PRECONNECT_LEAD`).
+        preconnect = Some(spawn_preconnect(connections_needed(
+            load,
+            &feed.offsets_s(speed),
+        )));
     }
 
     'items: while !aborted {
@@ -664,7 +728,9 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
             totals.not_started += feed.drain_count();
         }
     }
-    preconnect.abort();
+    if let Some(preconnect) = preconnect {
+        preconnect.abort();
+    }
     if let Some(thread) = &mut pacer_thread {
         thread.stop();
     }
