@@ -527,6 +527,7 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
         }
     }
     if preconnect.is_none()
+        && !aborted
         && let Some(speed) = recorded_speed
     {
         // The start came first (a lead shorter than `PRECONNECT_LEAD`).
