@@ -274,12 +274,14 @@ impl TransportCounters {
     }
 
     fn add(&mut self, other: &TransportCounters) {
-        self.refused += other.refused;
-        self.reset += other.reset;
-        self.closed_before_response += other.closed_before_response;
-        self.tls += other.tls;
-        self.dns += other.dns;
-        self.other += other.other;
+        self.refused = self.refused.saturating_add(other.refused);
+        self.reset = self.reset.saturating_add(other.reset);
+        self.closed_before_response = self
+            .closed_before_response
+            .saturating_add(other.closed_before_response);
+        self.tls = self.tls.saturating_add(other.tls);
+        self.dns = self.dns.saturating_add(other.dns);
+        self.other = self.other.saturating_add(other.other);
     }
 }
 
@@ -299,25 +301,31 @@ impl Counters {
     }
 
     fn add(&mut self, other: &Counters) {
-        self.succeeded += other.succeeded;
-        self.ended_early += other.ended_early;
-        self.failed_status += other.failed_status;
-        self.failed_error_frame += other.failed_error_frame;
-        self.failed_transport += other.failed_transport;
-        self.failed_timeout += other.failed_timeout;
-        self.failed_empty += other.failed_empty;
-        self.usage_reported += other.usage_reported;
-        self.estimated += other.estimated;
-        self.output_tokens += other.output_tokens;
-        self.warmup += other.warmup;
+        self.succeeded = self.succeeded.saturating_add(other.succeeded);
+        self.ended_early = self.ended_early.saturating_add(other.ended_early);
+        self.failed_status = self.failed_status.saturating_add(other.failed_status);
+        self.failed_error_frame = self
+            .failed_error_frame
+            .saturating_add(other.failed_error_frame);
+        self.failed_transport = self.failed_transport.saturating_add(other.failed_transport);
+        self.failed_timeout = self.failed_timeout.saturating_add(other.failed_timeout);
+        self.failed_empty = self.failed_empty.saturating_add(other.failed_empty);
+        self.usage_reported = self.usage_reported.saturating_add(other.usage_reported);
+        self.estimated = self.estimated.saturating_add(other.estimated);
+        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
+        self.warmup = self.warmup.saturating_add(other.warmup);
         self.transport.add(&other.transport);
-        self.resent += other.resent;
-        self.pinned += other.pinned;
-        self.pinned_matched += other.pinned_matched;
-        self.unstreamed += other.unstreamed;
-        self.cache_reported += other.cache_reported;
-        self.cached_input_tokens += other.cached_input_tokens;
-        self.cache_reported_input_tokens += other.cache_reported_input_tokens;
+        self.resent = self.resent.saturating_add(other.resent);
+        self.pinned = self.pinned.saturating_add(other.pinned);
+        self.pinned_matched = self.pinned_matched.saturating_add(other.pinned_matched);
+        self.unstreamed = self.unstreamed.saturating_add(other.unstreamed);
+        self.cache_reported = self.cache_reported.saturating_add(other.cache_reported);
+        self.cached_input_tokens = self
+            .cached_input_tokens
+            .saturating_add(other.cached_input_tokens);
+        self.cache_reported_input_tokens = self
+            .cache_reported_input_tokens
+            .saturating_add(other.cache_reported_input_tokens);
     }
 }
 

@@ -1,7 +1,9 @@
 //! Recording format v1: one exchange per JSON line, `.jsonl` or `.jsonl.gz`.
 //!
 //! The reader streams: it holds one line at a time, never the whole file, and no line longer
-//! than [`MAX_LINE_BYTES`]. Every error names the file, the line and the field
+//! than [`MAX_LINE_BYTES`] (a longer one is skipped with a warning and counted,
+//! [`RecordingReader::skipped_lines`]); writers keep every line under half that
+//! ([`MAX_WRITTEN_LINE_BYTES`], [`write_line_within`]). Every error names the file, the line and the field
 //! (`rec.jsonl:812: request.body: invalid type: ...`). Offsets (`at_ms`, `t_ms`) are checked
 //! to be finite, non-negative and under [`MAX_OFFSET_MS`], so no later arithmetic on them can
 //! overflow. A torn last line (a writer killed mid-line) is skipped and reported by
@@ -17,14 +19,27 @@ use std::path::{Path, PathBuf};
 use base64::Engine;
 use serde::{Deserialize, Serialize};
 
-/// Longest recording line read (64 MiB): a longer one is an error naming its line, so a
-/// small compressed file cannot make the reader hold gigabytes.
+/// Longest recording line read (64 MiB), newline included: a longer one is skipped without
+/// being held (a warning names its file and line, and [`RecordingReader::skipped_lines`]
+/// counts it), so a small compressed file cannot make the reader hold gigabytes and one
+/// huge exchange does not make a whole recording unreadable.
 pub const MAX_LINE_BYTES: usize = 64 << 20;
+
+/// Longest line written by [`RecordingWriter`] and the recording proxy (32 MiB), newline
+/// included: half of [`MAX_LINE_BYTES`], so whatever they write stays readable. A longer
+/// exchange is stored cut and marked ([`write_line_within`]).
+pub const MAX_WRITTEN_LINE_BYTES: usize = MAX_LINE_BYTES / 2;
+
+/// How many line numbers of skipped over-long lines a reader keeps (it counts them all).
+pub const SKIPPED_LINE_NUMBERS_KEPT: usize = 16;
 
 /// Largest arrival or frame offset accepted, in milliseconds (one year).
 pub const MAX_OFFSET_MS: f64 = 365.0 * 24.0 * 3600.0 * 1000.0;
 
-/// Request headers never written to a recording nor sent from one (credentials).
+/// Request headers never written to a recording nor sent from one (credentials), by exact
+/// name (any case). Most are also caught by the word rule of [`is_credential_header`]; the
+/// list names them anyway (it is the documented list) and holds the one the rule cannot
+/// see: `x-amz-date`, part of a SigV4 signature.
 pub const CREDENTIAL_HEADERS: &[&str] = &[
     "authorization",
     "x-api-key",
@@ -36,34 +51,86 @@ pub const CREDENTIAL_HEADERS: &[&str] = &[
     "x-goog-api-key",
     "ocp-apim-subscription-key",
     "x-auth-token",
+    "x-llm-key",
+    "x-access-key",
+    "x-portkey-virtual-key",
 ];
 
-/// Parts of a header name that mark it as a credential whatever the rest is
-/// (`x-vendor-api-key`, `x-session-token`, `x-client-secret`): nothing that looks like a
-/// credential is recorded or replayed.
+/// Words that mark a header name or a query parameter name as a credential. A name is
+/// split into words at `-`, `_`, `.` and spaces (after percent-decoding, for a query
+/// parameter); any word equal to one of these makes it a credential (`x-llm-key`,
+/// `x-client-secret`, `private_token`, `X-Amz-Credential`), and so does a last word that
+/// ends with one of [`CREDENTIAL_WORD_ENDINGS`] (`apiKey`, `accessToken`, `clientSecret`
+/// once lower-cased). Whole words, not substrings: `x-ratelimit-remaining-tokens` (a token
+/// *count*) and `x-portkey-provider` are not credentials.
 pub const CREDENTIAL_HEADER_PARTS: &[&str] = &[
-    "api-key",
-    "api_key",
+    "key",
+    "keys",
     "apikey",
+    "secret",
+    "secrets",
+    "token",
     "auth",
+    "authn",
+    "authz",
+    "authorization",
+    "authentication",
+    "authenticate",
+    "password",
+    "passwd",
+    "pwd",
+    "credential",
+    "credentials",
+    "signature",
+    "sig",
+    "cookie",
+    "cookies",
+    "jwt",
+    "bearer",
+];
+
+/// Endings of a name's last word that mark it as a credential, for names written without
+/// separators (`apikey`, `subscriptionkey`, `accesstoken`, `clientsecret`).
+pub const CREDENTIAL_WORD_ENDINGS: &[&str] = &[
+    "key",
     "token",
     "secret",
     "password",
     "passwd",
-    "subscription-key",
+    "credential",
+    "credentials",
     "signature",
-    "cookie",
 ];
 
-/// Query parameters that carry credentials (`?key=` for Gemini, `?api-key=` for Azure,
-/// signed-URL parameters); dropped from recorded paths, replayed paths and shown URLs.
+/// Header names the word rule would catch that carry no secret and are kept (compared
+/// lower-case, with `_` read as `-`; any prefix before them too, `x-idempotency-key`).
+///
+/// `idempotency-key` is kept: it is a random id the client picks so that a retried POST is
+/// not executed twice (IETF draft "The Idempotency-Key HTTP Header Field"); it grants
+/// nothing to whoever reads it, and some APIs require it on every POST, so a replay without
+/// it would be refused. A replay sends the recorded key again: a server that deduplicates
+/// on it may answer a repeated exchange from its cache (override it with `--header`).
+/// Others that look similar but are not secrets — `anthropic-version`, `x-stainless-*`,
+/// `openai-organization`, `openai-project`, `x-request-id` — have no credential word and
+/// need no entry.
+pub const HARMLESS_CREDENTIAL_LOOKALIKE_HEADERS: &[&str] = &["idempotency-key"];
+
+/// Query parameters that carry credentials, by exact name (compared percent-decoded,
+/// lower-case, with `_` read as `-`): `?key=` for Gemini, `?api-key=` for Azure OpenAI,
+/// `?subscription-key=` for Azure API Management, OAuth's `access_token`, `client_secret`
+/// and `code`, GitLab's `private_token`, signed-URL parameters. Names with a credential
+/// word ([`CREDENTIAL_HEADER_PARTS`]) are caught as well. Dropped from recorded paths and
+/// replayed paths; their values are shown as `REDACTED` in URLs.
 pub const CREDENTIAL_QUERY_PARAMS: &[&str] = &[
     "key",
     "api-key",
-    "api_key",
     "apikey",
-    "access_token",
+    "subscription-key",
+    "access-token",
+    "private-token",
+    "client-secret",
     "token",
+    "jwt",
     "auth",
     "password",
     "secret",
@@ -75,11 +142,104 @@ pub const CREDENTIAL_QUERY_PARAMS: &[&str] = &[
     "code",
 ];
 
-/// True when the query parameter `name` (any case) carries a credential.
+/// Query parameters the word rule would catch that are pagination cursors, not credentials
+/// (same comparison as [`CREDENTIAL_QUERY_PARAMS`]): kept, so list calls replay as recorded.
+pub const HARMLESS_CREDENTIAL_LOOKALIKE_QUERY_PARAMS: &[&str] = &[
+    "page-token",
+    "pagetoken",
+    "next-token",
+    "nexttoken",
+    "continuation-token",
+];
+
+/// `name` lower-cased with `_` read as `-` (`access_token` and `Access-Token` compare equal).
+fn normalized_name(name: &str) -> String {
+    name.chars()
+        .map(|c| match c {
+            '_' => '-',
+            c => c.to_ascii_lowercase(),
+        })
+        .collect()
+}
+
+/// True when a normalized name has a credential word (see [`CREDENTIAL_HEADER_PARTS`]).
+fn has_credential_word(normalized: &str) -> bool {
+    let mut words = normalized
+        .split(|c: char| c == '-' || c == '.' || c.is_whitespace())
+        .filter(|w| !w.is_empty())
+        .peekable();
+    while let Some(word) = words.next() {
+        if CREDENTIAL_HEADER_PARTS.contains(&word) {
+            return true;
+        }
+        if words.peek().is_none()
+            && CREDENTIAL_WORD_ENDINGS
+                .iter()
+                .any(|ending| word.ends_with(ending))
+        {
+            return true;
+        }
+    }
+    false
+}
+
+/// `text` percent-decoded as a server decodes a query parameter name (`%XX` and `+` for a
+/// space), repeated while it changes (at most 3 times) so that a name encoded twice for a
+/// gateway that decodes once more is still recognised. Invalid escapes stay as written.
+fn percent_decoded(text: &str) -> Cow<'_, str> {
+    let mut current = Cow::Borrowed(text);
+    for _ in 0..3 {
+        if !current.contains(['%', '+']) {
+            break;
+        }
+        let bytes = current.as_bytes();
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut i = 0;
+        while i < bytes.len() {
+            let hex = |b: u8| (b as char).to_digit(16);
+            match bytes[i] {
+                b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                    (Some(high), Some(low)) => {
+                        out.push((high * 16 + low) as u8);
+                        i += 3;
+                    }
+                    _ => {
+                        out.push(b'%');
+                        i += 1;
+                    }
+                },
+                b'+' => {
+                    out.push(b' ');
+                    i += 1;
+                }
+                byte => {
+                    out.push(byte);
+                    i += 1;
+                }
+            }
+        }
+        let decoded = String::from_utf8_lossy(&out).into_owned();
+        if decoded == current {
+            break;
+        }
+        current = Cow::Owned(decoded);
+    }
+    current
+}
+
+/// True when the query parameter `name` carries a credential: compared percent-decoded (a
+/// server reads `api%2Dkey` as `api-key`), in any case and with `_` read as `-`, against
+/// [`CREDENTIAL_QUERY_PARAMS`] and the word rule of [`CREDENTIAL_HEADER_PARTS`], except the
+/// cursors of [`HARMLESS_CREDENTIAL_LOOKALIKE_QUERY_PARAMS`].
 pub fn is_credential_query_param(name: &str) -> bool {
-    CREDENTIAL_QUERY_PARAMS
-        .iter()
-        .any(|c| c.eq_ignore_ascii_case(name))
+    let name = normalized_name(&percent_decoded(name));
+    if CREDENTIAL_QUERY_PARAMS.contains(&name.as_str()) {
+        return true;
+    }
+    if HARMLESS_CREDENTIAL_LOOKALIKE_QUERY_PARAMS.contains(&name.as_str()) {
+        return false;
+    }
+    has_credential_word(&name)
 }
 
 /// `path` (with an optional `?query`) without its credential query parameters.
@@ -91,12 +251,16 @@ pub fn strip_credential_query(path: &str) -> Cow<'_, str> {
         Some((q, f)) => (q, Some(f)),
         None => (query, None),
     };
-    let kept: Vec<&str> = query
-        .split('&')
-        .filter(|pair| !pair.is_empty())
+    // `;` separates parameters too for some servers: a credential after one is dropped.
+    let pairs = || {
+        query
+            .split(QUERY_SEPARATORS)
+            .filter(|pair| !pair.is_empty())
+    };
+    let kept: Vec<&str> = pairs()
         .filter(|pair| !is_credential_query_param(pair.split('=').next().unwrap_or_default()))
         .collect();
-    if kept.len() == query.split('&').filter(|p| !p.is_empty()).count() {
+    if kept.len() == pairs().count() {
         return Cow::Borrowed(path);
     }
     let mut out = base.to_owned();
@@ -124,34 +288,43 @@ pub fn redact_url(url: &str) -> String {
         Some((_, host)) => format!("***@{host}"),
         None => authority.to_owned(),
     };
-    let tail = match tail.split_once('?') {
-        None => tail.to_owned(),
-        Some((path, query)) => {
-            let (query, fragment) = match query.split_once('#') {
-                Some((q, f)) => (q, Some(f)),
-                None => (query, None),
-            };
-            let query: Vec<String> = query
-                .split('&')
-                .map(|pair| match pair.split_once('=') {
-                    Some((name, _)) if is_credential_query_param(name) => {
-                        format!("{name}=REDACTED")
-                    }
-                    _ => pair.to_owned(),
-                })
-                .collect();
-            let mut out = format!("{path}?{}", query.join("&"));
-            if let Some(fragment) = fragment {
-                out.push('#');
-                out.push_str(fragment);
-            }
-            out
-        }
+    let (tail, fragment) = match tail.split_once('#') {
+        Some((before, fragment)) => (before, Some(fragment)),
+        None => (tail, None),
     };
+    let mut tail = match tail.split_once('?') {
+        None => tail.to_owned(),
+        Some((path, query)) => format!("{path}?{}", redact_query(query)),
+    };
+    // A fragment is never sent, but OAuth's implicit flow puts `access_token=` there.
+    if let Some(fragment) = fragment {
+        tail.push('#');
+        tail.push_str(&redact_query(fragment));
+    }
     match scheme {
         Some(scheme) => format!("{scheme}://{authority}{tail}"),
         None => format!("{authority}{tail}"),
     }
+}
+
+/// What separates query parameters: `&`, and `;` for the servers that read it so.
+const QUERY_SEPARATORS: [char; 2] = ['&', ';'];
+
+/// `name=value&...` with the values of credential parameters replaced by `REDACTED`.
+fn redact_query(query: &str) -> String {
+    let mut out = String::with_capacity(query.len());
+    for piece in query.split_inclusive(QUERY_SEPARATORS) {
+        let pair = piece.strip_suffix(QUERY_SEPARATORS).unwrap_or(piece);
+        match pair.split_once('=') {
+            Some((name, _)) if is_credential_query_param(name) => {
+                out.push_str(name);
+                out.push_str("=REDACTED");
+            }
+            _ => out.push_str(pair),
+        }
+        out.push_str(&piece[pair.len()..]);
+    }
+    out
 }
 
 /// Headers about one connection rather than the exchange (RFC 9110 §7.6.1): never forwarded,
@@ -174,14 +347,21 @@ pub fn is_hop_by_hop_header(name: &str) -> bool {
         .any(|h| h.eq_ignore_ascii_case(name))
 }
 
-/// True when `name` (any case) is a credential header: in the built-in list, or containing
-/// one of [`CREDENTIAL_HEADER_PARTS`].
+/// True when `name` (any case) is a credential header: in [`CREDENTIAL_HEADERS`], or with a
+/// credential word ([`CREDENTIAL_HEADER_PARTS`]: `x-llm-key`, `x-access-key`,
+/// `x-portkey-virtual-key`, `x-session-token`), unless it is one of
+/// [`HARMLESS_CREDENTIAL_LOOKALIKE_HEADERS`]. The recording proxy, the importers (through
+/// [`RecordingWriter`]) and the replaying worker all ask this one function.
 pub fn is_credential_header(name: &str) -> bool {
-    let lower = name.to_ascii_lowercase();
-    CREDENTIAL_HEADERS.iter().any(|c| *c == lower)
-        || CREDENTIAL_HEADER_PARTS
-            .iter()
-            .any(|part| lower.contains(part))
+    let name = normalized_name(name);
+    if CREDENTIAL_HEADERS.contains(&name.as_str()) {
+        return true;
+    }
+    let harmless = HARMLESS_CREDENTIAL_LOOKALIKE_HEADERS.iter().any(|h| {
+        name.strip_suffix(h)
+            .is_some_and(|before| before.is_empty() || before.ends_with('-'))
+    });
+    !harmless && has_credential_word(&name)
 }
 
 /// One recorded request and (optionally) its response.
@@ -378,6 +558,11 @@ pub struct RecordingReader {
     buf: Vec<u8>,
     done: bool,
     torn_last_line: Option<u64>,
+    /// Lines longer than this are skipped ([`MAX_LINE_BYTES`] unless changed).
+    max_line_bytes: usize,
+    /// Over-long lines skipped so far, and the numbers of the first few.
+    skipped_lines: u64,
+    skipped_line_numbers: Vec<u64>,
 }
 
 impl RecordingReader {
@@ -408,7 +593,31 @@ impl RecordingReader {
             buf: Vec::new(),
             done: false,
             torn_last_line: None,
+            max_line_bytes: MAX_LINE_BYTES,
+            skipped_lines: 0,
+            skipped_line_numbers: Vec::new(),
         }
+    }
+
+    /// Skip lines longer than `max_line_bytes` (newline included) instead of
+    /// [`MAX_LINE_BYTES`]; for tests, which need no 64 MiB line to check the policy.
+    pub fn with_max_line_bytes(mut self, max_line_bytes: usize) -> RecordingReader {
+        self.max_line_bytes = max_line_bytes;
+        self
+    }
+
+    /// How many lines were skipped so far for being longer than [`MAX_LINE_BYTES`]. They
+    /// are never an error (each is logged as a warning naming the file and line when it is
+    /// skipped); every command that reads a recording must report this count, since an
+    /// exchange skipped this way is not replayed, counted or exported.
+    pub fn skipped_lines(&self) -> u64 {
+        self.skipped_lines
+    }
+
+    /// The line numbers of the first [`SKIPPED_LINE_NUMBERS_KEPT`] lines skipped for their
+    /// length ([`Self::skipped_lines`] counts them all).
+    pub fn skipped_line_numbers(&self) -> &[u64] {
+        &self.skipped_line_numbers
     }
 
     /// The line number of a torn last line (no newline, does not parse: the writer stopped
@@ -526,7 +735,7 @@ impl RecordingReader {
             self.buf.clear();
             self.line_no += 1;
             let read = (&mut self.input)
-                .take(MAX_LINE_BYTES as u64 + 1)
+                .take(self.max_line_bytes as u64 + 1)
                 .read_until(b'\n', &mut self.buf);
             match read {
                 Ok(0) => {
@@ -543,9 +752,14 @@ impl RecordingReader {
                     });
                 }
             }
-            if self.buf.len() > MAX_LINE_BYTES {
-                self.done = true;
-                return Err(self.invalid("(line)", format!("line over {MAX_LINE_BYTES} bytes")));
+            if self.buf.len() > self.max_line_bytes {
+                let line_ended = self.buf.ends_with(b"\n") || self.skip_rest_of_line()?;
+                self.skip_over_long_line();
+                if !line_ended {
+                    self.done = true;
+                    return Ok(None);
+                }
+                continue;
             }
             let has_newline = self.buf.ends_with(b"\n");
             let line = match std::str::from_utf8(&self.buf) {
@@ -564,6 +778,56 @@ impl RecordingReader {
             let start = trimmed.as_ptr() as usize - line.as_ptr() as usize;
             return Ok(Some((start, start + trimmed.len(), has_newline)));
         }
+    }
+
+    /// Read and drop the rest of the current line without holding it; false when the input
+    /// ended first.
+    fn skip_rest_of_line(&mut self) -> Result<bool, RecordingError> {
+        loop {
+            let available = match self.input.fill_buf() {
+                Ok(available) => available,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(source) => {
+                    self.done = true;
+                    return Err(RecordingError::Io {
+                        path: self.path.clone(),
+                        line: self.line_no,
+                        source,
+                    });
+                }
+            };
+            if available.is_empty() {
+                return Ok(false);
+            }
+            match memchr::memchr(b'\n', available) {
+                Some(end) => {
+                    self.input.consume(end + 1);
+                    return Ok(true);
+                }
+                None => {
+                    let n = available.len();
+                    self.input.consume(n);
+                }
+            }
+        }
+    }
+
+    /// Count and report the over-long line just read, and let go of its buffer.
+    fn skip_over_long_line(&mut self) {
+        // `file:line:` first, as every message about a recording line.
+        tracing::warn!(
+            limit = self.max_line_bytes,
+            "{}:{}: line over {} bytes skipped (not replayed, counted or exported)",
+            self.path.display(),
+            self.line_no,
+            self.max_line_bytes
+        );
+        self.skipped_lines += 1;
+        if self.skipped_line_numbers.len() < SKIPPED_LINE_NUMBERS_KEPT {
+            self.skipped_line_numbers.push(self.line_no);
+        }
+        // The buffer grew to the limit: do not keep that much for the rest of the file.
+        self.buf = Vec::new();
     }
 
     /// The next exchange with its 1-based line number; `None` at the end.
@@ -698,6 +962,9 @@ impl<'a> RawExchange<'a> {
             buf: Vec::new(),
             done: true,
             torn_last_line: None,
+            max_line_bytes: MAX_LINE_BYTES,
+            skipped_lines: 0,
+            skipped_line_numbers: Vec::new(),
         }
     }
 
@@ -906,10 +1173,25 @@ impl RecordingWriter {
         }
     }
 
-    /// Append one exchange as one line. Credential headers are dropped.
+    /// Append one exchange as one line. Credential headers and query parameters are
+    /// dropped; an exchange too large for one line of [`MAX_WRITTEN_LINE_BYTES`] is stored
+    /// cut and marked ([`write_line_within`]).
     pub fn write(&mut self, exchange: &Exchange) -> std::io::Result<()> {
-        let mut line = serde_json::to_vec(&without_credentials(exchange))?;
-        line.push(b'\n');
+        let clean = without_credentials(exchange);
+        let mut line = Vec::new();
+        let too_long = match measured_line_len(&clean, MAX_WRITTEN_LINE_BYTES) {
+            Some(len) => len > MAX_WRITTEN_LINE_BYTES,
+            None => {
+                serialize_line(&clean, &mut line)?;
+                line.len() > MAX_WRITTEN_LINE_BYTES
+            }
+        };
+        if too_long {
+            // Rare: only then is the exchange copied, to be cut.
+            write_line_within(&mut clean.into_owned(), &mut line, MAX_WRITTEN_LINE_BYTES)?;
+        } else if line.is_empty() {
+            serialize_line(&clean, &mut line)?;
+        }
         self.out.writer().write_all(&line)
     }
 
@@ -963,6 +1245,298 @@ fn without_credentials(exchange: &Exchange) -> Cow<'_, Exchange> {
         Cow::Owned(clean)
     } else {
         Cow::Borrowed(exchange)
+    }
+}
+
+/// What [`write_line_within`] cut from an exchange to keep its line under the limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LineCut {
+    /// The request body was cut: `(bytes it had, bytes kept)`.
+    pub request_body: Option<(usize, usize)>,
+    /// Response frames left out (those kept are a prefix of the stream).
+    pub frames_dropped: usize,
+    /// Still too long after that (huge headers, path or notes): only the exchange's id,
+    /// session, arrival, method, path, status and short notes were kept.
+    pub stripped: bool,
+}
+
+impl LineCut {
+    /// True when nothing was cut.
+    pub fn is_empty(&self) -> bool {
+        *self == LineCut::default()
+    }
+}
+
+/// Room kept for the markers a cut adds (`truncated`, `body_bytes`, `recorded_bytes`).
+const MARKER_ROOM: usize = 256;
+
+/// Longest note, id, session or path kept by the last resort of [`write_line_within`].
+const STRIPPED_FIELD_BYTES: usize = 2048;
+
+/// Serialize `exchange` as one JSON line, newline included, into `line` (cleared first),
+/// no longer than `limit` bytes (guaranteed for any `limit` of 64 KiB or more; readers
+/// skip lines over [`MAX_LINE_BYTES`]). JSON escaping can make a line six times the
+/// bytes it holds (a control byte is `\u0001`), so an exchange whose line would be longer
+/// is cut, and marked so no reader mistakes what is kept for the whole:
+///
+/// 1. the request body and the response frames share the room left by the rest of the
+///    line, each getting at least half of it when it needs that much;
+/// 2. a request body over its share keeps a prefix (text stays text, cut at a character;
+///    `body_b64` stays base64) and the request gets `"truncated": true`, `"body_bytes"`
+///    (the whole body's size) and `"recorded_bytes"` (the bytes kept);
+/// 3. frames over their share keep a prefix of whole frames, and the response gets
+///    `"truncated": true`, `"complete": false`, `"recorded_bytes"` and `"body_bytes"`
+///    (kept when already there: a proxy's count of every byte the client got) — the same
+///    marks as `record --max-recorded-bytes`;
+/// 4. if the line is still too long (headers, path or notes of that size), only the
+///    exchange's id, session, arrival, method, path, status and short notes are kept, with
+///    `"truncated": true` on the exchange as well.
+///
+/// Format v1 readers keep unknown fields, so a cut exchange is read, replayed (with the
+/// body kept) and counted as an incomplete one. A warning is logged for every cut.
+pub fn write_line_within(
+    exchange: &mut Exchange,
+    line: &mut Vec<u8>,
+    limit: usize,
+) -> serde_json::Result<LineCut> {
+    let mut cut = LineCut::default();
+    let line_len = match measured_line_len(exchange, limit) {
+        Some(len) => {
+            line.clear();
+            len
+        }
+        None => {
+            serialize_line(exchange, line)?;
+            line.len()
+        }
+    };
+    if line_len <= limit {
+        if line.is_empty() {
+            serialize_line(exchange, line)?;
+        }
+        return Ok(cut);
+    }
+    let body_len = request_body_json_len(&exchange.request);
+    let frame_lens: Vec<usize> = exchange
+        .response
+        .as_ref()
+        .map(|r| r.frames.iter().map(json_len).collect())
+        .unwrap_or_default();
+    let frames_len = frame_lens.iter().sum::<usize>() + frame_lens.len().saturating_sub(1);
+    let fixed = line_len.saturating_sub(body_len + frames_len);
+    let room = limit.saturating_sub(fixed + MARKER_ROOM);
+    let body_room = body_len.min((room / 2).max(room.saturating_sub(frames_len)));
+    if body_len > body_room {
+        cut.request_body = Some(cut_request_body(&mut exchange.request, body_room));
+    }
+    let frames_room = room.saturating_sub(request_body_json_len(&exchange.request));
+    if frames_len > frames_room
+        && let Some(response) = exchange.response.as_mut()
+    {
+        cut.frames_dropped = cut_frames(response, &frame_lens, frames_room);
+    }
+    serialize_line(exchange, line)?;
+    if line.len() > limit {
+        strip_to_identity(exchange);
+        cut.stripped = true;
+        serialize_line(exchange, line)?;
+    }
+    tracing::warn!(
+        id = exchange.id.as_deref().unwrap_or("-"),
+        limit,
+        written = line.len(),
+        ?cut,
+        "exchange too large for one recording line: stored cut and marked truncated"
+    );
+    Ok(cut)
+}
+
+/// The length of `exchange`'s line, newline included, measured without building it when its
+/// bodies could make it longer than `limit`; `None` when they surely cannot (then building
+/// it is the cheaper way to know). A huge exchange thus never costs its whole escaped line
+/// in memory (64 MiB of control bytes are 384 MB of JSON).
+fn measured_line_len(exchange: &Exchange, limit: usize) -> Option<usize> {
+    let text_len = |text: &Option<String>| text.as_ref().map_or(0, String::len);
+    let payload = text_len(&exchange.request.body)
+        + text_len(&exchange.request.body_b64)
+        + exchange.response.as_ref().map_or(0, |r| {
+            r.frames
+                .iter()
+                .map(|f| text_len(&f.data) + text_len(&f.data_b64))
+                .sum()
+        });
+    // Six bytes of JSON at most per byte held.
+    (payload.saturating_mul(6) >= limit / 2).then(|| json_len(exchange) + 1)
+}
+
+fn serialize_line(exchange: &Exchange, line: &mut Vec<u8>) -> serde_json::Result<()> {
+    line.clear();
+    serde_json::to_writer(&mut *line, exchange)?;
+    line.push(b'\n');
+    Ok(())
+}
+
+/// Counts the bytes written to it.
+struct ByteCount(usize);
+
+impl Write for ByteCount {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len();
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The length of `value` as JSON, without building the text.
+fn json_len<T: Serialize + ?Sized>(value: &T) -> usize {
+    let mut count = ByteCount(0);
+    // Writing to a counter cannot fail; a value that cannot serialize counts what it wrote.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
+}
+
+/// The length of the request body's JSON string (quotes included), 0 without a body.
+fn request_body_json_len(request: &Request) -> usize {
+    match (&request.body, &request.body_b64) {
+        (Some(text), _) => json_len(text.as_str()),
+        (None, Some(b64)) => json_len(b64.as_str()),
+        (None, None) => 0,
+    }
+}
+
+/// Bytes `c` takes in a JSON string as serde_json writes it.
+fn escaped_len(c: char) -> usize {
+    match c {
+        '"' | '\\' | '\u{8}' | '\u{c}' | '\n' | '\r' | '\t' => 2,
+        c if (c as u32) < 0x20 => 6,
+        c => c.len_utf8(),
+    }
+}
+
+/// The end of the longest prefix of `text` (at a character) whose JSON string, quotes
+/// included, fits in `room` bytes.
+fn json_prefix_end(text: &str, room: usize) -> usize {
+    let mut used = 2;
+    for (i, c) in text.char_indices() {
+        used += escaped_len(c);
+        if used > room {
+            return i;
+        }
+    }
+    text.len()
+}
+
+/// Keep the longest prefix of the request body whose JSON string fits in `room` bytes and
+/// mark the request; returns `(bytes it had, bytes kept)`.
+fn cut_request_body(request: &mut Request, room: usize) -> (usize, usize) {
+    let (whole, kept) = if let Some(text) = request.body.as_mut() {
+        let whole = text.len();
+        let end = json_prefix_end(text, room);
+        text.truncate(end);
+        (whole, end)
+    } else if let Some(b64) = request.body_b64.as_ref() {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .unwrap_or_default();
+        let kept = (room.saturating_sub(2) / 4 * 3).min(bytes.len());
+        request.body_b64 = Some(base64::engine::general_purpose::STANDARD.encode(&bytes[..kept]));
+        (bytes.len(), kept)
+    } else {
+        (0, 0)
+    };
+    mark_cut(&mut request.unknown, whole as u64, kept as u64, true);
+    (whole, kept)
+}
+
+/// Keep the longest prefix of whole frames whose JSON fits in `room` bytes (with the commas
+/// between them) and mark the response; returns how many frames were left out.
+fn cut_frames(response: &mut Response, frame_lens: &[usize], room: usize) -> usize {
+    let mut used = 0usize;
+    let mut keep = 0usize;
+    for (i, len) in frame_lens.iter().enumerate() {
+        let with_comma = len + usize::from(i > 0);
+        if used + with_comma > room {
+            break;
+        }
+        used += with_comma;
+        keep = i + 1;
+    }
+    let whole: usize = response.frames.iter().map(|f| f.bytes().len()).sum();
+    let dropped = response.frames.len() - keep;
+    response.frames.truncate(keep);
+    let kept: usize = response.frames.iter().map(|f| f.bytes().len()).sum();
+    response.complete = false;
+    mark_cut(&mut response.unknown, whole as u64, kept as u64, false);
+    dropped
+}
+
+/// Mark a cut body: `truncated`, `recorded_bytes`, and `body_bytes` (replaced only when
+/// `replace_whole`: a proxy's `body_bytes` counts every byte the client got, more than the
+/// frames it kept).
+fn mark_cut(
+    fields: &mut serde_json::Map<String, serde_json::Value>,
+    whole: u64,
+    kept: u64,
+    replace_whole: bool,
+) {
+    fields.insert("truncated".into(), serde_json::Value::Bool(true));
+    if replace_whole || !fields.contains_key("body_bytes") {
+        fields.insert("body_bytes".into(), whole.into());
+    }
+    fields.insert("recorded_bytes".into(), kept.into());
+}
+
+/// The last resort of [`write_line_within`]: keep the exchange's identity only.
+fn strip_to_identity(exchange: &mut Exchange) {
+    let short = |value: &serde_json::Value| json_len(value) <= STRIPPED_FIELD_BYTES;
+    if exchange
+        .id
+        .as_deref()
+        .is_some_and(|id| json_len(id) > STRIPPED_FIELD_BYTES)
+    {
+        exchange.id = None;
+    }
+    if exchange
+        .session
+        .as_deref()
+        .is_some_and(|s| json_len(s) > STRIPPED_FIELD_BYTES)
+    {
+        exchange.session = None;
+    }
+    exchange.unknown.retain(|_, v| short(v));
+    exchange
+        .unknown
+        .insert("truncated".into(), serde_json::Value::Bool(true));
+    let request = &mut exchange.request;
+    let whole = request
+        .unknown
+        .get("body_bytes")
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(request.body_bytes().len() as u64);
+    // A prefix of a path still starts with `/`.
+    let end = json_prefix_end(&request.path, STRIPPED_FIELD_BYTES);
+    request.path.truncate(end);
+    if request.method.len() > STRIPPED_FIELD_BYTES {
+        request.method = default_method();
+    }
+    request.headers.clear();
+    request.body = None;
+    request.body_b64 = None;
+    request.unknown.retain(|_, v| short(v));
+    mark_cut(&mut request.unknown, whole, 0, true);
+    if let Some(response) = exchange.response.as_mut() {
+        let whole = response
+            .unknown
+            .get("body_bytes")
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or_else(|| response.frames.iter().map(|f| f.bytes().len() as u64).sum());
+        response.headers.clear();
+        response.frames.clear();
+        response.complete = false;
+        response.unknown.retain(|_, v| short(v));
+        mark_cut(&mut response.unknown, whole, 0, true);
     }
 }
 
@@ -1171,16 +1745,113 @@ mod tests {
             "x-auth-token",
             "x-vendor-api-key",
             "X-Session-Token",
+            // Issue 18: recorded and replayed verbatim before the word rule.
+            "x-llm-key",
+            "X-Access-Key",
+            "x-portkey-virtual-key",
+            "x-portkey-api-key",
+            "x_api_key",
+            "X-Client-Secret",
+            "private-token",
+            "x-csrf-token",
+            "x-amz-security-token",
+            "x-amz-date",
+            "cookie",
+            "proxy-authorization",
+            "x-apikey",
+            "XApiKey",
+            "x-accesstoken",
+            "x-goog-credential",
+            "x-signature",
+            "x-jwt",
+            "x-db-password",
+            "helicone-auth",
+            "www-authenticate",
+            "set-cookie",
         ] {
-            assert!(is_credential_header(name), "{name}");
+            assert!(is_credential_header(name), "{name} must be a credential");
         }
         for name in [
             "content-type",
             "anthropic-version",
+            "anthropic-beta",
             "openai-organization",
+            "openai-project",
+            "openai-beta",
             "x-amz-content-sha256",
+            "x-request-id",
+            "x-stainless-lang",
+            "x-stainless-retry-count",
+            "x-stainless-package-version",
+            "Idempotency-Key",
+            "x-idempotency-key",
+            "x-ratelimit-remaining-tokens",
+            "x-portkey-provider",
+            "x-goog-api-client",
+            "keep-alive",
+            "user-agent",
+            "traceparent",
+            "x-session-id",
         ] {
-            assert!(!is_credential_header(name), "{name}");
+            assert!(!is_credential_header(name), "{name} is not a credential");
+        }
+        for name in [
+            "key",
+            "api-key",
+            "api_key",
+            "API-KEY",
+            "apiKey",
+            "subscription-key",
+            "Subscription-Key",
+            "subscriptionKey",
+            "client_secret",
+            "client-secret",
+            "access-token",
+            "access_token",
+            "accessToken",
+            "private_token",
+            "jwt",
+            "id_token",
+            "refresh_token",
+            "password",
+            "sig",
+            "X-Amz-Signature",
+            "X-Amz-Credential",
+            "x-goog-signature",
+            "code",
+            // Percent-encoded names are what the server decodes them to.
+            "api%2Dkey",
+            "api%2dkey",
+            "subscription%2Dkey",
+            "%6Bey",
+            "access%5Ftoken",
+            "api%252Dkey",
+            "api+key",
+        ] {
+            assert!(
+                is_credential_query_param(name),
+                "{name} must be a credential"
+            );
+        }
+        for name in [
+            "api-version",
+            "alt",
+            "beta",
+            "stream",
+            "limit",
+            "after",
+            "model",
+            "max_tokens",
+            "pageToken",
+            "page_token",
+            "next_token",
+            "%zz",
+            "%",
+        ] {
+            assert!(
+                !is_credential_query_param(name),
+                "{name} is not a credential"
+            );
         }
         assert_eq!(
             strip_credential_query("/v1beta/models/g:streamGenerateContent?alt=sse&key=AIza123"),
@@ -1190,6 +1861,12 @@ mod tests {
             strip_credential_query("/openai/deployments/d/chat/completions?api-key=s3cret"),
             "/openai/deployments/d/chat/completions"
         );
+        assert_eq!(
+            strip_credential_query(
+                "/v1/chat/completions?subscription-key=S1&api-version=1&api%2Dkey=S2;access_token=S3&client_secret=S4&jwt=S5&private_token=S6&access-token=S7"
+            ),
+            "/v1/chat/completions?api-version=1"
+        );
         assert!(matches!(
             strip_credential_query("/v1/chat/completions?api-version=1"),
             Cow::Borrowed(_)
@@ -1198,7 +1875,33 @@ mod tests {
             redact_url("https://user:pa55@gpu:8443/base?api-key=s3cret&x=1"),
             "https://***@gpu:8443/base?api-key=REDACTED&x=1"
         );
+        assert_eq!(
+            redact_url(
+                "http://127.0.0.1:9/v1?subscription-key=S1&api%2Dkey=S2;client_secret=S3&v=2#access_token=S4&state=x"
+            ),
+            "http://127.0.0.1:9/v1?subscription-key=REDACTED&api%2Dkey=REDACTED;client_secret=REDACTED&v=2#access_token=REDACTED&state=x"
+        );
         assert_eq!(redact_url("http://127.0.0.1:8000"), "http://127.0.0.1:8000");
+        assert_eq!(redact_url("http://h/p?a&b=1#frag"), "http://h/p?a&b=1#frag");
+    }
+
+    #[test]
+    fn the_writer_drops_the_new_credential_names() {
+        let exchange: Exchange = serde_json::from_str(
+            r#"{"request":{"path":"/v1/chat/completions?subscription-key=S1&api%2Dkey=S2&access_token=S3&v=1","headers":{"x-llm-key":"S4","X-Access-Key":"S5","x-portkey-virtual-key":"S6","idempotency-key":"k-1","anthropic-version":"2023-06-01"}}}"#,
+        )
+        .expect("valid");
+        let clean = without_credentials(&exchange);
+        let text = serde_json::to_string(&*clean).expect("json");
+        for secret in ["S1", "S2", "S3", "S4", "S5", "S6"] {
+            assert!(!text.contains(secret), "{secret} in {text}");
+        }
+        assert_eq!(clean.request.path, "/v1/chat/completions?v=1");
+        assert_eq!(clean.request.header("idempotency-key"), Some("k-1"));
+        assert_eq!(
+            clean.request.header("anthropic-version"),
+            Some("2023-06-01")
+        );
     }
 
     #[test]
@@ -1220,18 +1923,218 @@ mod tests {
             msg.starts_with("rec.jsonl:1: response.frames[0].t_ms: "),
             "{msg}"
         );
-        // One line longer than the cap, read as a stream: an error, not a huge allocation.
+        // One line longer than the real cap, read as a stream: skipped, not held.
+        let good = r#"{"request":{"path":"/v1/completions"}}"#;
         let big = format!(
-            "{{\"request\":{{\"path\":\"/{}\"}}}}\n",
+            "{{\"request\":{{\"path\":\"/{}\"}}}}\n{good}\n",
             "a".repeat(MAX_LINE_BYTES)
         );
         let mut r = reader(&big);
-        let msg = r.next().expect("line 1").expect_err("too long").to_string();
-        assert_eq!(
-            msg,
-            format!("rec.jsonl:1: (line): line over {MAX_LINE_BYTES} bytes")
-        );
+        let (line, _) = r.next().expect("line 2").expect("the line after is read");
+        assert_eq!(line, 2);
         assert!(r.next().is_none());
+        assert_eq!(r.skipped_lines(), 1);
+        assert_eq!(r.skipped_line_numbers(), &[1]);
+    }
+
+    #[test]
+    fn over_long_lines_are_skipped_counted_and_named_and_other_errors_stay_errors() {
+        let good = r#"{"request":{"path":"/v1/completions"}}"#;
+        let long = format!(r#"{{"request":{{"path":"/{}"}}}}"#, "a".repeat(200));
+        let cap = |text: &str| reader(text).with_max_line_bytes(100);
+        // Over-long lines anywhere, the rest read with their own line numbers, by every way
+        // of reading.
+        let text = format!("{long}\n{good}\n\n{long}\n{good}\n{long}");
+        let mut r = cap(&text);
+        let lines: Vec<u64> = r.by_ref().map(|item| item.expect("valid").0).collect();
+        assert_eq!(lines, [2, 5]);
+        assert_eq!(r.skipped_lines(), 3);
+        assert_eq!(r.skipped_line_numbers(), &[1, 4, 6]);
+        assert_eq!(
+            r.torn_last_line(),
+            None,
+            "an over-long last line is counted once"
+        );
+        let mut r = cap(&text);
+        let mut raw_lines = Vec::new();
+        while let Some(raw) = r.next_raw() {
+            raw_lines.push(raw.expect("an object").line());
+        }
+        assert_eq!(raw_lines, [2, 5]);
+        assert_eq!(r.skipped_lines(), 3);
+        // A line of exactly the cap (newline included) is read.
+        let exact = format!("{}{}\n", good, " ".repeat(100 - good.len() - 1));
+        let mut r = cap(&exact);
+        assert!(r.next().expect("line 1").is_ok());
+        assert_eq!(r.skipped_lines(), 0);
+        // A bad line after a skipped one is still an error naming file, line and field.
+        let bad = r#"{"request":{"path":"/v1/completions","body":3}}"#;
+        let mut r = cap(&format!("{long}\n{bad}\n{good}\n"));
+        let msg = r.next().expect("line 2").expect_err("bad body").to_string();
+        assert!(msg.starts_with("rec.jsonl:2: request.body: "), "{msg}");
+        assert!(r.next().expect("line 3").is_ok());
+        assert_eq!(r.skipped_lines(), 1);
+        // Only the first few line numbers are kept; all are counted.
+        let many = format!("{long}\n").repeat(SKIPPED_LINE_NUMBERS_KEPT + 5);
+        let mut r = cap(&many);
+        assert!(r.next().is_none());
+        assert_eq!(r.skipped_lines(), SKIPPED_LINE_NUMBERS_KEPT as u64 + 5);
+        assert_eq!(r.skipped_line_numbers().len(), SKIPPED_LINE_NUMBERS_KEPT);
+    }
+
+    /// An exchange whose request body is `body` and whose response has `frames`.
+    fn big_exchange(body: &[u8], frames: &[&[u8]]) -> Exchange {
+        let mut exchange: Exchange = serde_json::from_str(
+            r#"{"id":"rec-1","at_ms":1.5,"request":{"path":"/v1/chat/completions","headers":{"content-type":"application/json"}},"response":{"status":200,"complete":true}}"#,
+        )
+        .expect("valid");
+        exchange.request.set_body(body);
+        let response = exchange.response.as_mut().expect("response");
+        response.frames = frames
+            .iter()
+            .enumerate()
+            .map(|(i, f)| Frame::from_bytes(Some(i as f64), f))
+            .collect();
+        exchange
+    }
+
+    /// Read `line` back with the reader (at the real cap) as the only line of a file.
+    fn read_back(line: &[u8]) -> Exchange {
+        let text = std::str::from_utf8(line).expect("utf-8");
+        let mut r = reader(text);
+        let (_, exchange) = r.next().expect("one line").expect("valid");
+        assert!(r.next().is_none());
+        exchange
+    }
+
+    #[test]
+    fn a_line_that_would_be_too_long_is_cut_marked_and_stays_readable() {
+        const LIMIT: usize = 100_000;
+        let mut line = Vec::new();
+        // Small: written whole, untouched.
+        let mut small = big_exchange(b"{\"a\":1}", &[b"data: x\n\n"]);
+        let before = small.clone();
+        let cut = write_line_within(&mut small, &mut line, LIMIT).expect("json");
+        assert!(cut.is_empty());
+        assert_eq!(small, before);
+        assert_eq!(read_back(&line), before);
+
+        // 60 KB of control bytes is 360 KB of JSON (`\u0001`): the body is cut to fit.
+        let body = vec![1u8; 60_000];
+        let mut exchange = big_exchange(&body, &[b"data: x\n\n"]);
+        let cut = write_line_within(&mut exchange, &mut line, LIMIT).expect("json");
+        assert!(line.len() <= LIMIT, "{} bytes", line.len());
+        assert!(
+            line.len() > LIMIT * 9 / 10,
+            "{} bytes: most of the room used",
+            line.len()
+        );
+        let (whole, kept) = cut.request_body.expect("the body was cut");
+        assert_eq!(whole, 60_000);
+        assert!(kept > 15_000 && kept < 16_700, "kept {kept}");
+        assert_eq!(cut.frames_dropped, 0);
+        let back = read_back(&line);
+        assert_eq!(back.request.body_bytes().as_ref(), &body[..kept]);
+        assert_eq!(back.request.unknown["truncated"], serde_json::json!(true));
+        assert_eq!(
+            back.request.unknown["body_bytes"],
+            serde_json::json!(60_000)
+        );
+        assert_eq!(
+            back.request.unknown["recorded_bytes"],
+            serde_json::json!(kept)
+        );
+        let response = back.response.expect("response kept");
+        assert!(response.complete, "the response was not cut");
+        assert_eq!(response.frames.len(), 1);
+
+        // A binary body stays base64.
+        let mut binary = vec![0xffu8; 200_000];
+        binary[0] = 0;
+        let mut exchange = big_exchange(&binary, &[]);
+        let cut = write_line_within(&mut exchange, &mut line, LIMIT).expect("json");
+        assert!(line.len() <= LIMIT);
+        let (_, kept) = cut.request_body.expect("cut");
+        let back = read_back(&line);
+        assert!(back.request.body.is_none());
+        assert_eq!(back.request.body_bytes().as_ref(), &binary[..kept]);
+
+        // Huge frames: a prefix of whole frames is kept, the response marked incomplete.
+        let frame = vec![2u8; 10_000];
+        let frames: Vec<&[u8]> = (0..20).map(|_| frame.as_slice()).collect();
+        let mut exchange = big_exchange(b"{}", &frames);
+        let cut = write_line_within(&mut exchange, &mut line, LIMIT).expect("json");
+        assert!(line.len() <= LIMIT);
+        assert_eq!(cut.request_body, None, "a small body is not cut");
+        assert!(cut.frames_dropped > 0 && cut.frames_dropped < 20, "{cut:?}");
+        let back = read_back(&line);
+        let response = back.response.expect("response");
+        assert!(!response.complete);
+        assert_eq!(response.frames.len(), 20 - cut.frames_dropped);
+        assert_eq!(response.unknown["truncated"], serde_json::json!(true));
+        assert_eq!(response.unknown["body_bytes"], serde_json::json!(200_000));
+        assert_eq!(
+            response.unknown["recorded_bytes"],
+            serde_json::json!(response.frames.len() * 10_000)
+        );
+
+        // Both too big: each gets about half the room.
+        let mut exchange = big_exchange(&body, &frames);
+        let cut = write_line_within(&mut exchange, &mut line, LIMIT).expect("json");
+        assert!(line.len() <= LIMIT);
+        assert!(
+            cut.request_body.is_some() && cut.frames_dropped > 0,
+            "{cut:?}"
+        );
+        assert!(!read_back(&line).response.expect("response").complete);
+
+        // Headers that alone are too long: only the identity is kept.
+        let mut exchange = big_exchange(b"{}", &[b"data: x\n\n"]);
+        exchange
+            .request
+            .headers
+            .insert("x-huge".into(), "\u{1}".repeat(50_000));
+        let cut = write_line_within(&mut exchange, &mut line, LIMIT).expect("json");
+        assert!(cut.stripped);
+        assert!(line.len() <= 4096, "{} bytes", line.len());
+        let back = read_back(&line);
+        assert_eq!(back.id.as_deref(), Some("rec-1"));
+        assert_eq!(back.at_ms, Some(1.5));
+        assert_eq!(back.request.path, "/v1/chat/completions");
+        assert_eq!(back.unknown["truncated"], serde_json::json!(true));
+        assert!(back.request.headers.is_empty());
+        assert_eq!(back.response.expect("status kept").status, 200);
+    }
+
+    #[test]
+    fn the_writer_keeps_a_12_mib_body_of_control_bytes_readable() {
+        // Once 75.5 MB of JSON, over the reader's cap: the proxy's case, through the
+        // importers' writer.
+        let body = vec![1u8; 12 << 20];
+        let exchange = big_exchange(&body, &[b"data: [DONE]\n\n"]);
+        #[derive(Clone, Default)]
+        struct Shared(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl Write for Shared {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().expect("not poisoned").extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let shared = Shared::default();
+        let mut writer = RecordingWriter::from_writer(Box::new(shared.clone()));
+        writer.write(&exchange).expect("write");
+        writer.finish().expect("finish");
+        let out = std::mem::take(&mut *shared.0.lock().expect("not poisoned"));
+        assert!(out.len() <= MAX_WRITTEN_LINE_BYTES, "{} bytes", out.len());
+        let back = read_back(&out);
+        assert_eq!(back.request.unknown["truncated"], serde_json::json!(true));
+        assert_eq!(
+            back.request.unknown["body_bytes"],
+            serde_json::json!(12 << 20)
+        );
     }
 
     #[test]

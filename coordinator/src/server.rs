@@ -4,10 +4,12 @@
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use common::assignment::Assignment;
+use proto::auth::{CoordinatorHandshake, Opener, Sealer, SessionKeys};
 use proto::convert::{ReceivedReport, assignment_to_proto, report_from_proto};
 use proto::v1;
 use proto::v1::coordinator_server::Coordinator;
@@ -146,6 +148,7 @@ fn control_to_proto(control: Control) -> v1::coordinator_message::Msg {
 
 fn chunk_to_proto(chunk: SliceChunk) -> Result<v1::ExchangeChunk, Status> {
     Ok(v1::ExchangeChunk {
+        sealed: None,
         exchanges: chunk
             .exchanges
             .into_iter()
@@ -161,6 +164,75 @@ fn chunk_to_proto(chunk: SliceChunk) -> Result<v1::ExchangeChunk, Status> {
 }
 
 type SliceReceiver = mpsc::Receiver<SliceChunk>;
+
+/// A joined worker's slice, waiting for the worker to open its `Exchanges` stream.
+struct PendingSlice {
+    /// The random key its assignment carries (a run without a token).
+    key: String,
+    /// The session's keys (a run with a token): the worker proves the session, and every
+    /// chunk is sealed.
+    session: Option<Arc<SessionKeys>>,
+    run_id: String,
+    chunks: SliceReceiver,
+    /// Exchanges handed to the worker so far (what its request records are bounded by).
+    handed: Arc<AtomicU64>,
+}
+
+/// Spaces out token handshakes while they fail: an impostor tests one token guess per
+/// handshake (SPAKE2 gives it nothing to test offline), so after a failure each next
+/// handshake waits its turn, `FAILED_HANDSHAKE_SPACING` after the previous one, for
+/// `FAILED_HANDSHAKE_MEMORY` after the last failure. Honest workers of a run without
+/// failures never wait.
+#[derive(Default)]
+struct HandshakeGate {
+    state: Mutex<GateState>,
+}
+
+#[derive(Default)]
+struct GateState {
+    failures: u64,
+    last_failure: Option<Instant>,
+    next_slot: Option<Instant>,
+}
+
+const FAILED_HANDSHAKE_SPACING: Duration = Duration::from_millis(100);
+const FAILED_HANDSHAKE_MEMORY: Duration = Duration::from_secs(30);
+/// Failed handshakes after which the coordinator warns that someone may be guessing.
+const FAILED_HANDSHAKE_WARNING: u64 = 10;
+
+impl HandshakeGate {
+    /// How long this handshake waits before it starts.
+    fn wait(&self) -> Duration {
+        let mut state = self.state.lock().expect("gate lock is never poisoned");
+        let now = Instant::now();
+        let recent = state
+            .last_failure
+            .is_some_and(|at| now.duration_since(at) < FAILED_HANDSHAKE_MEMORY);
+        if !recent {
+            return Duration::ZERO;
+        }
+        let slot = state.next_slot.map_or(now, |next| next.max(now));
+        state.next_slot = Some(slot + FAILED_HANDSHAKE_SPACING);
+        slot - now
+    }
+
+    /// A handshake failed (wrong confirmation, or none).
+    fn failed(&self, worker: &str, reason: &str) {
+        let mut state = self.state.lock().expect("gate lock is never poisoned");
+        state.failures += 1;
+        state.last_failure = Some(Instant::now());
+        if state.failures == FAILED_HANDSHAKE_WARNING
+            || (state.failures > FAILED_HANDSHAKE_WARNING && state.failures.is_power_of_two())
+        {
+            tracing::warn!(
+                failures = state.failures,
+                worker,
+                reason,
+                "token handshakes keep failing: a worker with a wrong token, or someone guessing it (each failure now spaces the next handshake {FAILED_HANDSHAKE_SPACING:?})"
+            );
+        }
+    }
+}
 
 /// Who holds which join slot. Until every slot is taken at once, a worker that leaves frees
 /// its slot (a restarted worker may take it again, under the same id); from then on the run
@@ -184,8 +256,10 @@ pub struct ServiceState {
     /// Where per-request records go (`--requests-out`).
     pub requests_out: Option<Arc<crate::requests_out::RequestsOut>>,
     joined: Mutex<JoinSlots>,
-    /// Each joined worker's slice stream, behind the random key its assignment carries.
-    slices: Mutex<HashMap<String, (String, SliceReceiver)>>,
+    /// Each joined worker's slice stream, behind the key its assignment carries or its
+    /// session's proof.
+    slices: Mutex<HashMap<String, PendingSlice>>,
+    handshakes: HandshakeGate,
 }
 
 impl ServiceState {
@@ -204,6 +278,7 @@ impl ServiceState {
             requests_out,
             joined: Mutex::new(JoinSlots::default()),
             slices: Mutex::new(HashMap::new()),
+            handshakes: HandshakeGate::default(),
         }
     }
 }
@@ -254,10 +329,35 @@ impl Coordinator for CoordinatorService {
             )));
             return Ok(Response::new(Box::pin(ReceiverStream::new(rx))));
         }
-        // The response stream goes back at once: the challenge is a round trip on it.
+        // The response stream goes back at once: the challenge is a round trip on it. Once
+        // the handshake has set the session's keys, every message but the challenge is
+        // sealed here, as it goes to the wire, so sequence numbers follow the wire's order.
         let (control_tx, control_rx) = mpsc::channel(64);
-        tokio::spawn(serve_worker(self.state.clone(), hello, inbound, control_tx));
-        Ok(Response::new(Box::pin(ReceiverStream::new(control_rx))))
+        let keys: Arc<OnceLock<Arc<SessionKeys>>> = Arc::new(OnceLock::new());
+        let mut sealer: Option<Sealer> = None;
+        let outbound = {
+            let keys = Arc::clone(&keys);
+            ReceiverStream::new(control_rx).map(move |message| {
+                let message: v1::CoordinatorMessage = message?;
+                if sealer.is_none()
+                    && let Some(keys) = keys.get()
+                {
+                    sealer = Some(keys.coordinator_sealer());
+                }
+                Ok(proto::auth::seal_coordinator_message(
+                    sealer.as_mut(),
+                    message,
+                ))
+            })
+        };
+        tokio::spawn(serve_worker(
+            self.state.clone(),
+            hello,
+            inbound,
+            control_tx,
+            keys,
+        ));
+        Ok(Response::new(Box::pin(outbound)))
     }
 
     async fn exchanges(
@@ -270,29 +370,43 @@ impl Coordinator for CoordinatorService {
             .slices
             .lock()
             .expect("slice lock is never poisoned");
-        let Some((key, _)) = slices.get(&request.worker_id) else {
+        let Some(pending) = slices.get(&request.worker_id) else {
             return Err(Status::not_found("no slice for this worker (join first)"));
         };
-        // The key came in this worker's assignment, after the token challenge.
-        if !proto::auth::verify(key.as_bytes(), request.token.as_bytes()) {
+        // With a token, only this worker's session can make the proof; without one, the
+        // key came in this worker's assignment.
+        let allowed = match &pending.session {
+            Some(session) => {
+                session.verify_slice_request(&pending.run_id, &request.worker_id, &request.token)
+            }
+            None => proto::auth::verify(pending.key.as_bytes(), request.token.as_bytes()),
+        };
+        if !allowed {
             return Err(Status::unauthenticated("wrong slice key"));
         }
-        let (_, slice) = slices
+        let pending = slices
             .remove(&request.worker_id)
             .expect("looked up just above");
+        let mut sealer = pending.session.as_deref().map(SessionKeys::slice_sealer);
+        let handed = pending.handed;
         Ok(Response::new(Box::pin(
-            ReceiverStream::new(slice).map(chunk_to_proto),
+            ReceiverStream::new(pending.chunks).map(move |chunk| {
+                handed.fetch_add(chunk.exchanges.len() as u64, Ordering::Relaxed);
+                let chunk = chunk_to_proto(chunk)?;
+                Ok(proto::auth::seal_chunk(sealer.as_mut(), chunk))
+            }),
         )))
     }
 }
 
-/// One worker's join stream: the challenge, a join slot, the assignment, then every message
-/// it sends, forwarded as events.
+/// One worker's join stream: the handshake, a join slot, the assignment, then every message
+/// it sends, opened (with a token) and forwarded as events.
 async fn serve_worker(
     state: Arc<ServiceState>,
     hello: v1::Hello,
     mut inbound: Streaming<v1::WorkerMessage>,
     control_tx: mpsc::Sender<Result<v1::CoordinatorMessage, Status>>,
+    keys_slot: Arc<OnceLock<Arc<SessionKeys>>>,
 ) {
     let refuse = |reason: String| {
         let control_tx = control_tx.clone();
@@ -306,11 +420,28 @@ async fn serve_worker(
                 .await;
         }
     };
-    if let Some(token) = &state.token
-        && let Err(reason) = challenge(token, &hello, &mut inbound, &control_tx).await
-    {
-        return refuse(reason).await;
-    }
+    let session = match &state.token {
+        Some(token) => {
+            let wait = state.handshakes.wait();
+            if !wait.is_zero() {
+                tokio::time::sleep(wait).await;
+            }
+            match handshake(token, &hello, &mut inbound, &control_tx).await {
+                Ok(keys) => {
+                    let keys = Arc::new(keys);
+                    // From here on the response stream seals what it sends.
+                    let _ = keys_slot.set(Arc::clone(&keys));
+                    Some(keys)
+                }
+                Err(reason) => {
+                    state.handshakes.failed(&hello.worker_id, &reason);
+                    return refuse(reason).await;
+                }
+            }
+        }
+        None => None,
+    };
+    let mut opener: Option<Opener> = session.as_deref().map(SessionKeys::worker_opener);
     // Decided under the lock, refused after it (no guard held across an await).
     let slot: Result<usize, String> = {
         let mut joined = state.joined.lock().expect("join lock is never poisoned");
@@ -342,13 +473,30 @@ async fn serve_worker(
         Err(reason) => return refuse(reason).await,
     };
     let (slice_tx, slice_rx) = mpsc::channel(8);
-    let slice_key = uuid::Uuid::new_v4().to_string();
+    let mut assignment = (state.assignment_for)(index);
+    // With a session the worker proves it instead: a key in the assignment would be readable
+    // by anyone on a plaintext link.
+    let slice_key = if session.is_some() {
+        String::new()
+    } else {
+        uuid::Uuid::new_v4().to_string()
+    };
+    let handed = Arc::new(AtomicU64::new(0));
+    let open_ended = assignment.open_ended;
     state
         .slices
         .lock()
         .expect("slice lock is never poisoned")
-        .insert(hello.worker_id.clone(), (slice_key.clone(), slice_rx));
-    let mut assignment = (state.assignment_for)(index);
+        .insert(
+            hello.worker_id.clone(),
+            PendingSlice {
+                key: slice_key.clone(),
+                session: session.clone(),
+                run_id: assignment.run_id.clone(),
+                chunks: slice_rx,
+                handed: Arc::clone(&handed),
+            },
+        );
     assignment.slice_key = slice_key;
     let _ = control_tx
         .send(message_of(v1::coordinator_message::Msg::Assignment(
@@ -380,119 +528,204 @@ async fn serve_worker(
             slice: slice_tx,
         })
         .await;
-    {
-        loop {
-            let event = match inbound.message().await {
-                Ok(Some(v1::WorkerMessage { msg: Some(msg) })) => match msg {
-                    // Decoded once, here, as it arrives.
-                    v1::worker_message::Msg::Report(report) => match report_from_proto(&report) {
-                        Ok(report) => WorkerEvent::Report {
+    let mut records = RecordBound::new(handed, open_ended);
+    loop {
+        let received = match inbound.message().await {
+            Ok(Some(message)) => proto::auth::open_worker_message(opener.as_mut(), message)
+                .map_err(|error| {
+                    format!("its link failed authentication ({error}); nothing it sends from now on is counted")
+                }),
+            Ok(None) => Err("its stream ended".to_owned()),
+            Err(status) => Err(format!("its stream broke: {}", status.message())),
+        };
+        let event = match received {
+            Ok(v1::WorkerMessage { msg: Some(msg) }) => match msg {
+                // Decoded once, here, as it arrives.
+                v1::worker_message::Msg::Report(report) => match report_from_proto(&report) {
+                    Ok(report) => match records.check_report(report.totals.issued) {
+                        Ok(()) => WorkerEvent::Report {
                             index,
                             report: Box::new(report),
                         },
-                        Err(error) => WorkerEvent::InvalidReport {
-                            index,
-                            reason: error.to_string(),
-                        },
+                        Err(reason) => WorkerEvent::InvalidReport { index, reason },
                     },
-                    v1::worker_message::Msg::Heartbeat(_) => WorkerEvent::Heartbeat { index },
-                    v1::worker_message::Msg::ClockPong(pong) => WorkerEvent::ClockPong {
+                    Err(error) => WorkerEvent::InvalidReport {
                         index,
-                        sample: ClockSample {
-                            seq: pong.seq,
-                            t1: pong.coordinator_send_unix_ns,
-                            t2: pong.worker_receive_unix_ns,
-                            t3: pong.worker_send_unix_ns,
-                            t4: std::time::SystemTime::now()
-                                .duration_since(std::time::UNIX_EPOCH)
-                                .map(|d| d.as_nanos() as u64)
-                                .unwrap_or(0),
-                        },
+                        reason: error.to_string(),
                     },
-                    v1::worker_message::Msg::Started(started) => WorkerEvent::Started {
-                        index,
-                        unix_ns: started.unix_ns,
+                },
+                v1::worker_message::Msg::Heartbeat(_) => WorkerEvent::Heartbeat { index },
+                v1::worker_message::Msg::ClockPong(pong) => WorkerEvent::ClockPong {
+                    index,
+                    sample: ClockSample {
+                        seq: pong.seq,
+                        t1: pong.coordinator_send_unix_ns,
+                        t2: pong.worker_receive_unix_ns,
+                        t3: pong.worker_send_unix_ns,
+                        t4: std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map(|d| d.as_nanos() as u64)
+                            .unwrap_or(0),
                     },
-                    v1::worker_message::Msg::Failed(failed) => WorkerEvent::Failed {
-                        index,
-                        reason: failed.reason,
-                    },
-                    v1::worker_message::Msg::Records(batch) => {
-                        // Written here, before the report that follows them on this
-                        // stream reaches the orchestrator.
-                        if let Some(out) = &requests_out {
-                            let records: Vec<_> = batch
-                                .records
-                                .iter()
-                                .filter_map(proto::convert::record_from_proto)
-                                .collect();
-                            out.write(&worker_id, &records);
+                },
+                v1::worker_message::Msg::Started(started) => WorkerEvent::Started {
+                    index,
+                    unix_ns: started.unix_ns,
+                },
+                v1::worker_message::Msg::Failed(failed) => WorkerEvent::Failed {
+                    index,
+                    reason: failed.reason,
+                },
+                v1::worker_message::Msg::Records(batch) => {
+                    // A peer may not write more lines than it could have measured requests:
+                    // checked before anything is written.
+                    match records.take(batch.records.len()) {
+                        Ok(()) => {
+                            // Written here, before the report that follows them on this
+                            // stream reaches the orchestrator.
+                            if let Some(out) = &requests_out {
+                                let records: Vec<_> = batch
+                                    .records
+                                    .iter()
+                                    .filter_map(proto::convert::record_from_proto)
+                                    .collect();
+                                out.write(&worker_id, &records);
+                            }
+                            continue;
                         }
-                        continue;
+                        Err(reason) => WorkerEvent::InvalidReport { index, reason },
                     }
-                    v1::worker_message::Msg::Hello(_) | v1::worker_message::Msg::Answer(_) => {
-                        continue;
-                    }
-                },
-                Ok(Some(_)) => continue,
-                Ok(None) => WorkerEvent::Gone {
-                    index,
-                    reason: "its stream ended".to_owned(),
-                },
-                Err(status) => WorkerEvent::Gone {
-                    index,
-                    reason: format!("its stream broke: {}", status.message()),
-                },
-            };
-            let gone = matches!(event, WorkerEvent::Gone { .. });
-            if gone {
-                // Before the run is running, a worker that leaves frees its slot.
-                let mut joined = state.joined.lock().expect("join lock is never poisoned");
-                if !joined.running && joined.slots.get(index).is_some_and(Option::is_some) {
-                    joined.slots[index] = None;
-                    drop(joined);
-                    state
-                        .slices
-                        .lock()
-                        .expect("slice lock is never poisoned")
-                        .remove(&worker_id);
                 }
+                v1::worker_message::Msg::Hello(_)
+                | v1::worker_message::Msg::Answer(_)
+                | v1::worker_message::Msg::Sealed(_) => {
+                    continue;
+                }
+            },
+            Ok(_) => continue,
+            Err(reason) => WorkerEvent::Gone { index, reason },
+        };
+        let gone = matches!(event, WorkerEvent::Gone { .. });
+        // A peer that broke the rules is not heard again: the supervisor drops it.
+        let invalid = matches!(event, WorkerEvent::InvalidReport { .. });
+        if gone {
+            // Before the run is running, a worker that leaves frees its slot.
+            let mut joined = state.joined.lock().expect("join lock is never poisoned");
+            if !joined.running && joined.slots.get(index).is_some_and(Option::is_some) {
+                joined.slots[index] = None;
+                drop(joined);
+                state
+                    .slices
+                    .lock()
+                    .expect("slice lock is never poisoned")
+                    .remove(&worker_id);
             }
-            if events.send(event).await.is_err() || gone {
-                return;
-            }
+        }
+        if events.send(event).await.is_err() || gone || invalid {
+            return;
         }
     }
 }
 
-/// Prove to the worker that this coordinator knows the token, then check its proof.
-async fn challenge(
+/// How many request records (`--requests-out` lines) a worker may send: one per request it
+/// measured, so never more than the exchanges handed to it (a slice that ends) and never
+/// more than it reports issued once a report counts them (records go out before the report
+/// that counts them). An open-ended slice loops, so before a report counts them its records
+/// may run ahead of its last report by at most `OPEN_ENDED_RECORDS_AHEAD` or one pass over
+/// what it was handed, whichever is more.
+struct RecordBound {
+    handed: Arc<AtomicU64>,
+    open_ended: bool,
+    received: u64,
+    last_issued: u64,
+}
+
+const OPEN_ENDED_RECORDS_AHEAD: u64 = 65_536;
+
+impl RecordBound {
+    fn new(handed: Arc<AtomicU64>, open_ended: bool) -> RecordBound {
+        RecordBound {
+            handed,
+            open_ended,
+            received: 0,
+            last_issued: 0,
+        }
+    }
+
+    fn limit(&self) -> u64 {
+        let handed = self.handed.load(Ordering::Relaxed);
+        if self.open_ended {
+            self.last_issued
+                .saturating_add(handed.max(OPEN_ENDED_RECORDS_AHEAD))
+        } else {
+            handed
+        }
+    }
+
+    /// A batch of `count` records arrived.
+    fn take(&mut self, count: usize) -> Result<(), String> {
+        let received = self.received.saturating_add(count as u64);
+        let limit = self.limit();
+        if received > limit {
+            return Err(format!(
+                "it sent {received} request records, more than the {limit} requests it could have measured (handed {} exchanges); none past its last valid batch is written",
+                self.handed.load(Ordering::Relaxed)
+            ));
+        }
+        self.received = received;
+        Ok(())
+    }
+
+    /// A report arrived that says `issued` requests went out.
+    fn check_report(&mut self, issued: u64) -> Result<(), String> {
+        if self.received > issued {
+            return Err(format!(
+                "it sent {} request records but reports {issued} requests issued",
+                self.received
+            ));
+        }
+        self.last_issued = self.last_issued.max(issued);
+        Ok(())
+    }
+}
+
+/// The token handshake (proto::auth): the coordinator's SPAKE2 message and confirmation,
+/// then the worker's confirmation. On success, the session's keys.
+async fn handshake(
     token: &str,
     hello: &v1::Hello,
     inbound: &mut Streaming<v1::WorkerMessage>,
     control_tx: &mpsc::Sender<Result<v1::CoordinatorMessage, Status>>,
-) -> Result<(), String> {
-    let nonce = proto::auth::nonce();
-    let proof = proto::auth::coordinator_proof(token, &hello.nonce, &nonce, &hello.worker_id);
+) -> Result<SessionKeys, String> {
+    const MISSING: &str = "wrong or missing token (--token / LLM_REPLAY_TOKEN)";
+    if hello.pake.is_empty() {
+        return Err(format!(
+            "{MISSING}: this worker sent no key exchange, so it has no token"
+        ));
+    }
+    let (pending, challenge) = CoordinatorHandshake::respond(token, hello)
+        .map_err(|error| format!("{MISSING}: {error}"))?;
     control_tx
         .send(message_of(v1::coordinator_message::Msg::Challenge(
-            v1::Challenge {
-                nonce: nonce.clone(),
-                proof,
-            },
+            challenge,
         )))
         .await
-        .map_err(|_| "the worker left".to_owned())?;
+        .map_err(|_| "the worker left during the token handshake".to_owned())?;
     let answer = match tokio::time::timeout(Duration::from_secs(10), inbound.message()).await {
         Ok(Ok(Some(v1::WorkerMessage {
             msg: Some(v1::worker_message::Msg::Answer(answer)),
         }))) => answer,
-        _ => return Err("no answer to the token challenge".to_owned()),
+        Ok(Ok(Some(v1::WorkerMessage {
+            msg: Some(v1::worker_message::Msg::Failed(failed)),
+        }))) => {
+            return Err(format!(
+                "the worker did not accept this coordinator's key confirmation: {}",
+                failed.reason
+            ));
+        }
+        _ => return Err("no answer to the token handshake".to_owned()),
     };
-    let expected = proto::auth::worker_proof(token, &hello.nonce, &nonce, &hello.worker_id);
-    if proto::auth::verify(&expected, &answer.proof) {
-        Ok(())
-    } else {
-        Err("wrong or missing token (--token / LLM_REPLAY_TOKEN)".to_owned())
-    }
+    pending
+        .finish(&answer)
+        .map_err(|_| format!("{MISSING}: the worker's key confirmation does not match"))
 }

@@ -3,9 +3,11 @@
 //! Generated types stay here and in the gRPC layers of `worker` and `coordinator`; the rest of
 //! the code works on domain types from `common`.
 
-/// Protocol version sent in `Hello`; the coordinator refuses any other. Version 2: the token
-/// never crosses the link (a challenge in both directions, see [`auth`]).
-pub const PROTOCOL_VERSION: u32 = 2;
+/// Protocol version sent in `Hello`; the coordinator refuses any other, and says so. Version
+/// 2: the token never crosses the link. Version 3: a password-authenticated key exchange
+/// (SPAKE2) replaces the token challenge, and every message after it is sealed with the
+/// session's keys (see [`auth`]).
+pub const PROTOCOL_VERSION: u32 = 3;
 
 pub mod auth;
 

@@ -2,6 +2,8 @@
 //! server process on 127.0.0.1:0, run `llm-replay` as a real process and read its JSON report,
 //! and the lock that keeps timing measurements apart from each other.
 
+pub mod peer;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

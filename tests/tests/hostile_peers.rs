@@ -7,9 +7,9 @@ use std::io::Write;
 use std::time::Duration;
 
 use common::metrics::RunMetrics;
+use fixtures::peer::{Peer, now_ns};
 use fixtures::{MockServer, TempDir, coordinator, num, worker, write_chat_recording};
 use proto::v1;
-use proto::v1::coordinator_client::CoordinatorClient;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -26,7 +26,15 @@ enum Lie {
     DoublePong,
     /// Never answers a clock ping (but keeps its stream open).
     NoPong,
+    /// 100,000 request records for a slice of a few exchanges (issue 18, item 12).
+    RecordFlood,
+    /// Output tokens of 2^64 - 50 for a few requests: added to the others, the total wraps
+    /// to a small number (issue 18, item 13).
+    TokenWrap,
 }
+
+/// The run's token: the hostile peers know it (they are workers of the run gone bad).
+const TOKEN: &str = "hostile-peers-know-this-token-0123";
 
 fn bomb() -> Vec<u8> {
     let mut inner = Vec::new();
@@ -61,7 +69,12 @@ fn lying_report(lie: Lie) -> v1::Report {
             counters.failed_status = 5;
             counters.issued = u64::MAX;
         }
-        Lie::DoublePong | Lie::NoPong => {}
+        Lie::TokenWrap => {
+            counters.succeeded = 2;
+            counters.issued = 2;
+            counters.output_tokens = u64::MAX - 49;
+        }
+        Lie::DoublePong | Lie::NoPong | Lie::RecordFlood => {}
     }
     v1::Report {
         seq: 1,
@@ -72,68 +85,25 @@ fn lying_report(lie: Lie) -> v1::Report {
     }
 }
 
-/// Join `addr` as `id`, play along until the start, send the lie, then keep heartbeating
-/// until the coordinator goes away.
+/// Join `addr` as `id` (with the run's token: a peer that knows it), play along until the
+/// start, send the lie, then keep heartbeating until the coordinator goes away.
 async fn hostile_worker(addr: String, id: &str, lie: Lie) {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .expect("address")
-        .connect()
+    let mut peer = Peer::join(&addr, id, Some(TOKEN))
         .await
-        .expect("the coordinator answers");
-    let mut client = CoordinatorClient::new(channel);
-    let (out_tx, out_rx) = mpsc::channel::<v1::WorkerMessage>(64);
-    let send = |msg| v1::WorkerMessage { msg: Some(msg) };
-    out_tx
-        .send(send(v1::worker_message::Msg::Hello(v1::Hello {
-            protocol_version: proto::PROTOCOL_VERSION,
-            worker_id: id.to_owned(),
-            host: "hostile".into(),
-            capacity: 0,
-            token: String::new(),
-            nonce: proto::auth::nonce(),
-        })))
-        .await
-        .expect("hello");
-    let mut inbound = client
-        .join(ReceiverStream::new(out_rx))
-        .await
-        .expect("joined")
-        .into_inner();
-    let assignment = loop {
-        match inbound
-            .message()
-            .await
-            .expect("stream")
-            .expect("message")
-            .msg
-        {
-            Some(v1::coordinator_message::Msg::Assignment(a)) => break a,
-            Some(_) => continue,
-            None => panic!("empty message"),
-        }
-    };
-    // Take the slice (and drop it) so the coordinator's feeder is not held up.
-    let mut slice = client
-        .exchanges(v1::SliceRequest {
-            run_id: assignment.run_id.clone(),
-            worker_id: id.to_owned(),
-            token: assignment.slice_key.clone(),
-        })
-        .await
-        .expect("slice")
-        .into_inner();
-    tokio::spawn(async move { while let Ok(Some(_)) = slice.message().await {} });
-    let now_ns = || {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock")
-            .as_nanos() as u64
-    };
+        .expect("the hostile peer joins");
+    let mut slice = peer.drain_slice().await.expect("slice");
+    let handed = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    {
+        let handed = handed.clone();
+        tokio::spawn(async move {
+            while let Some(n) = slice.recv().await {
+                handed.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+    }
     loop {
-        match inbound.message().await {
-            Ok(Some(v1::CoordinatorMessage {
-                msg: Some(v1::coordinator_message::Msg::ClockPing(ping)),
-            })) => {
+        match peer.recv().await {
+            Some(v1::coordinator_message::Msg::ClockPing(ping)) => {
                 let answers = match lie {
                     Lie::NoPong => 0,
                     Lie::DoublePong => 2,
@@ -141,36 +111,55 @@ async fn hostile_worker(addr: String, id: &str, lie: Lie) {
                 };
                 for _ in 0..answers {
                     let t = now_ns();
-                    let _ = out_tx
-                        .send(send(v1::worker_message::Msg::ClockPong(v1::ClockPong {
-                            seq: ping.seq,
-                            coordinator_send_unix_ns: ping.coordinator_send_unix_ns,
-                            worker_receive_unix_ns: t,
-                            worker_send_unix_ns: t,
-                        })))
-                        .await;
+                    peer.send(v1::worker_message::Msg::ClockPong(v1::ClockPong {
+                        seq: ping.seq,
+                        coordinator_send_unix_ns: ping.coordinator_send_unix_ns,
+                        worker_receive_unix_ns: t,
+                        worker_send_unix_ns: t,
+                    }))
+                    .await;
                 }
             }
-            Ok(Some(v1::CoordinatorMessage {
-                msg: Some(v1::coordinator_message::Msg::Start(_)),
-            })) => break,
-            Ok(Some(_)) => {}
-            _ => return,
+            Some(v1::coordinator_message::Msg::Start(_)) => break,
+            Some(_) => {}
+            None => return,
         }
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let _ = out_tx
-        .send(send(v1::worker_message::Msg::Report(lying_report(lie))))
-        .await;
+    if let Lie::RecordFlood = lie {
+        // Thousands of request records for the few exchanges it was handed.
+        let record = |index| v1::RequestRecord {
+            index,
+            outcome: "succeeded".into(),
+            output_tokens: 5,
+            ..Default::default()
+        };
+        for batch in 0..100u64 {
+            let records = (0..1_000).map(|i| record(batch * 1_000 + i)).collect();
+            if !peer
+                .send(v1::worker_message::Msg::Records(v1::RequestRecords {
+                    records,
+                }))
+                .await
+            {
+                break;
+            }
+        }
+        println!(
+            "the flooding peer was handed {} exchanges",
+            handed.load(std::sync::atomic::Ordering::Relaxed)
+        );
+    } else {
+        peer.send(v1::worker_message::Msg::Report(lying_report(lie)))
+            .await;
+    }
     loop {
-        let heartbeat = send(v1::worker_message::Msg::Heartbeat(v1::Heartbeat {
-            unix_ns: now_ns(),
-        }));
-        if out_tx.send(heartbeat).await.is_err() {
+        let heartbeat = v1::worker_message::Msg::Heartbeat(v1::Heartbeat { unix_ns: now_ns() });
+        if !peer.send(heartbeat).await {
             return;
         }
         tokio::select! {
-            message = inbound.message() => if !matches!(message, Ok(Some(_))) { return },
+            message = peer.recv() => if message.is_none() { return },
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
         }
     }
@@ -182,6 +171,7 @@ fn run_with_a_liar(lie: Lie) {
     let recording = dir.join("rec.jsonl");
     write_chat_recording(&recording, 40, 5, None);
     let report_path = dir.join("report.json");
+    let requests_out = dir.join("requests.jsonl");
     let (mut coordinator, addr) = coordinator(
         &[
             recording.to_str().expect("utf-8"),
@@ -193,6 +183,10 @@ fn run_with_a_liar(lie: Lie) {
             "reassign",
             "--report-json",
             report_path.to_str().expect("utf-8"),
+            "--requests-out",
+            requests_out.to_str().expect("utf-8"),
+            "--token",
+            TOKEN,
         ],
         2,
         &[],
@@ -205,7 +199,7 @@ fn run_with_a_liar(lie: Lie) {
     let liar = runtime.spawn(hostile_worker(addr.clone(), "liar", lie));
     // Let the liar join first, so it gets a share of the slice.
     std::thread::sleep(Duration::from_millis(300));
-    let honest = worker(&addr, "honest", &[], &[]);
+    let honest = worker(&addr, "honest", &["--token", TOKEN], &[]);
     let code = coordinator.wait_timeout(Duration::from_secs(60));
     liar.abort();
     drop(honest);
@@ -238,6 +232,16 @@ fn run_with_a_liar(lie: Lie) {
         .find(|w| w["id"] == "liar")
         .expect("the liar is listed");
     assert_eq!(liar_row["disconnected"], true, "{liar_row}");
+    // Every line of --requests-out is a request some worker could have measured: the
+    // honest worker's 40 at most, and the liar's within what it was handed.
+    let lines = std::fs::read_to_string(&requests_out)
+        .expect("requests-out")
+        .lines()
+        .count();
+    assert!(
+        lines <= 80,
+        "{lie:?}: {lines} request records for 40 exchanges"
+    );
 }
 
 #[test]
@@ -250,6 +254,18 @@ fn a_histogram_bomb_drops_the_peer_and_keeps_the_rest() {
 fn a_worker_claiming_more_than_it_was_sent_is_dropped() {
     let _parallel = fixtures::parallel_lock();
     run_with_a_liar(Lie::TooManySuccesses);
+}
+
+#[test]
+fn a_peer_flooding_request_records_is_dropped() {
+    let _parallel = fixtures::parallel_lock();
+    run_with_a_liar(Lie::RecordFlood);
+}
+
+#[test]
+fn output_tokens_that_would_wrap_the_total_are_refused() {
+    let _parallel = fixtures::parallel_lock();
+    run_with_a_liar(Lie::TokenWrap);
 }
 
 #[test]
@@ -290,8 +306,9 @@ impl v1::coordinator_server::Coordinator for FakeCoordinator {
             let _ = tx
                 .send(message(v1::coordinator_message::Msg::Challenge(
                     v1::Challenge {
-                        nonce: proto::auth::nonce(),
+                        nonce: Vec::new(),
                         proof: vec![7; 32],
+                        pake: vec![7; 33],
                     },
                 )))
                 .await;

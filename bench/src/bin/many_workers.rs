@@ -16,19 +16,21 @@
 //! exchanges received, requests answered.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 use clap::Parser;
 use common::metrics::{Metric, RunMetrics, SliceTotals, Window};
 use common::timeline::Timeline;
+use proto::auth::{HelloFields, SessionKeys, WorkerHandshake};
 use proto::convert::WorkerReport;
 use proto::v1;
 use proto::v1::coordinator_client::CoordinatorClient;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 
 #[derive(Parser, Debug, Clone)]
@@ -287,34 +289,53 @@ async fn simulate(args: &Args, id: &str, tally: &Tally) -> anyhow::Result<()> {
     };
     let mut client = CoordinatorClient::new(channel.clone());
     let (out, out_rx) = mpsc::channel::<v1::WorkerMessage>(64);
-    let nonce = proto::auth::nonce();
-    out.send(message(v1::worker_message::Msg::Hello(v1::Hello {
+    // Like a real worker: sealed with the session's keys once the handshake set them.
+    let keys: Arc<OnceLock<Arc<SessionKeys>>> = Arc::new(OnceLock::new());
+    let outbound = {
+        let keys = Arc::clone(&keys);
+        let mut sealer = None;
+        ReceiverStream::new(out_rx).map(move |m| {
+            if sealer.is_none() {
+                sealer = keys.get().map(|k: &Arc<SessionKeys>| k.worker_sealer());
+            }
+            proto::auth::seal_worker_message(sealer.as_mut(), m)
+        })
+    };
+    let handshake = WorkerHandshake::start(&args.token);
+    let hello = v1::Hello {
         protocol_version: proto::PROTOCOL_VERSION,
         worker_id: id.to_owned(),
         host: "many-workers".into(),
         capacity: 0,
         token: String::new(),
-        nonce: nonce.clone(),
-    })))
-    .await?;
-    let mut inbound = client
-        .join(ReceiverStream::new(out_rx))
-        .await
-        .context("join")?
-        .into_inner();
+        nonce: Vec::new(),
+        pake: handshake.pake_message().to_vec(),
+    };
+    let mut handshake = Some(handshake);
+    out.send(message(v1::worker_message::Msg::Hello(hello.clone())))
+        .await?;
+    let mut inbound = client.join(outbound).await.context("join")?.into_inner();
+    let mut opener = None;
     let assignment = loop {
-        let Some(msg) = inbound.message().await?.and_then(|m| m.msg) else {
+        let Some(received) = inbound.message().await? else {
             bail!("the coordinator closed the join stream");
+        };
+        let Some(msg) = proto::auth::open_coordinator_message(opener.as_mut(), received)?.msg
+        else {
+            continue;
         };
         use v1::coordinator_message::Msg;
         match msg {
             Msg::Challenge(challenge) => {
-                let expected =
-                    proto::auth::coordinator_proof(&args.token, &nonce, &challenge.nonce, id);
-                if !proto::auth::verify(&expected, &challenge.proof) {
-                    bail!("the coordinator does not know the token");
-                }
-                let proof = proto::auth::worker_proof(&args.token, &nonce, &challenge.nonce, id);
+                let Some(started) = handshake.take() else {
+                    bail!("a second challenge");
+                };
+                let (session, proof) = started
+                    .finish(&HelloFields::of(&hello), &challenge)
+                    .context("the coordinator does not know the token")?;
+                let session = Arc::new(session);
+                opener = Some(session.coordinator_opener());
+                let _ = keys.set(session);
                 out.send(message(v1::worker_message::Msg::Answer(
                     v1::ChallengeAnswer { proof },
                 )))
@@ -331,11 +352,15 @@ async fn simulate(args: &Args, id: &str, tally: &Tally) -> anyhow::Result<()> {
         .exchanges(v1::SliceRequest {
             run_id: assignment.run_id.clone(),
             worker_id: id.to_owned(),
-            token: assignment.slice_key.clone(),
+            token: match keys.get() {
+                Some(keys) => keys.slice_request_proof(&assignment.run_id, id),
+                None => assignment.slice_key.clone(),
+            },
         })
         .await
         .context("slice stream")?
         .into_inner();
+    let mut slice_opener = keys.get().map(|k| k.slice_opener());
     let mut metrics = RunMetrics::new();
     // One connection per slot, as a real worker opens them before the start.
     for _ in 0..domain.load.concurrency.unwrap_or(1).max(1) {
@@ -398,6 +423,7 @@ async fn simulate(args: &Args, id: &str, tally: &Tally) -> anyhow::Result<()> {
             }
             chunk = slice.message(), if !load.slice_closed => match chunk {
                 Ok(Some(chunk)) => {
+                    let chunk = proto::auth::open_chunk(slice_opener.as_mut(), chunk)?;
                     let n = chunk.exchanges.len() as u64;
                     tally.received.fetch_add(n, Ordering::Relaxed);
                     load.queued += n;
@@ -407,8 +433,11 @@ async fn simulate(args: &Args, id: &str, tally: &Tally) -> anyhow::Result<()> {
                 Err(status) => bail!("slice stream broke: {}", status.message()),
             },
             msg = inbound.message() => {
-                let Some(msg) = msg?.and_then(|m| m.msg) else {
+                let Some(msg) = msg? else {
                     bail!("the coordinator closed the join stream");
+                };
+                let Some(msg) = proto::auth::open_coordinator_message(opener.as_mut(), msg)?.msg else {
+                    continue;
                 };
                 use v1::coordinator_message::Msg;
                 match msg {
@@ -443,6 +472,9 @@ async fn simulate(args: &Args, id: &str, tally: &Tally) -> anyhow::Result<()> {
     // Wait for Finish (or the end of the stream), as a real worker does.
     let wait = async {
         while let Ok(Some(msg)) = inbound.message().await {
+            let Ok(msg) = proto::auth::open_coordinator_message(opener.as_mut(), msg) else {
+                return;
+            };
             if matches!(msg.msg, Some(v1::coordinator_message::Msg::Finish(_))) {
                 return;
             }

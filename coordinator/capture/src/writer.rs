@@ -8,8 +8,14 @@
 //! most about that much.
 //!
 //! Credentials are removed here, on the one path to disk: the built-in credential headers
-//! and every `--redact-header`, on both sides, plus `set-cookie`; `--redact-body` matches are
-//! replaced in the path, header values, the request body and the response frames.
+//! (`common::recording::is_credential_header`: by name and by credential word) and every
+//! `--redact-header`, on both sides, plus `set-cookie`, and credential query parameters
+//! (percent-decoded names); `--redact-body` matches are replaced in the path, header values,
+//! the request body and the response frames.
+//!
+//! Every line stays readable: JSON escaping can make a line six times the bytes it holds, so
+//! a line is kept under [`MAX_WRITTEN_LINE_BYTES`] (half the readers' cap) by storing what
+//! does not fit cut and marked `truncated` (`common::recording::write_line_within`).
 
 use std::fs::File;
 use std::io::Write;
@@ -18,7 +24,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use common::recording::{Exchange, is_credential_header, strip_credential_query};
+use common::recording::{
+    Exchange, MAX_WRITTEN_LINE_BYTES, is_credential_header, strip_credential_query,
+    write_line_within,
+};
 use common::redact::Redactor;
 use tokio::sync::mpsc;
 
@@ -224,12 +233,13 @@ fn write_loop(
         match received {
             Ok(Some(mut exchange)) => {
                 scrub.apply(&mut exchange);
-                line.clear();
-                if let Err(error) = serde_json::to_writer(&mut line, &exchange) {
+                // Cut and marked when too long for one readable line (logged there).
+                if let Err(error) =
+                    write_line_within(&mut exchange, &mut line, MAX_WRITTEN_LINE_BYTES)
+                {
                     tracing::error!(%error, "cannot serialize an exchange; skipped");
                     continue;
                 }
-                line.push(b'\n');
                 // One write of the whole line (a regular file takes it whole), no user-space
                 // buffer: what the kernel has survives a SIGKILL of this process.
                 file.write_all(&line)?;

@@ -69,6 +69,10 @@ pub struct ExportSummary {
     /// Exchanges with no prompt AIPerf can send (not chat, completions or messages).
     pub skipped: u64,
     pub torn_last_line: Option<u64>,
+    /// Lines of the recording skipped for being longer than the reader's cap
+    /// ([`common::recording::MAX_LINE_BYTES`]), so not exported; each was logged with its
+    /// file and line.
+    pub skipped_long_lines: u64,
 }
 
 /// A problem exporting.
@@ -127,6 +131,8 @@ pub fn export(args: &ExportArgs) -> Result<ExportSummary, ExportError> {
         out.write_all(text.as_bytes()).map_err(write_error)?;
         summary.written += 1;
     }
+    summary.torn_last_line = reader.torn_last_line();
+    summary.skipped_long_lines = reader.skipped_lines();
     out.flush().map_err(write_error)?;
     out.get_ref().sync_all().map_err(write_error)?;
     drop(out);

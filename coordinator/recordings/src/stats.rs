@@ -80,6 +80,15 @@ pub struct RecordingStats {
     pub statuses: BTreeMap<String, u64>,
     /// Line of a torn last line that was skipped, if any.
     pub torn_last_line: Option<u64>,
+    /// Lines skipped for being longer than the reader's cap
+    /// ([`common::recording::MAX_LINE_BYTES`]): not counted anywhere else here.
+    pub skipped_long_lines: u64,
+    /// The numbers of the first of those lines (at most
+    /// [`common::recording::SKIPPED_LINE_NUMBERS_KEPT`]).
+    pub skipped_long_line_numbers: Vec<u64>,
+    /// Exchanges whose request body was stored cut (`request.truncated`: too large for one
+    /// recording line); a replay sends the part that was kept.
+    pub truncated_requests: u64,
     /// How far the lines are from `at_ms` order (a recording proxy writes exchanges as they
     /// complete, so long streams come after shorter ones that started later).
     pub order: ArrivalOrder,
@@ -141,6 +150,9 @@ pub fn recording_stats(path: &Path) -> Result<RecordingStats, RecordingError> {
     for item in reader.by_ref() {
         let (_, exchange) = item?;
         out.exchanges += 1;
+        if exchange.request.unknown.get("truncated") == Some(&Value::Bool(true)) {
+            out.truncated_requests += 1;
+        }
         if let Some(at) = exchange.at_ms {
             arrivals.push(at);
         }
@@ -219,6 +231,8 @@ pub fn recording_stats(path: &Path) -> Result<RecordingStats, RecordingError> {
         }
     }
     out.torn_last_line = reader.torn_last_line();
+    out.skipped_long_lines = reader.skipped_lines();
+    out.skipped_long_line_numbers = reader.skipped_line_numbers().to_vec();
     out.sessions = sessions.len() as u64;
     out.with_arrival = arrivals.len() as u64;
     if out.exchanges > 0 {
@@ -352,6 +366,31 @@ pub fn render_text(s: &RecordingStats) -> String {
     }
     if let Some(line) = s.torn_last_line {
         out.push_str(&format!("torn last line {line} (not counted)\n"));
+    }
+    if s.skipped_long_lines > 0 {
+        let lines: Vec<String> = s
+            .skipped_long_line_numbers
+            .iter()
+            .map(u64::to_string)
+            .collect();
+        let more = if s.skipped_long_lines > s.skipped_long_line_numbers.len() as u64 {
+            ", …"
+        } else {
+            ""
+        };
+        out.push_str(&format!(
+            "skipped    {} line{} over {} bytes (not counted, not replayed): line {}{more}\n",
+            s.skipped_long_lines,
+            if s.skipped_long_lines == 1 { "" } else { "s" },
+            common::recording::MAX_LINE_BYTES,
+            lines.join(", ")
+        ));
+    }
+    if s.truncated_requests > 0 {
+        out.push_str(&format!(
+            "truncated  {} request bodies stored cut (too large for one line); a replay sends what was kept\n",
+            s.truncated_requests
+        ));
     }
     out
 }

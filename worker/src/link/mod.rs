@@ -11,12 +11,13 @@
 mod session;
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::assignment::Assignment;
 use common::metrics::HistogramEncoding;
+use proto::auth::{HelloFields, Opener, Sealer, SessionKeys, WorkerHandshake};
 use proto::convert::AssignmentError;
 use proto::v1;
 use proto::v1::coordinator_client::CoordinatorClient;
@@ -311,7 +312,13 @@ fn event_from_proto(message: v1::CoordinatorMessage, received_unix_ns: u64) -> C
         },
         Some(Msg::Finish(_)) => CoordinatorEvent::Finish,
         // A heartbeat, or anything this late in the run that means nothing but "alive".
-        Some(Msg::Heartbeat(_) | Msg::Assignment(_) | Msg::Refused(_) | Msg::Challenge(_))
+        Some(
+            Msg::Heartbeat(_)
+            | Msg::Assignment(_)
+            | Msg::Refused(_)
+            | Msg::Challenge(_)
+            | Msg::Sealed(_),
+        )
         | None => CoordinatorEvent::Alive,
     }
 }
@@ -352,6 +359,28 @@ fn message_to_proto(message: ToCoordinator, plain: bool) -> v1::WorkerMessage {
     v1::WorkerMessage { msg: Some(msg) }
 }
 
+/// Tells the coordinator why this worker leaves, and lets the message reach the wire: the
+/// outbound stream is ended (not dropped, which would lose what is queued) and the worker
+/// waits, at most a second, for the coordinator's side to end.
+async fn leave_saying(
+    handshake_tx: mpsc::Sender<v1::WorkerMessage>,
+    out_tx: mpsc::Sender<ToCoordinator>,
+    inbound: &mut tonic::Streaming<v1::CoordinatorMessage>,
+    reason: String,
+) {
+    let _ = handshake_tx
+        .send(v1::WorkerMessage {
+            msg: Some(v1::worker_message::Msg::Failed(v1::WorkerFailed { reason })),
+        })
+        .await;
+    drop(handshake_tx);
+    drop(out_tx);
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        while let Ok(Some(_)) = inbound.message().await {}
+    })
+    .await;
+}
+
 /// Messages of the join handshake waiting for the stream (hello, challenge answer, failure).
 const HANDSHAKE_CAPACITY: usize = 4;
 
@@ -375,25 +404,49 @@ pub async fn run_once(
     // How reports encode their histograms: known once the assignment arrives, before any
     // report is sent.
     let plain = Arc::new(AtomicBool::new(false));
+    // With a token, the session's keys once the handshake set them: from then on every
+    // message but the handshake's own is sealed as it goes to the wire, in the wire's order.
+    let keys: Arc<OnceLock<Arc<SessionKeys>>> = Arc::new(OnceLock::new());
     let outbound = {
         let plain = Arc::clone(&plain);
-        ReceiverStream::new(handshake_rx).merge(
-            ReceiverStream::new(out_rx)
-                .map(move |message| message_to_proto(message, plain.load(Ordering::Relaxed))),
-        )
+        let keys = Arc::clone(&keys);
+        let mut sealer: Option<Sealer> = None;
+        ReceiverStream::new(handshake_rx)
+            .merge(
+                ReceiverStream::new(out_rx)
+                    .map(move |message| message_to_proto(message, plain.load(Ordering::Relaxed))),
+            )
+            .map(move |message| {
+                if sealer.is_none()
+                    && let Some(keys) = keys.get()
+                {
+                    sealer = Some(keys.worker_sealer());
+                }
+                proto::auth::seal_worker_message(sealer.as_mut(), message)
+            })
     };
     let send = |msg: v1::worker_message::Msg| v1::WorkerMessage { msg: Some(msg) };
-    let worker_nonce = proto::auth::nonce();
+    let token = options
+        .token
+        .as_deref()
+        .map(str::trim)
+        .filter(|t| !t.is_empty());
+    let mut handshake = token.map(WorkerHandshake::start);
+    let hello = v1::Hello {
+        protocol_version: proto::PROTOCOL_VERSION,
+        worker_id: options.worker_id.clone(),
+        host: options.host.clone(),
+        capacity: 0,
+        // The token itself never crosses the link: see the key exchange below.
+        token: String::new(),
+        nonce: Vec::new(),
+        pake: handshake
+            .as_ref()
+            .map(|h| h.pake_message().to_vec())
+            .unwrap_or_default(),
+    };
     handshake_tx
-        .send(send(v1::worker_message::Msg::Hello(v1::Hello {
-            protocol_version: proto::PROTOCOL_VERSION,
-            worker_id: options.worker_id.clone(),
-            host: options.host.clone(),
-            capacity: 0,
-            // The token itself never crosses the link: see the challenge below.
-            token: String::new(),
-            nonce: worker_nonce.clone(),
-        })))
+        .send(send(v1::worker_message::Msg::Hello(hello.clone())))
         .await
         .map_err(|_| LinkError::Protocol("outbound stream closed".into()))?;
     // Every wait is bounded: a peer that accepts the connection and never answers is not a
@@ -406,54 +459,58 @@ pub async fn run_once(
         .map_err(|status| LinkError::Refused(status.message().to_owned()))?
         .into_inner();
 
-    let token = options
-        .token
-        .as_deref()
-        .map(str::trim)
-        .filter(|t| !t.is_empty());
-    let mut authenticated = false;
+    let mut opener: Option<Opener> = None;
     let assignment = loop {
         let message = tokio::time::timeout(answer_within, inbound.message())
             .await
             .map_err(|_| silent("assignment"))?;
-        match message {
-            Ok(Some(v1::CoordinatorMessage {
-                msg: Some(v1::coordinator_message::Msg::Challenge(challenge)),
-            })) => {
-                let Some(token) = token else {
+        let message = match message {
+            Ok(Some(message)) => {
+                match proto::auth::open_coordinator_message(opener.as_mut(), message) {
+                    Ok(message) => message,
+                    Err(error) => {
+                        let reason = format!(
+                            "a message from the coordinator failed its authentication check ({error}): the link was altered on the way (a relay?); this worker sends nothing"
+                        );
+                        leave_saying(handshake_tx, out_tx, &mut inbound, reason.clone()).await;
+                        return Err(LinkError::Untrusted(reason));
+                    }
+                }
+            }
+            Ok(None) => return Err(coordinator_lost("its stream ended")),
+            Err(status) => return Err(LinkError::Refused(status.message().to_owned())),
+        };
+        match message.msg {
+            Some(v1::coordinator_message::Msg::Challenge(challenge)) if opener.is_none() => {
+                let Some(started) = handshake.take() else {
                     return Err(LinkError::Refused(
                         "the coordinator asks for a token: give this worker --token (or LLM_REPLAY_TOKEN)".into(),
                     ));
                 };
-                let expected = proto::auth::coordinator_proof(
-                    token,
-                    &worker_nonce,
-                    &challenge.nonce,
-                    &options.worker_id,
-                );
-                if !proto::auth::verify(&expected, &challenge.proof) {
-                    return Err(LinkError::Untrusted(
-                        "the coordinator could not prove it knows this worker's token: this worker's --token is wrong, or the peer is not the coordinator the token belongs to".into(),
-                    ));
-                }
-                authenticated = true;
-                let proof = proto::auth::worker_proof(
-                    token,
-                    &worker_nonce,
-                    &challenge.nonce,
-                    &options.worker_id,
-                );
+                let (session, answer) = match started.finish(&HelloFields::of(&hello), &challenge) {
+                    Ok(done) => done,
+                    Err(error) => {
+                        // Said to the peer without a seal (there is no shared key): it tells
+                        // the coordinator's log why this worker leaves.
+                        let reason = format!(
+                            "the coordinator could not prove it knows this worker's token ({error}): this worker's --token is wrong, or the peer is not the coordinator the token belongs to"
+                        );
+                        leave_saying(handshake_tx, out_tx, &mut inbound, reason.clone()).await;
+                        return Err(LinkError::Untrusted(reason));
+                    }
+                };
+                let session = Arc::new(session);
+                opener = Some(session.coordinator_opener());
+                let _ = keys.set(session);
                 handshake_tx
                     .send(send(v1::worker_message::Msg::Answer(v1::ChallengeAnswer {
-                        proof,
+                        proof: answer,
                     })))
                     .await
                     .map_err(|_| LinkError::Protocol("outbound stream closed".into()))?;
             }
-            Ok(Some(v1::CoordinatorMessage {
-                msg: Some(v1::coordinator_message::Msg::Assignment(a)),
-            })) => {
-                if token.is_some() && !authenticated {
+            Some(v1::coordinator_message::Msg::Assignment(a)) => {
+                if token.is_some() && opener.is_none() {
                     // Nothing it says is trusted: not its target, not its ${VAR}s.
                     return Err(LinkError::Untrusted(
                         "the peer sent an assignment without proving it knows the token".into(),
@@ -461,19 +518,15 @@ pub async fn run_once(
                 }
                 break a;
             }
-            Ok(Some(v1::CoordinatorMessage {
-                msg: Some(v1::coordinator_message::Msg::Refused(r)),
-            })) => return Err(LinkError::Refused(r.reason)),
-            Ok(Some(v1::CoordinatorMessage {
-                msg: Some(v1::coordinator_message::Msg::Heartbeat(_)),
-            })) => continue,
-            Ok(Some(other)) => {
+            Some(v1::coordinator_message::Msg::Refused(r)) => {
+                return Err(LinkError::Refused(r.reason));
+            }
+            Some(v1::coordinator_message::Msg::Heartbeat(_)) => continue,
+            other => {
                 return Err(LinkError::Protocol(format!(
                     "expected an assignment, got {other:?}"
                 )));
             }
-            Ok(None) => return Err(coordinator_lost("its stream ended")),
-            Err(status) => return Err(LinkError::Refused(status.message().to_owned())),
         }
     };
     let allowed = |var: &str| {
@@ -515,11 +568,17 @@ pub async fn run_once(
 
     // The slice arrives on its own stream; the forwarder blocks on the bounded items channel
     // when the engine is behind, which back-pressures the coordinator through HTTP/2.
+    // With a session, the worker proves it; without a token, the assignment's key opens it.
+    let session_keys = keys.get().cloned();
     let slice_request = client.exchanges(v1::SliceRequest {
         run_id: assignment.run_id.clone(),
         worker_id: options.worker_id.clone(),
-        token: assignment.slice_key.clone(),
+        token: match &session_keys {
+            Some(keys) => keys.slice_request_proof(&assignment.run_id, &options.worker_id),
+            None => assignment.slice_key.clone(),
+        },
     });
+    let mut slice_opener = session_keys.as_deref().map(SessionKeys::slice_opener);
     let mut slice = tokio::time::timeout(answer_within, slice_request)
         .await
         .map_err(|_| silent("slice stream"))?
@@ -547,6 +606,20 @@ pub async fn run_once(
         loop {
             match slice.message().await {
                 Ok(Some(chunk)) => {
+                    let chunk = match proto::auth::open_chunk(slice_opener.as_mut(), chunk) {
+                        Ok(chunk) => chunk,
+                        Err(error) => {
+                            slice_session
+                                .send(CoordinatorEvent::SliceFailed {
+                                    transport: false,
+                                    reason: format!(
+                                        "a slice chunk failed its authentication check ({error}): the link was altered on the way (a relay?)"
+                                    ),
+                                })
+                                .await;
+                            return;
+                        }
+                    };
                     for exchange in chunk.exchanges {
                         let item = match work_item(exchange) {
                             Ok(item) => item,
@@ -585,7 +658,17 @@ pub async fn run_once(
     let inbound_task = tokio::spawn(async move {
         loop {
             let event = match inbound.message().await {
-                Ok(Some(message)) => event_from_proto(message, unix_ns()),
+                Ok(Some(message)) => {
+                    let received = unix_ns();
+                    match proto::auth::open_coordinator_message(opener.as_mut(), message) {
+                        Ok(message) => event_from_proto(message, received),
+                        Err(error) => CoordinatorEvent::Untrusted {
+                            reason: format!(
+                                "a message from the coordinator failed its authentication check ({error}): the link was altered on the way (a relay?)"
+                            ),
+                        },
+                    }
+                }
                 Ok(None) => CoordinatorEvent::StreamEnded,
                 Err(status) => CoordinatorEvent::StreamBroke {
                     reason: status.message().to_owned(),
@@ -593,7 +676,9 @@ pub async fn run_once(
             };
             let last = matches!(
                 event,
-                CoordinatorEvent::StreamEnded | CoordinatorEvent::StreamBroke { .. }
+                CoordinatorEvent::StreamEnded
+                    | CoordinatorEvent::StreamBroke { .. }
+                    | CoordinatorEvent::Untrusted { .. }
             );
             if !session.send(event).await || last {
                 return;

@@ -48,6 +48,9 @@ pub enum CoordinatorEvent {
     /// The slice stream failed: its transport broke (`transport`), or it sent an exchange
     /// that does not check out.
     SliceFailed { transport: bool, reason: String },
+    /// A message of the coordinator failed its authentication check: nothing more it says
+    /// is acted on, and the load stops.
+    Untrusted { reason: String },
 }
 
 /// What the session tells the coordinator.
@@ -161,6 +164,7 @@ impl Session {
                         return Err(coordinator_lost("its stream ended before the start"));
                     }
                     Some(CoordinatorEvent::StreamBroke { reason }) => return Err(coordinator_lost(&reason)),
+                    Some(CoordinatorEvent::Untrusted { reason }) => return Err(LinkError::Untrusted(reason)),
                     Some(CoordinatorEvent::SliceFailed { transport, reason }) => {
                         slice_failure.get_or_insert(slice_error(transport, &reason));
                     }
@@ -269,6 +273,11 @@ impl Session {
                         failure = Some(coordinator_lost(&reason));
                         let _ = abort_tx.send(true);
                     }
+                    Some(CoordinatorEvent::Untrusted { reason }) => {
+                        tracing::error!(reason, "stopped: the coordinator's link is not trusted");
+                        failure = Some(LinkError::Untrusted(reason));
+                        let _ = abort_tx.send(true);
+                    }
                     Some(CoordinatorEvent::Start { .. } | CoordinatorEvent::Finish | CoordinatorEvent::Alive) => {
                         last_heard = Instant::now();
                     }
@@ -322,7 +331,8 @@ impl Session {
                     Some(
                         CoordinatorEvent::Finish
                         | CoordinatorEvent::StreamEnded
-                        | CoordinatorEvent::StreamBroke { .. },
+                        | CoordinatorEvent::StreamBroke { .. }
+                        | CoordinatorEvent::Untrusted { .. },
                     )
                     | None => return,
                     Some(_) => {}
