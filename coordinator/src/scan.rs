@@ -34,6 +34,10 @@ pub struct RecordingScan {
     pub families: BTreeMap<&'static str, u64>,
     /// A torn last line that was skipped (reported, not fatal).
     pub torn_last_line: Option<u64>,
+    /// Lines over the reader's length cap, skipped (reported, not fatal), and the first few
+    /// of their line numbers.
+    pub skipped_long_lines: u64,
+    pub skipped_long_line_numbers: Vec<u64>,
     /// Recorded think times between a session's turns (ms), when any.
     pub think_time_ms: Option<Stats>,
     /// First `at_ms` to the end of the last exchange's last frame (ms), when timed.
@@ -100,6 +104,8 @@ pub fn scan_sampled(
         }
     }
     out.torn_last_line = reader.torn_last_line();
+    out.skipped_long_lines = reader.skipped_lines();
+    out.skipped_long_line_numbers = reader.skipped_line_numbers().to_vec();
     out.think_time_ms = common::metrics::stats_of(&think_hist, 1000.0);
     out.span_ms = (last_end > first_at).then_some(last_end - first_at);
     out.sessions = sessions.len() as u64;
