@@ -729,3 +729,45 @@ async fn handshake(
         .finish(&answer)
         .map_err(|_| format!("{MISSING}: the worker's key confirmation does not match"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handshakes_wait_only_after_a_failure_and_then_one_by_one() {
+        let gate = HandshakeGate::default();
+        assert_eq!(gate.wait(), Duration::ZERO);
+        assert_eq!(gate.wait(), Duration::ZERO);
+        gate.failed("w", "wrong token");
+        // The next handshakes take turns, each FAILED_HANDSHAKE_SPACING after the last.
+        let waits: Vec<Duration> = (0..4).map(|_| gate.wait()).collect();
+        assert!(waits[0] <= Duration::from_millis(1), "{waits:?}");
+        for pair in waits.windows(2) {
+            let step = pair[1].saturating_sub(pair[0]);
+            assert!(
+                step >= FAILED_HANDSHAKE_SPACING - Duration::from_millis(5)
+                    && step <= FAILED_HANDSHAKE_SPACING + Duration::from_millis(5),
+                "{waits:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn request_records_are_bounded_by_what_the_worker_was_handed_and_reports() {
+        let handed = Arc::new(AtomicU64::new(20));
+        let mut bound = RecordBound::new(Arc::clone(&handed), false);
+        assert!(bound.take(20).is_ok());
+        assert!(bound.take(1).is_err());
+        let mut bound = RecordBound::new(Arc::clone(&handed), false);
+        assert!(bound.take(10).is_ok());
+        assert!(bound.check_report(9).is_err());
+        let mut bound = RecordBound::new(Arc::clone(&handed), false);
+        assert!(bound.take(10).is_ok());
+        assert!(bound.check_report(10).is_ok());
+        // An open-ended slice loops: bounded by its last report plus one pass.
+        let mut looping = RecordBound::new(handed, true);
+        assert!(looping.take(OPEN_ENDED_RECORDS_AHEAD as usize).is_ok());
+        assert!(looping.take(1).is_err());
+    }
+}
