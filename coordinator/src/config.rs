@@ -435,7 +435,56 @@ fn split_header(text: &str) -> anyhow::Result<(String, String)> {
             name.chars().take(64).collect::<String>()
         );
     }
-    Ok((name.to_owned(), value.trim().to_owned()))
+    let value = value.trim();
+    // The worker sends a value only when every byte is visible ASCII or a tab (what
+    // `http::HeaderValue::from_str` accepts); CR or LF would split the request head. Found
+    // here, the run never starts; found by the worker, it fails mid-run.
+    if let Some(bad) = value
+        .bytes()
+        .find(|&b| !(b == b'\t' || (0x20..0x7f).contains(&b)))
+    {
+        let what = if bad.is_ascii_control() {
+            "a control character (CR, LF, DEL or another below 0x20)"
+        } else {
+            "a non-ASCII character"
+        };
+        bail!(
+            "--header {name}: the value holds {what}; header values must be visible ASCII (the value is not shown)"
+        );
+    }
+    Ok((name.to_owned(), value.to_owned()))
+}
+
+/// The most local worker processes a run may start: 8 per core, and at least 64. Each is a
+/// process with two runtimes, its connections to the target and a gRPC link; past this a
+/// machine spends its cores switching between workers, and an unbounded `--workers` forks
+/// until `fork` fails. More workers belong on other machines (`--listen`).
+pub fn max_local_workers() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    cores.saturating_mul(8).max(64)
+}
+
+/// Whether workers can only join `--listen ADDR` from this machine: every address it
+/// resolves to is loopback (`127.0.0.0/8`, `::1`, or `::ffff:127.x.y.z`). A name is resolved
+/// (`localhost:7000` is loopback, `127.evil.example:7000` is what its DNS says); `0.0.0.0`
+/// and `::` listen everywhere. An address that does not resolve is an error naming it.
+pub fn listen_is_loopback(listen: &str) -> anyhow::Result<bool> {
+    use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+    let loopback = |addr: &SocketAddr| match addr.ip() {
+        IpAddr::V4(ip) => ip.is_loopback(),
+        IpAddr::V6(ip) => ip.to_canonical().is_loopback(),
+    };
+    if let Ok(addr) = listen.parse::<SocketAddr>() {
+        return Ok(loopback(&addr));
+    }
+    let resolved: Vec<SocketAddr> = listen
+        .to_socket_addrs()
+        .with_context(|| format!("--listen {listen}: cannot resolve (expected HOST:PORT)"))?
+        .collect();
+    if resolved.is_empty() {
+        bail!("--listen {listen}: resolves to no address");
+    }
+    Ok(resolved.iter().all(loopback))
 }
 
 /// Shortest `--token` accepted when workers may join from other hosts.
@@ -518,6 +567,12 @@ impl RunArgs {
         if workers == 0 {
             bail!("--workers must be at least 1");
         }
+        let limit = max_local_workers();
+        if workers > limit && self.listen.is_none() {
+            bail!(
+                "--workers {workers}: at most {limit} local workers on this machine (8 per core, at least 64: each is a process of its own); for more, run workers on other machines with --listen and --expect-workers"
+            );
+        }
         if !recorded_schedule
             && rate.is_none()
             && let Some(c) = concurrency
@@ -568,9 +623,7 @@ impl RunArgs {
             .map(|t| t.trim().to_owned())
             .filter(|t| !t.is_empty());
         if let WorkerSource::Remote { listen, .. } = &source {
-            let loopback = listen.starts_with("127.")
-                || listen.starts_with("localhost:")
-                || listen.starts_with("[::1]:");
+            let loopback = listen_is_loopback(listen)?;
             match &token {
                 None if !loopback => bail!(
                     "--listen {listen}: a --token (or LLM_REPLAY_TOKEN) is required when workers may join from other hosts"
@@ -636,7 +689,7 @@ impl RunArgs {
             self.sample_sessions.or(file.sample_sessions),
             seed,
         )?;
-        Ok(RunConfig {
+        let mut config = RunConfig {
             transport,
             tag_requests: self.tag_requests,
             source,
@@ -679,7 +732,32 @@ impl RunArgs {
             metrics_linger,
             faithful,
             seed,
-        })
+        };
+        // `--requests N` gives the run N exchanges whatever the recording holds.
+        config.fit_workers_to(u64::MAX);
+        Ok(config)
+    }
+}
+
+impl RunConfig {
+    /// Never more local workers than exchanges the run has to give (`--requests`, else the
+    /// recording's `exchanges`), unless the run is open-ended: a worker past that count would
+    /// start, join and get nothing. Returns the count asked for when it was lowered.
+    pub fn fit_workers_to(&mut self, exchanges: u64) -> Option<usize> {
+        let WorkerSource::Local(asked) = self.source else {
+            return None;
+        };
+        if self.load.is_open_ended() {
+            return None;
+        }
+        let given = self.load.requests.unwrap_or(exchanges).max(1);
+        let fitted = usize::try_from(given).unwrap_or(usize::MAX).min(asked);
+        if fitted == asked {
+            return None;
+        }
+        self.source = WorkerSource::Local(fitted);
+        self.workers = fitted;
+        Some(asked)
     }
 }
 
@@ -725,4 +803,130 @@ fn faithful_options(
 pub fn split_evenly(total: u64, parts: usize, index: usize) -> u64 {
     let parts = parts.max(1) as u64;
     total / parts + u64::from((index as u64) < total % parts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct TestCli {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    fn config(args: &[&str]) -> anyhow::Result<RunConfig> {
+        let mut all = vec!["llm-replay", "rec.jsonl"];
+        all.extend_from_slice(args);
+        TestCli::try_parse_from(all)
+            .expect("the arguments parse")
+            .run
+            .into_config(false)
+    }
+
+    fn error(args: &[&str]) -> String {
+        match config(args) {
+            Ok(_) => panic!("{args:?} was accepted"),
+            Err(error) => format!("{error:#}"),
+        }
+    }
+
+    #[test]
+    fn loopback_is_decided_on_the_resolved_address() {
+        for listen in [
+            "127.0.0.1:7000",
+            "127.8.9.10:7000",
+            "[::1]:7000",
+            "[::ffff:127.0.0.1]:7000",
+            "localhost:7000",
+        ] {
+            assert!(
+                listen_is_loopback(listen).expect("resolves"),
+                "{listen} is loopback"
+            );
+        }
+        for listen in [
+            "0.0.0.0:7000",
+            "[::]:7000",
+            "10.0.0.1:7000",
+            "[2001:db8::1]:7000",
+        ] {
+            assert!(
+                !listen_is_loopback(listen).expect("an address"),
+                "{listen} is not loopback"
+            );
+        }
+        // A name that starts like a loopback address is whatever it resolves to; `.example`
+        // never resolves, which is an error naming it (never "loopback").
+        let error = listen_is_loopback("127.evil.example:7000").expect_err("does not resolve");
+        assert!(
+            format!("{error:#}").contains("127.evil.example:7000"),
+            "{error:#}"
+        );
+        assert!(listen_is_loopback("no-port").is_err());
+    }
+
+    #[test]
+    fn a_listen_address_that_is_not_loopback_needs_a_token() {
+        let needs_token = error(&["--listen", "127.evil.example:7000", "--expect-workers", "1"]);
+        assert!(
+            needs_token.contains("127.evil.example:7000"),
+            "{needs_token}"
+        );
+        let needs_token = error(&["--listen", "0.0.0.0:7000", "--expect-workers", "1"]);
+        assert!(needs_token.contains("--token"), "{needs_token}");
+        for listen in ["localhost:7000", "127.0.0.1:0", "[::1]:0"] {
+            let config = config(&["--listen", listen, "--expect-workers", "1"])
+                .unwrap_or_else(|e| panic!("{listen}: {e:#}"));
+            assert!(config.token.is_none());
+        }
+    }
+
+    #[test]
+    fn a_header_value_with_a_control_character_is_refused_without_showing_it() {
+        for value in ["b\u{1}c", "b\rX-Injected: 1", "b\nc", "b\u{7f}", "sécret"] {
+            let header = format!("x-api-key: secret-{value}");
+            let message = error(&["--header", &header]);
+            assert!(message.contains("x-api-key"), "{message}");
+            assert!(!message.contains("secret"), "{message}");
+        }
+        let config = config(&["--header", "x-api-key: a\tb ${KEY}"]).expect("visible ASCII");
+        assert_eq!(
+            config.headers,
+            [("x-api-key".to_owned(), "a\tb ${KEY}".to_owned())]
+        );
+    }
+
+    #[test]
+    fn local_workers_are_bounded() {
+        let limit = max_local_workers();
+        assert!(limit >= 64);
+        let message = error(&["--workers", "100000"]);
+        assert!(message.contains(&limit.to_string()), "{message}");
+        assert!(message.contains("--listen"), "{message}");
+        let at_limit = limit.to_string();
+        let config = config(&["--workers", &at_limit, "--rate", "10", "--duration", "1s"])
+            .expect("the limit itself is fine");
+        assert_eq!(config.workers, limit);
+    }
+
+    #[test]
+    fn never_more_local_workers_than_exchanges_to_give() {
+        // `--requests` is known at parse.
+        let fitted = config(&["--workers", "8", "--rate", "10", "--requests", "3"]).expect("ok");
+        assert_eq!(
+            (fitted.workers, fitted.source.clone()),
+            (3, WorkerSource::Local(3))
+        );
+        // The recording's count, once scanned.
+        let mut fitted = config(&["--workers", "8", "--rate", "10"]).expect("ok");
+        assert_eq!(fitted.fit_workers_to(5), Some(8));
+        assert_eq!(fitted.source, WorkerSource::Local(5));
+        assert_eq!(fitted.fit_workers_to(5), None);
+        // An open-ended run loops the recording: every worker gets exchanges.
+        let mut open = config(&["--workers", "8", "--rate", "10", "--duration", "5s"]).expect("ok");
+        assert_eq!(open.fit_workers_to(2), None);
+        assert_eq!(open.workers, 8);
+    }
 }

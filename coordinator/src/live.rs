@@ -6,15 +6,17 @@
 
 use std::convert::Infallible;
 use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use common::metrics::{Metric, RunMetrics};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 
 use crate::supervisor::Progress;
 
@@ -78,29 +80,72 @@ fn hdr_per_unit(metric: Metric) -> f64 {
     if metric == Metric::Osl { 1.0 } else { 1e6 }
 }
 
+/// Connections served at once; more wait in the listener's backlog (the kernel's, not ours:
+/// they hold no descriptor of this process) until one ends.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// Time a connection gets to send a request head, and to send the next one on a kept-alive
+/// connection: a silent connection is closed after this.
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The longest a connection is served in all, whatever it does (a scrape takes
+/// milliseconds; a scraper reconnects).
+pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
+
+/// The pause after a failed accept (out of descriptors, most often): the error would come
+/// back at once, and retrying without a pause spins a core.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
 /// Serve `/metrics` from `state` on `listener` until `shutdown` turns true.
+///
+/// Never fails and never stops the run: at most [`MAX_CONNECTIONS`] connections at once,
+/// each closed when its request head takes over [`HEAD_TIMEOUT`]; a failed accept is logged
+/// once and retried after a pause.
 pub async fn serve(
     listener: TcpListener,
     state: watch::Receiver<Progress>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut accept_failed = false;
     loop {
+        // A slot first: past the cap, connections wait in the backlog, not in our table.
+        let slot = tokio::select! {
+            slot = Arc::clone(&slots).acquire_owned() => slot,
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        };
+        let Ok(slot) = slot else {
+            return;
+        };
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             _ = shutdown.wait_for(|stop| *stop) => return,
         };
-        let Ok((stream, _)) = accepted else {
-            continue;
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                if !accept_failed {
+                    accept_failed = true;
+                    tracing::warn!(%error, "--metrics-listen: accepting a connection failed; retrying (logged once)");
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(ACCEPT_BACKOFF) => continue,
+                    _ = shutdown.wait_for(|stop| *stop) => return,
+                }
+            }
         };
         let state = state.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             let service = hyper::service::service_fn(move |request: Request<Incoming>| {
                 let state = state.clone();
                 async move { Ok::<_, Infallible>(respond(&request, &state.borrow())) }
             });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEAD_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), service);
+            let _ = tokio::time::timeout(CONNECTION_LIFETIME, connection).await;
         });
     }
 }
@@ -241,6 +286,55 @@ pub fn render(state: &Progress) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// The endpoint on 127.0.0.1:0, and the sender that stops it.
+    async fn start() -> (std::net::SocketAddr, watch::Sender<bool>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        // The state's sender may go: the last value stays readable.
+        let (_, state) = watch::channel(Progress::default());
+        let (stop, stopped) = watch::channel(false);
+        tokio::spawn(serve(listener, state, stopped));
+        (addr, stop)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_connection_is_closed_after_the_head_timeout() {
+        let (addr, _stop) = start().await;
+        let mut silent = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let mut buf = [0u8; 64];
+        // Paused time: the server's head timer fires after HEAD_TIMEOUT of virtual time,
+        // long before the connection's lifetime; a server without one leaves this read
+        // waiting until the bound.
+        let bound = (HEAD_TIMEOUT + CONNECTION_LIFETIME) / 2;
+        let read = tokio::time::timeout(bound, silent.read(&mut buf))
+            .await
+            .expect("the server closes a connection that sends no request head");
+        assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    }
+
+    #[tokio::test]
+    async fn metrics_are_served_and_other_paths_are_not_found() {
+        let (addr, stop) = start().await;
+        for (path, status) in [("/metrics", "200"), ("/other", "404")] {
+            let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            stream
+                .write_all(format!("GET {path} HTTP/1.0\r\nhost: x\r\n\r\n").as_bytes())
+                .await
+                .expect("write");
+            let mut response = String::new();
+            stream
+                .read_to_string(&mut response)
+                .await
+                .expect("a response");
+            assert!(
+                response.starts_with(&format!("HTTP/1.0 {status}")),
+                "{response}"
+            );
+        }
+        stop.send(true).expect("the server listens");
+    }
 
     #[test]
     fn buckets_are_cumulative_and_exact_to_the_hdr_precision() {

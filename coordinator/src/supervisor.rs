@@ -392,9 +392,21 @@ impl Supervisor {
         let deadline = Instant::now() + self.settings.join_timeout;
         let mut pending: Vec<Option<Slot>> = (0..workers).map(|_| None).collect();
         let mut joined = 0;
+        // A worker that joined early hears from the coordinator while the others come: its
+        // own heartbeat timeout runs from its join, and only --join-timeout bounds the wait.
+        let mut heartbeats =
+            tokio::time::interval(self.settings.report_interval.min(HEARTBEAT_EVERY));
+        heartbeats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         while joined < workers {
             let event = tokio::select! {
                 event = self.events.recv() => event,
+                _ = heartbeats.tick() => {
+                    let unix_now = unix_ns(SystemTime::now());
+                    for slot in pending.iter().flatten() {
+                        slot.control.send(Control::Heartbeat { unix_ns: unix_now });
+                    }
+                    continue;
+                }
                 Ok(_) = self.interrupt.wait_for(|i| *i) => {
                     return Err(RunError::Failed("interrupted before the load started".into()));
                 }

@@ -1,5 +1,6 @@
 //! The worker command line, shared by `llm-replay-worker` and `llm-replay worker`.
 
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -40,9 +41,15 @@ pub struct WorkerArgs {
     /// PEM private key of --tls-cert.
     #[arg(long, requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
-    /// Serve a health check (HTTP 200 with the worker's phase) on this port.
-    #[arg(long)]
-    pub health_port: Option<u16>,
+    /// Serve a health check (HTTP 200 with the worker's phase) on ADDR:PORT (e.g.
+    /// 127.0.0.1:9090), or on every interface with a bare PORT (0.0.0.0:PORT).
+    #[arg(
+        long,
+        visible_alias = "health-listen",
+        value_name = "[ADDR:]PORT",
+        value_parser = health_address
+    )]
+    pub health_port: Option<SocketAddr>,
     /// An environment variable the coordinator's `--header '...${NAME}...'` (or
     /// `--aws-sigv4`: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN) may read on
     /// this worker; repeatable. Nothing else in the environment is ever expanded or sent.
@@ -60,6 +67,23 @@ fn positive_duration(text: &str) -> Result<Duration, String> {
         return Err("must be at most a day".to_owned());
     }
     Ok(duration)
+}
+
+/// `--health-port`: a bare port is every interface (`0.0.0.0:PORT`, as before addresses were
+/// accepted); otherwise `IP:PORT`, `[IPv6]:PORT` or `HOST:PORT` (its first address).
+fn health_address(text: &str) -> Result<SocketAddr, String> {
+    if let Ok(port) = text.parse::<u16>() {
+        return Ok(SocketAddr::from(([0, 0, 0, 0], port)));
+    }
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let mut resolved = text
+        .to_socket_addrs()
+        .map_err(|e| format!("expected PORT or ADDR:PORT (e.g. 127.0.0.1:9090): {e}"))?;
+    resolved
+        .next()
+        .ok_or_else(|| "resolves to no address".to_owned())
 }
 
 fn host_name() -> String {
@@ -125,11 +149,11 @@ pub fn run(args: WorkerArgs) -> ExitCode {
             return ExitCode::from(exit::RUN_FAILED);
         }
     };
-    if let Some(port) = args.health_port {
-        let listener = match load.block_on(tokio::net::TcpListener::bind(("0.0.0.0", port))) {
+    if let Some(addr) = args.health_port {
+        let listener = match load.block_on(tokio::net::TcpListener::bind(addr)) {
             Ok(listener) => listener,
             Err(error) => {
-                eprintln!("llm-replay-worker: health port {port}: {error}");
+                eprintln!("llm-replay-worker: --health-port {addr}: {error}");
                 return ExitCode::from(exit::USAGE);
             }
         };
@@ -153,6 +177,35 @@ pub fn run(args: WorkerArgs) -> ExitCode {
                 eprintln!("llm-replay-worker: {error}");
                 return ExitCode::from(exit::RUN_FAILED);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn health_address_takes_a_port_or_an_address() {
+        let parsed = |text: &str| health_address(text).expect(text);
+        assert_eq!(parsed("9090"), SocketAddr::from(([0, 0, 0, 0], 9090)));
+        assert_eq!(
+            parsed("127.0.0.1:9090"),
+            SocketAddr::from(([127, 0, 0, 1], 9090))
+        );
+        assert_eq!(
+            parsed("[::1]:9090"),
+            "[::1]:9090".parse::<SocketAddr>().expect("an address")
+        );
+        assert!(parsed("localhost:9090").ip().is_loopback());
+        for bad in [
+            "",
+            "70000",
+            "127.0.0.1",
+            "nowhere.invalid:9090",
+            "1.2.3.4:x",
+        ] {
+            assert!(health_address(bad).is_err(), "{bad:?} was accepted");
         }
     }
 }

@@ -202,6 +202,11 @@ impl TargetClient {
                     use_stash: idle_per_host > 0,
                 })
                 .tcp_nodelay(true)
+                // A 3xx is the target's answer, counted as its status like any non-2xx (as
+                // the own HTTP/1.1 client does): following it would send the request's
+                // credentials (api keys, SigV4 session tokens) to another origin, perhaps
+                // in cleartext.
+                .redirect(reqwest::redirect::Policy::none())
                 .pool_max_idle_per_host(idle_per_host)
                 .pool_idle_timeout(Duration::from_secs(90))
                 .tls_backend_preconfigured(tls.clone());
@@ -960,6 +965,60 @@ mod tests {
             Some(SendFailure::Transport(TransportCause::Refused))
         );
         assert!(!sent.resent);
+    }
+
+    #[tokio::test]
+    async fn a_redirect_is_a_status_and_is_not_followed() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        // Elsewhere: another origin, which counts every connection it gets.
+        let elsewhere = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let elsewhere_addr = elsewhere.local_addr().expect("addr");
+        let reached = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = Arc::clone(&reached);
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = elsewhere.accept().await {
+                counter.fetch_add(1, Ordering::SeqCst);
+                let mut buf = [0u8; 4096];
+                let _ = socket.read(&mut buf).await;
+                let _ = socket
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                    .await;
+            }
+        });
+        // The target: 307 to the other origin, for every request.
+        let target = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let target_addr = target.local_addr().expect("addr");
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = target.accept().await {
+                let mut buf = [0u8; 4096];
+                let _ = socket.read(&mut buf).await;
+                let response = format!(
+                    "HTTP/1.1 307 Temporary Redirect\r\nlocation: http://{elsewhere_addr}/v1/chat/completions\r\ncontent-length: 0\r\n\r\n"
+                );
+                let _ = socket.write_all(response.as_bytes()).await;
+            }
+        });
+        let client = TargetClient::new(&TransportConfig::default()).expect("client");
+        let sent = client
+            .send(
+                client
+                    .request(reqwest::Method::POST, &format!("http://{target_addr}/"))
+                    .header("x-api-key", "secret")
+                    .body("{}"),
+                Duration::from_secs(5),
+            )
+            .await;
+        let status = sent.result.map(|response| response.status().as_u16());
+        assert!(matches!(status, Ok(307)), "{status:?}");
+        assert_eq!(
+            reached.load(Ordering::SeqCst),
+            0,
+            "the redirect was followed"
+        );
     }
 
     #[test]

@@ -361,6 +361,36 @@ async fn missing_workers_fail_the_join_at_the_join_timeout() {
     assert_eq!(started.elapsed().as_secs(), 30, "waited the join timeout");
 }
 
+/// Issue 19, item 1: a worker that joined first hears heartbeats while the others come, so
+/// its own heartbeat timeout (5 s) does not run out during a longer join wait.
+#[tokio::test(start_paused = true)]
+async fn an_early_worker_hears_heartbeats_during_the_join_wait() {
+    let recording = Recording::new("join-heartbeats", 4);
+    let harness = start_supervisor(settings(2, false), plan(&recording, 2, 4));
+    let mut early = FakeWorker::join(&harness, 0, 0).await;
+    let joined = tokio::time::Instant::now();
+    let mut heard = Vec::new();
+    while joined.elapsed() < Duration::from_secs(8) {
+        match tokio::time::timeout(Duration::from_secs(1), early.next_control()).await {
+            Ok(Control::Heartbeat { .. }) => heard.push(joined.elapsed()),
+            Ok(other) => panic!("unexpected before every worker joined: {other:?}"),
+            Err(_) => {}
+        }
+    }
+    assert!(heard.len() >= 8, "heartbeats at {heard:?}");
+    for pair in heard.windows(2) {
+        assert!(pair[1] - pair[0] <= Duration::from_secs(1), "{heard:?}");
+    }
+    // The second worker joins after 8 s: the run goes on.
+    let mut late = FakeWorker::join(&harness, 1, 0).await;
+    tokio::join!(early.sync_until_start(), late.sync_until_start());
+    tokio::join!(early.receive(2), late.receive(2));
+    early.report_all(true).await;
+    late.report_all(true).await;
+    let result = harness.run.await.expect("no panic").expect("the run");
+    assert_eq!(result.workers.len(), 2);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_remote_worker_that_leaves_before_everyone_joined_frees_its_place() {
     let recording = Recording::new("rejoin", 4);
