@@ -1,0 +1,68 @@
+//! Issue 19 (real networks): the distributed run when workers do not all arrive at once.
+
+use std::time::Duration;
+
+use fixtures::{MockServer, TempDir, coordinator, num, worker, write_chat_recording};
+
+/// Item 1: a worker that joins 8 s before the last one (beyond its own 5 s heartbeat
+/// timeout) hears the coordinator's heartbeats meanwhile and takes part in the run; only
+/// `--join-timeout` bounds the wait.
+#[test]
+fn an_early_worker_waits_for_a_late_one_beyond_its_heartbeat_timeout() {
+    let _parallel = fixtures::parallel_lock();
+    let mock = MockServer::start(&["--ttft", "5ms", "--itl", "2ms", "--tokens", "5"]);
+    let dir = TempDir::new("late-join");
+    let recording = dir.join("rec.jsonl");
+    write_chat_recording(&recording, 20, 5, None);
+    let report_path = dir.join("report.json");
+    let (mut coordinator, addr) = coordinator(
+        &[
+            recording.to_str().expect("utf-8"),
+            "--target",
+            &mock.url,
+            "--concurrency",
+            "2",
+            "--join-timeout",
+            "60s",
+            "--report-json",
+            report_path.to_str().expect("utf-8"),
+        ],
+        2,
+        &[],
+    );
+    let mut early = worker(&addr, "early", &["--heartbeat-timeout", "5s"], &[]);
+    // The early worker has joined: it says so.
+    assert!(
+        fixtures::eventually(Duration::from_secs(20), || format!(
+            "{}{}",
+            early.stdout(),
+            early.stderr()
+        )
+        .contains("joined run")),
+        "the early worker did not join: {}",
+        early.stderr()
+    );
+    std::thread::sleep(Duration::from_secs(8));
+    assert_eq!(
+        early.wait_timeout(Duration::ZERO),
+        None,
+        "the early worker gave up while waiting: {}",
+        early.stderr()
+    );
+    let mut late = worker(&addr, "late", &[], &[]);
+    let code = coordinator.wait_timeout(Duration::from_secs(60));
+    let _ = late.wait_timeout(Duration::from_secs(10));
+    let _ = early.wait_timeout(Duration::from_secs(10));
+    assert_eq!(code, Some(0), "{}", coordinator.stderr());
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report_path).expect("report"))
+            .expect("JSON");
+    assert_eq!(num(&report, &["requests", "succeeded"]), 20.0, "{report:#}");
+    let workers = report["run"]["workers"].as_array().expect("workers");
+    assert!(
+        workers
+            .iter()
+            .all(|w| w["completed"].as_f64().unwrap_or(0.0) > 0.0),
+        "{workers:?}"
+    );
+}
