@@ -19,6 +19,7 @@ pub mod pacer;
 pub mod recording;
 pub mod redact;
 pub mod replay;
+pub mod text;
 pub mod timeline;
 
 #[cfg(any(test, feature = "test-timing"))]

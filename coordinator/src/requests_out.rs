@@ -71,7 +71,12 @@ impl RequestsOut {
             return Err(error);
         }
         inner.out.flush()?;
-        inner.out.get_ref().sync_data()?;
+        // Only a file on disk can be synced: a device or a pipe (`/dev/null`, `/dev/stdout`)
+        // refuses (EINVAL), and its lines are already written.
+        let file = inner.out.get_ref();
+        if file.metadata()?.is_file() {
+            file.sync_data()?;
+        }
         Ok(inner.lines)
     }
 }
@@ -102,4 +107,38 @@ pub fn record_line(worker: &str, record: &RequestRecord) -> serde_json::Value {
         "token_source": if o.usage_output_tokens.is_some() { "usage" } else { "estimated" },
         "cached_input_tokens": o.cached_input_tokens,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use common::measure::{FailureKind, RequestOutcome};
+    use common::metrics::{RecordMeta, RequestRecord};
+
+    use super::RequestsOut;
+
+    fn one_record() -> RequestRecord {
+        RequestRecord {
+            meta: RecordMeta {
+                index: 0,
+                id: Some("ex-0".into()),
+                session: None,
+            },
+            outcome: RequestOutcome::failed(FailureKind::Status),
+            status: Some(500),
+        }
+    }
+
+    /// A device takes the lines and cannot be synced; that is not a failure. A device that
+    /// cannot take them is, and `finish` says so.
+    #[test]
+    fn finish_fails_only_when_the_lines_could_not_be_written() {
+        let null = RequestsOut::create(std::path::Path::new("/dev/null")).expect("open");
+        null.write("w", &[one_record()]);
+        assert_eq!(null.finish().expect("written"), 1);
+
+        let full = RequestsOut::create(std::path::Path::new("/dev/full")).expect("open");
+        full.write("w", &[one_record()]);
+        let error = full.finish().expect_err("no space");
+        assert_eq!(error.raw_os_error(), Some(28), "{error}");
+    }
 }

@@ -10,19 +10,21 @@ use coordinator::config::{BaselineSource, ReportFiles, RunArgs, RunConfig};
 use coordinator::goals::{Goal, parse_goals};
 use coordinator::report::{
     Baseline, Report, ReportInput, RequestTotals, RunInfo, SweepLevel, WorkerInfo, compare_reports,
-    render_html, render_junit, render_markdown, render_terminal, rfc3339_utc,
+    render_html, render_junit, render_markdown, rfc3339_utc,
 };
 use coordinator::run::{ReplayResult, ReplaySetup, RunError, replay};
 use coordinator::scan::{RecordingScan, scan, scan_sampled};
 use coordinator::supervisor::Progress;
 
-use crate::fail;
+use crate::output_paths::{Input, Output, check_outputs};
+use crate::{fail, print};
 
 /// Print the report on the terminal and write each requested file. A file that cannot be
 /// written does not stop the others: every one is attempted, the first failure is returned.
 fn emit(report: &Report, files: &ReportFiles) -> Result<(), ExitCode> {
     let color = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-    print!("{}", render_terminal(report, color));
+    let mut first_failure = print::stdout_raw(&print::terminal_report(report, color))
+        .map_err(|error| fail(exit::RUN_FAILED, format!("stdout: cannot write: {error}")));
     type Render = fn(&Report) -> String;
     let renderers: [(&Option<PathBuf>, Render); 4] = [
         (&files.report_json, Report::to_json_pretty),
@@ -30,7 +32,6 @@ fn emit(report: &Report, files: &ReportFiles) -> Result<(), ExitCode> {
         (&files.report_html, render_html),
         (&files.junit, render_junit),
     ];
-    let mut first_failure = Ok(());
     for (path, render) in renderers {
         if let Some(path) = path
             && let Err(code) = write_file(path, &render(report))
@@ -42,30 +43,17 @@ fn emit(report: &Report, files: &ReportFiles) -> Result<(), ExitCode> {
     first_failure
 }
 
-/// Every output file the run will write, checked before any load is sent: a typo in a path
-/// must not cost a long replay. Nothing is truncated here.
-fn check_outputs(files: &ReportFiles, extra: &[&Option<PathBuf>]) -> Result<(), String> {
-    let all = [
-        &files.report_json,
-        &files.report_md,
-        &files.report_html,
-        &files.junit,
-    ];
-    for path in all.into_iter().chain(extra.iter().copied()).flatten() {
-        let existed = path.exists();
-        let opened = std::fs::OpenOptions::new()
-            .append(true)
-            .create(true)
-            .open(path);
-        match opened {
-            Ok(_) if !existed => {
-                let _ = std::fs::remove_file(path);
-            }
-            Ok(_) => {}
-            Err(error) => return Err(format!("{}: cannot write: {error}", path.display())),
-        }
-    }
-    Ok(())
+/// The report files of `files` as outputs, by flag.
+fn report_outputs(files: &ReportFiles) -> Vec<Output<'_>> {
+    [
+        ("--report-json", &files.report_json),
+        ("--report-md", &files.report_md),
+        ("--report-html", &files.report_html),
+        ("--junit", &files.junit),
+    ]
+    .into_iter()
+    .filter_map(|(flag, path)| path.as_deref().map(|path| Output { flag, path }))
+    .collect()
 }
 
 /// A watch that turns true on the first SIGINT or SIGTERM.
@@ -84,8 +72,8 @@ fn interrupt_signal() -> tokio::sync::watch::Receiver<bool> {
             _ = tokio::signal::ctrl_c() => {}
             _ = terminate => {}
         }
-        eprintln!(
-            "llm-replay: interrupted: stopping the load and collecting what the workers measured"
+        print::stderr_line(
+            "llm-replay: interrupted: stopping the load and collecting what the workers measured",
         );
         let _ = tx.send(true);
     });
@@ -152,7 +140,9 @@ impl LiveServer {
             .await
             .map_err(|e| format!("--metrics-listen {addr}: cannot listen: {e}"))?;
         if let Ok(local) = listener.local_addr() {
-            eprintln!("llm-replay: live metrics on http://{local}/metrics");
+            print::stderr_line(&format!(
+                "llm-replay: live metrics on http://{local}/metrics"
+            ));
         }
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(coordinator::live::serve(listener, state, stopped));
@@ -168,6 +158,22 @@ impl LiveServer {
 
 async fn replay_command(args: RunArgs, live: &mut Option<LiveServer>) -> ExitCode {
     let recording = args.recording.clone();
+    // Files the run reads that no output may overwrite (the config keeps some of them as
+    // contents only, so they are taken from the arguments).
+    let mut read_files: Vec<(&'static str, PathBuf)> = vec![("the recording", recording.clone())];
+    for (what, path) in [
+        ("the --config file", &args.config),
+        ("the --tls-cert file", &args.tls_cert),
+        ("the --tls-key file", &args.tls_key),
+        ("the --tls-ca file", &args.tls_ca),
+    ] {
+        read_files.extend(path.clone().map(|path| (what, path)));
+    }
+    read_files.extend(
+        args.target_ca
+            .iter()
+            .map(|path| ("a --target-ca file", path.clone())),
+    );
     let scanned = {
         let path = recording.clone();
         match tokio::task::spawn_blocking(move || scan(&path)).await {
@@ -239,7 +245,20 @@ async fn replay_command(args: RunArgs, live: &mut Option<LiveServer>) -> ExitCod
         ));
     }
 
-    if let Err(message) = check_outputs(&config.files, &[]) {
+    // Every output, checked before any load is sent: a path that cannot be written, a
+    // link to nothing, or one that names an input or another output is a usage error.
+    let mut outputs = report_outputs(&config.files);
+    if let Some(path) = &config.requests_out {
+        outputs.push(Output {
+            flag: "--requests-out",
+            path,
+        });
+    }
+    let inputs: Vec<Input<'_>> = read_files
+        .iter()
+        .map(|(what, path)| Input { what, path })
+        .collect();
+    if let Err(message) = check_outputs(&outputs, &inputs) {
         return fail(exit::USAGE, message);
     }
     let interrupt = interrupt_signal();
@@ -318,9 +337,9 @@ async fn replay_command(args: RunArgs, live: &mut Option<LiveServer>) -> ExitCod
             interrupt: interrupt.clone(),
             progress: progress.clone(),
             waiting_for_workers: &|expect, addr| {
-                eprintln!(
+                print::stderr_line(&format!(
                     "llm-replay: waiting for {expect} workers on {addr} (llm-replay-worker --coordinator {addr})"
-                );
+                ));
             },
         };
         match replay(setup).await {
@@ -353,13 +372,18 @@ async fn replay_command(args: RunArgs, live: &mut Option<LiveServer>) -> ExitCod
     if let Some(mock) = embedded {
         mock.stop().await;
     }
+    // A failure writing --requests-out is a failed run like a report that cannot be
+    // written (exit 3): said in the report, and at the end, after the other outputs.
+    let mut requests_out_failed = None;
     if let Some(out) = &requests_out
         && let Err(error) = out.finish()
     {
-        warnings.push(format!(
+        let message = format!(
             "--requests-out {}: cannot write: {error}",
             out.path().display()
-        ));
+        );
+        warnings.push(message.clone());
+        requests_out_failed = Some(message);
     }
 
     let (_, main) = results.last().expect("at least one level ran");
@@ -390,7 +414,11 @@ async fn replay_command(args: RunArgs, live: &mut Option<LiveServer>) -> ExitCod
         timeline,
         unsampled,
     );
-    if let Err(code) = emit(&report, &config.files) {
+    let emitted = emit(&report, &config.files);
+    if let Some(message) = requests_out_failed {
+        return fail(exit::RUN_FAILED, message);
+    }
+    if let Err(code) = emitted {
         return code;
     }
 
@@ -596,6 +624,11 @@ pub fn report_command(args: ReportArgs) -> ExitCode {
         Ok(goals) => goals,
         Err(error) => return fail(exit::USAGE, error),
     };
+    // A saved report may be rendered over itself (it is read first); two outputs on one
+    // file, or a link to nothing, are refused.
+    if let Err(message) = check_outputs(&report_outputs(&args.files), &[]) {
+        return fail(exit::USAGE, message);
+    }
     let current = match read_report(&args.file) {
         Ok(report) => report,
         Err(code) => return code,

@@ -4,6 +4,8 @@
 
 mod commands;
 mod embedded;
+mod output_paths;
+mod print;
 mod tools;
 
 use std::process::ExitCode;
@@ -40,11 +42,14 @@ enum Command {
     Export(recordings::export::ExportArgs),
     /// Inspect a recording (`recording stats FILE`).
     Recording(recordings::stats::RecordingArgs),
+    /// print a fresh random token for --token / LLM_REPLAY_TOKEN (128 bits)
+    Token,
 }
 
-/// Print `llm-replay: MESSAGE` on stderr and return `code`.
+/// Print `llm-replay: MESSAGE` on stderr (control characters escaped: messages quote files,
+/// recordings and peers) and return `code`.
 pub(crate) fn fail(code: u8, message: impl std::fmt::Display) -> ExitCode {
-    eprintln!("llm-replay: {message}");
+    print::stderr_line(&format!("llm-replay: {message}"));
     ExitCode::from(code)
 }
 
@@ -54,7 +59,9 @@ fn init_tracing() {
             tracing_subscriber::EnvFilter::try_from_env("LLM_REPLAY_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
-        .with_writer(std::io::stderr)
+        // Escaped, so without the subscriber's own ANSI colors: log lines quote peers.
+        .with_ansi(false)
+        .with_writer(|| print::EscapedStderr)
         .init();
 }
 
@@ -91,6 +98,7 @@ fn main() -> ExitCode {
         Command::Import(args) => tools::import_command(args),
         Command::Export(args) => tools::export_command(args),
         Command::Recording(args) => tools::recording_command(args),
+        Command::Token => tools::token_command(),
         Command::Record(args) => match runtime() {
             Ok(runtime) => runtime.block_on(tools::record_command(args)),
             Err(code) => code,

@@ -15,7 +15,8 @@ use recordings::import::{ImportArgs, run_import_with_notes};
 use recordings::stats::{RecordingArgs, RecordingCommand, StatsArgs, recording_stats, render_text};
 use tokio::net::TcpListener;
 
-use crate::fail;
+use crate::output_paths::{Input, Output, check_outputs};
+use crate::{fail, print};
 
 /// Resolves on Ctrl-C or SIGTERM.
 async fn shutdown_signal() {
@@ -42,7 +43,7 @@ fn ready_line(line: &str) -> std::io::Result<()> {
 
 /// The mock could not start or stopped with an error.
 fn mock_failed(message: impl std::fmt::Display) -> ExitCode {
-    eprintln!("llm-replay mock: {message}");
+    print::stderr_line(&format!("llm-replay mock: {message}"));
     ExitCode::from(exit::RUN_FAILED)
 }
 
@@ -97,14 +98,16 @@ pub async fn record_command(args: RecordArgs) -> ExitCode {
     let health = config.health.clone();
     let reporter = tokio::spawn(async move {
         let cause = health.failed().await;
-        eprintln!("llm-replay record: {cause}; nothing more is recorded and new requests get 503");
+        print::stderr_line(&format!(
+            "llm-replay record: {cause}; nothing more is recorded and new requests get 503"
+        ));
     });
     let _ = ready_line(&format!("llm-replay record listening on http://{address}"));
     let result = capture::run(listener, config, shutdown_signal()).await;
     reporter.abort();
     match result {
         Ok(summary) => {
-            eprintln!(
+            print::stderr_line(&format!(
                 "llm-replay record: wrote {} exchanges to {}{}",
                 summary.written,
                 out.display(),
@@ -116,7 +119,7 @@ pub async fn record_command(args: RecordArgs) -> ExitCode {
                 } else {
                     String::new()
                 }
-            );
+            ));
             ExitCode::from(exit::OK)
         }
         Err(error) if error.is_usage() => fail(exit::USAGE, error),
@@ -127,19 +130,36 @@ pub async fn record_command(args: RecordArgs) -> ExitCode {
 /// `llm-replay import`.
 pub fn import_command(args: ImportArgs) -> ExitCode {
     let started = Instant::now();
+    let mut inputs = vec![Input {
+        what: "the source",
+        path: &args.file,
+    }];
+    if let Some(corpus) = &args.corpus {
+        inputs.push(Input {
+            what: "the --corpus file",
+            path: corpus,
+        });
+    }
+    let output = Output {
+        flag: "--output",
+        path: &args.output,
+    };
+    if let Err(message) = check_outputs(&[output], &inputs) {
+        return fail(exit::USAGE, message);
+    }
     match run_import_with_notes(&args) {
         Ok((written, notes)) => {
             for note in notes {
-                eprintln!("{note}");
+                print::stderr_line(&note);
             }
-            println!(
-                "imported {written} exchanges from {} ({}) into {} in {:.2} s",
+            let said = print::stdout_text(&format!(
+                "imported {written} exchanges from {} ({}) into {} in {:.2} s\n",
                 args.file.display(),
                 args.format.name(),
                 args.output.display(),
                 started.elapsed().as_secs_f64()
-            );
-            ExitCode::from(exit::OK)
+            ));
+            stdout_written(said)
         }
         Err(error) if error.is_input() => fail(exit::USAGE, error),
         Err(error) => fail(exit::RUN_FAILED, error),
@@ -148,10 +168,21 @@ pub fn import_command(args: ImportArgs) -> ExitCode {
 
 /// `llm-replay export`.
 pub fn export_command(args: ExportArgs) -> ExitCode {
+    let input = Input {
+        what: "the recording",
+        path: &args.recording,
+    };
+    let output = Output {
+        flag: "--output",
+        path: &args.output,
+    };
+    if let Err(message) = check_outputs(&[output], &[input]) {
+        return fail(exit::USAGE, message);
+    }
     match export(&args) {
         Ok(summary) => {
-            println!(
-                "exported {} exchanges to {} (AIPerf mooncake_trace){}",
+            let said = print::stdout_text(&format!(
+                "exported {} exchanges to {} (AIPerf mooncake_trace){}\n",
                 summary.written,
                 args.output.display(),
                 if summary.skipped > 0 {
@@ -162,14 +193,14 @@ pub fn export_command(args: ExportArgs) -> ExitCode {
                 } else {
                     String::new()
                 }
-            );
+            ));
             if let Some(line) = summary.torn_last_line {
-                eprintln!(
+                print::stderr_line(&format!(
                     "llm-replay: {}:{line}: torn last line (the recorder stopped mid-line); it was not exported",
                     args.recording.display()
-                );
+                ));
             }
-            ExitCode::from(exit::OK)
+            stdout_written(said)
         }
         Err(error) if error.is_write() => fail(exit::RUN_FAILED, error),
         Err(error) => fail(exit::USAGE, error),
@@ -189,9 +220,10 @@ fn stats_command(args: StatsArgs) -> ExitCode {
         Ok(stats) => stats,
         Err(error) => return fail(exit::USAGE, error),
     };
-    if args.json {
+    // Model names, paths and the like come from the recording: shown escaped.
+    let said = if args.json {
         match serde_json::to_string_pretty(&stats) {
-            Ok(text) => println!("{text}"),
+            Ok(text) => print::stdout_raw(&(print::json_for_terminal(&text) + "\n")),
             Err(error) => {
                 return fail(
                     exit::RUN_FAILED,
@@ -200,13 +232,39 @@ fn stats_command(args: StatsArgs) -> ExitCode {
             }
         }
     } else {
-        print!("{}", render_text(&stats));
-    }
+        print::stdout_text(&render_text(&stats))
+    };
     if let Some(line) = stats.torn_last_line {
-        eprintln!(
+        print::stderr_line(&format!(
             "llm-replay: {}:{line}: torn last line (the recorder stopped mid-line); it was not counted",
             args.file.display()
+        ));
+    }
+    stdout_written(said)
+}
+
+/// Exit 0 when stdout took what was printed (or its reader had gone), 3 when it could not.
+fn stdout_written(said: std::io::Result<()>) -> ExitCode {
+    match said {
+        Ok(()) => ExitCode::from(exit::OK),
+        Err(error) => fail(
+            exit::RUN_FAILED,
+            format_args!("stdout: cannot write: {error}"),
+        ),
+    }
+}
+
+/// `llm-replay token`: 128 bits from the operating system's CSPRNG, as 32 lowercase hex
+/// digits, for `--token` / `LLM_REPLAY_TOKEN`.
+pub fn token_command() -> ExitCode {
+    use ring::rand::{SecureRandom, SystemRandom};
+    let mut bytes = [0u8; 16];
+    if SystemRandom::new().fill(&mut bytes).is_err() {
+        return fail(
+            exit::RUN_FAILED,
+            "the operating system's random number generator failed",
         );
     }
-    ExitCode::from(exit::OK)
+    let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    stdout_written(print::stdout_raw(&format!("{token}\n")))
 }
