@@ -15,6 +15,14 @@ use crate::server::{CoordinatorService, ServiceState, WorkerEvent};
 use crate::shard::SlicePlan;
 use crate::supervisor::{Progress, RunIdentity, Settings, Supervisor};
 
+/// How often the coordinator pings each worker's HTTP/2 connection, and how long it waits
+/// for the answer before closing it.
+const LINK_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+const LINK_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long the end of a run waits for the worker link to close.
+const SERVER_SHUTDOWN_PATIENCE: Duration = Duration::from_secs(2);
+
 /// Why a run could not complete (exit code 3), or bad input found late (exit code 2).
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -235,7 +243,12 @@ pub async fn replay(setup: ReplaySetup<'_>) -> Result<ReplayResult, RunError> {
     let addr: SocketAddr = listener
         .local_addr()
         .map_err(|e| RunError::Failed(format!("cannot listen for workers: {e}")))?;
-    let mut builder = tonic::transport::Server::builder().tcp_nodelay(true);
+    // HTTP/2 keepalive from this side too: a link that stalls is found by both ends, not
+    // only by the worker's pings.
+    let mut builder = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .http2_keepalive_interval(Some(LINK_KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(LINK_KEEPALIVE_TIMEOUT));
     if let Some(tls) = &config.tls {
         builder = builder
             .tls_config(tls_server_config(tls)?)
@@ -333,7 +346,16 @@ pub async fn replay(setup: ReplaySetup<'_>) -> Result<ReplayResult, RunError> {
     .await;
 
     let _ = stop_server.send(());
-    let _ = server.await;
+    // A graceful shutdown waits for every stream to end, and a worker behind a stalled link
+    // may hold one for as long as the stall lasts: the report does not wait for it.
+    if tokio::time::timeout(SERVER_SHUTDOWN_PATIENCE, server)
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "the worker link did not close within {SERVER_SHUTDOWN_PATIENCE:?} (a stalled link?); the report goes on without it"
+        );
+    }
     for mut child in children {
         if tokio::time::timeout(Duration::from_secs(5), child.wait())
             .await

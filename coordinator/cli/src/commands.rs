@@ -188,7 +188,7 @@ async fn replay_command(args: RunArgs, live: &mut Option<LiveServer>) -> ExitCod
             format!("{}: the recording has no exchanges", recording.display()),
         );
     }
-    let config = match args.into_config(scanned.with_arrival > 0) {
+    let mut config = match args.into_config(scanned.with_arrival > 0) {
         Ok(config) => config,
         Err(error) => return fail(exit::USAGE, format!("{error:#}")),
     };
@@ -242,6 +242,32 @@ async fn replay_command(args: RunArgs, live: &mut Option<LiveServer>) -> ExitCod
         warnings.push(format!(
             "{}:{line}: torn last line (the recorder stopped mid-line); it was not replayed",
             recording.display()
+        ));
+    }
+    if scanned.skipped_long_lines > 0 {
+        let lines: Vec<String> = scanned
+            .skipped_long_line_numbers
+            .iter()
+            .map(u64::to_string)
+            .collect();
+        warnings.push(format!(
+            "{}: {} line(s) over the reader's length cap skipped, not replayed (lines {}{})",
+            recording.display(),
+            scanned.skipped_long_lines,
+            lines.join(", "),
+            if scanned.skipped_long_lines > lines.len() as u64 {
+                ", ..."
+            } else {
+                ""
+            }
+        ));
+    }
+    // Never more local workers than the run has exchanges to give.
+    if let Some(asked) = config.fit_workers_to(scanned.exchanges) {
+        warnings.push(format!(
+            "--workers {asked}: the run has {} exchanges to give, so {} workers start",
+            config.load.requests.unwrap_or(scanned.exchanges),
+            config.workers
         ));
     }
 

@@ -200,6 +200,13 @@ pub fn export_command(args: ExportArgs) -> ExitCode {
                     args.recording.display()
                 ));
             }
+            if summary.skipped_long_lines > 0 {
+                print::stderr_line(&format!(
+                    "llm-replay: {}: {} line(s) over the reader's length cap skipped, not exported",
+                    args.recording.display(),
+                    summary.skipped_long_lines
+                ));
+            }
             stdout_written(said)
         }
         Err(error) if error.is_write() => fail(exit::RUN_FAILED, error),
