@@ -76,6 +76,40 @@ pub fn report_interval_for(workers: usize, heartbeat_timeout: Duration) -> Durat
 /// expects.
 pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
 
+/// Schedule lag (ms) that, held by a tenth of a worker's requests or more, means it sent
+/// late; a single outlier (p99 alone) does not.
+const LATE_LAG_P90_MS: f64 = 10.0;
+/// CPU share of its cores above which a worker that sends late is saturated.
+const BUSY_CPU_SHARE: f64 = 0.5;
+/// CPU share above which a worker is saturated whatever its lag.
+const SATURATED_CPU_SHARE: f64 = 0.9;
+
+/// What the report says of one worker's own load: saturated only when its lag stays high
+/// (p90, not one outlier) and its CPU is busy, or its CPU is nearly all used; high lag on an
+/// idle worker is the machine or the network stalling it, and said so.
+fn load_warning(
+    id: &str,
+    lag: Option<&common::metrics::Stats>,
+    cpu_share: f64,
+    cores: u32,
+) -> Option<String> {
+    let (p50, p90) = lag.map_or((0.0, 0.0), |s| (s.p50, s.p90));
+    let late = p90 > LATE_LAG_P90_MS;
+    if cpu_share > SATURATED_CPU_SHARE || (late && cpu_share > BUSY_CPU_SHARE) {
+        Some(format!(
+            "worker {id} was saturated (schedule lag p50 {p50:.1} ms, p90 {p90:.1} ms, CPU {:.0} % of {cores} cores): a saturated client's numbers are not the server's",
+            cpu_share * 100.0
+        ))
+    } else if late {
+        Some(format!(
+            "worker {id} sent late (schedule lag p50 {p50:.1} ms, p90 {p90:.1} ms) while its CPU was {:.0} % busy ({cores} cores): not saturated; the machine or the network stalled it",
+            cpu_share * 100.0
+        ))
+    } else {
+        None
+    }
+}
+
 /// How long after the end of `--duration` the feed goes on: the workers' clocks and start
 /// instants differ by far less, and each worker holds thousands of exchanges anyway.
 pub const FEED_MARGIN: Duration = Duration::from_secs(1);
@@ -1027,23 +1061,18 @@ impl Supervisor {
             ));
         }
         for worker in &outcomes {
-            let lag_p99 = worker
-                .metrics
-                .stats(Metric::ScheduleLag)
-                .map(|s| s.p99)
-                .unwrap_or(0.0);
             let cpu_share = if duration.as_secs_f64() > 0.0 && worker.cores > 0 {
                 worker.cpu_seconds / duration.as_secs_f64() / f64::from(worker.cores)
             } else {
                 0.0
             };
-            if lag_p99 > 10.0 || cpu_share > 0.9 {
-                warnings.push(format!(
-                    "worker {} was saturated (schedule lag p99 {lag_p99:.1} ms, CPU {:.0} % of {} cores): a saturated client's numbers are not the server's",
-                    worker.id,
-                    cpu_share * 100.0,
-                    worker.cores
-                ));
+            if let Some(warning) = load_warning(
+                &worker.id,
+                worker.metrics.stats(Metric::ScheduleLag).as_ref(),
+                cpu_share,
+                worker.cores,
+            ) {
+                warnings.push(warning);
             }
         }
         Ok(ReplayResult {

@@ -704,3 +704,29 @@ async fn a_large_budget_cut_by_the_duration_feeds_only_what_the_duration_can_use
     assert_eq!(result.not_started, BUDGET - answered);
     assert!(!result.aborted);
 }
+
+/// Issue 19, item 16: one schedule-lag outlier is no saturation; high lag on an idle worker
+/// is named as a stall, not as saturation.
+#[test]
+fn saturation_needs_lasting_lag_and_a_busy_cpu() {
+    let stats = |p50: f64, p90: f64, p99: f64| common::metrics::Stats {
+        p50,
+        p90,
+        p99,
+        ..Default::default()
+    };
+    assert_eq!(
+        load_warning("w", Some(&stats(0.1, 0.3, 40.0)), 0.05, 2),
+        None
+    );
+    let stalled = load_warning("w", Some(&stats(12.0, 30.0, 40.0)), 0.01, 2).expect("late");
+    assert!(
+        stalled.contains("not saturated") && stalled.contains("stalled"),
+        "{stalled}"
+    );
+    let saturated = load_warning("w", Some(&stats(12.0, 30.0, 40.0)), 0.8, 2).expect("busy");
+    assert!(saturated.contains("was saturated"), "{saturated}");
+    let pegged = load_warning("w", Some(&stats(0.1, 0.2, 0.3)), 0.95, 2).expect("pegged");
+    assert!(pegged.contains("was saturated"), "{pegged}");
+    assert_eq!(load_warning("w", None, 0.2, 2), None);
+}
