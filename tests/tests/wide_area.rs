@@ -66,3 +66,74 @@ fn an_early_worker_waits_for_a_late_one_beyond_its_heartbeat_timeout() {
         "{workers:?}"
     );
 }
+
+/// Item 8: the certificate most people make for a private server — self-signed, with
+/// `CA:TRUE` (what `openssl req -x509 -addext subjectAltName=...` writes) — given as
+/// `--target-ca` is trusted, as curl `--cacert` and Python's `ssl` trust it; for another
+/// host name it is still refused.
+#[test]
+fn a_self_signed_ca_certificate_given_as_target_ca_is_trusted() {
+    let _parallel = fixtures::parallel_lock();
+    let dir = TempDir::new("self-signed-ca");
+    let key = rcgen::KeyPair::generate().expect("key");
+    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).expect("params");
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "localhost");
+    let cert = params.self_signed(&key).expect("certificate");
+    let (cert_path, key_path) = (dir.join("server.pem"), dir.join("server.key"));
+    std::fs::write(&cert_path, cert.pem()).expect("write cert");
+    std::fs::write(&key_path, key.serialize_pem()).expect("write key");
+    let recording = dir.join("rec.jsonl");
+    write_chat_recording(&recording, 6, 5, None);
+    let mock = MockServer::start(&[
+        "--ttft",
+        "2ms",
+        "--itl",
+        "1ms",
+        "--tls-cert",
+        cert_path.to_str().expect("utf-8"),
+        "--tls-key",
+        key_path.to_str().expect("utf-8"),
+    ]);
+    let report_path = dir.join("report.json");
+    let out = fixtures::llm_replay(
+        &[
+            "run",
+            recording.to_str().expect("utf-8"),
+            "--target",
+            &mock.url.replace("127.0.0.1", "localhost"),
+            "--target-ca",
+            cert_path.to_str().expect("utf-8"),
+            "--schedule",
+            "asap",
+        ],
+        Some(&report_path),
+    );
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    let report = out.report.expect("report");
+    assert_eq!(num(&report, &["requests", "succeeded"]), 6.0, "{report:#}");
+    // The same certificate does not vouch for a name it does not carry.
+    let wrong_name = fixtures::llm_replay(
+        &[
+            "run",
+            recording.to_str().expect("utf-8"),
+            "--target",
+            // The certificate names localhost only.
+            &mock.url,
+            "--target-ca",
+            cert_path.to_str().expect("utf-8"),
+            "--schedule",
+            "asap",
+        ],
+        None,
+    );
+    assert_ne!(wrong_name.code, 0, "{}", wrong_name.stdout);
+    assert!(
+        format!("{}{}", wrong_name.stdout, wrong_name.stderr).contains("name mismatch"),
+        "{}\n{}",
+        wrong_name.stdout,
+        wrong_name.stderr
+    );
+}

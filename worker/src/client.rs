@@ -180,7 +180,22 @@ pub fn tls_config(transport: &TransportConfig) -> Result<rustls::ClientConfig, C
                 return Err(ClientError::CaEmpty { index });
             }
         }
-        builder.with_root_certificates(roots).with_no_client_auth()
+        let pinned: Vec<CertificateDer<'static>> = transport
+            .extra_ca_pem
+            .iter()
+            .flat_map(|pem| CertificateDer::pem_slice_iter(pem.as_bytes()))
+            .filter_map(Result::ok)
+            .collect();
+        let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider.clone(),
+        )
+        .build()
+        .map_err(|error| ClientError::Tls(rustls::Error::General(error.to_string())))?;
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(WebPkiOrPinned { webpki, pinned }))
+            .with_no_client_auth()
     };
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     // rustls's own cache (the size of its default), which also stamps handshake starts.
@@ -892,6 +907,74 @@ fn unix_micros(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| d.as_micros() as u64)
         .unwrap_or(0)
+}
+
+/// What webpki trusts (Mozilla's roots and the `--target-ca` certificates as roots), plus a
+/// server whose certificate *is* one of the `--target-ca` certificates. The certificate most
+/// people make for a private server (`openssl req -x509 ... -addext subjectAltName=...`) is
+/// self-signed with `CA:TRUE`: webpki refuses a CA certificate as the server's own, while
+/// curl `--cacert` and Python's `ssl` accept it as given. Such a pinned certificate must
+/// still name the target's host, and the handshake's signatures are still checked against
+/// it.
+#[derive(Debug)]
+struct WebPkiOrPinned {
+    webpki: Arc<rustls::client::WebPkiServerVerifier>,
+    pinned: Vec<CertificateDer<'static>>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for WebPkiOrPinned {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        match self.webpki.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        ) {
+            Ok(verified) => Ok(verified),
+            Err(error)
+                if self
+                    .pinned
+                    .iter()
+                    .any(|pinned| pinned.as_ref() == end_entity.as_ref()) =>
+            {
+                let parsed =
+                    rustls::server::ParsedCertificate::try_from(end_entity).map_err(|_| error)?;
+                rustls::client::verify_server_name(&parsed, server_name)?;
+                Ok(rustls::client::danger::ServerCertVerified::assertion())
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.webpki.supported_verify_schemes()
+    }
 }
 
 /// `--insecure`: accept any certificate, but still check the handshake signatures so the
