@@ -137,3 +137,34 @@ fn a_self_signed_ca_certificate_given_as_target_ca_is_trusted() {
         wrong_name.stderr
     );
 }
+
+/// Item 14: a run in which every request got an HTTP 500 exits 3 (PRODUCT.md: no request
+/// succeeded), with the report written and the status named.
+#[test]
+fn a_run_where_no_request_succeeded_exits_3_with_its_report() {
+    let _parallel = fixtures::parallel_lock();
+    let mock = MockServer::start(&["--ttft", "2ms", "--itl", "1ms", "--fail-rate", "1"]);
+    let dir = TempDir::new("none-succeeded");
+    let recording = dir.join("rec.jsonl");
+    write_chat_recording(&recording, 8, 5, None);
+    let report_path = dir.join("report.json");
+    let out = fixtures::llm_replay(
+        &[
+            "run",
+            recording.to_str().expect("utf-8"),
+            "--target",
+            &mock.url,
+            "--schedule",
+            "asap",
+        ],
+        Some(&report_path),
+    );
+    assert_eq!(out.code, 3, "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains("no request") && out.stderr.contains("500"),
+        "{}",
+        out.stderr
+    );
+    let report = out.report.expect("the report is written");
+    assert_eq!(num(&report, &["requests", "failed"]), 8.0, "{report:#}");
+}

@@ -469,6 +469,9 @@ async fn replay_command(args: RunArgs, live: &mut Option<LiveServer>) -> ExitCod
     if let Some(message) = no_response(&common::recording::redact_url(&target), main) {
         return fail(exit::RUN_FAILED, message);
     }
+    if let Some(message) = none_succeeded(&common::recording::redact_url(&target), main) {
+        return fail(exit::RUN_FAILED, message);
+    }
     if report.any_goal_failed() {
         return ExitCode::from(exit::GOAL_FAILED);
     }
@@ -508,6 +511,41 @@ fn no_response(target: &str, result: &ReplayResult) -> Option<String> {
     }
     Some(format!(
         "no request to {target} got a response: every one failed in transport ({causes})"
+    ))
+}
+
+/// A run in which requests got answers but none succeeded could not do what it was for
+/// (PRODUCT.md: "no request succeeded" is exit 3): say what the answers were.
+fn none_succeeded(target: &str, result: &ReplayResult) -> Option<String> {
+    let c = &result.metrics.counters;
+    if c.succeeded > 0 || c.completed() == 0 {
+        return None;
+    }
+    let mut what: Vec<String> = Vec::new();
+    if !result.status_codes.is_empty() {
+        let codes = result
+            .status_codes
+            .iter()
+            .map(|(code, n)| format!("{code} ×{n}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        what.push(format!("status {codes}"));
+    }
+    for (name, n) in [
+        ("ended early", c.ended_early),
+        ("error frame", c.failed_error_frame),
+        ("in transport", c.failed_transport),
+        ("timed out", c.failed_timeout),
+        ("empty", c.failed_empty),
+    ] {
+        if n > 0 {
+            what.push(format!("{name} {n}"));
+        }
+    }
+    Some(format!(
+        "no request to {target} succeeded: {} answered, none successfully ({}); the report above says more",
+        c.completed(),
+        what.join(", ")
     ))
 }
 
