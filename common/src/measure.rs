@@ -210,6 +210,8 @@ struct MeterState {
     usage_seen: bool,
     terminal: bool,
     error_frame: bool,
+    /// The first error frame's message, cleaned (`metrics::clean_message`).
+    error_message: Option<String>,
     now_us: u64,
 }
 
@@ -239,7 +241,13 @@ impl MeterState {
                 self.usage_seen = true;
             }
             Event::Terminal => self.terminal = true,
-            Event::Error { .. } => self.error_frame = true,
+            Event::Error { message } => {
+                self.error_frame = true;
+                if self.error_message.is_none() {
+                    let cleaned = crate::metrics::clean_message(&message);
+                    self.error_message = (!cleaned.is_empty()).then_some(cleaned);
+                }
+            }
         }
     }
 }
@@ -273,8 +281,27 @@ impl StreamMeter {
         self.state.terminal
     }
 
+    /// [`StreamMeter::finish`], with the first error frame's message (cleaned), if any.
+    pub fn finish_with_message(
+        mut self,
+        t_us: u64,
+        transport_error: bool,
+    ) -> (RequestOutcome, Option<String>) {
+        let outcome = self.end(t_us, transport_error);
+        (outcome, self.state.error_message.take())
+    }
+
+    /// The first error frame's message so far (cleaned), if any.
+    pub fn error_message(&self) -> Option<&str> {
+        self.state.error_message.as_deref()
+    }
+
     /// The stream ended at `t_us` (EOF or a transport error when `transport_error`).
     pub fn finish(mut self, t_us: u64, transport_error: bool) -> RequestOutcome {
+        self.end(t_us, transport_error)
+    }
+
+    fn end(&mut self, t_us: u64, transport_error: bool) -> RequestOutcome {
         self.state.now_us = t_us;
         let state = &mut self.state;
         let ending = self.parser.finish(&mut |event| state.on_event(event));

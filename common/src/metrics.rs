@@ -10,8 +10,13 @@ use hdrhistogram::serialization::{Deserializer, Serializer, V2DeflateSerializer,
 
 use crate::measure::{FailureKind, OutcomeKind, RequestOutcome, TransportCause};
 
+mod errors;
 mod sparse;
 
+pub use errors::{
+    ErrorSample, ErrorSummary, MAX_ERROR_BODY_KEPT, MAX_ERROR_SAMPLES, MAX_MESSAGE_CHARS,
+    MAX_MESSAGES_PER_GROUP, clean_message, error_message, redact_secrets,
+};
 pub use sparse::{SparseHistogram, SparseMetrics};
 
 /// Significant digits kept by every histogram.
@@ -41,6 +46,10 @@ pub enum Metric {
     Connect,
     /// TLS handshake of each new https connection (k6's `http_req_tls_handshaking`).
     TlsHandshake,
+    /// Time to failure of each failed request (request sent → failure known: the error
+    /// status's head, the error frame, the cut, the timeout). Never mixed into the success
+    /// distributions.
+    ErrorLatency,
 }
 
 /// How a metric's stored integer maps to its display unit.
@@ -83,6 +92,10 @@ impl Metric {
     /// not per request, so they stay out of [`Metric::ALL`].
     pub const CONNECTION: [Metric; 2] = [Metric::Connect, Metric::TlsHandshake];
 
+    /// The per-failure metrics, in their wire order: one sample per failed request. They
+    /// travel apart too, so a report of an older worker (without them) still decodes.
+    pub const FAILURE: [Metric; 1] = [Metric::ErrorLatency];
+
     /// The report-JSON key (`ttft_ms`, ...).
     pub fn json_key(self) -> &'static str {
         match self {
@@ -96,6 +109,7 @@ impl Metric {
             Metric::ScheduleLag => "schedule_lag_ms",
             Metric::Connect => "connect_ms",
             Metric::TlsHandshake => "tls_handshake_ms",
+            Metric::ErrorLatency => "error_latency_ms",
         }
     }
 
@@ -112,6 +126,7 @@ impl Metric {
             Metric::ScheduleLag => "schedule-lag",
             Metric::Connect => "connect",
             Metric::TlsHandshake => "tls-handshake",
+            Metric::ErrorLatency => "error-latency",
         }
     }
 
@@ -128,6 +143,7 @@ impl Metric {
             Metric::ScheduleLag => "Schedule lag (ms)",
             Metric::Connect => "Connection setup (ms)",
             Metric::TlsHandshake => "TLS handshake (ms)",
+            Metric::ErrorLatency => "Time to failure (ms)",
         }
     }
 
@@ -140,7 +156,8 @@ impl Metric {
             | Metric::Latency
             | Metric::ScheduleLag
             | Metric::Connect
-            | Metric::TlsHandshake => Unit::Milliseconds,
+            | Metric::TlsHandshake
+            | Metric::ErrorLatency => Unit::Milliseconds,
             Metric::Isl | Metric::Osl => Unit::Tokens,
             Metric::TokensPerSecondPerUser => Unit::TokensPerSecond,
         }
@@ -151,13 +168,20 @@ impl Metric {
         matches!(self, Metric::TokensPerSecondPerUser)
     }
 
-    /// Position in [`RunMetrics`]'s histograms: [`Metric::ALL`], then [`Metric::CONNECTION`].
-    fn index(self) -> usize {
+    /// Every metric: [`Metric::ALL`], [`Metric::CONNECTION`], then [`Metric::FAILURE`] (the
+    /// order of [`RunMetrics`]'s histograms).
+    pub fn every() -> impl Iterator<Item = Metric> {
         Metric::ALL
-            .iter()
-            .chain(&Metric::CONNECTION)
-            .position(|m| *m == self)
-            .expect("every metric is in ALL or CONNECTION")
+            .into_iter()
+            .chain(Metric::CONNECTION)
+            .chain(Metric::FAILURE)
+    }
+
+    /// Position in [`RunMetrics`]'s histograms (see [`Metric::every`]).
+    fn index(self) -> usize {
+        Metric::every()
+            .position(|m| m == self)
+            .expect("every metric is in ALL, CONNECTION or FAILURE")
     }
 }
 
@@ -375,7 +399,9 @@ impl RequestRecord {
 }
 
 /// The measured window (wall clock, microseconds since the Unix epoch): first request sent to
-/// last content frame received, over measured (non-warm-up) requests.
+/// the last outcome of any kind (a success's last content frame, a failure, a timeout, an
+/// early end), over measured (non-warm-up) requests: the whole run, failures included, so a
+/// run whose target failed after a few seconds is not rated over those seconds alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Window {
     pub start_unix_us: u64,
@@ -531,6 +557,8 @@ pub struct RunMetrics {
     histograms: Vec<Histogram<u64>>,
     pub counters: Counters,
     pub window: Option<Window>,
+    /// What the failed requests were told, by kind, status and message (bounded).
+    pub errors: ErrorSummary,
 }
 
 impl Default for RunMetrics {
@@ -542,15 +570,14 @@ impl Default for RunMetrics {
 impl RunMetrics {
     /// Empty metrics.
     pub fn new() -> Self {
-        let histograms = Metric::ALL
-            .iter()
-            .chain(&Metric::CONNECTION)
+        let histograms = Metric::every()
             .map(|_| Histogram::new(SIGNIFICANT_DIGITS).expect("3 significant digits is valid"))
             .collect();
         RunMetrics {
             histograms,
             counters: Counters::default(),
             window: None,
+            errors: ErrorSummary::default(),
         }
     }
 
@@ -575,11 +602,19 @@ impl RunMetrics {
     }
 
     /// Record the outcome of one measured request, following the rules of the metric
-    /// definitions: failures enter no distribution; ended-early streams count toward TTFT
+    /// definitions: failures enter no success distribution (their `latency_us`, the time to
+    /// failure, goes to [`Metric::ErrorLatency`] only); ended-early streams count toward TTFT
     /// only; output tokens come from usage when reported, else from the content-frame count.
+    /// Every outcome widens the measured window to its end.
     pub fn record(&mut self, outcome: &RequestOutcome) {
         if let Some(lag) = outcome.schedule_lag_us {
             self.record_value(Metric::ScheduleLag, lag);
+        }
+        if let Some(start) = outcome.sent_unix_us {
+            self.extend_window(Window {
+                start_unix_us: start,
+                end_unix_us: start.saturating_add(outcome.latency_us.unwrap_or(0)),
+            });
         }
         if outcome.resent {
             self.counters.resent += 1;
@@ -597,6 +632,9 @@ impl RunMetrics {
                     }
                     FailureKind::Timeout => self.counters.failed_timeout += 1,
                     FailureKind::Empty => self.counters.failed_empty += 1,
+                }
+                if let Some(time_to_failure) = outcome.latency_us {
+                    self.record_value(Metric::ErrorLatency, time_to_failure);
                 }
                 return;
             }
@@ -644,12 +682,12 @@ impl RunMetrics {
                 );
             }
         }
-        if let (Some(start), Some(latency)) = (outcome.sent_unix_us, outcome.latency_us) {
-            self.extend_window(Window {
-                start_unix_us: start,
-                end_unix_us: start + latency,
-            });
-        }
+    }
+
+    /// Count one failure of `kind` (HTTP `status` when one came) in the error summary, with
+    /// the message it carried (already cleaned: [`error_message`], [`clean_message`]).
+    pub fn record_error(&mut self, kind: FailureKind, status: Option<u16>, message: Option<&str>) {
+        self.errors.add(kind, status, message, 1);
     }
 
     /// Count a succeeded request that asked for `pinned` output tokens, and whether it got
@@ -704,6 +742,7 @@ impl RunMetrics {
         if let Some(window) = other.window {
             self.extend_window(window);
         }
+        self.errors.merge(&other.errors);
     }
 
     /// Summary statistics of `metric` in display units; `None` when it has no samples.
@@ -711,7 +750,8 @@ impl RunMetrics {
         stats_of(self.histogram(metric), metric.unit().scale())
     }
 
-    /// Length of the measured window in seconds (0 when nothing was measured).
+    /// Length of the measured window (first request sent → last outcome of any kind) in
+    /// seconds (0 when nothing was measured).
     pub fn window_seconds(&self) -> f64 {
         self.window
             .map(|w| w.end_unix_us.saturating_sub(w.start_unix_us) as f64 / 1e6)
@@ -774,6 +814,20 @@ impl RunMetrics {
             self.encode(&Metric::ALL, encoding),
             self.encode(&Metric::CONNECTION, encoding),
         )
+    }
+
+    /// Serialize the failure histograms ([`Metric::FAILURE`] order) in `encoding`.
+    pub fn encode_failure(&self, encoding: HistogramEncoding) -> Vec<Vec<u8>> {
+        self.encode(&Metric::FAILURE, encoding)
+    }
+
+    /// Replace the failure histograms with [`RunMetrics::encode_failure`] output; `encoded`
+    /// may be empty (a peer that does not send them: no samples).
+    pub fn decode_failure(&mut self, encoded: &[Vec<u8>]) -> Result<(), MetricsDecodeError> {
+        for (metric, histogram) in decode_group(&Metric::FAILURE, encoded)? {
+            self.histograms[metric.index()] = histogram;
+        }
+        Ok(())
     }
 
     fn encode(&self, metrics: &[Metric], encoding: HistogramEncoding) -> Vec<Vec<u8>> {
@@ -854,12 +908,50 @@ impl RunMetrics {
             h.auto(true);
             histograms.push(h);
         }
+        for _ in Metric::FAILURE {
+            histograms
+                .push(Histogram::new(SIGNIFICANT_DIGITS).expect("3 significant digits is valid"));
+        }
         Ok(RunMetrics {
             histograms,
             counters,
             window,
+            errors: ErrorSummary::default(),
         })
     }
+}
+
+/// Decode the histograms of `group` from a peer: all of them or none (an older peer).
+fn decode_group(
+    group: &[Metric],
+    encoded: &[Vec<u8>],
+) -> Result<Vec<(Metric, Histogram<u64>)>, MetricsDecodeError> {
+    if encoded.is_empty() {
+        return Ok(Vec::new());
+    }
+    if encoded.len() != group.len() {
+        return Err(MetricsDecodeError::HistogramCount {
+            expected: group.len(),
+            got: encoded.len(),
+        });
+    }
+    let mut deserializer = Deserializer::new();
+    group
+        .iter()
+        .zip(encoded)
+        .map(|(metric, bytes)| {
+            let inner = validated_v2(bytes, metric.json_key())?;
+            let mut h: Histogram<u64> =
+                deserializer
+                    .deserialize(&mut &inner[..])
+                    .map_err(|source| MetricsDecodeError::Histogram {
+                        metric: metric.json_key(),
+                        source,
+                    })?;
+            h.auto(true);
+            Ok((*metric, h))
+        })
+        .collect()
 }
 
 /// Summary statistics of a histogram, each value divided by `scale`.
@@ -937,14 +1029,17 @@ mod tests {
             let mut merged = RunMetrics::new();
             for part in &split {
                 // Through the wire encoding, as workers send them.
-                let decoded =
+                let mut decoded =
                     RunMetrics::decode(&part.encode_histograms(), part.counters, part.window)
                         .expect("decodes");
+                decoded
+                    .decode_failure(&part.encode_failure(HistogramEncoding::Deflate))
+                    .expect("decodes");
                 merged.merge(&decoded);
             }
             assert_eq!(merged.counters, whole.counters, "case {case}");
             assert_eq!(merged.window, whole.window, "case {case}");
-            for metric in Metric::ALL {
+            for metric in Metric::ALL.into_iter().chain(Metric::FAILURE) {
                 let (a, b) = (merged.histogram(metric), whole.histogram(metric));
                 assert_eq!(a.len(), b.len(), "case {case} {metric:?}");
                 let buckets_a: Vec<(u64, u64)> = a
@@ -1031,6 +1126,67 @@ mod tests {
         assert_eq!(m.histogram(Metric::Itl).len(), 0);
         assert_eq!(m.counters.failed(), 1);
         assert_eq!(m.counters.ended_early, 1);
+    }
+
+    /// The whole-run window runs from the first request sent to the last outcome of any
+    /// kind: 20 requests that succeed in the first 2 s and 80 that fail until 80 s rate the
+    /// run's tokens over 80 s, not 2 s. Failures' times to failure are their own distribution
+    /// and leave the success distributions as they were.
+    #[test]
+    fn the_window_runs_to_the_last_outcome_and_failures_are_timed_apart() {
+        let start = 1_700_000_000_000_000u64;
+        let success = |i: u64| RequestOutcome {
+            kind: OutcomeKind::Succeeded,
+            ttft_us: Some(100_000),
+            ttst_us: Some(10_000),
+            latency_us: Some(1_000_000),
+            content_frames: 50,
+            usage_output_tokens: Some(50),
+            input_tokens: Some(10),
+            schedule_lag_us: None,
+            sent_unix_us: Some(start + i * 50_000),
+            transport_cause: None,
+            resent: false,
+            unstreamed: false,
+            cached_input_tokens: None,
+        };
+        let mut only_successes = RunMetrics::new();
+        let mut m = RunMetrics::new();
+        for i in 0..20 {
+            only_successes.record(&success(i));
+            m.record(&success(i));
+        }
+        for i in 0..80u64 {
+            let mut failed = RequestOutcome::failed(FailureKind::Status);
+            failed.sent_unix_us = Some(start + 2_000_000 + i * 980_000);
+            failed.latency_us = Some(1_000_000);
+            m.record(&failed);
+            m.record_error(FailureKind::Status, Some(500), Some("upstream died"));
+        }
+        // Last failure: sent at 2 + 79 × 0.98 s, failed 1 s later.
+        assert!(
+            (m.window_seconds() - 80.42).abs() < 1e-9,
+            "{}",
+            m.window_seconds()
+        );
+        assert!((m.output_tokens_per_second() - 1000.0 / 80.42).abs() < 1e-9);
+        assert!((only_successes.window_seconds() - 1.95).abs() < 1e-9);
+        let ttf = m.stats(Metric::ErrorLatency).expect("times to failure");
+        assert_eq!(ttf.count, 80);
+        assert!((ttf.p50 - 1000.0).abs() < 1.0, "{ttf:?}");
+        for metric in Metric::ALL {
+            assert_eq!(m.stats(metric), only_successes.stats(metric), "{metric:?}");
+        }
+        let errors = m.errors.samples();
+        assert_eq!(errors.len(), 1);
+        assert_eq!(
+            (
+                errors[0].status,
+                errors[0].message.as_deref(),
+                errors[0].count
+            ),
+            (Some(500), Some("upstream died"), 80)
+        );
     }
 
     #[test]

@@ -228,6 +228,7 @@ impl Quantity {
         let mut all: Vec<Quantity> = Metric::ALL
             .iter()
             .chain(&Metric::CONNECTION)
+            .chain(&Metric::FAILURE)
             .flat_map(|&metric| {
                 Stat::ALL
                     .iter()
@@ -494,6 +495,7 @@ fn valid_names_listing() -> String {
     let mut lines: Vec<String> = Metric::ALL
         .iter()
         .chain(&Metric::CONNECTION)
+        .chain(&Metric::FAILURE)
         .map(|&metric| {
             let names: Vec<String> = Stat::ALL
                 .iter()
@@ -608,7 +610,7 @@ mod tests {
     #[test]
     fn every_contract_name_is_valid() {
         let names = valid_metric_names();
-        assert_eq!(names.len(), 10 * 7 + 11);
+        assert_eq!(names.len(), 11 * 7 + 11);
         for family in [
             "ttft",
             "ttst",
@@ -620,6 +622,7 @@ mod tests {
             "schedule-lag",
             "connect",
             "tls-handshake",
+            "error-latency",
         ] {
             for stat in ["avg", "min", "max", "p50", "p90", "p95", "p99"] {
                 let name = format!("llm.{family}-{stat}");

@@ -9,8 +9,8 @@ use common::formats::pin::PinMode;
 use common::load::{Arrival, LoadModel, Schedule};
 use common::measure::{FailureKind, OutcomeKind, RequestOutcome};
 use common::metrics::{
-    Counters, HistogramEncoding, MetricsDecodeError, RecordMeta, RequestRecord, RunMetrics,
-    SliceTotals, SparseMetrics, TransportCounters, Window,
+    Counters, ErrorSample, ErrorSummary, HistogramEncoding, MetricsDecodeError, RecordMeta,
+    RequestRecord, RunMetrics, SliceTotals, SparseMetrics, TransportCounters, Window,
 };
 
 use common::timeline::{Timeline, TimelineError};
@@ -33,6 +33,18 @@ pub fn report_to_proto_as(report: &WorkerReport, encoding: HistogramEncoding) ->
         r#final: report.is_final,
         histograms,
         connection_histograms,
+        failure_histograms: metrics.encode_failure(encoding),
+        errors: metrics
+            .errors
+            .samples()
+            .into_iter()
+            .map(|s| v1::ErrorSample {
+                kind: s.kind.name().to_owned(),
+                status: s.status.map(u32::from),
+                message: s.message.clone(),
+                count: s.count,
+            })
+            .collect(),
         counters: Some(v1::Counters {
             succeeded: c.succeeded,
             ended_early: c.ended_early,
@@ -149,6 +161,8 @@ pub enum ReportDecodeError {
     Metrics(#[from] MetricsDecodeError),
     #[error("timeline: {0}")]
     Timeline(#[from] TimelineError),
+    #[error("errors: {0}")]
+    Errors(String),
 }
 
 impl ReceivedReport {
@@ -299,7 +313,9 @@ impl ReceivedReport {
 
 /// Decode a report message into the coordinator's domain form.
 pub fn report_from_proto(report: &v1::Report) -> Result<ReceivedReport, ReportDecodeError> {
-    let (metrics, totals, status_codes) = metrics_from_report(report)?;
+    let (mut metrics, totals, status_codes) = metrics_from_report(report)?;
+    metrics.decode_failure(&report.failure_histograms)?;
+    metrics.errors = errors_from_report(report).map_err(ReportDecodeError::Errors)?;
     let timeline = timeline_from_report(report)?;
     Ok(ReceivedReport {
         seq: report.seq,
@@ -381,6 +397,33 @@ pub fn metrics_from_report(
         .filter_map(|(code, n)| u16::try_from(*code).ok().map(|code| (code, *n)))
         .collect();
     Ok((metrics, totals, codes))
+}
+
+/// The error summary of a report, checked: known kinds, statuses that fit HTTP's, at most
+/// `MAX_ERROR_SAMPLES` entries, each message cleaned again (a peer's text reaches a user).
+pub fn errors_from_report(report: &v1::Report) -> Result<ErrorSummary, String> {
+    if report.errors.len() > common::metrics::MAX_ERROR_SAMPLES {
+        return Err(format!("{} error samples", report.errors.len()));
+    }
+    let samples = report
+        .errors
+        .iter()
+        .map(|s| {
+            let kind = FailureKind::from_name(&s.kind)
+                .ok_or_else(|| format!("unknown failure kind {:?}", s.kind))?;
+            let status = s
+                .status
+                .map(|code| u16::try_from(code).map_err(|_| format!("status {code}")))
+                .transpose()?;
+            Ok(ErrorSample {
+                kind,
+                status,
+                message: s.message.clone(),
+                count: s.count,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    ErrorSummary::from_samples(samples)
 }
 
 /// Put a worker's timeline (steady-state window) into its report.
@@ -834,11 +877,13 @@ mod tests {
     #[test]
     fn a_report_survives_the_wire() {
         let mut metrics = RunMetrics::default();
-        for (i, metric) in Metric::ALL.iter().chain(&Metric::CONNECTION).enumerate() {
+        for (i, metric) in Metric::every().enumerate() {
             for value in [0, 1, 999, 2_049, 1_000_000 + i as u64, 7 << 40] {
-                metrics.record_value(*metric, value);
+                metrics.record_value(metric, value);
             }
         }
+        metrics.record_error(FailureKind::Status, Some(503), Some("upstream died"));
+        metrics.record_error(FailureKind::Transport, None, None);
         metrics.counters.succeeded = 5;
         metrics.counters.failed_transport = 1;
         metrics.counters.transport.refused = 1;
@@ -870,15 +915,16 @@ mod tests {
             assert_eq!(back.metrics.counters, report.metrics.counters);
             // Every bucket of every histogram, connections too, lands where it was.
             let sent = SparseMetrics::from(&report.metrics);
-            for metric in Metric::ALL.iter().chain(&Metric::CONNECTION) {
-                assert_eq!(back.metrics.histogram(*metric).len(), 6, "{metric:?}");
+            for metric in Metric::every() {
+                assert_eq!(back.metrics.histogram(metric).len(), 6, "{metric:?}");
                 assert_eq!(
-                    back.metrics.histogram(*metric),
-                    sent.histogram(*metric),
+                    back.metrics.histogram(metric),
+                    sent.histogram(metric),
                     "{metric:?}"
                 );
-                assert_eq!(back.metrics.stats(*metric), report.metrics.stats(*metric));
+                assert_eq!(back.metrics.stats(metric), report.metrics.stats(metric));
             }
+            assert_eq!(back.metrics.errors, report.metrics.errors);
             // The dense decoder (baselines, `report`) reads both as well.
             let dense = RunMetrics::decode_with_connections(
                 &wire.histograms,
@@ -899,5 +945,35 @@ mod tests {
             (back.cpu_seconds, back.peak_rss_bytes, back.cores),
             (1.5, 1 << 20, 4)
         );
+    }
+
+    /// A report without failure histograms or errors (an older worker) decodes with none; a
+    /// report whose errors name an unknown kind, or hold too many, is refused; a message from
+    /// the wire is cleaned again.
+    #[test]
+    fn error_samples_are_checked_where_they_arrive() {
+        let mut wire = report_to_proto(&WorkerReport::default());
+        wire.failure_histograms.clear();
+        let back = report_from_proto(&wire).expect("an older worker's report");
+        assert!(back.metrics.errors.is_empty());
+        assert_eq!(back.metrics.histogram(Metric::ErrorLatency).len(), 0);
+
+        let sample = |kind: &str, message: &str| v1::ErrorSample {
+            kind: kind.into(),
+            status: Some(400),
+            message: Some(message.into()),
+            count: 1,
+        };
+        wire.errors = vec![sample("status", "bad\x1b[31m key sk-abcdefghijklmnopqrst")];
+        let back = report_from_proto(&wire).expect("valid");
+        let samples = back.metrics.errors.samples();
+        assert_eq!(
+            samples[0].message.as_deref(),
+            Some("bad [31m key [redacted]")
+        );
+        wire.errors = vec![sample("nonsense", "x")];
+        assert!(report_from_proto(&wire).is_err());
+        wire.errors = (0..300).map(|i| sample("status", &i.to_string())).collect();
+        assert!(report_from_proto(&wire).is_err());
     }
 }

@@ -27,7 +27,7 @@ use common::measure::{
     FailureKind, OutcomeKind, RequestOutcome, StreamMeter, estimate_input_tokens,
     measure_unstreamed,
 };
-use common::metrics::SliceTotals;
+use common::metrics::{MAX_ERROR_BODY_KEPT, SliceTotals, error_message};
 use common::pacer::{Pacer, PacerThread};
 use rand::{Rng, SeedableRng};
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
@@ -652,7 +652,8 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
                 }
                 None => None,
             };
-            let (outcome, status) = send_one(&config, &client, &item.path, request, intended).await;
+            let (outcome, status, message) =
+                send_one(&config, &client, &item.path, request, intended).await;
             if let Some(done) = done {
                 let _ = done.send(Instant::now());
             }
@@ -662,7 +663,9 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
                 session: item.session,
             });
             let pinned = config.faithful.pin.and(item.pin_output_tokens);
-            metrics.record(outcome, warmup, status, meta, pinned).await;
+            metrics
+                .record(outcome, warmup, status, message, meta, pinned)
+                .await;
         });
 
         // Unpaced (a closed loop): let the new request run now, and its connection write
@@ -792,15 +795,35 @@ fn unix_nanos(t: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
-/// Send one request and measure its response. Returns the outcome and the response's HTTP
-/// status when one came.
+/// Send one request and measure its response. Returns the outcome, the response's HTTP
+/// status when one came, and what a failed one was told (the error body's or error frame's
+/// message, cleaned). A failed outcome's `latency_us` is its time to failure.
 async fn send_one(
     config: &ReplayConfig,
     client: &TargetClient,
     path: &str,
     prepared: PreparedRequest,
     intended: Option<Instant>,
-) -> (RequestOutcome, Option<u16>) {
+) -> (RequestOutcome, Option<u16>, Option<String>) {
+    let (outcome, status, message) = measure_one(config, client, path, prepared, intended).await;
+    (
+        outcome,
+        status,
+        message.filter(|_| outcome_failed(&outcome)),
+    )
+}
+
+fn outcome_failed(outcome: &RequestOutcome) -> bool {
+    matches!(outcome.kind, OutcomeKind::Failed(_))
+}
+
+async fn measure_one(
+    config: &ReplayConfig,
+    client: &TargetClient,
+    path: &str,
+    prepared: PreparedRequest,
+    intended: Option<Instant>,
+) -> (RequestOutcome, Option<u16>, Option<String>) {
     let PreparedRequest {
         method,
         url,
@@ -817,6 +840,11 @@ async fn send_one(
     // Lag is the scheduler's: measured at the first attempt, whatever happened after.
     let lag = intended.map(|t| sent.first_t0.saturating_duration_since(t).as_micros() as u64);
     let finish = |mut outcome: RequestOutcome| {
+        if outcome_failed(&outcome) {
+            // Time to failure: now, when the failure is known (a status failure sets its
+            // own: the head's arrival). Never the success distributions'.
+            outcome.latency_us = Some(t0.elapsed().as_micros() as u64);
+        }
         outcome.schedule_lag_us = lag;
         outcome.sent_unix_us = Some(sent_unix_us);
         outcome.resent = resent;
@@ -830,20 +858,30 @@ async fn send_one(
     let mut response = match sent.result {
         Ok(response) => response,
         Err(SendFailure::Timeout) => {
-            return (finish(RequestOutcome::failed(FailureKind::Timeout)), None);
+            return (
+                finish(RequestOutcome::failed(FailureKind::Timeout)),
+                None,
+                None,
+            );
         }
         Err(SendFailure::Transport(cause)) => {
-            return (finish(RequestOutcome::transport_failure(cause)), None);
+            return (finish(RequestOutcome::transport_failure(cause)), None, None);
         }
     };
     let status = response.status();
     let code = Some(status.as_u16());
     if !status.is_success() {
-        // Drain a short error body (bounded by the deadline) so the connection can be
-        // reused; past the cap the connection is dropped instead of reading on.
+        // The failure is known at the head: that is its time to failure.
+        let failed_after_us = t0.elapsed().as_micros() as u64;
+        // Keep the first MAX_ERROR_BODY_KEPT bytes for the message; drain the rest of a
+        // short error body (bounded by the deadline) so the connection can be reused; past
+        // the cap the connection is dropped instead of reading on.
+        let mut kept: Vec<u8> = Vec::new();
         let drain = async {
             let mut read = 0usize;
             while let Ok(Some(chunk)) = response.chunk().await {
+                let room = MAX_ERROR_BODY_KEPT.saturating_sub(kept.len());
+                kept.extend_from_slice(&chunk[..chunk.len().min(room)]);
                 read += chunk.len();
                 if read > MAX_ERROR_BODY_BYTES {
                     break;
@@ -851,7 +889,9 @@ async fn send_one(
             }
         };
         let _ = tokio::time::timeout_at(deadline, drain).await;
-        return (finish(RequestOutcome::failed(FailureKind::Status)), code);
+        let mut outcome = finish(RequestOutcome::failed(FailureKind::Status));
+        outcome.latency_us = Some(failed_after_us);
+        return (outcome, code, error_message(&kept));
     }
     let content_type = response.content_type().map(str::to_owned);
     let content_type = content_type.as_deref();
@@ -864,18 +904,24 @@ async fn send_one(
     let first = tokio::select! {
         biased;
         _ = &mut expired => {
-            return (finish(RequestOutcome::failed(FailureKind::Timeout)), code);
+            return (finish(RequestOutcome::failed(FailureKind::Timeout)), code, None);
         }
         chunk = response.chunk() => chunk,
     };
     let t_first = t0.elapsed().as_micros() as u64;
     let first = match first {
         Ok(Some(bytes)) => bytes,
-        Ok(None) => return (finish(RequestOutcome::failed(FailureKind::Empty)), code),
+        Ok(None) => {
+            return (
+                finish(RequestOutcome::failed(FailureKind::Empty)),
+                code,
+                None,
+            );
+        }
         Err(error) => {
             let cause = crate::client::classify(&error);
             tracing::debug!(%error, url = %common::recording::redact_url(&url), cause = cause.name(), "body failed before its first byte");
-            return (finish(RequestOutcome::transport_failure(cause)), code);
+            return (finish(RequestOutcome::transport_failure(cause)), code, None);
         }
     };
 
@@ -889,7 +935,7 @@ async fn send_one(
             let chunk = tokio::select! {
                 biased;
                 _ = &mut expired => {
-                    return (finish(RequestOutcome::failed(FailureKind::Timeout)), code);
+                    return (finish(RequestOutcome::failed(FailureKind::Timeout)), code, None);
                 }
                 chunk = response.chunk() => chunk,
             };
@@ -905,7 +951,11 @@ async fn send_one(
                 Ok(None) => break,
                 Err(error) => {
                     tracing::debug!(%error, url = %common::recording::redact_url(&url), "body cut");
-                    return (finish(RequestOutcome::failed(FailureKind::Transport)), code);
+                    return (
+                        finish(RequestOutcome::failed(FailureKind::Transport)),
+                        code,
+                        None,
+                    );
                 }
             };
         }
@@ -920,16 +970,22 @@ async fn send_one(
             outcome.unstreamed = true;
             outcome.latency_us = Some(t_last);
             outcome.content_frames = 1;
-            return (finish(outcome), code);
+            return (finish(outcome), code, None);
         }
         let family = formats::detect(path, content_type, &whole);
-        return (finish(measure_unstreamed(family, &whole, t_last)), code);
+        let outcome = measure_unstreamed(family, &whole, t_last);
+        // A one-body error object (a 200 holding `{"error":…}`) says why.
+        let message = outcome_failed(&outcome)
+            .then(|| error_message(&whole))
+            .flatten();
+        return (finish(outcome), code, message);
     }
 
     let family = formats::detect(path, content_type, &first).unwrap_or(Family::OpenAiChat);
     let mut meter = StreamMeter::new(family);
     if meter.on_read(t_first, &first).is_err() {
-        return (finish(meter.finish_broken()), code);
+        let message = meter.error_message().map(str::to_owned);
+        return (finish(meter.finish_broken()), code, message);
     }
     loop {
         if meter.is_terminal() {
@@ -938,12 +994,13 @@ async fn send_one(
             let t_us = t0.elapsed().as_micros() as u64;
             // Measured; the end of the body only frees the connection for the next request.
             response.finish().await;
-            return (finish(meter.finish(t_us, false)), code);
+            let (outcome, message) = meter.finish_with_message(t_us, false);
+            return (finish(outcome), code, message);
         }
         let chunk = tokio::select! {
             biased;
             _ = &mut expired => {
-                return (finish(RequestOutcome::failed(FailureKind::Timeout)), code);
+                return (finish(RequestOutcome::failed(FailureKind::Timeout)), code, meter.error_message().map(str::to_owned));
             }
             chunk = response.chunk() => chunk,
         };
@@ -952,18 +1009,22 @@ async fn send_one(
         match chunk {
             Ok(Some(bytes)) => {
                 if meter.on_read(t_us, &bytes).is_err() {
-                    return (finish(meter.finish_broken()), code);
+                    let message = meter.error_message().map(str::to_owned);
+                    return (finish(meter.finish_broken()), code, message);
                 }
             }
-            Ok(None) => return (finish(meter.finish(t_us, false)), code),
+            Ok(None) => {
+                let (outcome, message) = meter.finish_with_message(t_us, false);
+                return (finish(outcome), code, message);
+            }
             Err(error) => {
                 let cause = crate::client::classify(&error);
                 tracing::debug!(%error, url = %common::recording::redact_url(&url), cause = cause.name(), "stream cut");
-                let mut outcome = meter.finish(t_us, true);
+                let (mut outcome, message) = meter.finish_with_message(t_us, true);
                 if outcome.kind == OutcomeKind::Failed(FailureKind::Transport) {
                     outcome.transport_cause = Some(cause);
                 }
-                return (finish(outcome), code);
+                return (finish(outcome), code, message);
             }
         }
     }

@@ -40,6 +40,7 @@ enum Message {
         outcome: RequestOutcome,
         warmup: bool,
         status: Option<u16>,
+        message: Option<String>,
         meta: Option<RecordMeta>,
         pinned: Option<u64>,
     },
@@ -85,6 +86,7 @@ impl MetricsHandle {
                         outcome,
                         warmup,
                         status,
+                        message,
                         meta,
                         pinned,
                     } => {
@@ -109,6 +111,11 @@ impl MetricsHandle {
                                 .or_default() += 1;
                         }
                         snapshot.metrics.record(&outcome);
+                        if let common::measure::OutcomeKind::Failed(kind) = outcome.kind {
+                            snapshot
+                                .metrics
+                                .record_error(kind, status, message.as_deref());
+                        }
                         if let Some(pinned) = pinned {
                             snapshot.metrics.record_pinned(&outcome, pinned);
                         }
@@ -144,13 +151,15 @@ impl MetricsHandle {
     }
 
     /// Record one finished request. `status` is the HTTP status of the response when one
-    /// came; `meta` asks for a per-request record (`--requests-out`); `pinned` is the output
-    /// length the request asked for (`--pin-output-length`).
+    /// came; `message` what a failed one was told (cleaned); `meta` asks for a per-request
+    /// record (`--requests-out`); `pinned` is the output length the request asked for
+    /// (`--pin-output-length`).
     pub async fn record(
         &self,
         outcome: RequestOutcome,
         warmup: bool,
         status: Option<u16>,
+        message: Option<String>,
         meta: Option<RecordMeta>,
         pinned: Option<u64>,
     ) {
@@ -161,6 +170,7 @@ impl MetricsHandle {
                 outcome,
                 warmup,
                 status,
+                message,
                 meta,
                 pinned,
             })

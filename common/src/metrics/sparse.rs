@@ -11,8 +11,8 @@
 use hdrhistogram::Histogram;
 
 use super::{
-    Counters, Metric, MetricsDecodeError, RunMetrics, SIGNIFICANT_DIGITS, Stats, Window, stats_of,
-    validated_v2,
+    Counters, ErrorSummary, Metric, MetricsDecodeError, RunMetrics, SIGNIFICANT_DIGITS, Stats,
+    Window, stats_of, validated_v2,
 };
 
 /// One distribution as its non-zero buckets: `(value, count)` pairs in increasing value order,
@@ -28,22 +28,23 @@ pub struct SparseHistogram {
 /// report. The counters and the window are [`RunMetrics`]'s.
 #[derive(Debug, Clone)]
 pub struct SparseMetrics {
-    /// [`Metric::ALL`], then [`Metric::CONNECTION`], as in [`RunMetrics`].
+    /// [`Metric::every`]'s order, as in [`RunMetrics`].
     histograms: Vec<SparseHistogram>,
     pub counters: Counters,
     pub window: Option<Window>,
+    /// What the failed requests were told (see [`RunMetrics::errors`]).
+    pub errors: ErrorSummary,
 }
 
 impl Default for SparseMetrics {
     fn default() -> Self {
         SparseMetrics {
-            histograms: Metric::ALL
-                .iter()
-                .chain(&Metric::CONNECTION)
+            histograms: Metric::every()
                 .map(|_| SparseHistogram::default())
                 .collect(),
             counters: Counters::default(),
             window: None,
+            errors: ErrorSummary::default(),
         }
     }
 }
@@ -324,11 +325,31 @@ impl SparseMetrics {
                 None => SparseHistogram::default(),
             });
         }
+        histograms.extend(Metric::FAILURE.map(|_| SparseHistogram::default()));
         Ok(SparseMetrics {
             histograms,
             counters,
             window,
+            errors: ErrorSummary::default(),
         })
+    }
+
+    /// Set the failure histograms from [`RunMetrics::encode_failure`] output; `encoded` may
+    /// be empty (an older peer: no samples).
+    pub fn decode_failure(&mut self, encoded: &[Vec<u8>]) -> Result<(), MetricsDecodeError> {
+        if encoded.is_empty() {
+            return Ok(());
+        }
+        if encoded.len() != Metric::FAILURE.len() {
+            return Err(MetricsDecodeError::HistogramCount {
+                expected: Metric::FAILURE.len(),
+                got: encoded.len(),
+            });
+        }
+        for (bytes, metric) in encoded.iter().zip(Metric::FAILURE) {
+            self.histograms[metric.index()] = SparseHistogram::decode(bytes, metric.json_key())?;
+        }
+        Ok(())
     }
 
     /// The histogram of `metric`.
@@ -356,6 +377,7 @@ impl From<&RunMetrics> for SparseMetrics {
                 .collect(),
             counters: metrics.counters,
             window: metrics.window,
+            errors: metrics.errors.clone(),
         }
     }
 }
@@ -371,6 +393,7 @@ impl RunMetrics {
         if let Some(window) = other.window {
             self.extend_window(window);
         }
+        self.errors.merge(&other.errors);
     }
 }
 

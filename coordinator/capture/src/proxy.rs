@@ -282,9 +282,11 @@ pub async fn handle(
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    let mut recorded_headers = header_map(&parts.headers, false);
+    drop_other_hosts(&mut recorded_headers, state.upstream.authority.as_str());
     recorded.response = Some(Response {
         status: parts.status.as_u16(),
-        headers: header_map(&parts.headers, false),
+        headers: recorded_headers,
         frames: Vec::new(),
         complete: false,
         unknown: Map::new(),
@@ -342,6 +344,45 @@ fn header_map(headers: &HeaderMap, request: bool) -> BTreeMap<String, String> {
             .or_insert_with(|| value.to_owned());
     }
     out
+}
+
+/// Drop the recorded response headers whose value holds a URL of a host other than the
+/// upstream's: a gateway names its internal upstreams there (LiteLLM's
+/// `x-litellm-model-api-base: http://vllm-3.internal:8000/v1`), and a recording is shared
+/// further than the network it was made in. The client still gets them; only the recording
+/// leaves them out.
+fn drop_other_hosts(headers: &mut BTreeMap<String, String>, upstream: &str) {
+    headers.retain(|name, value| {
+        let keep = !names_other_host(value, upstream);
+        if !keep {
+            tracing::debug!(header = %name, "response header naming another host left out of the recording");
+        }
+        keep
+    });
+}
+
+/// True when `value` holds a URL (`scheme://host…`) whose authority is not `upstream`'s
+/// (compared without user info, case-insensitively).
+fn names_other_host(value: &str, upstream: &str) -> bool {
+    let mut rest = value;
+    while let Some(at) = rest.find("://") {
+        let after = &rest[at + 3..];
+        let end = after
+            .find(|c: char| {
+                matches!(c, '/' | '?' | '#' | '"' | '\'' | ',' | ';' | '<' | '>')
+                    || c.is_whitespace()
+            })
+            .unwrap_or(after.len());
+        let authority = &after[..end];
+        let host = authority
+            .rsplit_once('@')
+            .map_or(authority, |(_, host)| host);
+        if !host.is_empty() && !host.eq_ignore_ascii_case(upstream) {
+            return true;
+        }
+        rest = &after[end..];
+    }
+    false
 }
 
 /// Client headers to forward: all but hop-by-hop and `host` (set from the upstream URL), with
@@ -618,6 +659,32 @@ impl Drop for RecordingBody {
             } else {
                 pending.finish(StreamEnd::ClientLeft);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod header_tests {
+    use super::names_other_host;
+
+    #[test]
+    fn a_url_of_another_host_is_found_the_upstream_own_is_not() {
+        let upstream = "gateway:4000";
+        for other in [
+            "http://vllm-3.internal:8000/v1",
+            "https://user:pw@10.0.0.7/x",
+            "<https://elsewhere>; rel=next",
+            "see https://gateway:4000/a and http://db:5432",
+        ] {
+            assert!(names_other_host(other, upstream), "{other}");
+        }
+        for same in [
+            "req-42",
+            "https://GATEWAY:4000/v1/models",
+            "text/event-stream",
+            "max-age=0",
+        ] {
+            assert!(!names_other_host(same, upstream), "{same}");
         }
     }
 }

@@ -57,6 +57,14 @@ async fn tls_upstream() -> (u16, String, Arc<Mutex<Vec<http::Version>>>) {
                             http::header::CONTENT_TYPE,
                             http::HeaderValue::from_static("text/event-stream"),
                         );
+                        // A gateway naming its internal upstream (LiteLLM does).
+                        response.headers_mut().insert(
+                            "x-litellm-model-api-base",
+                            http::HeaderValue::from_static("http://vllm-3.internal:8000/v1"),
+                        );
+                        response
+                            .headers_mut()
+                            .insert("x-request-id", http::HeaderValue::from_static("req-42"));
                         Ok::<_, std::convert::Infallible>(response)
                     }
                 });
@@ -108,6 +116,11 @@ async fn records_through_a_tls_upstream_over_http2() {
     let received = String::from_utf8_lossy(&received);
     assert!(received.starts_with("HTTP/1.1 200"), "{received}");
     assert!(received.contains("data: [DONE]"), "{received}");
+    // The client gets the upstream's headers unchanged...
+    assert!(
+        received.contains("x-litellm-model-api-base: http://vllm-3.internal:8000/v1"),
+        "{received}"
+    );
     let _ = stop.send(());
     let summary = proxy.await.expect("task").expect("proxy ran");
     assert_eq!(summary.written, 1);
@@ -116,6 +129,14 @@ async fn records_through_a_tls_upstream_over_http2() {
     let recorded = common::recording::read_all(&out).expect("readable");
     let response = recorded[0].response.as_ref().expect("response");
     assert!(response.complete && response.has_timing());
+    // ...the recording leaves out the one naming another host, and keeps the rest.
+    assert_eq!(response.header("x-litellm-model-api-base"), None);
+    assert_eq!(response.header("x-request-id"), Some("req-42"));
+    assert!(
+        !std::fs::read_to_string(&out)
+            .expect("recording")
+            .contains("vllm-3.internal")
+    );
     let text: Vec<u8> = response
         .frames
         .iter()

@@ -98,6 +98,12 @@ pub enum MockError {
     TlsCertKey(#[source] rustls::Error),
     #[error("starting the pacer thread")]
     Pacer(#[source] std::io::Error),
+    #[error("--fail-body-file {}", path.display())]
+    FailBody {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("truth log {}", path.display())]
     WriteLog {
         path: PathBuf,
@@ -168,6 +174,23 @@ pub struct MockArgs {
     /// Length of an injected stall.
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     pub stall: Duration,
+    /// Serve the first N requests, then fail every one after (a server or a gateway's
+    /// upstream that dies mid-run), with --fail-status, --fail-delay and --fail-body.
+    #[arg(long, value_name = "N")]
+    pub fail_after: Option<u64>,
+    /// HTTP status of injected failures (--fail-rate, --fail-after).
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u16).range(400..=599))]
+    pub fail_status: u16,
+    /// Wait this long before answering an injected failure (e.g. a gateway's upstream timeout).
+    #[arg(long, default_value = "0", value_parser = parse_duration)]
+    pub fail_delay: Duration,
+    /// Body of injected failures, sent as is (an object or array as application/json,
+    /// anything else as text/plain); default: the family's error object.
+    #[arg(long, value_name = "TEXT", conflicts_with = "fail_body_file")]
+    pub fail_body: Option<String>,
+    /// --fail-body read from a file (for large or binary bodies).
+    #[arg(long, value_name = "FILE")]
+    pub fail_body_file: Option<PathBuf>,
     /// Seed for fault choice (deterministic in request arrival order).
     #[arg(long)]
     pub seed: Option<u64>,
@@ -204,6 +227,31 @@ pub struct FaultConfig {
     pub stall: Duration,
 }
 
+/// How injected failures answer (`--fail-after`, `--fail-status`, `--fail-delay`,
+/// `--fail-body`); `--fail-rate` failures answer the same way.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FailureConfig {
+    /// Serve this many requests, then fail every one after; `None` = never.
+    pub after: Option<u64>,
+    /// The HTTP status of an injected failure.
+    pub status: u16,
+    /// Wait before answering it.
+    pub delay: Duration,
+    /// Its body, as is; `None` = the family's error object.
+    pub body: Option<Bytes>,
+}
+
+impl Default for FailureConfig {
+    fn default() -> Self {
+        FailureConfig {
+            after: None,
+            status: 500,
+            delay: Duration::ZERO,
+            body: None,
+        }
+    }
+}
+
 /// The validated mock configuration.
 #[derive(Debug, Clone)]
 pub struct MockConfig {
@@ -218,6 +266,8 @@ pub struct MockConfig {
     /// Waiting requests allowed beyond the cap; `None` = no limit.
     pub max_queue: Option<usize>,
     pub faults: FaultConfig,
+    /// How injected failures answer, and when every request starts failing.
+    pub failure: FailureConfig,
     pub seed: Option<u64>,
     pub request_log: Option<PathBuf>,
     /// Server-truth timing log (`--write-log`), written when the server stops.
@@ -244,6 +294,7 @@ impl Default for MockConfig {
                 stall: Duration::from_secs(1),
                 ..FaultConfig::default()
             },
+            failure: FailureConfig::default(),
             seed: None,
             request_log: None,
             write_log: None,
@@ -271,6 +322,16 @@ impl MockArgs {
             }
             _ => None,
         };
+        let fail_body = match (&self.fail_body, &self.fail_body_file) {
+            (Some(text), _) => Some(Bytes::from(text.clone())),
+            (None, Some(path)) => Some(Bytes::from(std::fs::read(path).map_err(|source| {
+                MockError::FailBody {
+                    path: path.clone(),
+                    source,
+                }
+            })?)),
+            (None, None) => None,
+        };
         Ok(MockConfig {
             ttft: self.ttft,
             itl: self.itl,
@@ -285,6 +346,12 @@ impl MockArgs {
                 drop_rate: self.drop_rate,
                 stall_rate: self.stall_rate,
                 stall: self.stall,
+            },
+            failure: FailureConfig {
+                after: self.fail_after,
+                status: self.fail_status,
+                delay: self.fail_delay,
+                body: fail_body,
             },
             seed: self.seed,
             request_log: self.request_log,
@@ -532,6 +599,8 @@ struct State {
     truth: Option<Arc<truth::TruthLog>>,
     /// Request numbers of the truth log (every request, routed or not).
     next_trace: AtomicU64,
+    /// Synthetic requests seen so far (`--fail-after` counts them).
+    synthetic_seen: AtomicU64,
 }
 
 impl State {
@@ -567,6 +636,7 @@ impl State {
         Ok(State {
             truth,
             next_trace: AtomicU64::new(1),
+            synthetic_seen: AtomicU64::new(0),
             slots: config.max_streams.map(|n| Arc::new(Semaphore::new(n))),
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
             waiting: AtomicUsize::new(0),
@@ -752,12 +822,10 @@ async fn serve_synthetic(
         Err(message) => return error_response(wire, 400, &message),
     };
     let (fail, fault, stall) = state.draw_faults();
-    if fail {
-        return error_response(
-            wire,
-            500,
-            "The server had an error while processing your request (injected by llm-replay mock).",
-        );
+    let seen = state.synthetic_seen.fetch_add(1, Ordering::SeqCst);
+    let failing = config.failure.after.is_some_and(|after| seen >= after);
+    if fail || failing {
+        return injected_failure(&config.failure, wire).await;
     }
     let (permit, start) = match state.admit(arrival).await {
         Ok(admitted) => admitted,
@@ -960,6 +1028,35 @@ fn json_response(status: StatusCode, body: &'static [u8]) -> MockResponse {
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// An injected failure: after `--fail-delay`, `--fail-status` with `--fail-body` (or the
+/// family's error object).
+async fn injected_failure(failure: &FailureConfig, wire: Wire) -> MockResponse {
+    if !failure.delay.is_zero() {
+        tokio::time::sleep(failure.delay).await;
+    }
+    let Some(body) = &failure.body else {
+        return error_response(
+            wire,
+            failure.status,
+            "The server had an error while processing your request (injected by llm-replay mock).",
+        );
+    };
+    // By its first byte: a body of megabytes is not parsed for each answer.
+    let is_json = matches!(body.trim_ascii_start().first(), Some(b'{' | b'['));
+    let mut response = Response::new(TimedBody::full(body.clone()));
+    *response.status_mut() =
+        StatusCode::from_u16(failure.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(if is_json {
+            "application/json"
+        } else {
+            "text/plain; charset=utf-8"
+        }),
     );
     response
 }

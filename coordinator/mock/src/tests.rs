@@ -899,3 +899,105 @@ async fn drop_fault_writes_the_kept_frames_even_when_the_cut_is_due_with_them() 
     server.shutdown().await;
     let _ = std::fs::remove_file(&path);
 }
+
+/// `--fail-after N`: the first N requests are served, every one after answers
+/// `--fail-status` with `--fail-body` after `--fail-delay` (a server that dies mid-run).
+#[tokio::test]
+async fn fail_after_serves_n_requests_then_fails_each_with_the_given_status_body_and_delay() {
+    let body = r#"{"error":{"message":"upstream connect error","type":"None","code":"503"}}"#;
+    let server = Server::start(MockConfig {
+        failure: FailureConfig {
+            after: Some(2),
+            status: 503,
+            delay: Duration::from_millis(50),
+            body: Some(Bytes::from_static(body.as_bytes())),
+        },
+        ..fast()
+    })
+    .await;
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        let started = Instant::now();
+        let response = request(server.addr, "POST", "/v1/chat/completions", &[], CHAT).await;
+        if response.status == 503 {
+            assert_eq!(response.text(), body);
+            assert_eq!(response.header("content-type"), Some("application/json"));
+            assert!(started.elapsed() >= Duration::from_millis(50));
+        }
+        statuses.push(response.status);
+    }
+    assert_eq!(statuses, [200, 200, 503, 503]);
+    server.shutdown().await;
+
+    // Without a body: the family's error object, with the status asked for.
+    let server = Server::start(MockConfig {
+        failure: FailureConfig {
+            after: Some(0),
+            status: 404,
+            ..FailureConfig::default()
+        },
+        ..fast()
+    })
+    .await;
+    let response = request(
+        server.addr,
+        "POST",
+        "/v1/messages",
+        &[],
+        r#"{"model":"m","max_tokens":4,"messages":[]}"#,
+    )
+    .await;
+    assert_eq!(response.status, 404);
+    assert!(
+        response.text().contains(r#""type":"error""#),
+        "{}",
+        response.text()
+    );
+    server.shutdown().await;
+}
+
+#[test]
+fn failure_flags_parse_into_the_config() {
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        mock: MockArgs,
+    }
+    use clap::Parser as _;
+    let cli = Cli::try_parse_from([
+        "mock",
+        "--fail-after",
+        "20",
+        "--fail-status",
+        "502",
+        "--fail-delay",
+        "1s",
+        "--fail-body",
+        "Bad Gateway",
+    ])
+    .expect("parses");
+    let config = cli.mock.into_config().expect("valid");
+    assert_eq!(
+        config.failure,
+        FailureConfig {
+            after: Some(20),
+            status: 502,
+            delay: Duration::from_secs(1),
+            body: Some(Bytes::from_static(b"Bad Gateway")),
+        }
+    );
+    assert_eq!(
+        Cli::try_parse_from(["mock"])
+            .expect("defaults")
+            .mock
+            .into_config()
+            .expect("valid")
+            .failure,
+        FailureConfig::default()
+    );
+    // A success status is no failure; a body and a body file are one too many.
+    assert!(Cli::try_parse_from(["mock", "--fail-status", "200"]).is_err());
+    assert!(
+        Cli::try_parse_from(["mock", "--fail-body", "x", "--fail-body-file", "/dev/null"]).is_err()
+    );
+}

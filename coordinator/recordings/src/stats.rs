@@ -214,7 +214,15 @@ pub fn recording_stats(path: &Path) -> Result<RecordingStats, RecordingError> {
             *out.isl_sources.entry(isl_source).or_default() += 1;
         }
         let complete = exchange.response.as_ref().is_some_and(|r| r.complete);
-        let osl_value = if let Some(n) = usage_out {
+        // A failed exchange (a recorded 400) generated nothing: it has no output length, and
+        // its request's max_tokens says nothing about one.
+        let failed = exchange
+            .response
+            .as_ref()
+            .is_some_and(|r| !(200..300).contains(&r.status));
+        let osl_value = if failed {
+            None
+        } else if let Some(n) = usage_out {
             Some((n, "usage"))
         } else if complete && content_frames > 0 {
             Some((content_frames, "frames"))
@@ -448,6 +456,33 @@ mod tests {
         assert_eq!(s.osl_sources.get("max_tokens"), Some(&4));
         assert_eq!(s.models.get("b"), Some(&3));
         assert_eq!(s.families.get("openai-chat"), Some(&4));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// A recorded 400 has no output length: its request's max_tokens is not counted in OSL
+    /// (it was, as 4096 tokens beside the real answers').
+    #[test]
+    fn a_failed_exchange_has_no_output_length() {
+        let dir = std::env::temp_dir().join(format!("llm-replay-stats-400-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("r.jsonl");
+        let body = serde_json::json!({"model": "nope", "max_tokens": 4096,
+            "messages": [{"role": "user", "content": "hi"}]});
+        let failed = serde_json::json!({"at_ms": 0.0,
+            "request": {"path": "/v1/chat/completions", "body": body.to_string()},
+            "response": {"status": 400, "headers": {"content-type": "application/json"},
+                "frames": [{"t_ms": 5.0, "data": "{\"error\":{\"message\":\"Invalid model name\"}}"}],
+                "complete": true}});
+        let ok_body = serde_json::json!({"model": "m", "max_tokens": 7,
+            "messages": [{"role": "user", "content": "hi"}]});
+        let ok = serde_json::json!({"at_ms": 10.0,
+            "request": {"path": "/v1/chat/completions", "body": ok_body.to_string()}});
+        std::fs::write(&path, format!("{failed}\n{ok}\n")).expect("write");
+        let s = recording_stats(&path).expect("stats");
+        assert_eq!(s.exchanges, 2);
+        let osl = s.osl_tokens.expect("osl");
+        assert_eq!((osl.min, osl.max, osl.count), (7.0, 7.0, 1), "{osl:?}");
+        assert_eq!(s.osl_sources.get("max_tokens"), Some(&1));
         std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -254,12 +254,13 @@ pub(super) fn token_sources(report: &Report) -> String {
         .llm
         .estimated_token_share_pct
         .map_or_else(|| NO_VALUE.to_string(), |p| format!("{p:.1} %"));
-    let cached = report
-        .llm
-        .cached_input_share_pct
-        .map_or_else(String::new, |p| {
-            format!(" · prompt cache {p:.1} % of input")
-        });
+    // Usage reports without cached-token counts (vLLM without
+    // --enable-prompt-tokens-details): the share is unknown, not 0.
+    let cached = match report.llm.cached_input_share_pct {
+        Some(p) => format!(" · prompt cache {p:.1} % of input"),
+        None if report.requests.usage_reported > 0 => " · prompt cache unknown".to_owned(),
+        None => String::new(),
+    };
     let unstreamed = match report.requests.unstreamed {
         0 => String::new(),
         n => format!(" · unstreamed {n}"),

@@ -615,9 +615,11 @@ fn metrics_tables(out: &mut String, report: &Report) {
         let _ = write!(out, "<th>{column}</th>");
     }
     let _ = writeln!(out, "</tr>");
-    // The connection metrics are per connection and shown only when connections were timed.
+    // The connection metrics are per connection and shown only when connections were timed;
+    // time to failure only when something failed.
     let connection = Metric::CONNECTION
         .into_iter()
+        .chain(Metric::FAILURE)
         .filter(|&metric| report.llm.stats(metric).is_some());
     for metric in Metric::ALL.into_iter().chain(connection) {
         let _ = write!(out, "<tr><td>{}</td>", esc(metric.label()));
@@ -657,6 +659,23 @@ fn metrics_tables(out: &mut String, report: &Report) {
         let _ = writeln!(out, "<li>Warm-up: {} requests excluded</li>", r.warmup);
     }
     let _ = writeln!(out, "</ul>");
+    let errors = super::errors::error_rows(report);
+    if !errors.is_empty() {
+        let _ = writeln!(
+            out,
+            "<h3>Errors (what the server said)</h3>\n<table>\n<tr><th>Failure</th><th>Count</th><th>Message</th></tr>"
+        );
+        for row in errors {
+            let _ = writeln!(
+                out,
+                "<tr><td>{}</td><td class=\"n\">{}</td><td>{}</td></tr>",
+                esc(&row.what),
+                row.count,
+                esc(&row.message)
+            );
+        }
+        let _ = writeln!(out, "</table>");
+    }
 
     let _ = writeln!(out, "<h2>Throughput</h2>\n<table>");
     for (name, value) in [
@@ -669,7 +688,7 @@ fn metrics_tables(out: &mut String, report: &Report) {
             format::rate(report.llm.requests_per_second),
         ),
         (
-            "Measured window",
+            "Measured window (first request sent → last outcome of any kind)",
             report
                 .llm
                 .measured_window_s

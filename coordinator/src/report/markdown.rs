@@ -39,12 +39,49 @@ pub fn render_markdown(report: &Report) -> String {
     headline(&mut out, report);
     sparkline_line(&mut out, report);
     regressions(&mut out, report);
+    errors(&mut out, report);
     faithful(&mut out, report);
     goals(&mut out, report);
     sweep(&mut out, report);
     warnings(&mut out, report);
     debug_assert!(out.lines().count() < MAX_LINES, "{out}");
     out
+}
+
+/// Error-summary rows shown at most (the JSON has them all), on one line to keep the
+/// comment under [`MAX_LINES`].
+const MAX_ERROR_ROWS: usize = 3;
+
+/// What the server said to the failed requests: the most frequent kinds, statuses and
+/// messages.
+fn errors(out: &mut String, report: &Report) {
+    let rows = super::errors::error_rows(report);
+    if rows.is_empty() {
+        return;
+    }
+    let mut items: Vec<String> = rows
+        .iter()
+        .take(MAX_ERROR_ROWS)
+        .map(|row| {
+            format!(
+                "{} ×{}: {}",
+                plain(&row.what),
+                row.count,
+                plain(&row.message)
+            )
+        })
+        .collect();
+    if rows.len() > MAX_ERROR_ROWS {
+        items.push(format!(
+            "{} more in the JSON report",
+            rows.len() - MAX_ERROR_ROWS
+        ));
+    }
+    let _ = writeln!(
+        out,
+        "\n**Errors (what the server said):** {}",
+        items.join(" · ")
+    );
 }
 
 /// Pinned lengths, session mode and sampling: one line per setting used.
@@ -55,7 +92,7 @@ fn faithful(out: &mut String, report: &Report) {
     }
     let _ = writeln!(out, "\n**Faithful replay**");
     for line in &lines {
-        let _ = writeln!(out, "- {line}");
+        let _ = writeln!(out, "- {}", plain(line));
     }
 }
 
@@ -158,8 +195,9 @@ fn headline(out: &mut String, report: &Report) {
         }
         let _ = writeln!(out, "{row}");
     }
-    // Connection setup, measured apart from TTFT: shown when connections were timed.
-    for metric in Metric::CONNECTION {
+    // Connection setup, measured apart from TTFT: shown when connections were timed; time
+    // to failure when something failed.
+    for metric in Metric::CONNECTION.into_iter().chain(Metric::FAILURE) {
         let Some(stats) = report.llm.stats(metric) else {
             continue;
         };
@@ -434,17 +472,45 @@ fn more_text(n: usize, singular: &str, plural: &str) -> String {
     )
 }
 
-/// Text made safe on one Markdown line, outside code: pipes escaped, line breaks flattened,
-/// and no autolinks (a zero-width space after the `:` of `://` keeps GitHub from linking).
+/// Text from a recording, a peer, a server or a saved report made safe on one Markdown line,
+/// outside code (it goes into pull-request comments): no raw HTML (`<>&"'` as entities), no
+/// links or images (`[`, `]` escaped, a zero-width space after the `:` of `://` and the `.`
+/// of `www.` keeps GitHub from autolinking), no emphasis or code spans (`*`, `_`, `` ` ``,
+/// `~`, `\` escaped), table cells kept whole (`|` escaped, line breaks flattened) and no
+/// control characters.
 fn plain(text: &str) -> String {
-    text.replace('|', "\\|")
-        .replace(['\n', '\r'], " ")
-        .replace("://", ":\u{200b}//")
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            '|' | '[' | ']' | '*' | '_' | '`' | '~' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            '\n' | '\r' => out.push(' '),
+            c if common::text::is_unsafe_on_terminal(c) => out.push('\u{fffd}'),
+            c => out.push(c),
+        }
+    }
+    out.replace("://", ":\u{200b}//")
+        .replace("www.", "www\u{200b}.")
 }
 
-/// Text made safe inside an inline code span on one line (GitHub does not link inside code).
+/// Text made safe inside an inline code span on one line: HTML and links are inert there
+/// (GitHub neither renders nor links inside code), so only what could end the span (a
+/// backtick), break the line or the table cell (`|`), or act on a terminal is replaced.
 fn code(text: &str) -> String {
-    text.replace('`', "'")
-        .replace(['\n', '\r'], " ")
-        .replace('|', "\\|")
+    text.chars()
+        .map(|c| match c {
+            '`' => "'".to_string(),
+            '|' => "\\|".to_string(),
+            '\n' | '\r' => " ".to_string(),
+            c if common::text::is_unsafe_on_terminal(c) => "\u{fffd}".to_string(),
+            c => c.to_string(),
+        })
+        .collect()
 }

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::faithful::FaithfulSection;
 use crate::goals::{self, Goal, GoalResult, Stat};
 
+mod errors;
 mod format;
 mod html;
 mod junit;
@@ -233,6 +234,41 @@ pub struct RequestsSection {
     /// Those that got exactly that length.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub pinned_matched: u64,
+    /// What the failed requests were told: by kind and status, a few distinct messages each
+    /// (the server's, cleaned: one line, credentials redacted, at most 300 characters), most
+    /// frequent first. Empty when nothing failed.
+    #[serde(default)]
+    pub errors: Vec<ErrorEntry>,
+}
+
+/// One line of `requests.errors`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorEntry {
+    /// The failure kind: `status`, `error_frame`, `transport`, `timeout`, `empty`.
+    pub kind: String,
+    /// The HTTP status, when a response came.
+    pub status: Option<u16>,
+    /// The server's message; `null` when there was none (or past the few kept per kind and
+    /// status).
+    pub message: Option<String>,
+    /// Failures with this kind, status and message.
+    pub count: u64,
+}
+
+impl ErrorEntry {
+    /// The entries of an error summary, most frequent first.
+    pub fn from_summary(summary: &common::metrics::ErrorSummary) -> Vec<ErrorEntry> {
+        summary
+            .samples()
+            .into_iter()
+            .map(|s| ErrorEntry {
+                kind: s.kind.name().to_owned(),
+                status: s.status,
+                message: s.message.clone(),
+                count: s.count,
+            })
+            .collect()
+    }
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -289,8 +325,13 @@ pub struct LlmSection {
     /// on cleartext targets.
     #[serde(default)]
     pub tls_handshake_ms: Option<Stats>,
-    /// Output tokens of succeeded requests per second of the measured window; `null` when
-    /// nothing was measured.
+    /// Time to failure of each failed request (sent → the failure was known), ms; apart
+    /// from every success distribution. `null` when nothing failed.
+    #[serde(default)]
+    pub error_latency_ms: Option<Stats>,
+    /// Output tokens of succeeded requests per second of the measured window (the whole run:
+    /// first request sent → last outcome of any kind, failures included); `null` when nothing
+    /// was measured.
     pub output_tokens_per_second: Option<f64>,
     /// Succeeded requests per second of the measured window; `null` when nothing was measured.
     pub requests_per_second: Option<f64>,
@@ -303,7 +344,8 @@ pub struct LlmSection {
     /// Output tokens of succeeded requests.
     #[serde(default)]
     pub output_tokens: u64,
-    /// The measured window (first request sent → last content frame), seconds.
+    /// The measured window (first request sent → last outcome of any kind: success,
+    /// failure, timeout, early end), seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub measured_window_s: Option<f64>,
     /// Output tokens per second over the steady window (load at its target → last request
@@ -464,7 +506,8 @@ impl Report {
     /// finished report.
     pub fn build(input: ReportInput<'_>) -> Report {
         let llm = LlmSection::from_metrics(input.metrics);
-        let requests = RequestsSection::new(&input.metrics.counters, &input.requests);
+        let requests = RequestsSection::new(&input.metrics.counters, &input.requests)
+            .with_errors(&input.metrics.errors);
         let mut warnings = input.warnings;
         let baseline = input.baseline.map(|baseline| {
             let baseline_llm = LlmSection::from_metrics(baseline.metrics);
@@ -499,7 +542,8 @@ impl Report {
                     cdf: None,
                     ..LlmSection::from_metrics(&level.metrics)
                 },
-                requests: RequestsSection::new(&level.metrics.counters, &level.requests),
+                requests: RequestsSection::new(&level.metrics.counters, &level.requests)
+                    .with_errors(&level.metrics.errors),
             })
             .collect();
         Report {
@@ -611,7 +655,14 @@ impl RequestsSection {
             unstreamed: counters.unstreamed,
             pinned: counters.pinned,
             pinned_matched: counters.pinned_matched,
+            errors: Vec::new(),
         }
+    }
+
+    /// These counters with the error summary of the same metrics (`errors`).
+    pub fn with_errors(mut self, errors: &common::metrics::ErrorSummary) -> RequestsSection {
+        self.errors = ErrorEntry::from_summary(errors);
+        self
     }
 
     /// `100 · failed / (succeeded + failed + ended_early)`: the share of answered requests that
@@ -638,6 +689,7 @@ impl LlmSection {
             schedule_lag_ms: metrics.stats(Metric::ScheduleLag),
             connect_ms: metrics.stats(Metric::Connect),
             tls_handshake_ms: metrics.stats(Metric::TlsHandshake),
+            error_latency_ms: metrics.stats(Metric::ErrorLatency),
             output_tokens_per_second: measured.then(|| metrics.output_tokens_per_second()),
             requests_per_second: measured.then(|| metrics.requests_per_second()),
             estimated_token_share_pct: (token_sources > 0)
@@ -673,6 +725,7 @@ impl LlmSection {
             Metric::ScheduleLag => self.schedule_lag_ms,
             Metric::Connect => self.connect_ms,
             Metric::TlsHandshake => self.tls_handshake_ms,
+            Metric::ErrorLatency => self.error_latency_ms,
         }
     }
 }

@@ -76,8 +76,9 @@ pub fn render_terminal(report: &Report, color: bool) -> String {
         ));
         metrics.row(cells, None);
     }
-    // Per connection, not per request: shown when connections were timed.
-    for metric in Metric::CONNECTION {
+    // Per connection, not per request: shown when connections were timed; time to failure
+    // when something failed (apart from every success distribution).
+    for metric in Metric::CONNECTION.into_iter().chain(Metric::FAILURE) {
         if let Some(stats) = report.llm.stats(metric) {
             let mut cells = vec![metric.label().to_string()];
             cells.extend(format::stat_cells(metric, Some(&stats)));
@@ -103,6 +104,16 @@ pub fn render_terminal(report: &Report, color: bool) -> String {
             r.resent
         );
     }
+    let errors = super::errors::error_rows(report);
+    if !errors.is_empty() {
+        out.push('\n');
+        title(&mut out, "Errors (what the server said)");
+        let mut table = TextTable::new(&["failure", "count", "message"], &[0, 2]);
+        for row in errors {
+            table.row(vec![row.what, row.count.to_string(), row.message], None);
+        }
+        out.push_str(&table.render(color));
+    }
 
     out.push('\n');
     title(&mut out, "Throughput");
@@ -119,10 +130,12 @@ pub fn render_terminal(report: &Report, color: bool) -> String {
     let _ = writeln!(
         out,
         "  measured window   {}",
-        report
-            .llm
-            .measured_window_s
-            .map_or_else(|| format::NO_VALUE.to_string(), |s| format!("{s:.2} s"))
+        report.llm.measured_window_s.map_or_else(
+            || format::NO_VALUE.to_string(),
+            |s| format!(
+                "{s:.2} s (whole run: first request sent → last outcome of any kind, failures included)"
+            )
+        )
     );
     for (label, value) in windows::steady_rows(report) {
         let _ = writeln!(out, "  {label}   {value}");

@@ -61,8 +61,19 @@ fn replayed_metrics() -> RunMetrics {
         unstreamed: false,
         cached_input_tokens: None,
     });
-    m.record(&RequestOutcome::failed(FailureKind::Status));
-    m.record(&RequestOutcome::failed(FailureKind::ErrorFrame));
+    // Failures: their times to failure and what the server said.
+    let mut rate_limited = RequestOutcome::failed(FailureKind::Status);
+    rate_limited.latency_us = Some(12_000);
+    m.record(&rate_limited);
+    m.record_error(
+        FailureKind::Status,
+        Some(429),
+        Some("Rate limit reached for requests"),
+    );
+    let mut overloaded = RequestOutcome::failed(FailureKind::ErrorFrame);
+    overloaded.latency_us = Some(350_000);
+    m.record(&overloaded);
+    m.record_error(FailureKind::ErrorFrame, Some(200), Some("Overloaded"));
     m.counters.warmup = 2;
     m
 }

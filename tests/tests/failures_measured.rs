@@ -1,0 +1,229 @@
+//! Failures measured right (issue #24): whole-run rates run to the last outcome of any kind,
+//! the server's error message reaches every report (cut and with credentials redacted), and
+//! each failed request's time to failure is measured apart from the success distributions.
+
+use std::time::Duration;
+
+use fixtures::{
+    MockServer, TempDir, llm_replay, num, parallel_lock, remeasure, request_log, timing_lock,
+    write_chat_recording,
+};
+
+/// A server that serves 20 requests and then answers 500 after 1 s: a 100-request run at
+/// concurrency 4 rates its output tokens over the whole run (first request sent → last
+/// failure), within 10 % of the truth the mock's request log gives, and a goal judges that
+/// figure. Before, the window ended with the last success and the rate was ~40× too high.
+#[test]
+fn whole_run_throughput_counts_the_time_failures_took() {
+    let _timing = timing_lock();
+    let dir = TempDir::new("failures-window");
+    let recording = dir.join("rec.jsonl");
+    write_chat_recording(&recording, 100, 20, None);
+    remeasure("whole-run output tokens/s", 3, || {
+        let log = dir.join("requests.log");
+        let _ = std::fs::remove_file(&log);
+        let mock = MockServer::start(&[
+            "--ttft",
+            "20ms",
+            "--itl",
+            "2ms",
+            "--tokens",
+            "20",
+            "--fail-after",
+            "20",
+            "--fail-status",
+            "500",
+            "--fail-delay",
+            "1s",
+            "--request-log",
+            log.to_str().expect("utf-8 path"),
+        ]);
+        let report_path = dir.join("report.json");
+        let out = llm_replay(
+            &[
+                "run",
+                recording.to_str().expect("utf-8 path"),
+                "--target",
+                &mock.url,
+                "--concurrency",
+                "4",
+                "--requests",
+                "100",
+                "--fail-if",
+                "llm.output-throughput < 100",
+            ],
+            Some(&report_path),
+        );
+        drop(mock);
+        let report = out.report.expect("report JSON");
+        // Every count is exact, whatever the timing.
+        assert_eq!(num(&report, &["requests", "succeeded"]), 20.0, "{report:#}");
+        assert_eq!(num(&report, &["requests", "failed"]), 80.0);
+        assert_eq!(num(&report, &["llm", "output_tokens"]), 400.0);
+        // The goal judges the whole-run figure: 400 tokens over ~20 s is far under 100/s.
+        assert_eq!(
+            out.code, 1,
+            "stdout:\n{}\nstderr:\n{}",
+            out.stdout, out.stderr
+        );
+        let tokens_per_s = num(&report, &["llm", "output_tokens_per_second"]);
+        assert_eq!(report["goals"][0]["value"].as_f64(), Some(tokens_per_s));
+        // Failures have their own distribution; successes keep theirs.
+        assert_eq!(num(&report, &["llm", "error_latency_ms", "count"]), 80.0);
+        assert!(num(&report, &["llm", "error_latency_ms", "p50"]) >= 1000.0);
+        assert_eq!(num(&report, &["llm", "latency_ms", "count"]), 20.0);
+        assert!(num(&report, &["llm", "latency_ms", "max"]) < 1000.0);
+        assert!(
+            out.stdout.contains("Time to failure (ms)"),
+            "{}",
+            out.stdout
+        );
+        // The truth: the mock saw the first request arrive, and answered the last failure
+        // 1 s after it arrived.
+        let arrivals: Vec<f64> = request_log(&log).into_iter().map(|(ms, _)| ms).collect();
+        assert_eq!(arrivals.len(), 100);
+        let first = arrivals.iter().copied().fold(f64::INFINITY, f64::min);
+        let last = arrivals.iter().copied().fold(0.0, f64::max);
+        let truth = 400.0 / ((last + 1000.0 - first) / 1000.0);
+        let error = (tokens_per_s - truth).abs() / truth;
+        if error <= 0.10 {
+            Ok(())
+        } else {
+            Err(format!(
+                "output tokens/s {tokens_per_s:.2} vs truth {truth:.2} ({:.1} % off)",
+                error * 100.0
+            ))
+        }
+    });
+}
+
+/// Every request answered with a JSON error body: its message is in the terminal, the JSON,
+/// the Markdown and the HTML; credentials in it are never echoed; every failed
+/// `--requests-out` line carries its time to failure. A 4 MB body is cut and costs nothing.
+#[test]
+fn the_server_message_reaches_every_report_safely() {
+    let _parallel = parallel_lock();
+    let dir = TempDir::new("failures-message");
+    let recording = dir.join("rec.jsonl");
+    write_chat_recording(&recording, 10, 8, None);
+    let body = r#"{"error":{"message":"Invalid model name passed in model=nope (key sk-live-abcdefghijklmnop1234, Authorization: Bearer hunter2token, api_key=s3cr3tvalue)","type":"None","param":"None","code":"400"}}"#;
+    let mock = MockServer::start(&[
+        "--fail-after",
+        "0",
+        "--fail-status",
+        "400",
+        "--fail-body",
+        body,
+    ]);
+    let (json, md, html, lines) = (
+        dir.join("r.json"),
+        dir.join("r.md"),
+        dir.join("r.html"),
+        dir.join("requests.jsonl"),
+    );
+    let out = llm_replay(
+        &[
+            "run",
+            recording.to_str().expect("utf-8 path"),
+            "--target",
+            &mock.url,
+            "--concurrency",
+            "2",
+            "--report-md",
+            md.to_str().expect("utf-8 path"),
+            "--report-html",
+            html.to_str().expect("utf-8 path"),
+            "--requests-out",
+            lines.to_str().expect("utf-8 path"),
+        ],
+        Some(&json),
+    );
+    let report = out.report.expect("report JSON");
+    let errors = report["requests"]["errors"].as_array().expect("errors");
+    assert_eq!(errors.len(), 1, "{report:#}");
+    assert_eq!(errors[0]["kind"], "status");
+    assert_eq!(errors[0]["status"], 400);
+    assert_eq!(errors[0]["count"], 10);
+    let message = errors[0]["message"].as_str().expect("message");
+    assert!(
+        message.starts_with("Invalid model name passed in model=nope"),
+        "{message}"
+    );
+    let shown = "Invalid model name passed in model=nope";
+    let md_text = std::fs::read_to_string(&md).expect("markdown");
+    let html_text = std::fs::read_to_string(&html).expect("html");
+    let json_text = std::fs::read_to_string(&json).expect("json");
+    let lines_text = std::fs::read_to_string(&lines).expect("requests-out");
+    for (what, text) in [
+        ("terminal", &out.stdout),
+        ("markdown", &md_text),
+        ("html", &html_text),
+        ("json", &json_text),
+    ] {
+        assert!(text.contains(shown), "{what}:\n{text}");
+    }
+    for (what, text) in [
+        ("terminal", &out.stdout),
+        ("stderr", &out.stderr),
+        ("markdown", &md_text),
+        ("html", &html_text),
+        ("json", &json_text),
+        ("requests-out", &lines_text),
+    ] {
+        for secret in ["abcdefghijklmnop1234", "hunter2token", "s3cr3tvalue"] {
+            assert!(!text.contains(secret), "{what} echoes {secret}:\n{text}");
+        }
+    }
+    // Each failed request's time to failure, on its line and in the distribution.
+    let records: Vec<serde_json::Value> = lines_text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect();
+    assert_eq!(records.len(), 10);
+    for record in &records {
+        assert_eq!(record["outcome"], "status", "{record}");
+        assert_eq!(record["status"], 400, "{record}");
+        assert!(
+            record["latency_ms"].as_f64().is_some_and(|ms| ms > 0.0),
+            "{record}"
+        );
+    }
+    assert_eq!(num(&report, &["llm", "error_latency_ms", "count"]), 10.0);
+    assert!(report["llm"]["latency_ms"].is_null(), "{report:#}");
+    drop(mock);
+
+    // A 4 MB error body: cut to a few hundred characters; the run is not slowed by it.
+    let big = dir.join("big.txt");
+    let mut text = String::from("upstream exploded: ");
+    text.push_str(&"x".repeat(4 << 20));
+    std::fs::write(&big, &text).expect("write body");
+    let mock = MockServer::start(&[
+        "--fail-after",
+        "0",
+        "--fail-status",
+        "502",
+        "--fail-body-file",
+        big.to_str().expect("utf-8 path"),
+    ]);
+    let started = std::time::Instant::now();
+    let out = llm_replay(
+        &[
+            "run",
+            recording.to_str().expect("utf-8 path"),
+            "--target",
+            &mock.url,
+            "--concurrency",
+            "2",
+        ],
+        Some(&json),
+    );
+    assert!(started.elapsed() < Duration::from_secs(60));
+    let report = out.report.expect("report JSON");
+    let message = report["requests"]["errors"][0]["message"]
+        .as_str()
+        .expect("message");
+    assert!(message.starts_with("upstream exploded: xxx"), "{message}");
+    assert!(message.chars().count() <= 300, "{}", message.len());
+    assert!(out.stdout.contains("upstream exploded"), "{}", out.stdout);
+    assert!(out.stdout.len() < 64 << 10, "{}", out.stdout.len());
+}
