@@ -370,6 +370,9 @@ pub struct RequestRecord {
     pub outcome: RequestOutcome,
     /// HTTP status of the response, when one came.
     pub status: Option<u16>,
+    /// What the server said of a failed request (its error message, cleaned: one line,
+    /// credential-shaped strings redacted, bounded; see `metrics::errors`).
+    pub message: Option<String>,
 }
 
 impl RequestRecord {

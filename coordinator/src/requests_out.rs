@@ -106,6 +106,7 @@ pub fn record_line(worker: &str, record: &RequestRecord) -> serde_json::Value {
         "output_tokens": o.output_tokens(),
         "token_source": if o.usage_output_tokens.is_some() { "usage" } else { "estimated" },
         "cached_input_tokens": o.cached_input_tokens,
+        "message": record.message,
     })
 }
 
@@ -125,6 +126,7 @@ mod tests {
             },
             outcome: RequestOutcome::failed(FailureKind::Status),
             status: Some(500),
+            message: Some("overloaded".into()),
         }
     }
 

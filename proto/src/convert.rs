@@ -470,6 +470,7 @@ pub fn record_to_proto(record: RequestRecord) -> v1::RequestRecord {
         usage_reported: o.usage_output_tokens.is_some(),
         cached_input_tokens: o.cached_input_tokens,
         unstreamed: o.unstreamed,
+        message: record.message,
     }
 }
 
@@ -505,6 +506,12 @@ pub fn record_from_proto(record: &v1::RequestRecord) -> Option<RequestRecord> {
         },
         outcome,
         status: record.status.and_then(|s| u16::try_from(s).ok()),
+        // Cleaned again where it arrives: a peer's text is shown to people.
+        message: record
+            .message
+            .as_deref()
+            .map(common::metrics::clean_message)
+            .filter(|m| !m.is_empty()),
     })
 }
 

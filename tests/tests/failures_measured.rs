@@ -187,7 +187,20 @@ fn the_server_message_reaches_every_report_safely() {
             record["latency_ms"].as_f64().is_some_and(|ms| ms > 0.0),
             "{record}"
         );
+        assert!(
+            record["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with(shown)),
+            "{record}"
+        );
     }
+    // No request succeeded: exit 3, and the diagnosis names what the server said most.
+    assert_eq!(out.code, 3, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("most often the server said 400") && out.stderr.contains(shown),
+        "{}",
+        out.stderr
+    );
     assert_eq!(num(&report, &["llm", "error_latency_ms", "count"]), 10.0);
     assert!(report["llm"]["latency_ms"].is_null(), "{report:#}");
     drop(mock);

@@ -111,6 +111,8 @@ impl MetricsHandle {
                                 .or_default() += 1;
                         }
                         snapshot.metrics.record(&outcome);
+                        let failed =
+                            matches!(outcome.kind, common::measure::OutcomeKind::Failed(_));
                         if let common::measure::OutcomeKind::Failed(kind) = outcome.kind {
                             snapshot
                                 .metrics
@@ -125,6 +127,7 @@ impl MetricsHandle {
                                 meta,
                                 outcome,
                                 status,
+                                message: message.filter(|_| failed),
                             });
                         }
                     }

@@ -510,7 +510,8 @@ fn no_response(target: &str, result: &ReplayResult) -> Option<String> {
         ));
     }
     Some(format!(
-        "no request to {target} got a response: every one failed in transport ({causes})"
+        "no request to {target} got a response: every one failed in transport ({causes}){}",
+        most_said(result)
     ))
 }
 
@@ -543,10 +544,28 @@ fn none_succeeded(target: &str, result: &ReplayResult) -> Option<String> {
         }
     }
     Some(format!(
-        "no request to {target} succeeded: {} answered, none successfully ({}); the report above says more",
+        "no request to {target} succeeded: {} answered, none successfully ({}){}; the report above says more",
         c.completed(),
-        what.join(", ")
+        what.join(", "),
+        most_said(result)
     ))
+}
+
+/// `; most often the server said "…" (×N)`, from the run's error summary, or nothing.
+fn most_said(result: &ReplayResult) -> String {
+    result
+        .metrics
+        .errors
+        .most_frequent_message()
+        .and_then(|sample| {
+            let message = sample.message.as_deref()?;
+            let status = sample.status.map(|s| format!("{s} ")).unwrap_or_default();
+            Some(format!(
+                "; most often the server said {status}\"{message}\" (×{})",
+                sample.count
+            ))
+        })
+        .unwrap_or_default()
 }
 
 fn request_totals(result: &ReplayResult) -> RequestTotals {
