@@ -159,7 +159,10 @@ def test_authorization_matches_botocore_byte_for_byte(tmp_path, with_token):
         )
     finally:
         server.shutdown()
-    assert result.returncode == 0, result.stdout + result.stderr
+    # The capturing server answers 400 to the one request: no request succeeded, which is
+    # exit 3 (PRODUCT.md), with the server's message named.
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert '"captured"' in result.stderr, result.stderr
     assert len(captured.requests) == 1, captured.requests
     request = captured.requests[0]
     headers = request["headers"]
