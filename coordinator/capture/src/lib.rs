@@ -20,6 +20,7 @@ use common::duration::parse_duration;
 use common::redact::{RedactError, Redactor};
 
 pub mod proxy;
+pub mod upstream;
 pub mod writer;
 
 /// `llm-replay record` arguments.
@@ -196,6 +197,9 @@ pub struct RecordSummary {
     pub written: u64,
     /// Streams still open when the drain time ran out (not written).
     pub abandoned: u64,
+    /// Requests sent to the upstream a second time, on a new connection, because the reused
+    /// connection they were written to closed before any byte of response.
+    pub resent: u64,
 }
 
 /// Serve `listener` until `shutdown` resolves, then let open streams finish (up to
@@ -205,7 +209,7 @@ pub async fn run(
     config: RecordConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<RecordSummary, RecordError> {
-    let client = proxy::upstream_client(config.upstream_h2c, config.upstream_ca.as_deref())
+    let client = upstream::upstream_client(config.upstream_h2c, config.upstream_ca.as_deref())
         .map_err(|e| RecordError::Usage(e.to_string()))?;
     let (handle, writer) = writer::start(&config.out, config.scrub.clone(), config.health.clone())?;
     let state = Arc::new(proxy::ProxyState {
@@ -258,6 +262,15 @@ pub async fn run(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let abandoned = state.in_flight.load(Ordering::SeqCst);
+    let resent = state.client.resent();
+    if resent > 0 {
+        // Said even when every resend succeeded: the upstream closes kept-alive connections
+        // without `Connection: close` (llama.cpp's server does), which costs a new connection.
+        tracing::warn!(
+            upstream = %config.upstream.display(),
+            "{resent} requests resent on a new connection: the upstream closed the reused connection they were written to before any byte of response"
+        );
+    }
     let _ = stop_tx.send(true);
     // Connection tasks drop their bodies (recording cut streams as incomplete) as they stop.
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -265,7 +278,11 @@ pub async fn run(
     let written = tokio::task::spawn_blocking(move || writer.join())
         .await
         .map_err(|_| writer::WriterError::Panicked)??;
-    Ok(RecordSummary { written, abandoned })
+    Ok(RecordSummary {
+        written,
+        abandoned,
+        resent,
+    })
 }
 
 #[cfg(test)]

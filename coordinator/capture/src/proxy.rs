@@ -12,6 +12,9 @@
 //! (the family's terminal marker) is worked out once the stream is over, off the per-frame
 //! path. A client that hangs up after the terminal frame (SDKs stop reading at `[DONE]`,
 //! before a gateway's held-open body ends) leaves a complete exchange; before it, a cut one.
+//! Requests go through [`UpstreamClient::send`] (`upstream`), which resends once a request
+//! whose reused connection closed before any response byte and names the cause of a
+//! failure, for the client's 502 and the recorded `error`.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -29,13 +32,11 @@ use http::{StatusCode, Uri};
 use http_body::{Body, Frame as BodyFrame, SizeHint};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use serde_json::{Map, json};
 
 use common::recording::is_hop_by_hop_header;
 
+use super::upstream::{FailureCause, SendError, UpstreamClient, chain, humanize};
 use super::writer::WriterHandle;
 
 /// The largest request body the proxy accepts (LLM requests are far smaller).
@@ -73,6 +74,16 @@ impl Upstream {
         })
     }
 
+    /// `scheme://host[:port]`, as messages name the upstream (without any user info or
+    /// path prefix).
+    pub fn display(&self) -> String {
+        let host = self.authority.host();
+        match self.authority.port_u16() {
+            Some(port) => format!("{}://{host}:{port}", self.scheme),
+            None => format!("{}://{host}", self.scheme),
+        }
+    }
+
     fn uri_for(&self, path_and_query: &str) -> Result<Uri, http::Error> {
         Uri::builder()
             .scheme(self.scheme.clone())
@@ -80,68 +91,6 @@ impl Upstream {
             .path_and_query(format!("{}{}", self.base_path, path_and_query))
             .build()
     }
-}
-
-/// The HTTP client to the upstream: HTTP/1.1 or HTTP/2 (ALPN over TLS; prior knowledge with
-/// `--upstream-h2c`), rustls with the webpki roots.
-pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
-
-/// A problem setting up TLS to the upstream.
-#[derive(Debug, thiserror::Error)]
-pub enum TlsSetupError {
-    #[error("--upstream-ca {path}: {message}")]
-    Ca { path: String, message: String },
-    #[error("TLS setup: {0}")]
-    Rustls(#[from] rustls::Error),
-}
-
-/// Build the upstream client. TLS trusts the Mozilla roots (webpki-roots) plus the PEM
-/// certificates in `extra_ca` (`--upstream-ca`, for private CAs and tests).
-pub fn upstream_client(
-    h2c: bool,
-    extra_ca: Option<&std::path::Path>,
-) -> Result<UpstreamClient, TlsSetupError> {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
-
-    let mut roots = rustls::RootCertStore {
-        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-    };
-    if let Some(path) = extra_ca {
-        let ca_error = |message: String| TlsSetupError::Ca {
-            path: path.display().to_string(),
-            message,
-        };
-        let certificates = CertificateDer::pem_file_iter(path)
-            .map_err(|e| ca_error(e.to_string()))?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| ca_error(e.to_string()))?;
-        if certificates.is_empty() {
-            return Err(ca_error("no PEM certificate in the file".to_owned()));
-        }
-        for certificate in certificates {
-            roots
-                .add(certificate)
-                .map_err(|e| ca_error(e.to_string()))?;
-        }
-    }
-    let tls = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let mut http = HttpConnector::new();
-    http.enforce_http(false);
-    http.set_nodelay(true);
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_all_versions()
-        .wrap_connector(http);
-    let mut builder = Client::builder(hyper_util::rt::TokioExecutor::new());
-    builder.http2_only(h2c);
-    Ok(builder.build(https))
 }
 
 /// State shared by every request of one proxy.
@@ -250,28 +199,54 @@ pub async fn handle(
     // From here the exchange is in flight: the guard records it even if the client hangs up
     // before the upstream answers (hyper then drops this future).
     let mut guard = InFlight::new(state.clone(), recorded);
-    // t0: just before the request is forwarded.
-    let t0 = Instant::now();
     let idle = state.upstream_idle_timeout;
-    let response = match tokio::time::timeout(idle, state.client.request(upstream_request)).await {
-        Ok(Ok(response)) => response,
-        Err(_elapsed) => {
-            tracing::warn!(upstream = %state.upstream.authority, timeout = ?idle, "no response headers from the upstream in time");
+    // t0 is taken just before the request is forwarded (before the resend, after one).
+    let sent = state
+        .client
+        .send(upstream_request, tokio::time::Instant::now() + idle)
+        .await;
+    let t0 = sent.t0;
+    let upstream = state.upstream.display();
+    let response = match sent.result {
+        Ok(response) => response,
+        Err(SendError::Timeout) => {
+            tracing::warn!(%upstream, timeout = ?idle, "no response headers from the upstream in time");
             guard.abandon(format!(
-                "upstream: no response headers within {}",
+                "upstream: no response headers within {} from {upstream}",
                 humanize(idle)
             ));
             return Ok(plain(
                 StatusCode::GATEWAY_TIMEOUT,
-                "llm-replay record: the upstream did not answer in time\n",
+                &format!(
+                    "llm-replay record: the upstream {upstream} sent no response headers within {}\n",
+                    humanize(idle)
+                ),
             ));
         }
-        Ok(Err(error)) => {
-            tracing::warn!(%error, upstream = %state.upstream.authority, "upstream request failed");
-            guard.abandon(format!("upstream: {error}"));
+        Err(SendError::Failed { cause, error }) => {
+            let resent = if sent.resent {
+                " (also when sent again on a new connection, after a reused one closed)"
+            } else {
+                ""
+            };
+            let error = chain(&error);
+            tracing::warn!(%error, %upstream, resent = sent.resent, "upstream request failed");
+            guard.abandon(format!(
+                "upstream {upstream} {}{resent}: {error}",
+                cause.phrase()
+            ));
+            // The named causes say it all; the others need the error's own words.
+            let detail = if matches!(cause, FailureCause::Tls | FailureCause::Other) {
+                format!(": {error}")
+            } else {
+                String::new()
+            };
             return Ok(plain(
                 StatusCode::BAD_GATEWAY,
-                "llm-replay record: the upstream could not be reached\n",
+                &format!(
+                    "llm-replay record: the upstream {upstream} {}{resent}{detail}\n",
+                    cause.phrase()
+                ),
             ));
         }
     };
@@ -311,11 +286,6 @@ pub async fn handle(
     *response.status_mut() = parts.status;
     *response.headers_mut() = forwardable(&parts.headers);
     Ok(response)
-}
-
-/// `1.5s`, `300s`: a duration as the flags write it.
-fn humanize(duration: Duration) -> String {
-    format!("{}s", duration.as_secs_f64())
 }
 
 fn plain(status: StatusCode, text: &str) -> http::Response<ProxyBody> {

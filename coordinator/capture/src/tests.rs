@@ -145,7 +145,7 @@ async fn records_through_a_tls_upstream_over_http2() {
     assert_eq!(text, SSE.as_bytes());
 
     // Without the private CA the certificate is refused: 502 to the client, recorded error.
-    let untrusted = super::proxy::upstream_client(false, None).expect("client");
+    let untrusted = super::upstream::upstream_client(false, None).expect("client");
     let uri: http::Uri = format!("https://localhost:{port}/v1/models")
         .parse()
         .expect("uri");
