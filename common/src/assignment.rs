@@ -45,6 +45,10 @@ pub struct Assignment {
     /// How the worker encodes its reports' histograms: plain V2 when the coordinator reads
     /// it (every coordinator since it was added says so), V2+DEFLATE otherwise.
     pub histograms: crate::metrics::HistogramEncoding,
+    /// The run's heartbeat timeout: once the load is under way the worker finds the
+    /// coordinator lost after this long without a message from it. `None` (an older
+    /// coordinator) = the worker's own `--heartbeat-timeout`.
+    pub heartbeat_timeout: Option<Duration>,
 }
 
 /// How workers reach the target, beyond its URL.

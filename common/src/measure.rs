@@ -48,6 +48,13 @@ pub enum TransportCause {
     Reset,
     /// The connection closed before a whole response head arrived.
     ClosedBeforeResponse,
+    /// The response head came (a `200`), then the connection or the stream ended (closed,
+    /// reset) before any content: a gateway's read timeout shorter than the TTFT (nginx
+    /// `proxy_read_timeout`), an upstream that died. The same over HTTP/1.1 and HTTP/2.
+    ClosedAfterHead,
+    /// An HTTP/1.1 request was answered with HTTP/2 frames (a SETTINGS or GOAWAY frame):
+    /// the target speaks only cleartext HTTP/2 and needs `--target-h2c`.
+    Http2Only,
     /// The TLS handshake failed; the problem says why.
     Tls(TlsProblem),
     /// The target's host name did not resolve.
@@ -80,13 +87,15 @@ pub enum TlsProblem {
 
 impl TransportCause {
     /// Every cause's report name, in report order (`Tls` of any problem is `tls`).
-    pub const NAMES: [&'static str; 6] = [
+    pub const NAMES: [&'static str; 8] = [
         "refused",
         "reset",
         "closed_before_response",
         "tls",
         "dns",
         "other",
+        "closed_after_head",
+        "http2_only",
     ];
 
     /// Stable name used in reports and logs.
@@ -98,6 +107,8 @@ impl TransportCause {
             TransportCause::Tls(_) => "tls",
             TransportCause::Dns => "dns",
             TransportCause::Other => "other",
+            TransportCause::ClosedAfterHead => "closed_after_head",
+            TransportCause::Http2Only => "http2_only",
         }
     }
 }
@@ -158,7 +169,23 @@ pub struct RequestOutcome {
     pub unstreamed: bool,
     /// Input tokens the server reported serving from its prompt cache.
     pub cached_input_tokens: Option<u64>,
+    /// A stream of at least [`COALESCED_MIN_FRAMES`] content frames whose content arrived
+    /// all at once: within [`COALESCED_SPAN_US`], or [`COALESCED_FRAMES_PER_READ`] or more
+    /// content frames per read on average. Something on the path (a buffering proxy or
+    /// gateway) held the stream and delivered it in one piece: its TTFT is its latency and
+    /// its ITL is the speed of a read loop, not of the model.
+    pub coalesced: bool,
 }
+
+/// The fewest content frames a stream needs before it can be judged coalesced: shorter
+/// answers arrive in one read from any server.
+pub const COALESCED_MIN_FRAMES: u64 = 4;
+/// A stream whose first and last content frames are at most this far apart (µs) arrived in
+/// one piece: no model streams four tokens within a millisecond to a client over a network.
+pub const COALESCED_SPAN_US: u64 = 1_000;
+/// A stream whose reads carried this many content frames each on average was coalesced on
+/// the way, however long the reads took (a large buffered body comes in several reads).
+pub const COALESCED_FRAMES_PER_READ: u64 = 8;
 
 impl RequestOutcome {
     /// A failure with no timing.
@@ -177,6 +204,7 @@ impl RequestOutcome {
             cached_input_tokens: None,
             transport_cause: None,
             resent: false,
+            coalesced: false,
         }
     }
 
@@ -213,6 +241,10 @@ struct MeterState {
     /// The first error frame's message, cleaned (`metrics::clean_message`).
     error_message: Option<String>,
     now_us: u64,
+    /// Reads that delivered at least one content frame, and the content frames counted
+    /// when the current read began (to tell whether it delivered any).
+    content_reads: u64,
+    frames_before_read: u64,
 }
 
 impl MeterState {
@@ -267,8 +299,13 @@ impl StreamMeter {
     /// stream with [`StreamMeter::finish_broken`].
     pub fn on_read(&mut self, t_us: u64, bytes: &[u8]) -> Result<(), crate::formats::FrameError> {
         self.state.now_us = t_us;
+        self.state.frames_before_read = self.state.content_frames;
         let state = &mut self.state;
-        self.parser.feed(bytes, &mut |event| state.on_event(event))
+        let fed = self.parser.feed(bytes, &mut |event| state.on_event(event));
+        if self.state.content_frames > self.state.frames_before_read {
+            self.state.content_reads += 1;
+        }
+        fed
     }
 
     /// Number of content frames seen so far.
@@ -361,7 +398,24 @@ impl StreamMeter {
             resent: false,
             unstreamed: false,
             cached_input_tokens: state.usage.cached_input_tokens,
+            coalesced: state.coalesced(),
         }
+    }
+}
+
+impl MeterState {
+    /// The stream's content arrived all at once (see [`RequestOutcome::coalesced`]).
+    fn coalesced(&self) -> bool {
+        let frames = self.content_frames;
+        if frames < COALESCED_MIN_FRAMES {
+            return false;
+        }
+        let span = match (self.first_content_us, self.last_content_us) {
+            (Some(first), Some(last)) => last.saturating_sub(first),
+            _ => return false,
+        };
+        span <= COALESCED_SPAN_US
+            || frames >= COALESCED_FRAMES_PER_READ.saturating_mul(self.content_reads.max(1))
     }
 }
 
@@ -519,6 +573,7 @@ pub fn noted_outcome(exchange: &Exchange) -> Option<RequestOutcome> {
         resent: false,
         unstreamed: false,
         cached_input_tokens: None,
+        coalesced: false,
     })
 }
 
@@ -575,6 +630,78 @@ mod tests {
         assert!((itl.p50 - 10.0).abs() < 0.01, "{itl:?}");
         assert_eq!(metrics.counters.succeeded, 1);
         assert_eq!(metrics.counters.usage_reported, 1);
+    }
+
+    fn token(i: usize) -> String {
+        format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"t{i}\"}}}}]}}\n\n")
+    }
+
+    #[test]
+    fn a_stream_delivered_in_one_read_is_coalesced_and_a_paced_one_is_not() {
+        // Twenty tokens and [DONE] in one read, 581 ms after t0: a buffering proxy.
+        let mut whole: String = (0..20).map(token).collect();
+        whole.push_str("data: [DONE]\n\n");
+        let mut meter = StreamMeter::new(Family::OpenAiChat);
+        meter.on_read(581_000, whole.as_bytes()).expect("frames");
+        let outcome = meter.finish(581_000, false);
+        assert_eq!(outcome.kind, OutcomeKind::Succeeded);
+        assert!(outcome.coalesced);
+        // The same tokens 10 ms apart, one read each: streamed.
+        let mut meter = StreamMeter::new(Family::OpenAiChat);
+        for i in 0..20 {
+            meter
+                .on_read(100_000 + 10_000 * i as u64, token(i).as_bytes())
+                .expect("frame");
+        }
+        meter.on_read(300_000, b"data: [DONE]\n\n").expect("done");
+        assert!(!meter.finish(300_000, false).coalesced);
+        // A large buffered body read in a few reads, 5 ms apart: still one piece.
+        let mut meter = StreamMeter::new(Family::OpenAiChat);
+        for read in 0..3 {
+            let part: String = (read * 20..read * 20 + 20).map(token).collect();
+            meter
+                .on_read(500_000 + 5_000 * read as u64, part.as_bytes())
+                .expect("frames");
+        }
+        assert!(meter.finish(520_000, false).coalesced);
+        // Three tokens in one read: too short to judge.
+        let mut meter = StreamMeter::new(Family::OpenAiChat);
+        let short: String = (0..3).map(token).collect();
+        meter.on_read(50_000, short.as_bytes()).expect("frames");
+        assert!(!meter.finish(50_000, false).coalesced);
+    }
+
+    #[test]
+    fn coalesced_streams_and_connections_are_counted_and_merge() {
+        use crate::metrics::{HttpProtocol, TlsVersion};
+        let mut whole: String = (0..6).map(token).collect();
+        whole.push_str("data: [DONE]\n\n");
+        let mut meter = StreamMeter::new(Family::OpenAiChat);
+        meter.on_read(9_000, whole.as_bytes()).expect("frames");
+        let coalesced = meter.finish(9_000, false);
+        let mut a = RunMetrics::new();
+        a.record(&coalesced);
+        a.record(&RequestOutcome {
+            coalesced: false,
+            ..coalesced
+        });
+        a.count_connection(HttpProtocol::H2, TlsVersion::Tls13);
+        a.count_connection(HttpProtocol::Http1, TlsVersion::None);
+        let mut b = RunMetrics::new();
+        b.count_connection(HttpProtocol::H2, TlsVersion::Tls13);
+        // HTTP/2 without TLS is h2c whichever name the caller used.
+        b.count_connection(HttpProtocol::H2, TlsVersion::None);
+        a.merge(&b);
+        assert_eq!((a.counters.coalesce_checked, a.counters.coalesced), (2, 1));
+        assert_eq!(
+            a.counters.connections.entries(),
+            vec![
+                (HttpProtocol::Http1, TlsVersion::None, 1),
+                (HttpProtocol::H2, TlsVersion::Tls13, 2),
+                (HttpProtocol::H2c, TlsVersion::None, 1),
+            ]
+        );
+        assert_eq!(a.counters.connections.total(), 4);
     }
 
     #[test]

@@ -239,6 +239,130 @@ pub struct Counters {
     /// Those whose output tokens equal the pinned length.
     #[serde(default)]
     pub pinned_matched: u64,
+    /// Succeeded streams long enough to tell whether they were delivered in one piece
+    /// (at least [`COALESCED_MIN_FRAMES`](crate::measure::COALESCED_MIN_FRAMES) content frames).
+    #[serde(default)]
+    pub coalesce_checked: u64,
+    /// Those whose content arrived all at once ([`RequestOutcome::coalesced`]): a buffering
+    /// proxy or gateway on the path.
+    #[serde(default)]
+    pub coalesced: u64,
+    /// Connections opened to the target, by protocol and TLS version.
+    #[serde(default)]
+    pub connections: ConnectionCounts,
+}
+
+/// The protocol a connection to the target spoke.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HttpProtocol {
+    /// HTTP/1.1 (cleartext, or over TLS by ALPN or without ALPN).
+    Http1,
+    /// HTTP/2 negotiated by ALPN over TLS.
+    H2,
+    /// Cleartext HTTP/2 with prior knowledge (`--target-h2c`).
+    H2c,
+}
+
+/// The TLS version of a connection to the target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsVersion {
+    /// Cleartext.
+    None,
+    Tls12,
+    Tls13,
+    /// TLS, version not known (a connection whose handshake the client did not see).
+    Unknown,
+}
+
+impl HttpProtocol {
+    /// Report name: `http/1.1`, `h2`, `h2c`.
+    pub fn name(self) -> &'static str {
+        match self {
+            HttpProtocol::Http1 => "http/1.1",
+            HttpProtocol::H2 => "h2",
+            HttpProtocol::H2c => "h2c",
+        }
+    }
+}
+
+impl TlsVersion {
+    /// Report name: `none`, `TLSv1.2`, `TLSv1.3`, `TLS`.
+    pub fn name(self) -> &'static str {
+        match self {
+            TlsVersion::None => "none",
+            TlsVersion::Tls12 => "TLSv1.2",
+            TlsVersion::Tls13 => "TLSv1.3",
+            TlsVersion::Unknown => "TLS",
+        }
+    }
+}
+
+/// Connections opened to the target by (protocol, TLS version): every combination a client
+/// can open, so the counts add exactly across workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct ConnectionCounts {
+    pub http1: u64,
+    pub http1_tls12: u64,
+    pub http1_tls13: u64,
+    pub http1_tls: u64,
+    pub h2_tls12: u64,
+    pub h2_tls13: u64,
+    pub h2_tls: u64,
+    pub h2c: u64,
+}
+
+impl ConnectionCounts {
+    /// Count one connection. HTTP/2 without TLS is `h2c`; `h2` over TLS and HTTP/1.1
+    /// keep their TLS version.
+    pub fn count(&mut self, protocol: HttpProtocol, tls: TlsVersion) {
+        *self.slot(protocol, tls) += 1;
+    }
+
+    fn slot(&mut self, protocol: HttpProtocol, tls: TlsVersion) -> &mut u64 {
+        match (protocol, tls) {
+            (HttpProtocol::Http1, TlsVersion::None) => &mut self.http1,
+            (HttpProtocol::Http1, TlsVersion::Tls12) => &mut self.http1_tls12,
+            (HttpProtocol::Http1, TlsVersion::Tls13) => &mut self.http1_tls13,
+            (HttpProtocol::Http1, TlsVersion::Unknown) => &mut self.http1_tls,
+            (HttpProtocol::H2 | HttpProtocol::H2c, TlsVersion::None) => &mut self.h2c,
+            (_, TlsVersion::Tls12) => &mut self.h2_tls12,
+            (_, TlsVersion::Tls13) => &mut self.h2_tls13,
+            (_, TlsVersion::Unknown) => &mut self.h2_tls,
+        }
+    }
+
+    /// `(protocol, TLS version, count)` of every combination seen, in a fixed order.
+    pub fn entries(&self) -> Vec<(HttpProtocol, TlsVersion, u64)> {
+        use HttpProtocol::{H2, H2c, Http1};
+        use TlsVersion::{None, Tls12, Tls13, Unknown};
+        [
+            (Http1, None, self.http1),
+            (Http1, Tls12, self.http1_tls12),
+            (Http1, Tls13, self.http1_tls13),
+            (Http1, Unknown, self.http1_tls),
+            (H2, Tls12, self.h2_tls12),
+            (H2, Tls13, self.h2_tls13),
+            (H2, Unknown, self.h2_tls),
+            (H2c, None, self.h2c),
+        ]
+        .into_iter()
+        .filter(|(_, _, n)| *n > 0)
+        .collect()
+    }
+
+    /// Every connection counted.
+    pub fn total(&self) -> u64 {
+        self.entries()
+            .iter()
+            .fold(0u64, |sum, (_, _, n)| sum.saturating_add(*n))
+    }
+
+    fn add(&mut self, other: &ConnectionCounts) {
+        for (protocol, tls, n) in other.entries() {
+            let slot = self.slot(protocol, tls);
+            *slot = slot.saturating_add(n);
+        }
+    }
 }
 
 /// What happened to a worker's slice beyond the per-request outcomes: the worker's engine
@@ -264,6 +388,12 @@ pub struct TransportCounters {
     pub tls: u64,
     pub dns: u64,
     pub other: u64,
+    /// A `200` head came, then the connection or stream ended before any content.
+    #[serde(default)]
+    pub closed_after_head: u64,
+    /// An HTTP/1.1 request was answered with HTTP/2 frames (`--target-h2c` is needed).
+    #[serde(default)]
+    pub http2_only: u64,
 }
 
 impl TransportCounters {
@@ -276,11 +406,13 @@ impl TransportCounters {
             TransportCause::Tls(_) => self.tls += 1,
             TransportCause::Dns => self.dns += 1,
             TransportCause::Other => self.other += 1,
+            TransportCause::ClosedAfterHead => self.closed_after_head += 1,
+            TransportCause::Http2Only => self.http2_only += 1,
         }
     }
 
     /// `(name, count)` for every cause, in [`TransportCause::NAMES`] order.
-    pub fn by_name(&self) -> [(&'static str, u64); 6] {
+    pub fn by_name(&self) -> [(&'static str, u64); 8] {
         let n = TransportCause::NAMES;
         [
             (n[0], self.refused),
@@ -289,6 +421,8 @@ impl TransportCounters {
             (n[3], self.tls),
             (n[4], self.dns),
             (n[5], self.other),
+            (n[6], self.closed_after_head),
+            (n[7], self.http2_only),
         ]
     }
 
@@ -306,6 +440,10 @@ impl TransportCounters {
         self.tls = self.tls.saturating_add(other.tls);
         self.dns = self.dns.saturating_add(other.dns);
         self.other = self.other.saturating_add(other.other);
+        self.closed_after_head = self
+            .closed_after_head
+            .saturating_add(other.closed_after_head);
+        self.http2_only = self.http2_only.saturating_add(other.http2_only);
     }
 }
 
@@ -350,6 +488,9 @@ impl Counters {
         self.cache_reported_input_tokens = self
             .cache_reported_input_tokens
             .saturating_add(other.cache_reported_input_tokens);
+        self.coalesce_checked = self.coalesce_checked.saturating_add(other.coalesce_checked);
+        self.coalesced = self.coalesced.saturating_add(other.coalesced);
+        self.connections.add(&other.connections);
     }
 }
 
@@ -604,6 +745,11 @@ impl RunMetrics {
         }
     }
 
+    /// Count one new connection to the target by its protocol and TLS version.
+    pub fn count_connection(&mut self, protocol: HttpProtocol, tls: TlsVersion) {
+        self.counters.connections.count(protocol, tls);
+    }
+
     /// Record the outcome of one measured request, following the rules of the metric
     /// definitions: failures enter no success distribution (their `latency_us`, the time to
     /// failure, goes to [`Metric::ErrorLatency`] only); ended-early streams count toward TTFT
@@ -654,6 +800,11 @@ impl RunMetrics {
         self.counters.succeeded += 1;
         if outcome.unstreamed {
             self.counters.unstreamed += 1;
+        } else if outcome.content_frames >= crate::measure::COALESCED_MIN_FRAMES {
+            self.counters.coalesce_checked += 1;
+            if outcome.coalesced {
+                self.counters.coalesced += 1;
+            }
         }
         self.count_token_source(outcome);
         if let Some(ttft) = outcome.ttft_us {
@@ -1025,6 +1176,7 @@ mod tests {
                     resent: false,
                     unstreamed: rng.next().is_multiple_of(5),
                     cached_input_tokens: rng.next().is_multiple_of(3).then(|| rng.next() % 100),
+                    coalesced: false,
                 };
                 whole.record(&outcome);
                 split[(rng.next() % parts as u64) as usize].record(&outcome);
@@ -1152,6 +1304,7 @@ mod tests {
             resent: false,
             unstreamed: false,
             cached_input_tokens: None,
+            coalesced: false,
         };
         let mut only_successes = RunMetrics::new();
         let mut m = RunMetrics::new();
@@ -1209,6 +1362,7 @@ mod tests {
             resent: false,
             unstreamed: false,
             cached_input_tokens: None,
+            coalesced: false,
         };
         m.record(&outcome);
         let itl = m.stats(Metric::Itl).expect("itl");

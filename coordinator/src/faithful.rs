@@ -393,6 +393,7 @@ mod tests {
                 target: "t".into(),
                 load: serde_json::json!({}),
                 start_skew_ms: None,
+                start_skew_bound_ms: None,
                 workers: Vec::new(),
                 insecure: false,
             },

@@ -720,6 +720,7 @@ mod tests {
             resent: false,
             unstreamed: false,
             cached_input_tokens: None,
+            coalesced: false,
         }
     }
 
@@ -731,6 +732,7 @@ mod tests {
             target: "t".into(),
             load: serde_json::Value::Null,
             start_skew_ms: None,
+            start_skew_bound_ms: None,
             workers: Vec::new(),
             insecure: false,
         }

@@ -15,10 +15,10 @@ use crate::server::{CoordinatorService, ServiceState, WorkerEvent};
 use crate::shard::SlicePlan;
 use crate::supervisor::{Progress, RunIdentity, Settings, Supervisor};
 
-/// How often the coordinator pings each worker's HTTP/2 connection, and how long it waits
-/// for the answer before closing it.
+/// How long a worker's HTTP/2 connection may be silent before the coordinator pings it; an
+/// unanswered ping closes it after the run's heartbeat timeout (never sooner: a stall
+/// shorter than the heartbeat timeout loses nobody).
 const LINK_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
-const LINK_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long the end of a run waits for the worker link to close.
 const SERVER_SHUTDOWN_PATIENCE: Duration = Duration::from_secs(2);
@@ -149,6 +149,8 @@ impl AssignmentPlan {
             // This coordinator reads plain V2: no inflating per report (most of its CPU
             // with hundreds of workers).
             histograms: common::metrics::HistogramEncoding::Plain,
+            // Both ends of the link give up on the other after the same silence.
+            heartbeat_timeout: Some(config.heartbeat_timeout),
         }
     }
 }
@@ -248,7 +250,7 @@ pub async fn replay(setup: ReplaySetup<'_>) -> Result<ReplayResult, RunError> {
     let mut builder = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(LINK_KEEPALIVE_INTERVAL))
-        .http2_keepalive_timeout(Some(LINK_KEEPALIVE_TIMEOUT));
+        .http2_keepalive_timeout(Some(config.heartbeat_timeout));
     if let Some(tls) = &config.tls {
         builder = builder
             .tls_config(tls_server_config(tls)?)
@@ -342,6 +344,7 @@ pub async fn replay(setup: ReplaySetup<'_>) -> Result<ReplayResult, RunError> {
         setup.interrupt.clone(),
         setup.progress.clone(),
     )
+    .with_requests_out(setup.requests_out.clone())
     .run()
     .await;
 

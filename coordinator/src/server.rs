@@ -1,14 +1,18 @@
 //! The coordinator's gRPC service: workers dial in, join, receive their assignment and slice,
 //! and stream reports. Every event is forwarded to the run orchestrator over one bounded
-//! channel; the service itself decides only who may join.
+//! channel; the service itself decides only who may join. A worker's request records travel
+//! with the report that follows them, so the supervisor writes them only when it counts that
+//! report; once the supervisor fences a worker (lost), nothing it sends is forwarded and its
+//! stream is told to stop and closed.
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use common::assignment::Assignment;
+use common::metrics::RequestRecord;
 use proto::auth::{CoordinatorHandshake, Opener, Sealer, SessionKeys};
 use proto::convert::{ReceivedReport, assignment_to_proto, report_from_proto};
 use proto::v1;
@@ -35,6 +39,9 @@ pub enum WorkerEvent {
         index: usize,
         /// Boxed: a report is far larger than every other event.
         report: Box<ReceivedReport>,
+        /// The request records (`--requests-out`) the worker sent since its previous report:
+        /// the requests this one counts anew. Written only if the report is accepted.
+        records: Vec<RequestRecord>,
     },
     /// A report that does not decode (corrupt histograms): the worker cannot be trusted.
     InvalidReport {
@@ -95,17 +102,34 @@ pub enum Control {
 }
 
 /// The supervisor's handle on one worker's control stream (a bounded channel that this
-/// module turns into protocol messages).
+/// module turns into protocol messages), and its fence.
 #[derive(Debug, Clone)]
 pub struct WorkerControl {
     tx: mpsc::Sender<Control>,
+    /// Set once the worker is lost: nothing it sends is forwarded any more.
+    fenced: Arc<AtomicBool>,
 }
 
 impl WorkerControl {
     /// A handle and the receiving end of its messages, `capacity` deep.
     pub fn channel(capacity: usize) -> (WorkerControl, mpsc::Receiver<Control>) {
         let (tx, rx) = mpsc::channel(capacity);
-        (WorkerControl { tx }, rx)
+        (
+            WorkerControl {
+                tx,
+                fenced: Arc::new(AtomicBool::new(false)),
+            },
+            rx,
+        )
+    }
+
+    /// Fence a worker the supervisor declared lost: from now on nothing it sends is
+    /// forwarded (reports, request records), and it is sent `Abort { reason }` — the last
+    /// message of its stream, which then closes — so that it stops if its link comes back.
+    pub fn fence(&self, reason: String) {
+        if !self.fenced.swap(true, Ordering::SeqCst) {
+            self.send(Control::Abort { reason });
+        }
     }
 
     /// Send without waiting. Heartbeats and pings are dropped when the worker's stream is
@@ -157,6 +181,7 @@ fn chunk_to_proto(chunk: SliceChunk) -> Result<v1::ExchangeChunk, Status> {
                 json: e.json,
                 pin_output_tokens: e.pin_output_tokens,
                 think_ms: e.think_ms,
+                reassigned: e.reassigned,
             })
             .collect(),
         last: chunk.last,
@@ -253,7 +278,8 @@ pub struct ServiceState {
     pub token: Option<String>,
     pub assignment_for: Box<AssignmentFor>,
     pub events: mpsc::Sender<WorkerEvent>,
-    /// Where per-request records go (`--requests-out`).
+    /// `--requests-out`: request records are kept and handed to the supervisor with the
+    /// report that counts them (it writes them there once it accepts that report).
     pub requests_out: Option<Arc<crate::requests_out::RequestsOut>>,
     joined: Mutex<JoinSlots>,
     /// Each joined worker's slice stream, behind the key its assignment carries or its
@@ -506,19 +532,30 @@ async fn serve_worker(
     let events = state.events.clone();
     let requests_out = state.requests_out.clone();
     let worker_id = hello.worker_id.clone();
-    // The supervisor speaks domain messages; they become protocol messages here.
+    // The supervisor speaks domain messages; they become protocol messages here. Once the
+    // worker is fenced, only its abort goes out, and then the stream ends.
     let (control, mut control_rx) = WorkerControl::channel(64);
-    tokio::spawn(async move {
-        while let Some(message) = control_rx.recv().await {
-            if control_tx
-                .send(message_of(control_to_proto(message)))
-                .await
-                .is_err()
-            {
-                return;
+    let fenced = Arc::clone(&control.fenced);
+    {
+        let fenced = Arc::clone(&fenced);
+        tokio::spawn(async move {
+            while let Some(message) = control_rx.recv().await {
+                let fencing = fenced.load(Ordering::SeqCst);
+                let abort = matches!(message, Control::Abort { .. });
+                if fencing && !abort {
+                    continue;
+                }
+                if control_tx
+                    .send(message_of(control_to_proto(message)))
+                    .await
+                    .is_err()
+                    || (fencing && abort)
+                {
+                    return;
+                }
             }
-        }
-    });
+        });
+    }
     let _ = events
         .send(WorkerEvent::Joined {
             index,
@@ -529,8 +566,20 @@ async fn serve_worker(
         })
         .await;
     let mut records = RecordBound::new(handed, open_ended);
+    // Records since the last report: they go to the supervisor with the report that counts
+    // them (none are kept without --requests-out).
+    let mut pending_records: Vec<RequestRecord> = Vec::new();
     loop {
-        let received = match inbound.message().await {
+        let message = inbound.message().await;
+        if fenced.load(Ordering::SeqCst) {
+            // Lost: nothing it says is counted; read on until its stream ends, so what it
+            // sends does not pile up in the connection.
+            match message {
+                Ok(Some(_)) => continue,
+                Ok(None) | Err(_) => return,
+            }
+        }
+        let received = match message {
             Ok(Some(message)) => proto::auth::open_worker_message(opener.as_mut(), message)
                 .map_err(|error| {
                     format!("its link failed authentication ({error}); nothing it sends from now on is counted")
@@ -546,6 +595,7 @@ async fn serve_worker(
                         Ok(()) => WorkerEvent::Report {
                             index,
                             report: Box::new(report),
+                            records: std::mem::take(&mut pending_records),
                         },
                         Err(reason) => WorkerEvent::InvalidReport { index, reason },
                     },
@@ -581,15 +631,15 @@ async fn serve_worker(
                     // checked before anything is written.
                     match records.take(batch.records.len()) {
                         Ok(()) => {
-                            // Written here, before the report that follows them on this
-                            // stream reaches the orchestrator.
-                            if let Some(out) = &requests_out {
-                                let records: Vec<_> = batch
-                                    .records
-                                    .iter()
-                                    .filter_map(proto::convert::record_from_proto)
-                                    .collect();
-                                out.write(&worker_id, &records);
+                            // Held for the report that follows them on this stream: written
+                            // only if the supervisor counts it.
+                            if requests_out.is_some() {
+                                pending_records.extend(
+                                    batch
+                                        .records
+                                        .iter()
+                                        .filter_map(proto::convert::record_from_proto),
+                                );
                             }
                             continue;
                         }

@@ -36,6 +36,10 @@ pub struct SliceExchange {
     pub pin_output_tokens: Option<u64>,
     /// `--session-mode closed`: the recorded think time before this turn, ms.
     pub think_ms: Option<f64>,
+    /// Handed over from a lost worker ([`feed_reassigned`]): the worker that gets it sends it
+    /// once due, and no earlier than it arrived; its lateness on arrival and its order are
+    /// not that worker's.
+    pub reassigned: bool,
 }
 
 /// A batch of a worker's slice; `last` closes the slice.
@@ -156,6 +160,7 @@ impl Item<'_, '_> {
             json,
             pin_output_tokens: extras.pin_output_tokens,
             think_ms: extras.think_ms,
+            reassigned: false,
         })
     }
 }
@@ -471,7 +476,11 @@ pub fn feed_reassigned(
                 next
             }
         };
-        if chunkers[target].push(&survivors[target], item.slice_exchange(extras)?) {
+        let exchange = SliceExchange {
+            reassigned: true,
+            ..item.slice_exchange(extras)?
+        };
+        if chunkers[target].push(&survivors[target], exchange) {
             counts[target] += 1;
         }
         Ok(true)
@@ -581,6 +590,10 @@ mod tests {
         let slice = drain(&mut rx);
         assert_eq!(slice.len(), 1);
         assert_eq!((slice[0].index, slice[0].think_ms), (1, Some(30.0)));
+        assert!(
+            slice[0].reassigned,
+            "the survivor is told it was handed over"
+        );
         let _ = std::fs::remove_file(path);
     }
 

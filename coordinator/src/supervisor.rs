@@ -39,7 +39,8 @@ pub struct Settings {
     pub reorder_window: usize,
     /// How far ahead of the start instant the start message goes out.
     pub start_lead: Duration,
-    /// Clock pings per worker; the one with the shortest round trip gives the offset.
+    /// Clock pings per worker (more on a long or jittery path: `sync_clocks`); the one with
+    /// the shortest round trip gives the offset.
     pub clock_samples: u64,
     /// How long a worker may take to answer one round of clock pings.
     pub clock_patience: Duration,
@@ -194,6 +195,9 @@ pub struct Supervisor {
     feed_until: Option<Instant>,
     /// When the workers were last told the coordinator is alive.
     last_heartbeat: Option<Instant>,
+    /// `--requests-out`: each accepted report's request records are written here, so the
+    /// file and the report count the same requests (a fenced worker's are never written).
+    requests_out: Option<std::sync::Arc<crate::requests_out::RequestsOut>>,
 }
 
 /// One worker, from its join to the end of the run.
@@ -271,6 +275,14 @@ impl Slot {
         }
     }
 
+    /// Account for the worker from its last accepted report: what it issued is assigned to
+    /// it, and what it had not answered then was in flight and is lost.
+    fn account_in_flight_as_lost(&mut self) {
+        let answered = self.answered();
+        let issued = self.reported().issued.max(answered);
+        self.lost_accounting = Some((issued, issued - answered));
+    }
+
     fn reported(&self) -> SliceTotals {
         self.latest.as_ref().map(|r| r.totals).unwrap_or_default()
     }
@@ -283,8 +295,14 @@ impl Slot {
         !self.done && self.lost.is_none()
     }
 
+    /// Declare the worker lost, and fence it: nothing it sends from now on is counted (its
+    /// accounting is its last accepted report's), and it is told to stop should its link
+    /// come back.
     fn lose(&mut self, reason: String) {
         if self.lost.is_none() {
+            self.control.fence(format!(
+                "this worker was declared lost ({reason}); nothing it sends from now on is counted"
+            ));
             self.lost = Some(reason);
         }
     }
@@ -295,7 +313,11 @@ impl Slot {
     /// one's earlier data are kept.
     /// Returns whether it was taken.
     fn accept_report(&mut self, mut report: Box<ReceivedReport>) -> bool {
-        if self.latest.as_ref().is_some_and(|r| report.seq <= r.seq) {
+        // A lost worker is fenced, and nothing follows a final report.
+        if self.lost.is_some()
+            || self.done
+            || self.latest.as_ref().is_some_and(|r| report.seq <= r.seq)
+        {
             return false;
         }
         match self.check_report(&report) {
@@ -373,7 +395,17 @@ impl Supervisor {
             feed: std::sync::Arc::new(FeedControl::new(0)),
             feed_until: None,
             last_heartbeat: None,
+            requests_out: None,
         }
+    }
+
+    /// Write the request records of every report it accepts to `out` (`--requests-out`).
+    pub fn with_requests_out(
+        mut self,
+        out: Option<std::sync::Arc<crate::requests_out::RequestsOut>>,
+    ) -> Supervisor {
+        self.requests_out = out;
+        self
     }
 
     /// Run the replay to its end: join, clock sync, start, supervise, stop, merge.
@@ -498,11 +530,47 @@ impl Supervisor {
     }
 
     /// Exchange NTP-style pings with every worker and estimate its clock offset.
+    ///
+    /// Every worker answers `clock_samples` pings; one whose best round trip is long or whose
+    /// round trips are jittery ([`ClockSamples::wants_more`]) gets more, up to
+    /// [`EXTRA_CLOCK_SAMPLES_FACTOR`] times as many in all, as long as each extra round should
+    /// end (by the longest round trip seen) within [`CLOCK_SYNC_BUDGET`] of the sync's start:
+    /// the shortest round trip found bounds the offset's error (half of it), and on a jittery
+    /// path more pings find a shorter one.
     async fn sync_clocks(&mut self) -> Result<(), RunError> {
         let workers = self.slots.len();
-        let mut best: Vec<Option<(u64, i64)>> = vec![None; workers];
-        for seq in 0..self.settings.clock_samples {
-            for slot in &self.slots {
+        let began = Instant::now();
+        let base_rounds = self.settings.clock_samples;
+        let max_rounds = base_rounds.saturating_mul(EXTRA_CLOCK_SAMPLES_FACTOR);
+        let mut samples: Vec<ClockSamples> = vec![ClockSamples::default(); workers];
+        let mut seq = 0;
+        loop {
+            // Who is pinged this round: everyone for the first `clock_samples` rounds, then
+            // only the workers whose estimate more samples can still improve.
+            let pinged: Vec<bool> = if seq < base_rounds {
+                vec![true; workers]
+            } else {
+                samples.iter().map(ClockSamples::wants_more).collect()
+            };
+            if !pinged.contains(&true) || seq >= max_rounds {
+                break;
+            }
+            if seq >= base_rounds {
+                // An extra round is started only if it should end within the budget: by the
+                // longest round trip its workers have taken so far.
+                let longest = samples
+                    .iter()
+                    .zip(&pinged)
+                    .filter(|(_, pinged)| **pinged)
+                    .filter_map(|(s, _)| s.delays.iter().max())
+                    .map(|&delay| Duration::from_nanos(delay))
+                    .max()
+                    .unwrap_or_default();
+                if began.elapsed() + longest > CLOCK_SYNC_BUDGET {
+                    break;
+                }
+            }
+            for (slot, _) in self.slots.iter().zip(&pinged).filter(|(_, p)| **p) {
                 slot.control.send(Control::ClockPing {
                     seq,
                     sent_unix_ns: unix_ns(SystemTime::now()),
@@ -510,10 +578,9 @@ impl Supervisor {
             }
             // Each worker answers each ping once: a second pong (or one for another round)
             // from the same stream does not stand in for a worker that has not answered.
-            let mut answered_by = vec![false; workers];
-            let mut answered = 0;
+            let mut waiting = pinged;
             let deadline = Instant::now() + self.settings.clock_patience;
-            while answered < workers {
+            while waiting.contains(&true) {
                 let event = tokio::select! {
                     event = self.events.recv() => event,
                     Ok(_) = self.interrupt.wait_for(|i| *i) => {
@@ -523,8 +590,8 @@ impl Supervisor {
                         let silent: Vec<&str> = self
                             .slots
                             .iter()
-                            .zip(&answered_by)
-                            .filter(|(_, answered)| !**answered)
+                            .zip(&waiting)
+                            .filter(|(_, waiting)| **waiting)
                             .map(|(slot, _)| slot.id.as_str())
                             .collect();
                         return Err(RunError::Failed(format!(
@@ -538,15 +605,11 @@ impl Supervisor {
                 };
                 match event {
                     WorkerEvent::ClockPong { index, sample }
-                        if sample.seq == seq && index < workers && !answered_by[index] =>
+                        if sample.seq == seq && index < workers && waiting[index] =>
                     {
-                        answered_by[index] = true;
-                        answered += 1;
+                        waiting[index] = false;
                         self.slots[index].last_heard = Instant::now();
-                        let (delay, offset) = clock_offset(sample);
-                        if best[index].is_none_or(|(d, _)| delay < d) {
-                            best[index] = Some((delay, offset));
-                        }
+                        samples[index].add(clock_offset(sample));
                     }
                     WorkerEvent::Gone { index, reason } => {
                         return Err(RunError::Failed(format!(
@@ -563,13 +626,21 @@ impl Supervisor {
                     _ => {}
                 }
             }
+            seq += 1;
         }
-        for (slot, best) in self.slots.iter_mut().zip(best) {
-            if let Some((delay, offset)) = best {
+        for (slot, samples) in self.slots.iter_mut().zip(samples) {
+            if let Some((delay, offset)) = samples.best {
                 slot.clock = ClockEstimate {
                     offset_ns: offset,
                     uncertainty_ns: delay / 2,
                 };
+                tracing::debug!(
+                    worker = slot.id,
+                    samples = samples.delays.len(),
+                    best_round_trip_ms = delay as f64 / 1e6,
+                    offset_ms = offset as f64 / 1e6,
+                    "clock measured"
+                );
             }
         }
         Ok(())
@@ -676,15 +747,25 @@ impl Supervisor {
         let Some(slot) = self.slots.get_mut(index) else {
             return false;
         };
+        if slot.lost.is_some() {
+            // Fenced: whatever a lost worker sends after its loss (a stalled link's backlog,
+            // a worker that came back) is not counted; it was told to stop.
+            return false;
+        }
         match event {
-            WorkerEvent::Report { report, .. } => {
+            WorkerEvent::Report {
+                report, records, ..
+            } => {
                 slot.last_heard = Instant::now();
-                // Each report goes into the series as it arrives: the tick walks nobody's
-                // histograms.
-                if slot.accept_report(report)
-                    && let (Some(timeline), Some(report)) = (&mut self.timeline, &slot.latest)
-                {
-                    timeline.add_report(index, report);
+                if slot.accept_report(report) {
+                    if let Some(out) = &self.requests_out {
+                        out.write(&slot.id, &records);
+                    }
+                    // Each report goes into the series as it arrives: the tick walks
+                    // nobody's histograms.
+                    if let (Some(timeline), Some(report)) = (&mut self.timeline, &slot.latest) {
+                        timeline.add_report(index, report);
+                    }
                 }
             }
             WorkerEvent::InvalidReport { reason, .. } => slot.lose(format!(
@@ -807,14 +888,15 @@ impl Supervisor {
             self.feed.drop_worker(dead);
             let slot = &mut self.slots[dead];
             let reason = slot.lost.clone().unwrap_or_default();
-            let answered = slot.answered();
-            let issued = slot.reported().issued.max(answered);
             self.warnings.push(format!(
                 "worker {} ({}) was lost: {reason}",
                 slot.id, slot.host
             ));
-            // Its in-flight requests are lost.
-            slot.lost_accounting = Some((issued, issued - answered));
+            // Fenced since it was declared lost, it is accounted for by its last accepted
+            // report: what it issued by then is its own, and what it had not answered then
+            // is lost (never replayed again); the rest goes to the survivors, once.
+            slot.account_in_flight_as_lost();
+            let issued = slot.lost_accounting.map_or(0, |(issued, _)| issued);
             if !self.settings.reassign_on_loss {
                 self.aborted = true;
                 continue;
@@ -908,23 +990,44 @@ impl Supervisor {
             };
             match event {
                 None => break,
-                Some(WorkerEvent::Report { index, report }) => {
-                    if let Some(slot) = self.slots.get_mut(index) {
-                        slot.accept_report(report);
+                Some(WorkerEvent::Report {
+                    index,
+                    report,
+                    records,
+                }) => {
+                    if let Some(slot) = self.slots.get_mut(index)
+                        && slot.accept_report(report)
+                    {
+                        if let Some(out) = &self.requests_out {
+                            out.write(&slot.id, &records);
+                        }
+                        if slot.done {
+                            // Its final report is in: it may leave (and its link flush).
+                            slot.control.send(Control::Finish);
+                        }
                     }
                 }
                 Some(WorkerEvent::Gone { index, reason }) => {
                     if let Some(slot) = self.slots.get_mut(index)
-                        && !slot.done
+                        && slot.alive()
                     {
                         slot.lose(reason);
-                        let answered = slot.answered();
-                        let issued = slot.reported().issued.max(answered);
-                        slot.lost_accounting = Some((issued, issued - answered));
+                        slot.account_in_flight_as_lost();
                     }
                 }
                 Some(_) => {}
             }
+        }
+        // A survivor whose final report did not come within the grace (a slow link) is not
+        // disconnected, but its last report is all there is: what it had in flight then is
+        // lost.
+        for slot in self.slots.iter_mut().filter(|s| s.alive()) {
+            slot.account_in_flight_as_lost();
+            let in_flight = slot.lost_accounting.map_or(0, |(_, lost)| lost);
+            self.warnings.push(format!(
+                "worker {} sent no final report within {:?} of the abort: its last report's numbers are used, and its {in_flight} requests in flight then are counted lost",
+                slot.id, self.settings.abort_grace
+            ));
         }
     }
 
@@ -1044,13 +1147,35 @@ impl Supervisor {
             let min = starts.iter().min().copied().unwrap_or(0);
             (max - min) as f64 / 1e6
         });
+        let max_skew_ms = settings.max_skew.as_secs_f64() * 1000.0;
+        let skew_bound_ms = start_skew_bound_ms(&outcomes);
         if let Some(skew) = start_skew_ms
             && identity.scheduled
-            && skew > settings.max_skew.as_secs_f64() * 1000.0
+            && skew > max_skew_ms
         {
             warnings.push(format!(
-                "START SKEW {skew:.2} ms exceeds --max-skew {:.2} ms: workers did not start together, so the recorded schedule was not replayed faithfully",
-                settings.max_skew.as_secs_f64() * 1000.0
+                "START SKEW {skew:.2} ms exceeds --max-skew {max_skew_ms:.2} ms: workers did not start together, so the recorded schedule was not replayed faithfully"
+            ));
+        } else if let (Some(skew), Some(bound)) = (start_skew_ms, skew_bound_ms)
+            && identity.scheduled
+            && bound > max_skew_ms
+        {
+            // The measured skew is computed with the same offsets that set the start, so it
+            // cannot see their error: only the bound can.
+            let clocks: Vec<String> = outcomes
+                .iter()
+                .map(|w| {
+                    format!(
+                        "{} {:+.2} ± {:.2} ms",
+                        w.id,
+                        w.clock.offset_ns as f64 / 1e6,
+                        w.clock.uncertainty_ns as f64 / 1e6
+                    )
+                })
+                .collect();
+            warnings.push(format!(
+                "START SKEW BOUND {bound:.2} ms exceeds --max-skew {max_skew_ms:.2} ms: the workers started {skew:.2} ms apart by their clocks as measured, but each clock offset is known only to ± half its best round trip ({}), so their true starts may be up to {bound:.2} ms apart. This is a bound from clock uncertainty, not a measured skew: an asymmetric path biases an offset invisibly. To tighten it, put the workers closer to the coordinator (a shorter, steadier link); on hosts synced by NTP or PTP, an offset far from 0 is this error itself",
+                clocks.join(", ")
             ));
         }
         let out_of_order: u64 = outcomes.iter().map(|w| w.totals.sent_out_of_order).sum();
@@ -1108,6 +1233,95 @@ fn clock_offset(sample: ClockSample) -> (u64, i64) {
     let delay = ((t4 - t1) - (t3 - t2)).max(0) as u64;
     let offset = (((t2 - t1) + (t3 - t4)) / 2) as i64;
     (delay, offset)
+}
+
+/// A best round trip longer than this (10 ms: the offset known to ± 5 ms, the default
+/// `--max-skew`) is worth more pings, in case the path has shorter moments.
+const LONG_ROUND_TRIP_NS: u64 = 10_000_000;
+/// Round trips whose median is above the best by more than this and by more than half the
+/// best are jittery: more pings may find a shorter one. Loopback and a quiet LAN spread by
+/// less.
+const JITTER_FLOOR_NS: u64 = 1_000_000;
+/// A worker whose round trips are long or jittery gets up to this many times
+/// `clock_samples` pings.
+const EXTRA_CLOCK_SAMPLES_FACTOR: u64 = 4;
+/// Extra rounds of pings are started only while they end within this much time from the
+/// start of the clock sync (the first `clock_samples` rounds always run): on a 300 ms link
+/// the 8 usual rounds alone take 2.4 s, and the run must not wait much longer to start.
+const CLOCK_SYNC_BUDGET: Duration = Duration::from_secs(2);
+
+/// One worker's clock samples so far: the best (shortest round trip) and every round trip.
+#[derive(Debug, Clone, Default)]
+struct ClockSamples {
+    /// (round trip, offset) of the sample with the shortest round trip, ns.
+    best: Option<(u64, i64)>,
+    delays: Vec<u64>,
+}
+
+impl ClockSamples {
+    fn add(&mut self, (delay, offset): (u64, i64)) {
+        if self.best.is_none_or(|(d, _)| delay < d) {
+            self.best = Some((delay, offset));
+        }
+        self.delays.push(delay);
+    }
+
+    /// Whether more pings can still shrink this worker's uncertainty: its best round trip is
+    /// long, or its round trips spread well above the best (so a shorter one may come).
+    fn wants_more(&self) -> bool {
+        let Some((best, _)) = self.best else {
+            return false;
+        };
+        let mut delays = self.delays.clone();
+        delays.sort_unstable();
+        let median = delays[delays.len() / 2];
+        best > LONG_ROUND_TRIP_NS || median - best > JITTER_FLOOR_NS.max(best / 2)
+    }
+}
+
+/// The most the workers' true start instants can differ (ms), given their clock
+/// uncertainties; `None` unless every worker reported its start.
+///
+/// A worker's start in the coordinator's clock is estimated as its reported start minus its
+/// estimated offset; the true offset is within ± its uncertainty `u` (half its best round
+/// trip: clock sync measures round trips, never one-way delays, so an asymmetric path biases
+/// the offset by up to that much, invisibly). So worker `i`'s true start is within
+/// `ŝᵢ ± uᵢ`, and two workers' true starts differ by at most `ŝᵢ − ŝⱼ + uᵢ + uⱼ`. The bound
+/// is the largest of that over every pair `i ≠ j` — at most the measured skew plus the two
+/// largest uncertainties, and reached when the errors fall that way. One worker has nothing
+/// to be skewed against: 0.
+pub fn start_skew_bound_ms(workers: &[WorkerOutcome]) -> Option<f64> {
+    // aᵢ = ŝᵢ + uᵢ (latest possible start), bⱼ = uⱼ − ŝⱼ (minus the earliest): the bound is
+    // the largest aᵢ + bⱼ with i ≠ j, found from the two largest of each in one pass.
+    let mut late: [Option<(usize, i128)>; 2] = [None; 2];
+    let mut early: [Option<(usize, i128)>; 2] = [None; 2];
+    let keep = |top: &mut [Option<(usize, i128)>; 2], i: usize, v: i128| {
+        if top[0].is_none_or(|(_, best)| v > best) {
+            top[1] = top[0];
+            top[0] = Some((i, v));
+        } else if top[1].is_none_or(|(_, second)| v > second) {
+            top[1] = Some((i, v));
+        }
+    };
+    for (i, worker) in workers.iter().enumerate() {
+        let start = i128::from(worker.started_unix_ns?);
+        let uncertainty = i128::from(worker.clock.uncertainty_ns);
+        keep(&mut late, i, start + uncertainty);
+        keep(&mut early, i, uncertainty - start);
+    }
+    let (Some((i, a)), Some((j, b))) = (late[0], early[0]) else {
+        return None;
+    };
+    let bound = if i != j {
+        Some(a + b)
+    } else {
+        // The same worker is both the latest and the earliest possible: pair it with the
+        // runner-up on either side.
+        let with_second_early = early[1].map(|(_, b2)| a + b2);
+        let with_second_late = late[1].map(|(_, a2)| a2 + b);
+        with_second_early.max(with_second_late)
+    };
+    Some(bound.unwrap_or(0).max(0) as f64 / 1e6)
 }
 
 #[cfg(test)]

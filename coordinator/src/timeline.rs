@@ -342,6 +342,7 @@ mod tests {
             resent: false,
             unstreamed: false,
             cached_input_tokens: None,
+            coalesced: false,
         }
     }
 

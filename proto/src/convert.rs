@@ -9,8 +9,8 @@ use common::formats::pin::PinMode;
 use common::load::{Arrival, LoadModel, Schedule};
 use common::measure::{FailureKind, OutcomeKind, RequestOutcome};
 use common::metrics::{
-    Counters, ErrorSample, ErrorSummary, HistogramEncoding, MetricsDecodeError, RecordMeta,
-    RequestRecord, RunMetrics, SliceTotals, SparseMetrics, TransportCounters, Window,
+    ConnectionCounts, Counters, ErrorSample, ErrorSummary, HistogramEncoding, MetricsDecodeError,
+    RecordMeta, RequestRecord, RunMetrics, SliceTotals, SparseMetrics, TransportCounters, Window,
 };
 
 use common::timeline::{Timeline, TimelineError};
@@ -66,6 +66,18 @@ pub fn report_to_proto_as(report: &WorkerReport, encoding: HistogramEncoding) ->
             transport_tls: c.transport.tls,
             transport_dns: c.transport.dns,
             transport_other: c.transport.other,
+            transport_closed_after_head: c.transport.closed_after_head,
+            transport_http2_only: c.transport.http2_only,
+            coalesce_checked: c.coalesce_checked,
+            coalesced: c.coalesced,
+            connections_http1: c.connections.http1,
+            connections_http1_tls12: c.connections.http1_tls12,
+            connections_http1_tls13: c.connections.http1_tls13,
+            connections_http1_tls: c.connections.http1_tls,
+            connections_h2_tls12: c.connections.h2_tls12,
+            connections_h2_tls13: c.connections.h2_tls13,
+            connections_h2_tls: c.connections.h2_tls,
+            connections_h2c: c.connections.h2c,
             resent: c.resent,
             unstreamed: c.unstreamed,
             cache_reported: c.cache_reported,
@@ -236,11 +248,18 @@ impl ReceivedReport {
             ("resent", c.resent),
             ("pinned", c.pinned),
             ("sent_out_of_order", t.sent_out_of_order),
+            ("coalesce_checked", c.coalesce_checked),
         ];
         for (name, value) in parts {
             if value > issued {
                 return Err(format!("{name} {value} of {issued} issued"));
             }
+        }
+        if c.coalesced > c.coalesce_checked {
+            return Err(format!(
+                "coalesced {} of {} checked",
+                c.coalesced, c.coalesce_checked
+            ));
         }
         if c.pinned_matched > c.pinned {
             return Err(format!(
@@ -256,6 +275,8 @@ impl ReceivedReport {
             tr.tls,
             tr.dns,
             tr.other,
+            tr.closed_after_head,
+            tr.http2_only,
         ]
         .into_iter()
         .try_fold(0u64, u64::checked_add)
@@ -366,6 +387,20 @@ pub fn metrics_from_report(
             tls: c.transport_tls,
             dns: c.transport_dns,
             other: c.transport_other,
+            closed_after_head: c.transport_closed_after_head,
+            http2_only: c.transport_http2_only,
+        },
+        coalesce_checked: c.coalesce_checked,
+        coalesced: c.coalesced,
+        connections: ConnectionCounts {
+            http1: c.connections_http1,
+            http1_tls12: c.connections_http1_tls12,
+            http1_tls13: c.connections_http1_tls13,
+            http1_tls: c.connections_http1_tls,
+            h2_tls12: c.connections_h2_tls12,
+            h2_tls13: c.connections_h2_tls13,
+            h2_tls: c.connections_h2_tls,
+            h2c: c.connections_h2c,
         },
         resent: c.resent,
         unstreamed: c.unstreamed,
@@ -611,6 +646,7 @@ pub fn assignment_to_proto(assignment: &Assignment) -> v1::Assignment {
         closed_sessions: assignment.faithful.closed_sessions,
         report_interval_s: assignment.report_interval.map(|d| d.as_secs_f64()),
         plain_histograms: assignment.histograms == HistogramEncoding::Plain,
+        heartbeat_timeout_s: assignment.heartbeat_timeout.map(|d| d.as_secs_f64()),
     }
 }
 
@@ -707,12 +743,26 @@ pub fn assignment_from_proto(assignment: &v1::Assignment) -> Result<Assignment, 
         } else {
             HistogramEncoding::Deflate
         },
+        heartbeat_timeout: match assignment.heartbeat_timeout_s {
+            None => None,
+            Some(s) if s > MAX_HEARTBEAT_TIMEOUT_S => {
+                return Err(AssignmentError::Seconds {
+                    field: "heartbeat_timeout_s",
+                    seconds: s,
+                });
+            }
+            Some(s) => Some(wire_seconds("heartbeat_timeout_s", s)?),
+        },
     })
 }
 
 /// The longest report interval a coordinator may ask for: a worker heard from less often
 /// than this is not supervised.
 const MAX_REPORT_INTERVAL_S: f64 = 60.0;
+
+/// The longest heartbeat timeout a coordinator may give its workers: a day, as
+/// `--heartbeat-timeout` allows on either side.
+const MAX_HEARTBEAT_TIMEOUT_S: f64 = 86_400.0;
 
 #[cfg(test)]
 mod tests {
@@ -753,6 +803,7 @@ mod tests {
             },
             report_interval: Some(Duration::from_millis(1500)),
             histograms: HistogramEncoding::Plain,
+            heartbeat_timeout: Some(Duration::from_secs(7)),
         }
     }
 
@@ -782,6 +833,8 @@ mod tests {
             transport: TargetTransport::default(),
             faithful: Faithful::default(),
             report_interval: None,
+            // An older coordinator: the worker keeps its own heartbeat timeout.
+            heartbeat_timeout: None,
             ..domain
         };
         assert_eq!(
@@ -851,6 +904,13 @@ mod tests {
             assert_eq!(error.field(), "report_interval_s", "{seconds}");
         }
 
+        for seconds in [0.0, -1.0, f64::NAN, 86_401.0] {
+            let mut wire = valid.clone();
+            wire.heartbeat_timeout_s = Some(seconds);
+            let error = assignment_from_proto(&wire).expect_err("a bad heartbeat timeout");
+            assert_eq!(error.field(), "heartbeat_timeout_s", "{seconds}");
+        }
+
         let mut wire = valid;
         wire.pin_output_length = "loose".into();
         let error = assignment_from_proto(&wire).expect_err("unknown pin mode");
@@ -894,6 +954,12 @@ mod tests {
         metrics.counters.succeeded = 5;
         metrics.counters.failed_transport = 1;
         metrics.counters.transport.refused = 1;
+        // Streams delivered in one piece, connections by protocol (issue 19 items 9, 10).
+        metrics.counters.coalesce_checked = 4;
+        metrics.counters.coalesced = 3;
+        metrics.counters.connections.http1_tls12 = 2;
+        metrics.counters.connections.h2_tls13 = 1;
+        metrics.counters.connections.h2c = 3;
         let report = WorkerReport {
             seq: 7,
             is_final: true,

@@ -162,6 +162,11 @@ fn the_server_message_reaches_every_report_safely() {
     ] {
         assert!(text.contains(shown), "{what}:\n{text}");
     }
+    // Issue 19 item 15: the Markdown's errors cell names the status codes.
+    assert!(
+        md_text.contains("| Errors | 10 (100.0 %: status 10 [400 ×10]) |"),
+        "{md_text}"
+    );
     for (what, text) in [
         ("terminal", &out.stdout),
         ("stderr", &out.stderr),
@@ -239,4 +244,117 @@ fn the_server_message_reaches_every_report_safely() {
     assert!(message.chars().count() <= 300, "{}", message.len());
     assert!(out.stdout.contains("upstream exploded"), "{}", out.stdout);
     assert!(out.stdout.len() < 64 << 10, "{}", out.stdout.len());
+}
+
+/// A recording whose first `burst` exchanges arrive together at 0 ms and whose other
+/// `sparse` exchanges come one every `gap_ms` from 1 s on.
+fn burst_then_sparse(path: &std::path::Path, burst: usize, sparse: usize, gap_ms: f64) {
+    use std::io::Write;
+    let mut out = std::fs::File::create(path).expect("create recording");
+    for i in 0..burst + sparse {
+        let at_ms = if i < burst {
+            i as f64 * 2.0
+        } else {
+            1000.0 + (i - burst) as f64 * gap_ms
+        };
+        let body = serde_json::json!({
+            "model": "mock-model",
+            "stream": true,
+            "max_tokens": 5,
+            "messages": [{"role": "user", "content": format!("Question {i}")}],
+        });
+        let line = serde_json::json!({
+            "id": format!("ex-{i}"),
+            "at_ms": at_ms,
+            "request": {
+                "method": "POST",
+                "path": "/v1/chat/completions",
+                "headers": {"content-type": "application/json"},
+                "body": body.to_string(),
+            },
+        });
+        writeln!(out, "{line}").expect("write recording");
+    }
+}
+
+/// Issue 24 item 4: a server with 2 batch slots, 20 ms to the first token and ~40 ms a
+/// request gets 20 requests at once, then one every 200 ms for 8 s. The burst queues (its
+/// TTFT p95 is ~360 ms, the server's truth: 10 waves of 40 ms), the rest do not (~20 ms):
+/// the terminal and the Markdown name the first second and the typical interval. The same
+/// server without the burst names nothing.
+#[test]
+fn a_transient_only_the_timeline_showed_is_named_in_terminal_and_markdown() {
+    let _parallel = parallel_lock();
+    let dir = TempDir::new("transient");
+    let mock = MockServer::start(&[
+        "--ttft",
+        "20ms",
+        "--itl",
+        "5ms",
+        "--tokens",
+        "5",
+        "--max-streams",
+        "2",
+    ]);
+    let run = |burst: usize| {
+        let recording = dir.join(&format!("rec-{burst}.jsonl"));
+        burst_then_sparse(&recording, burst, 40, 200.0);
+        let markdown = dir.join(&format!("report-{burst}.md"));
+        let out = llm_replay(
+            &[
+                "run",
+                recording.to_str().expect("utf-8 path"),
+                "--target",
+                &mock.url,
+                "--report-md",
+                markdown.to_str().expect("utf-8 path"),
+            ],
+            Some(&dir.join(&format!("report-{burst}.json"))),
+        );
+        assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+        let markdown = std::fs::read_to_string(&markdown).expect("markdown report");
+        (out, markdown)
+    };
+    let (out, markdown) = run(20);
+    let report = out.report.expect("report JSON");
+    let line = out
+        .stdout
+        .lines()
+        .find(|l| l.contains("TTFT p95 up to"))
+        .unwrap_or_else(|| panic!("no transient named:\n{}", out.stdout));
+    assert!(
+        out.stdout
+            .contains("Over time (stretches far worse than the rest of the run)"),
+        "{}",
+        out.stdout
+    );
+    // The stretch starts at the run's start and is the burst's second; its peak is the
+    // burst's queue (10 waves of ~40 ms), the typical interval the unqueued ~20 ms.
+    let peak: f64 = line
+        .split("up to ")
+        .nth(1)
+        .and_then(|rest| rest.split(" ms").next())
+        .and_then(|n| n.parse().ok())
+        .expect("peak in ms");
+    let typical: f64 = line
+        .split("; ")
+        .nth(1)
+        .and_then(|rest| rest.split(" ms").next())
+        .and_then(|n| n.parse().ok())
+        .expect("typical in ms");
+    assert!(line.contains(" in 0.0–"), "{line}");
+    assert!((250.0..=500.0).contains(&peak), "{line}");
+    assert!((15.0..=40.0).contains(&typical), "{line}");
+    // The whole-run p95 (20 of 60 requests queued) does not say it on its own.
+    assert!(
+        num(&report, &["llm", "ttft_ms", "p50"]) < 60.0,
+        "{report:#}"
+    );
+    assert!(
+        markdown.contains("**Over time:** TTFT p95 up to"),
+        "{markdown}"
+    );
+    let (steady, steady_markdown) = run(0);
+    assert!(!steady.stdout.contains("Over time"), "{}", steady.stdout);
+    assert!(!steady_markdown.contains("Over time"), "{steady_markdown}");
 }

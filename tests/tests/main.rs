@@ -3,6 +3,7 @@
 
 mod capture;
 mod capture_limits;
+mod capture_upstream;
 mod connections;
 mod containers;
 mod distributed;
@@ -14,6 +15,7 @@ mod goals;
 mod hardening;
 mod hostile_peers;
 mod html_report;
+mod ingress;
 mod live_metrics;
 mod memory;
 mod otel_import;
@@ -29,3 +31,5 @@ mod timing;
 mod transport;
 mod usage;
 mod wide_area;
+mod wide_area_clock;
+mod wide_area_loss;

@@ -2,14 +2,30 @@
 
 use std::time::Duration;
 
+use fixtures::link::{DelayLink, Direction};
 use fixtures::{MockServer, TempDir, coordinator, num, worker, write_chat_recording};
 
 /// Item 1: a worker that joins 8 s before the last one (beyond its own 5 s heartbeat
 /// timeout) hears the coordinator's heartbeats meanwhile and takes part in the run; only
-/// `--join-timeout` bounds the wait.
+/// `--join-timeout` bounds the wait. On loopback.
 #[test]
 fn an_early_worker_waits_for_a_late_one_beyond_its_heartbeat_timeout() {
     let _parallel = fixtures::parallel_lock();
+    early_and_late(None);
+}
+
+/// Item 1 over a wide-area link: both workers dial through a delay proxy of 120 ms each way
+/// with ±40 ms jitter (a 160–320 ms round trip), the early one 8 s before the late one.
+#[test]
+fn an_early_worker_behind_a_slow_jittery_link_waits_for_a_late_one() {
+    let _parallel = fixtures::parallel_lock();
+    let way = Direction::jittery(Duration::from_millis(120), Duration::from_millis(40));
+    early_and_late(Some((way, way)));
+}
+
+/// The early/late join of item 1; with `link`, each worker dials through its own delay
+/// proxy timed `(up, down)`.
+fn early_and_late(link: Option<(Direction, Direction)>) {
     let mock = MockServer::start(&["--ttft", "5ms", "--itl", "2ms", "--tokens", "5"]);
     let dir = TempDir::new("late-join");
     let recording = dir.join("rec.jsonl");
@@ -30,7 +46,22 @@ fn an_early_worker_waits_for_a_late_one_beyond_its_heartbeat_timeout() {
         2,
         &[],
     );
-    let mut early = worker(&addr, "early", &["--heartbeat-timeout", "5s"], &[]);
+    let links: Vec<DelayLink> = link
+        .map(|(up, down)| (0..2).map(|_| DelayLink::start(&addr, up, down)).collect())
+        .unwrap_or_default();
+    let dial = |i: usize| {
+        links.get(i).map_or_else(
+            || addr.clone(),
+            |l| {
+                if addr.starts_with("http://") {
+                    format!("http://{}", l.addr())
+                } else {
+                    l.addr().to_owned()
+                }
+            },
+        )
+    };
+    let mut early = worker(&dial(0), "early", &["--heartbeat-timeout", "5s"], &[]);
     // The early worker has joined: it says so.
     assert!(
         fixtures::eventually(Duration::from_secs(20), || format!(
@@ -49,11 +80,15 @@ fn an_early_worker_waits_for_a_late_one_beyond_its_heartbeat_timeout() {
         "the early worker gave up while waiting: {}",
         early.stderr()
     );
-    let mut late = worker(&addr, "late", &[], &[]);
+    let mut late = worker(&dial(1), "late", &[], &[]);
     let code = coordinator.wait_timeout(Duration::from_secs(60));
     let _ = late.wait_timeout(Duration::from_secs(10));
     let _ = early.wait_timeout(Duration::from_secs(10));
     assert_eq!(code, Some(0), "{}", coordinator.stderr());
+    // The workers really went through their links.
+    for link in &links {
+        assert!(link.connections() >= 1, "a worker bypassed its link");
+    }
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&report_path).expect("report"))
             .expect("JSON");

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::measure::{TlsProblem, TransportCause};
+use common::metrics::{HttpProtocol, TlsVersion};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 
@@ -202,6 +203,7 @@ pub fn tls_config(transport: &TransportConfig) -> Result<rustls::ClientConfig, C
     config.resumption = rustls::client::Resumption::store(Arc::new(TimedSessionStore(Arc::new(
         rustls::client::ClientSessionMemoryCache::new(256),
     ))));
+    config.key_log = Arc::new(VersionProbe);
     Ok(config)
 }
 
@@ -209,7 +211,10 @@ impl TargetClient {
     /// Build the clients for `transport`.
     pub fn new(transport: &TransportConfig) -> Result<TargetClient, ClientError> {
         let tls = tls_config(transport)?;
-        let connections = Arc::new(ConnectShared::default());
+        let connections = Arc::new(ConnectShared {
+            prior_knowledge_h2: transport.h2c,
+            ..ConnectShared::default()
+        });
         let build = |idle_per_host: usize| {
             let mut builder = reqwest::Client::builder()
                 .connector_layer(ConnectLayer {
@@ -272,7 +277,13 @@ impl TargetClient {
                 let sink = sink.clone();
                 async move {
                     if let Some(sink) = sink {
-                        sink.record_connection(took.as_micros() as u64, None).await;
+                        sink.record_connection(
+                            took.as_micros() as u64,
+                            None,
+                            HttpProtocol::Http1,
+                            TlsVersion::None,
+                        )
+                        .await;
                     }
                 }
             })
@@ -412,8 +423,13 @@ impl TargetClient {
                     *lock(&ready) = Some(at);
                     let sink = lock(&self.connections.sink).clone();
                     if let Some(sink) = sink {
-                        sink.record_connection((at - started).as_micros() as u64, None)
-                            .await;
+                        sink.record_connection(
+                            (at - started).as_micros() as u64,
+                            None,
+                            HttpProtocol::Http1,
+                            TlsVersion::None,
+                        )
+                        .await;
                     }
                     connecting.store(false, Ordering::Relaxed);
                     conn
@@ -602,6 +618,8 @@ struct ConnectShared {
     sink: Mutex<Option<MetricsHandle>>,
     /// The last pre-opened connection negotiated HTTP/2: one connection carries every stream.
     negotiated_h2: AtomicBool,
+    /// `--target-h2c`: HTTP/2 with prior knowledge, whatever ALPN says.
+    prior_knowledge_h2: bool,
 }
 
 tokio::task_local! {
@@ -610,8 +628,9 @@ tokio::task_local! {
     /// Set while a request is sent: the instant its connection became ready, when the
     /// request had to wait for a new one (t0 then moves to it: the request is written after).
     static REQUEST_CONNECTED: Arc<Mutex<Option<Instant>>>;
-    /// Set while a connection is being opened: when its TLS handshake started.
-    static TLS_STARTED: Arc<Mutex<Option<Instant>>>;
+    /// Set while a connection is being opened: when its TLS handshake started, and the
+    /// TLS version it negotiated.
+    static TLS_STARTED: Arc<Mutex<Handshake>>;
 }
 
 /// The connector service of [`ConnectLayer`].
@@ -679,23 +698,34 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let shared = Arc::clone(&self.shared);
-        let tls_started = Arc::new(Mutex::new(None));
+        let tls_started = Arc::new(Mutex::new(Handshake::default()));
         let started = Instant::now();
         let connecting = TLS_STARTED.scope(Arc::clone(&tls_started), inner.call(request));
         Box::pin(async move {
             let conn = connecting.await?;
             let ready = Instant::now();
-            let tls = *lock(&tls_started);
+            let handshake = *lock(&tls_started);
+            let tls = handshake.started;
             let connect_us = tls.unwrap_or(ready).saturating_duration_since(started);
             let tls_us = tls.map(|t| ready.saturating_duration_since(t).as_micros() as u64);
+            let h2 = hyper_util::client::legacy::connect::Connection::connected(&conn)
+                .is_negotiated_h2();
+            let version = match (tls, handshake.version) {
+                (None, _) => TlsVersion::None,
+                (Some(_), Some(version)) => version,
+                (Some(_), None) => TlsVersion::Unknown,
+            };
+            let protocol = match (h2 || shared.prior_knowledge_h2, version) {
+                (false, _) => HttpProtocol::Http1,
+                (true, TlsVersion::None) => HttpProtocol::H2c,
+                (true, _) => HttpProtocol::H2,
+            };
             let sink = lock(&shared.sink).clone();
             if let Some(sink) = sink {
-                sink.record_connection(connect_us.as_micros() as u64, tls_us)
+                sink.record_connection(connect_us.as_micros() as u64, tls_us, protocol, version)
                     .await;
             }
             if preconnecting {
-                let h2 = hyper_util::client::legacy::connect::Connection::connected(&conn)
-                    .is_negotiated_h2();
                 shared.negotiated_h2.store(h2, Ordering::Relaxed);
                 lock(&shared.stash).push(Box::new(conn));
                 return Err(Box::new(Preconnected) as BoxError);
@@ -741,8 +771,54 @@ struct TimedSessionStore(Arc<dyn rustls::client::ClientSessionStore>);
 
 fn handshake_starts() {
     let _ = TLS_STARTED.try_with(|cell| {
-        lock(cell).get_or_insert_with(Instant::now);
+        lock(cell).started.get_or_insert_with(Instant::now);
     });
+}
+
+/// What the client saw of one connection's TLS handshake.
+#[derive(Debug, Clone, Copy, Default)]
+struct Handshake {
+    /// When it started (rustls built the ClientHello); `None` on a cleartext connection.
+    started: Option<Instant>,
+    /// The version it negotiated, once known.
+    version: Option<TlsVersion>,
+}
+
+/// Learns each handshake's TLS version from the names of the secrets rustls derives (TLS
+/// 1.3's handshake traffic secrets, TLS 1.2's `CLIENT_RANDOM` master secret), the one hook
+/// rustls offers inside reqwest's connector: reqwest hides the TLS stream, whose
+/// `protocol_version()` would say it. It keeps no secret: TLS 1.3's are declined
+/// (`will_log` is false) and TLS 1.2's, which rustls hands over without asking, are dropped.
+#[derive(Debug)]
+struct VersionProbe;
+
+impl VersionProbe {
+    fn note(label: &str) {
+        let version = match label {
+            "CLIENT_RANDOM" => TlsVersion::Tls12,
+            "CLIENT_HANDSHAKE_TRAFFIC_SECRET"
+            | "SERVER_HANDSHAKE_TRAFFIC_SECRET"
+            | "CLIENT_TRAFFIC_SECRET_0"
+            | "SERVER_TRAFFIC_SECRET_0"
+            | "EXPORTER_SECRET"
+            | "CLIENT_EARLY_TRAFFIC_SECRET" => TlsVersion::Tls13,
+            _ => return,
+        };
+        let _ = TLS_STARTED.try_with(|cell| {
+            lock(cell).version.get_or_insert(version);
+        });
+    }
+}
+
+impl rustls::KeyLog for VersionProbe {
+    fn log(&self, label: &str, _client_random: &[u8], _secret: &[u8]) {
+        VersionProbe::note(label);
+    }
+
+    fn will_log(&self, label: &str) -> bool {
+        VersionProbe::note(label);
+        false
+    }
 }
 
 impl rustls::client::ClientSessionStore for TimedSessionStore {
@@ -821,7 +897,15 @@ fn resendable(error: &reqwest::Error, cause: TransportCause) -> bool {
 
 /// The cause of a transport failure, from the error's source chain (rustls, I/O and hyper
 /// errors are recognised; DNS failures by their message, as the resolver's type is private).
+///
+/// A [`BodyError`] came after a response head: whatever ended the body (a close, a reset,
+/// an HTTP/2 `RST_STREAM`), the cause is [`TransportCause::ClosedAfterHead`], the same on
+/// either client and protocol. An HTTP/1.1 request answered with HTTP/2 frames is
+/// [`TransportCause::Http2Only`].
 pub fn classify(error: &(dyn StdError + 'static)) -> TransportCause {
+    if error.downcast_ref::<BodyError>().is_some() {
+        return TransportCause::ClosedAfterHead;
+    }
     let mut current: Option<&(dyn StdError + 'static)> = Some(error);
     let mut fallback = TransportCause::Other;
     while let Some(e) = current {
@@ -830,6 +914,9 @@ pub fn classify(error: &(dyn StdError + 'static)) -> TransportCause {
         let mut next = e.source();
         if let Some(tls) = e.downcast_ref::<rustls::Error>() {
             return TransportCause::Tls(tls_problem(tls));
+        }
+        if let Some(h1::H1Error::Http2Answer) = e.downcast_ref::<h1::H1Error>() {
+            return TransportCause::Http2Only;
         }
         if let Some(io) = e.downcast_ref::<std::io::Error>() {
             match io.kind() {
@@ -846,10 +933,15 @@ pub fn classify(error: &(dyn StdError + 'static)) -> TransportCause {
                 next = Some(payload as &(dyn StdError + 'static));
             }
         }
-        if let Some(hyper) = e.downcast_ref::<hyper::Error>()
-            && (hyper.is_incomplete_message() || hyper.is_canceled() || hyper.is_closed())
-        {
-            fallback = TransportCause::ClosedBeforeResponse;
+        if let Some(hyper) = e.downcast_ref::<hyper::Error>() {
+            if hyper.is_incomplete_message() || hyper.is_canceled() || hyper.is_closed() {
+                fallback = TransportCause::ClosedBeforeResponse;
+            }
+            // hyper's HTTP/1.1 parser meets an HTTP/2 frame (0x00 0x00 …) where the status
+            // line's `HTTP/1.1` should be.
+            if hyper.is_parse() && hyper.to_string().contains("invalid HTTP version") {
+                return TransportCause::Http2Only;
+            }
         }
         let text = e.to_string();
         if text.starts_with("dns error") || text.contains("failed to lookup address") {

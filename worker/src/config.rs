@@ -53,4 +53,7 @@ pub struct WorkItem {
     pub pin_output_tokens: Option<u64>,
     /// The recorded think time before this turn (closed sessions; not on a first turn).
     pub think: Option<Duration>,
+    /// Handed over from a lost worker: sent once due and no earlier than it arrived; its
+    /// lateness on arrival and its order are not this worker's.
+    pub reassigned: bool,
 }

@@ -184,6 +184,9 @@ struct Feed {
 struct Pending {
     at_ms: f64,
     arrival: u64,
+    /// When a reassigned item (handed over from a lost worker) arrived: it is due no
+    /// earlier, and it is never out of order (it could not have come sooner).
+    reassigned_at: Option<Instant>,
     item: Arrived,
 }
 
@@ -214,6 +217,7 @@ impl Arrived {
             exchange,
             pin_output_tokens,
             think,
+            reassigned: _,
         } = item;
         Arrived {
             item: Sendable {
@@ -267,6 +271,7 @@ impl Feed {
     fn push(&mut self, item: WorkItem) {
         // An item without an offset goes out at once, in file order among its kind.
         let mut at_ms = item.exchange.at_ms.unwrap_or(f64::NEG_INFINITY);
+        let reassigned_at = item.reassigned.then(Instant::now);
         let item = Arrived::new(item, &self.config);
         if let (Some(starts), Some(session)) = (&mut self.session_starts, &item.item.session) {
             match starts.get(session) {
@@ -287,6 +292,7 @@ impl Feed {
         self.pending.push(Reverse(Pending {
             at_ms,
             arrival: self.arrivals,
+            reassigned_at,
             item,
         }));
     }
@@ -312,7 +318,9 @@ impl Feed {
     fn pop(&mut self) -> Option<Arrived> {
         let Reverse(pending) = self.pending.pop()?;
         if pending.at_ms.is_finite() {
-            if pending.at_ms < self.latest_sent_ms {
+            // A reassigned item comes after later ones were sent because its worker was
+            // lost, not because the recording is out of order.
+            if pending.at_ms < self.latest_sent_ms && pending.reassigned_at.is_none() {
                 self.sent_out_of_order += 1;
             }
             self.latest_sent_ms = self.latest_sent_ms.max(pending.at_ms);
@@ -345,10 +353,12 @@ impl Feed {
                 }
                 continue;
             };
-            let intended = head
-                .at_ms
-                .is_finite()
-                .then(|| start + offset(head.at_ms / 1000.0 / speed));
+            // A reassigned item is due no earlier than it arrived: its lateness before that
+            // is the lost worker's, not this one's schedule lag.
+            let intended = head.at_ms.is_finite().then(|| {
+                let due = start + offset(head.at_ms / 1000.0 / speed);
+                head.reassigned_at.map_or(due, |arrived| due.max(arrived))
+            });
             let Some(when) = intended.filter(|t| *t > Instant::now()) else {
                 let item = self.pop().expect("the heap has a head");
                 return Next::Item(item, intended);
@@ -725,9 +735,14 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
         }
     }
     if aborted {
-        totals.lost += tasks.len() as u64;
         tasks.abort_all();
-        while tasks.join_next().await.is_some() {}
+        // Only the requests the abort cancelled were in flight: a task that had finished
+        // (its outcome recorded) but was not reaped yet is answered, not also lost.
+        while let Some(joined) = tasks.join_next().await {
+            if joined.is_err() {
+                totals.lost += 1;
+            }
+        }
         if !open_ended {
             totals.not_started += feed.drain_count();
         }

@@ -47,6 +47,10 @@ pub enum H1Error {
     Io(#[from] io::Error),
     #[error("invalid response: {0}")]
     Protocol(String),
+    /// The server answered the HTTP/1.1 request with HTTP/2 frames (its SETTINGS, a GOAWAY):
+    /// it speaks only HTTP/2, here cleartext HTTP/2 with prior knowledge (h2c).
+    #[error("the server answered in HTTP/2 (a cleartext HTTP/2-only server: use --target-h2c)")]
+    Http2Answer,
 }
 
 impl H1Error {
@@ -263,6 +267,11 @@ fn parse_head(bytes: &[u8], method: &Method) -> Result<Option<(Head, usize)>, H1
     let used = match response.parse(bytes) {
         Ok(httparse::Status::Complete(used)) => used,
         Ok(httparse::Status::Partial) => return Ok(None),
+        Err(_) if bytes.len() < HTTP2_FRAME_HEADER && bytes.first() == Some(&0) => {
+            // Perhaps an HTTP/2 frame's header (its length starts with 0): read on to know.
+            return Ok(None);
+        }
+        Err(_) if is_http2_frame(bytes) => return Err(H1Error::Http2Answer),
         Err(error) => return Err(H1Error::protocol(format!("response head: {error}"))),
     };
     let code = response.code.unwrap_or(0);
@@ -338,6 +347,21 @@ fn parse_head(bytes: &[u8], method: &Method) -> Result<Option<(Head, usize)>, H1
         },
         used,
     )))
+}
+
+/// The length of an HTTP/2 frame header (RFC 9113 §4.1).
+const HTTP2_FRAME_HEADER: usize = 9;
+
+/// `bytes` start with the header of an HTTP/2 connection-level frame a server sends first
+/// or on a bad preface: a SETTINGS (type 4) or GOAWAY (type 7) frame on stream 0, of a
+/// length no larger than the default maximum frame size (RFC 9113 §3.4, §6.5, §6.8).
+fn is_http2_frame(bytes: &[u8]) -> bool {
+    let Some(header) = bytes.get(..HTTP2_FRAME_HEADER) else {
+        return false;
+    };
+    let length = u32::from_be_bytes([0, header[0], header[1], header[2]]);
+    let stream = u32::from_be_bytes([header[5], header[6], header[7], header[8]]) & 0x7fff_ffff;
+    matches!(header[3], 4 | 7) && stream == 0 && length <= 16_384
 }
 
 /// Where the body decoder stands.
@@ -696,6 +720,31 @@ mod tests {
             decode(&buf, &mut pos, &mut state, &mut out)?;
         }
         Ok((out, state))
+    }
+
+    #[test]
+    fn an_http2_servers_first_frame_is_recognised() {
+        // hyper's h2 server: SETTINGS (length 6·n, type 4, stream 0), then a GOAWAY.
+        let settings = [0, 0, 6, 4, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 200];
+        assert!(matches!(
+            parse_head(&settings, &Method::POST),
+            Err(H1Error::Http2Answer)
+        ));
+        let goaway = [0, 0, 8, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+        assert!(matches!(
+            parse_head(&goaway, &Method::POST),
+            Err(H1Error::Http2Answer)
+        ));
+        // Its first bytes alone: wait for the rest.
+        assert!(matches!(
+            parse_head(&settings[..4], &Method::POST),
+            Ok(None)
+        ));
+        // Garbage is a protocol error, not HTTP/2.
+        assert!(matches!(
+            parse_head(b"SSH-2.0-OpenSSH_9.6\r\n", &Method::POST),
+            Err(H1Error::Protocol(_))
+        ));
     }
 
     /// Any bytes, any split: the head parser and the body decoder return or refuse, never

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 
 use common::measure::{RequestOutcome, TransportCause};
-use common::metrics::RunMetrics;
+use common::metrics::{HttpProtocol, RunMetrics, TlsVersion};
 use common::timeline::Timeline;
 use tokio::sync::{mpsc, oneshot};
 
@@ -48,6 +48,8 @@ enum Message {
     Connection {
         connect_us: u64,
         tls_handshake_us: Option<u64>,
+        protocol: HttpProtocol,
+        tls: TlsVersion,
     },
     Snapshot {
         reply: oneshot::Sender<Snapshot>,
@@ -134,9 +136,14 @@ impl MetricsHandle {
                     Message::Connection {
                         connect_us,
                         tls_handshake_us,
-                    } => snapshot
-                        .metrics
-                        .record_connection(connect_us, tls_handshake_us),
+                        protocol,
+                        tls,
+                    } => {
+                        snapshot
+                            .metrics
+                            .record_connection(connect_us, tls_handshake_us);
+                        snapshot.metrics.count_connection(protocol, tls);
+                    }
                     Message::Snapshot { reply } => {
                         let records = std::mem::take(&mut snapshot.records);
                         let _ = reply.send(Snapshot {
@@ -181,13 +188,21 @@ impl MetricsHandle {
     }
 
     /// Record one new connection to the target (pre-opened ones included: the run needed
-    /// them): its setup and, on https, its TLS handshake, µs.
-    pub async fn record_connection(&self, connect_us: u64, tls_handshake_us: Option<u64>) {
+    /// them): its setup and, on https, its TLS handshake, µs; and what it speaks.
+    pub async fn record_connection(
+        &self,
+        connect_us: u64,
+        tls_handshake_us: Option<u64>,
+        protocol: HttpProtocol,
+        tls: TlsVersion,
+    ) {
         let _ = self
             .tx
             .send(Message::Connection {
                 connect_us,
                 tls_handshake_us,
+                protocol,
+                tls,
             })
             .await;
     }

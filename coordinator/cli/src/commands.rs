@@ -509,6 +509,11 @@ fn no_response(target: &str, result: &ReplayResult) -> Option<String> {
             "TLS with the target {target} failed: {problems} ({causes}); --target-ca FILE trusts a private CA, --insecure skips verification"
         ));
     }
+    if c.transport.http2_only > 0 {
+        return Some(format!(
+            "the target {target} answered in HTTP/2 ({causes}): it speaks only cleartext HTTP/2 (h2c); run with --target-h2c"
+        ));
+    }
     Some(format!(
         "no request to {target} got a response: every one failed in transport ({causes}){}",
         most_said(result)
@@ -648,6 +653,7 @@ fn build_report(
             },
             load: result.load.clone(),
             start_skew_ms: result.start_skew_ms,
+            start_skew_bound_ms: coordinator::supervisor::start_skew_bound_ms(&result.workers),
             workers,
             insecure: config.transport.insecure,
         },

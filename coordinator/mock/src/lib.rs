@@ -168,6 +168,11 @@ pub struct MockArgs {
     /// Share of streams whose connection is cut after half the tokens (no terminating chunk).
     #[arg(long, default_value = "0", value_parser = parse_rate)]
     pub drop_rate: f64,
+    /// Share of streams whose connection (HTTP/2: stream) is cut right after the `200`
+    /// head, before any frame, at the first token's time (a gateway whose read timeout is
+    /// shorter than the TTFT, e.g. nginx `proxy_read_timeout`).
+    #[arg(long, default_value = "0", value_parser = parse_rate)]
+    pub cut_after_head_rate: f64,
     /// Share of streams that pause for --stall after half the tokens.
     #[arg(long, default_value = "0", value_parser = parse_rate)]
     pub stall_rate: f64,
@@ -207,8 +212,12 @@ pub struct MockArgs {
     pub recording: Option<PathBuf>,
     /// Speak HTTP/1.1 only: no cleartext HTTP/2, no h2 offered by ALPN (like most model
     /// servers).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "http2_only")]
     pub http1_only: bool,
+    /// Speak HTTP/2 only: cleartext with prior knowledge (h2c), and only h2 offered by ALPN
+    /// (like a gRPC-style or h2-only ingress); an HTTP/1.1 request gets HTTP/2's SETTINGS.
+    #[arg(long)]
+    pub http2_only: bool,
     /// PEM certificate chain: serve https (HTTP/1.1 and HTTP/2 by ALPN), with --tls-key.
     #[arg(long, requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -225,6 +234,8 @@ pub struct FaultConfig {
     pub drop_rate: f64,
     pub stall_rate: f64,
     pub stall: Duration,
+    /// Share of streams cut right after their head.
+    pub cut_after_head_rate: f64,
 }
 
 /// How injected failures answer (`--fail-after`, `--fail-status`, `--fail-delay`,
@@ -278,6 +289,8 @@ pub struct MockConfig {
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// HTTP/1.1 only (no h2c, no ALPN h2).
     pub http1_only: bool,
+    /// HTTP/2 only (h2c with prior knowledge, ALPN h2 only).
+    pub http2_only: bool,
 }
 
 impl Default for MockConfig {
@@ -301,6 +314,7 @@ impl Default for MockConfig {
             recording: None,
             tls: None,
             http1_only: false,
+            http2_only: false,
         }
     }
 }
@@ -317,6 +331,9 @@ impl MockArgs {
                 let mut config = tls_server_config(cert, key)?;
                 if self.http1_only {
                     config.alpn_protocols = vec![b"http/1.1".to_vec()];
+                }
+                if self.http2_only {
+                    config.alpn_protocols = vec![b"h2".to_vec()];
                 }
                 Some(Arc::new(config))
             }
@@ -346,6 +363,7 @@ impl MockArgs {
                 drop_rate: self.drop_rate,
                 stall_rate: self.stall_rate,
                 stall: self.stall,
+                cut_after_head_rate: self.cut_after_head_rate,
             },
             failure: FailureConfig {
                 after: self.fail_after,
@@ -359,6 +377,7 @@ impl MockArgs {
             recording,
             tls,
             http1_only: self.http1_only,
+            http2_only: self.http2_only,
         })
     }
 }
@@ -414,6 +433,9 @@ pub async fn serve(
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     if state.config.http1_only {
         builder = builder.http1_only();
+    }
+    if state.config.http2_only {
+        builder = builder.http2_only();
     }
     let acceptor = state
         .config
@@ -685,6 +707,8 @@ impl State {
         let fail = draws[0] < f.fail_rate;
         let fault = if draws[1] < f.drop_rate {
             MidStreamFault::Drop
+        } else if draws[1] < f.drop_rate + f.cut_after_head_rate {
+            MidStreamFault::CutAfterHead
         } else if draws[2] < f.error_frame_rate {
             MidStreamFault::ErrorFrame
         } else {
@@ -968,6 +992,7 @@ async fn serve_recorded(
     let keep = match fault {
         MidStreamFault::None => recorded.frames.len(),
         MidStreamFault::ErrorFrame | MidStreamFault::Drop => half,
+        MidStreamFault::CutAfterHead => 0,
     };
     let mut frames: Vec<body::PlannedFrame> = recorded.frames[..keep]
         .iter()
@@ -980,7 +1005,9 @@ async fn serve_recorded(
     let mut ending = Ending::Clean;
     match (fault, wire) {
         (MidStreamFault::None, _) => {}
-        (MidStreamFault::Drop, _) => ending = Ending::Abort(offset_of(keep)),
+        (MidStreamFault::Drop | MidStreamFault::CutAfterHead, _) => {
+            ending = Ending::Abort(offset_of(keep))
+        }
         (MidStreamFault::ErrorFrame, Some(wire)) => {
             let mut encoder = encode::StreamEncoder::new(
                 wire,

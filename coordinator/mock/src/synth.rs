@@ -107,6 +107,9 @@ pub(crate) enum MidStreamFault {
     ErrorFrame,
     /// Cut the connection (no terminating chunk).
     Drop,
+    /// Cut the connection right after the head, at the first token's time: no frame at all
+    /// (not even a preamble).
+    CutAfterHead,
 }
 
 /// A synthetic response plan: either a stream or one JSON body at `offset`.
@@ -159,13 +162,16 @@ pub(crate) fn plan(
     // Where a mid-stream fault cuts in: after half the tokens.
     let cut = match schedule.fault {
         MidStreamFault::None => None,
+        MidStreamFault::CutAfterHead => Some(0),
         _ => Some(n / 2),
     };
     let sent = cut.unwrap_or(n);
     let mut out: Vec<u8> = Vec::with_capacity(512 + sent as usize * 256);
     // (end offset in `out`, time offset) per frame; sliced once `out` is frozen.
     let mut marks: Vec<(usize, Duration)> = Vec::with_capacity(sent as usize + 2);
-    encoder.preamble(&mut out);
+    if schedule.fault != MidStreamFault::CutAfterHead {
+        encoder.preamble(&mut out);
+    }
     if !out.is_empty() {
         marks.push((out.len(), Duration::ZERO));
     }
@@ -195,7 +201,7 @@ pub(crate) fn plan(
             marks.push((out.len(), token_offset(sent)));
             Ending::Clean
         }
-        MidStreamFault::Drop => Ending::Abort(token_offset(sent)),
+        MidStreamFault::Drop | MidStreamFault::CutAfterHead => Ending::Abort(token_offset(sent)),
     };
     let all = Bytes::from(out);
     let mut frames = Vec::with_capacity(marks.len());

@@ -76,12 +76,67 @@ pub(super) fn signed_pct(value: Option<f64>) -> String {
 
 /// `+12.0 % [+3.1, +20.5]`: the change and its 95 % interval when known.
 pub(super) fn change_text(change: &Change) -> String {
-    match (change.ci_low_pct, change.ci_high_pct) {
+    let text = match (change.ci_low_pct, change.ci_high_pct) {
         (Some(low), Some(high)) => {
             format!("{} [{low:+.1}, {high:+.1}]", signed_pct(change.change_pct))
         }
         _ => signed_pct(change.change_pct),
+    };
+    if change.coalesced {
+        format!("{text} {COALESCED_MARKER}")
+    } else {
+        text
     }
+}
+
+/// The mark of a change that coalesced streams distort ([`Change::coalesced`]).
+pub(super) const COALESCED_MARKER: &str = "‡";
+
+/// The legend of [`COALESCED_MARKER`], shown under the comparison when a row has it.
+pub(super) const COALESCED_NOTE: &str = "‡ coalesced: many streams arrived in one piece \
+     (a buffering proxy or gateway?), so this ITL, TTST or token-rate change measures the \
+     delivery, not the model; see the warnings";
+
+/// True when a comparison row carries [`COALESCED_MARKER`].
+pub(super) fn any_coalesced(report: &Report) -> bool {
+    report
+        .baseline
+        .as_ref()
+        .is_some_and(|b| b.changes.values().any(|c| c.coalesced))
+}
+
+/// `h2 TLSv1.3 ×1 · http/1.1 ×4`: the connections by protocol and TLS version, when counted.
+pub(super) fn connections_line(report: &Report) -> Option<String> {
+    let transport = report.transport.as_ref()?;
+    if transport.connections.is_empty() {
+        return None;
+    }
+    let parts: Vec<String> = transport
+        .connections
+        .iter()
+        .map(|c| {
+            if c.tls == "none" {
+                format!("{} ×{}", c.protocol, c.count)
+            } else {
+                format!("{} {} ×{}", c.protocol, c.tls, c.count)
+            }
+        })
+        .collect();
+    Some(parts.join(" · "))
+}
+
+/// `20 of 20 streams (100.0 %) arrived in one piece`, when any did.
+pub(super) fn coalesced_line(report: &Report) -> Option<String> {
+    let transport = report.transport.as_ref()?;
+    if transport.coalesced_streams == 0 {
+        return None;
+    }
+    Some(format!(
+        "{} of {} streams ({:.1} %) arrived in one piece (a buffering proxy?)",
+        transport.coalesced_streams,
+        transport.streams_checked,
+        transport.coalesced_share_pct.unwrap_or(0.0)
+    ))
 }
 
 /// A goal value or threshold: integers without decimals, other numbers with 2.

@@ -122,6 +122,9 @@ fn run_table(out: &mut String, report: &Report) {
         ),
         ("Workers", report.run.workers.len().to_string()),
     ];
+    if let Some(skew) = report.run.start_skew_text() {
+        rows.push(("Start skew", esc(&skew)));
+    }
     if let Some(baseline) = &report.baseline {
         rows.push(("Baseline", esc(&baseline.source)));
     }
@@ -658,6 +661,12 @@ fn metrics_tables(out: &mut String, report: &Report) {
     if r.warmup > 0 {
         let _ = writeln!(out, "<li>Warm-up: {} requests excluded</li>", r.warmup);
     }
+    if let Some(line) = format::connections_line(report) {
+        let _ = writeln!(out, "<li>Connections: {}</li>", esc(&line));
+    }
+    if let Some(line) = format::coalesced_line(report) {
+        let _ = writeln!(out, "<li>Coalesced: {}</li>", esc(&line));
+    }
     let _ = writeln!(out, "</ul>");
     let errors = super::errors::error_rows(report);
     if !errors.is_empty() {
@@ -748,6 +757,9 @@ fn comparison(out: &mut String, report: &Report) {
         "</table>\n<p class=\"note\">{}</p>",
         esc(HIGHLIGHT_NOTE)
     );
+    if format::any_coalesced(report) {
+        let _ = writeln!(out, "<p class=\"note\">{}</p>", esc(format::COALESCED_NOTE));
+    }
 }
 
 /// Schedule lag p99 above this (ms) or CPU above [`SATURATED_CPU_PCT`] marks a worker that
@@ -821,7 +833,10 @@ fn workers(out: &mut String, report: &Report) {
             w.assigned,
             w.completed,
             lost,
-            optional(w.clock_offset_ms, 2),
+            match (w.clock_offset_ms, w.clock_uncertainty_ms) {
+                (Some(o), Some(u)) => format!("{o:.2} ± {u:.2}"),
+                _ => optional(w.clock_offset_ms, 2),
+            },
             optional(w.peak_rss_mb, 1),
         );
     }

@@ -38,6 +38,7 @@ pub fn render_markdown(report: &Report) -> String {
     verdict(&mut out, report);
     headline(&mut out, report);
     sparkline_line(&mut out, report);
+    transients(&mut out, report);
     regressions(&mut out, report);
     errors(&mut out, report);
     faithful(&mut out, report);
@@ -142,6 +143,9 @@ fn verdict(out: &mut String, report: &Report) {
     if r.resent > 0 {
         let _ = write!(line, " ({} resent on a fresh connection)", r.resent);
     }
+    if let Some(connections) = format::connections_line(report) {
+        let _ = write!(line, " · connections {connections}");
+    }
     if let Some(last) = report.sweep.last() {
         let _ = write!(
             line,
@@ -149,6 +153,9 @@ fn verdict(out: &mut String, report: &Report) {
             report.sweep.len(),
             last.concurrency
         );
+    }
+    if let Some(skew) = report.run.start_skew_text() {
+        let _ = write!(line, " · start skew {skew}");
     }
     if let Some(baseline) = &report.baseline {
         let _ = write!(line, " · baseline: {}", plain(&baseline.source));
@@ -259,7 +266,13 @@ fn headline(out: &mut String, report: &Report) {
     ]
     .into_iter()
     .filter(|(_, n)| *n > 0)
-    .map(|(kind, n)| format!("{kind} {n}"))
+    .map(|(kind, n)| {
+        if kind == "status" {
+            format!("{kind} {n} [{}]", failed_status_codes(report))
+        } else {
+            format!("{kind} {n}")
+        }
+    })
     .collect();
     let rate = report
         .requests
@@ -274,8 +287,37 @@ fn headline(out: &mut String, report: &Report) {
     let _ = writeln!(out, "| Errors | {errors} | | |{tail}");
 }
 
+/// `500 ×20 · 429 ×5`: the codes of the requests that failed by status, most frequent
+/// first.
+fn failed_status_codes(report: &Report) -> String {
+    let mut codes: Vec<(u16, u64)> = report
+        .requests
+        .status_codes
+        .iter()
+        .filter(|(code, _)| **code >= 300)
+        .map(|(code, n)| (*code, *n))
+        .collect();
+    codes.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    if codes.is_empty() {
+        return format::NO_VALUE.to_string();
+    }
+    codes
+        .iter()
+        .map(|(code, n)| format!("{code} ×{n}"))
+        .collect::<Vec<_>>()
+        .join(" · ")
+}
+
 /// `**+12.0 % ▲**` for a highlighted change, `+3.1 %` otherwise, `-` when not compared.
 fn change_cell(change: Option<super::Change>) -> String {
+    let text = change_cell_text(change);
+    match change {
+        Some(c) if c.coalesced => format!("{text} {} (coalesced)", format::COALESCED_MARKER),
+        _ => text,
+    }
+}
+
+fn change_cell_text(change: Option<super::Change>) -> String {
     match change {
         Some(c) if c.flagged() => format!("**{} ▲**", format::signed_pct(c.change_pct)),
         Some(c) if c.within_noise() => {
@@ -300,6 +342,16 @@ fn sparkline_line(out: &mut String, report: &Report) {
             "\nOutput tokens/s over the run ({span:.0} s, peak {max:.0}): `{line}`"
         );
     }
+}
+
+/// Stretches of the timeline far worse than the rest of the run (see
+/// [`super::transients`]).
+fn transients(out: &mut String, report: &Report) {
+    let lines = super::transients::transient_lines(report);
+    if lines.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\n**Over time:** {}.", lines.join("; "));
 }
 
 /// A block-character sparkline of `values`, averaged down to at most `width` characters;

@@ -21,6 +21,7 @@ mod markdown;
 pub mod significance;
 mod svg;
 mod terminal;
+mod transients;
 mod windows;
 
 pub use html::render_html;
@@ -79,6 +80,96 @@ pub struct Report {
     /// on one time axis. Empty in reports saved before it existed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub timeline: Vec<TimelinePoint>,
+    /// What carried the run: connections by protocol and TLS version, and the streams that
+    /// arrived in one piece. Absent in reports saved before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transport: Option<TransportSection>,
+}
+
+/// The `transport` section: how the workers reached the target. A buffering proxy and the
+/// protocol decide the numbers (nginx buffers SSE for HTTP/1.1 clients and not for HTTP/2
+/// ones under the same configuration), so the report says which it was.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct TransportSection {
+    /// Connections the workers opened to the target, by protocol (`http/1.1`, `h2` by ALPN,
+    /// `h2c`) and TLS version (`TLSv1.2`, `TLSv1.3`, `none`).
+    #[serde(default)]
+    pub connections: Vec<ConnectionEntry>,
+    /// Succeeded streams long enough to judge (at least 4 content frames).
+    #[serde(default)]
+    pub streams_checked: u64,
+    /// Those whose content arrived all at once (within one read, or 1 ms): held and
+    /// delivered in one piece by something on the path, typically a buffering proxy.
+    #[serde(default)]
+    pub coalesced_streams: u64,
+    /// `coalesced_streams` of `streams_checked`, percent; `null` when none was checked.
+    #[serde(default)]
+    pub coalesced_share_pct: Option<f64>,
+}
+
+/// One line of `transport.connections`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConnectionEntry {
+    /// `http/1.1`, `h2` (HTTP/2 by ALPN over TLS) or `h2c` (cleartext, prior knowledge).
+    pub protocol: String,
+    /// `TLSv1.2`, `TLSv1.3`, `TLS` (version not seen) or `none` (cleartext).
+    pub tls: String,
+    /// Connections opened (pre-opened ones included).
+    pub count: u64,
+}
+
+/// A coalesced share (percent of checked streams) at or above this on either side marks
+/// the baseline changes of ITL, TTST and the per-user token rate (`Change::coalesced`) and
+/// warns: those numbers then measure the proxy's delivery, not the model.
+pub const COALESCED_WARN_SHARE_PCT: f64 = 10.0;
+
+impl TransportSection {
+    /// The section of merged counters; `None` when nothing was counted (a baseline, an
+    /// older worker).
+    pub fn from_counters(counters: &Counters) -> Option<TransportSection> {
+        let connections: Vec<ConnectionEntry> = counters
+            .connections
+            .entries()
+            .into_iter()
+            .map(|(protocol, tls, count)| ConnectionEntry {
+                protocol: protocol.name().to_string(),
+                tls: tls.name().to_string(),
+                count,
+            })
+            .collect();
+        if connections.is_empty() && counters.coalesce_checked == 0 {
+            return None;
+        }
+        Some(TransportSection {
+            connections,
+            streams_checked: counters.coalesce_checked,
+            coalesced_streams: counters.coalesced,
+            coalesced_share_pct: coalesced_share_pct(counters.coalesced, counters.coalesce_checked),
+        })
+    }
+}
+
+fn coalesced_share_pct(coalesced: u64, checked: u64) -> Option<f64> {
+    (checked > 0).then(|| 100.0 * coalesced as f64 / checked as f64)
+}
+
+/// Mark the changes of the metrics coalescing distorts (ITL, TTST, per-user token rate)
+/// when either side's coalesced share reaches [`COALESCED_WARN_SHARE_PCT`].
+fn mark_coalesced(changes: &mut BTreeMap<String, Change>, shares: [Option<f64>; 2]) {
+    if !shares
+        .iter()
+        .flatten()
+        .any(|share| *share >= COALESCED_WARN_SHARE_PCT)
+    {
+        return;
+    }
+    let distorted = [Metric::Itl, Metric::Ttst, Metric::TokensPerSecondPerUser]
+        .map(|metric| format!("{}.", metric.json_key()));
+    for (key, change) in changes.iter_mut() {
+        if distorted.iter().any(|prefix| key.starts_with(prefix)) {
+            change.coalesced = true;
+        }
+    }
 }
 
 /// One interval of the run's time series (`timeline`). Percentiles are of the requests that
@@ -128,14 +219,32 @@ pub struct RunInfo {
     pub target: String,
     /// Free-form description of the load model (`{"schedule":"recorded","speed":2}`).
     pub load: serde_json::Value,
-    /// Largest difference between the workers' actual start instants (ms).
+    /// Largest difference between the workers' actual start instants (ms), each taken in the
+    /// coordinator's clock through its estimated offset: blind to the offsets' own error.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_skew_ms: Option<f64>,
+    /// The most the workers' true start instants can differ (ms), given each offset's
+    /// uncertainty (`coordinator::supervisor::start_skew_bound_ms`); 0 with one worker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_skew_bound_ms: Option<f64>,
     /// The workers that took part.
     pub workers: Vec<WorkerInfo>,
     /// True when the target's TLS certificate was not verified (`--insecure`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub insecure: bool,
+}
+
+impl RunInfo {
+    /// The start skew as every rendering shows it: what the workers' clocks say, and the most
+    /// it can truly be given their uncertainty (`0.01 ms (bound 45.20 ms)`); `None` when the
+    /// run did not measure it.
+    pub fn start_skew_text(&self) -> Option<String> {
+        let skew = self.start_skew_ms?;
+        Some(match self.start_skew_bound_ms {
+            Some(bound) => format!("{skew:.2} ms (bound {bound:.2} ms from clock uncertainty)"),
+            None => format!("{skew:.2} ms"),
+        })
+    }
 }
 
 /// One worker of the run.
@@ -288,7 +397,8 @@ pub struct FailedByKind {
     pub timeout: u64,
     /// Complete response without content.
     pub empty: u64,
-    /// `transport` by cause: refused, reset, closed_before_response, tls, dns, other.
+    /// `transport` by cause: refused, reset, closed_before_response, tls, dns, other,
+    /// closed_after_head, http2_only.
     #[serde(default)]
     pub transport_causes: TransportCounters,
     /// `transport_causes.tls` by problem (`unknown issuer` → count).
@@ -427,6 +537,11 @@ pub struct Change {
     /// The interval excludes 0; `null` when the interval is unknown.
     #[serde(default)]
     pub significant: Option<bool>,
+    /// A distorted comparison: many streams of the run or of the baseline arrived in one
+    /// piece (a buffering proxy), so this ITL, TTST or token-rate change comes from the
+    /// coalescing, not from the model. Absent when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub coalesced: bool,
 }
 
 /// One level of a concurrency sweep.
@@ -509,6 +624,7 @@ impl Report {
         let requests = RequestsSection::new(&input.metrics.counters, &input.requests)
             .with_errors(&input.metrics.errors);
         let mut warnings = input.warnings;
+        let transport = TransportSection::from_counters(&input.metrics.counters);
         let baseline = input.baseline.map(|baseline| {
             let baseline_llm = LlmSection::from_metrics(baseline.metrics);
             if baseline_llm.ttft_ms.is_none() {
@@ -517,14 +633,23 @@ impl Report {
                     baseline.source
                 ));
             }
+            let mut changes = compute_changes_with(
+                &baseline_llm,
+                &llm,
+                Samples::Metrics(baseline.metrics),
+                Samples::Metrics(input.metrics),
+            );
+            let counted = |c: &Counters| coalesced_share_pct(c.coalesced, c.coalesce_checked);
+            mark_coalesced(
+                &mut changes,
+                [
+                    counted(&input.metrics.counters),
+                    counted(&baseline.metrics.counters),
+                ],
+            );
             BaselineSection {
                 source: baseline.source,
-                changes: compute_changes_with(
-                    &baseline_llm,
-                    &llm,
-                    Samples::Metrics(baseline.metrics),
-                    Samples::Metrics(input.metrics),
-                ),
+                changes,
                 llm: baseline_llm,
                 requests: Some(RequestsSection::new(
                     &baseline.metrics.counters,
@@ -533,6 +658,7 @@ impl Report {
             }
         });
         warnings.extend(derived_warnings(&requests));
+        warnings.extend(transport_warnings(&requests, transport.as_ref()));
         let sweep = input
             .sweep
             .iter()
@@ -557,6 +683,7 @@ impl Report {
             warnings,
             timeline: input.timeline,
             faithful: None,
+            transport,
         }
     }
 
@@ -603,9 +730,12 @@ impl Report {
 /// test the new baseline.
 pub fn compare_reports(current: &Report, baseline: &Report, source: &str) -> Report {
     let mut report = current.clone();
+    let mut changes = compute_changes(&baseline.llm, &current.llm);
+    let share = |r: &Report| r.transport.as_ref().and_then(|t| t.coalesced_share_pct);
+    mark_coalesced(&mut changes, [share(current), share(baseline)]);
     report.baseline = Some(BaselineSection {
         source: source.to_string(),
-        changes: compute_changes(&baseline.llm, &current.llm),
+        changes,
         llm: baseline.llm.clone(),
         requests: Some(baseline.requests.clone()),
     });
@@ -753,6 +883,7 @@ impl Change {
             ci_low_pct: None,
             ci_high_pct: None,
             significant: None,
+            coalesced: false,
         }
     }
 
@@ -924,6 +1055,45 @@ fn derived_warnings(requests: &RequestsSection) -> Vec<String> {
         warnings.push(format!(
             "requests never started: {} (the run stopped first)",
             requests.not_started
+        ));
+    }
+    warnings
+}
+
+/// What the transport says about reading the numbers: streams delivered in one piece (a
+/// buffering proxy), a target that speaks only cleartext HTTP/2, streams cut after their
+/// head.
+fn transport_warnings(
+    requests: &RequestsSection,
+    transport: Option<&TransportSection>,
+) -> Vec<String> {
+    let mut warnings = Vec::new();
+    if let Some(t) = transport
+        && let Some(share) = t.coalesced_share_pct
+        && t.coalesced_streams > 0
+        && share >= COALESCED_WARN_SHARE_PCT
+    {
+        warnings.push(format!(
+            "{} of {} streams ({share:.1} %) arrived in one piece (every content frame within one read or 1 ms): \
+             their TTFT is their whole latency and their ITL and tokens/s per user measure a read loop, not the model. \
+             Likely cause: a buffering reverse proxy or gateway between the workers and the server \
+             (nginx: `proxy_buffering off;` for the streaming location, or the server sending `X-Accel-Buffering: no`; \
+             nginx buffers SSE for HTTP/1.1 clients but not for HTTP/2 ones)",
+            t.coalesced_streams, t.streams_checked
+        ));
+    }
+    let causes = &requests.failed_by_kind.transport_causes;
+    if causes.http2_only > 0 {
+        warnings.push(format!(
+            "{} requests were answered with HTTP/2 frames: the target speaks only cleartext HTTP/2 (h2c); run with --target-h2c",
+            causes.http2_only
+        ));
+    }
+    if causes.closed_after_head > 0 {
+        warnings.push(format!(
+            "{} requests got a response head and then lost their connection or stream before any content (closed after head): \
+             typically a gateway's read timeout shorter than the TTFT (nginx `proxy_read_timeout`) or an upstream that died",
+            causes.closed_after_head
         ));
     }
     warnings

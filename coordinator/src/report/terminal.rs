@@ -28,6 +28,9 @@ pub fn render_terminal(report: &Report, color: bool) -> String {
     let _ = writeln!(out, "  duration  {:.2} s", report.run.duration_s);
     let _ = writeln!(out, "  target    {}", report.run.target);
     let _ = writeln!(out, "  load      {}", format::load(report));
+    if let Some(skew) = report.run.start_skew_text() {
+        let _ = writeln!(out, "  skew      {skew}");
+    }
     if !report.run.workers.is_empty() {
         out.push('\n');
         let mut workers = TextTable::new(
@@ -54,8 +57,11 @@ pub fn render_terminal(report: &Report, color: bool) -> String {
                     w.assigned.to_string(),
                     w.completed.to_string(),
                     lost,
-                    w.clock_offset_ms
-                        .map_or_else(|| format::NO_VALUE.to_string(), |o| format!("{o:.2}")),
+                    match (w.clock_offset_ms, w.clock_uncertainty_ms) {
+                        (Some(o), Some(u)) => format!("{o:.2} ± {u:.2}"),
+                        (Some(o), None) => format!("{o:.2}"),
+                        (None, _) => format::NO_VALUE.to_string(),
+                    },
                 ],
                 w.disconnected.then_some(ANSI_RED),
             );
@@ -104,6 +110,12 @@ pub fn render_terminal(report: &Report, color: bool) -> String {
             r.resent
         );
     }
+    if let Some(line) = format::connections_line(report) {
+        let _ = writeln!(out, "  connections      {line}");
+    }
+    if let Some(line) = format::coalesced_line(report) {
+        let _ = writeln!(out, "  coalesced        {line}");
+    }
     let errors = super::errors::error_rows(report);
     if !errors.is_empty() {
         out.push('\n');
@@ -140,6 +152,18 @@ pub fn render_terminal(report: &Report, color: bool) -> String {
     for (label, value) in windows::steady_rows(report) {
         let _ = writeln!(out, "  {label}   {value}");
     }
+    let transients = super::transients::transient_lines(report);
+    if !transients.is_empty() {
+        out.push('\n');
+        title(
+            &mut out,
+            "Over time (stretches far worse than the rest of the run)",
+        );
+        for line in transients {
+            let _ = writeln!(out, "  {line}");
+        }
+        let _ = writeln!(out, "  ({})", super::transients::HOW_JUDGED);
+    }
     let faithful = windows::faithful_lines(report);
     if !faithful.is_empty() {
         out.push('\n');
@@ -175,6 +199,9 @@ pub fn render_terminal(report: &Report, color: bool) -> String {
         }
         out.push_str(&table.render(color));
         let _ = writeln!(out, "  {HIGHLIGHT_NOTE}");
+        if format::any_coalesced(report) {
+            let _ = writeln!(out, "  {}", format::COALESCED_NOTE);
+        }
     }
 
     if !report.sweep.is_empty() {

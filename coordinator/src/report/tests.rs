@@ -37,6 +37,7 @@ fn succeeded(
         resent: false,
         unstreamed: false,
         cached_input_tokens: None,
+        coalesced: false,
     }
 }
 
@@ -60,6 +61,7 @@ fn replayed_metrics() -> RunMetrics {
         resent: false,
         unstreamed: false,
         cached_input_tokens: None,
+        coalesced: false,
     });
     // Failures: their times to failure and what the server said.
     let mut rate_limited = RequestOutcome::failed(FailureKind::Status);
@@ -97,6 +99,7 @@ fn run_info() -> RunInfo {
         target: "http://127.0.0.1:8080".to_string(),
         load: serde_json::json!({"schedule": "recorded", "speed": 1.0}),
         start_skew_ms: None,
+        start_skew_bound_ms: None,
         workers: vec![
             WorkerInfo {
                 id: "w1".to_string(),
@@ -188,7 +191,7 @@ fn sample_timeline() -> Vec<TimelinePoint> {
 }
 
 /// The report every rendering test uses.
-fn sample_report() -> Report {
+pub(super) fn sample_report() -> Report {
     let replayed = replayed_metrics();
     let baseline = baseline_metrics();
     // Three levels: throughput grows, then first tokens slow down (the knee).
@@ -755,7 +758,7 @@ fn markdown_fits_a_pull_request_comment() {
     assert!(ttft.contains(" ▲**"), "{ttft}");
     assert!(md.contains("| Output throughput, whole run (tokens/s) |"));
     assert!(
-        md.contains("| Errors | 2 (18.2 %: status 1, error frame 1) |"),
+        md.contains("| Errors | 2 (18.2 %: status 1 [429 ×1], error frame 1) |"),
         "{md}"
     );
     // Regressions, goals (failed first), the sweep, a sparkline.
@@ -1140,4 +1143,105 @@ fn distribution_quantiles_match_the_histogram() {
         );
         assert!((ours - hdr).abs() / hdr < 1e-3, "{stat:?}: {ours} vs {hdr}");
     }
+}
+
+/// Issue 19 item 2: the start skew is shown with its bound (clock uncertainty) wherever the
+/// run is described, each worker's offset with its uncertainty, and the JSON has the key.
+#[test]
+fn start_skew_is_shown_with_its_bound_in_every_rendering() {
+    let mut report = sample_report();
+    report.run.start_skew_ms = Some(0.004);
+    report.run.start_skew_bound_ms = Some(45.53);
+    report.run.workers[0].clock_uncertainty_ms = Some(22.76);
+    let terminal = render_terminal(&report, false);
+    assert!(
+        terminal.contains("  skew      0.00 ms (bound 45.53 ms from clock uncertainty)\n"),
+        "{terminal}"
+    );
+    assert!(terminal.contains("0.42 ± 22.76"), "{terminal}");
+    let markdown = render_markdown(&report);
+    assert!(
+        markdown.contains(" · start skew 0.00 ms (bound 45.53 ms from clock uncertainty)"),
+        "{markdown}"
+    );
+    let html = render_html(&report);
+    assert!(
+        html.contains(
+            "<tr><th>Start skew</th><td>0.00 ms (bound 45.53 ms from clock uncertainty)</td></tr>"
+        ),
+        "start skew row missing"
+    );
+    assert!(
+        html.contains("0.42 ± 22.76"),
+        "worker offset ± uncertainty missing"
+    );
+    let json: Value = serde_json::to_value(&report).expect("serializes");
+    assert_eq!(json["run"]["start_skew_bound_ms"], 45.53);
+    // Without a measured skew nothing is shown (the golden renderings have none).
+    report.run.start_skew_ms = None;
+    assert!(!render_terminal(&report, false).contains("  skew "));
+}
+
+/// Streams delivered in one piece (a buffering proxy): counted in `transport`, warned with
+/// the likely cause, and the ITL, TTST and token-rate changes against the baseline marked
+/// (issue 19 item 9); connections by protocol listed (item 10).
+#[test]
+fn coalesced_streams_are_warned_and_mark_the_itl_changes() {
+    use common::metrics::{HttpProtocol, TlsVersion};
+    let mut m = RunMetrics::new();
+    for i in 0..8 {
+        m.record(&RequestOutcome {
+            coalesced: i < 6,
+            ..succeeded(i, 580, 0, 41, true)
+        });
+    }
+    m.count_connection(HttpProtocol::Http1, TlsVersion::Tls13);
+    let baseline = baseline_metrics();
+    let report = Report::build(ReportInput {
+        run: run_info(),
+        metrics: &m,
+        requests: RequestTotals::default(),
+        baseline: Some(Baseline {
+            source: "recorded".to_string(),
+            metrics: &baseline,
+        }),
+        sweep: Vec::new(),
+        warnings: Vec::new(),
+        timeline: Vec::new(),
+    });
+    let transport = report.transport.as_ref().expect("transport section");
+    assert_eq!(
+        (transport.streams_checked, transport.coalesced_streams),
+        (8, 6)
+    );
+    assert_eq!(transport.coalesced_share_pct, Some(75.0));
+    assert_eq!(
+        transport.connections,
+        vec![ConnectionEntry {
+            protocol: "http/1.1".to_string(),
+            tls: "TLSv1.3".to_string(),
+            count: 1
+        }]
+    );
+    assert!(
+        report.warnings.iter().any(
+            |w| w.contains("6 of 8 streams (75.0 %) arrived in one piece")
+                && w.contains("proxy_buffering off")
+        ),
+        "{:?}",
+        report.warnings
+    );
+    let changes = &report.baseline.as_ref().expect("baseline").changes;
+    assert!(changes["itl_ms.p95"].coalesced);
+    assert!(changes["ttst_ms.p50"].coalesced);
+    assert!(!changes["ttft_ms.p95"].coalesced);
+    let terminal = render_terminal(&report, false);
+    assert!(
+        terminal.contains("connections      http/1.1 TLSv1.3 ×1"),
+        "{terminal}"
+    );
+    assert!(terminal.contains("‡ coalesced"), "{terminal}");
+    // Saved and compared again (`llm-replay report A --baseline B`): still marked.
+    let again = compare_reports(&report, &report, "itself");
+    assert!(again.baseline.expect("baseline").changes["itl_ms.p50"].coalesced);
 }

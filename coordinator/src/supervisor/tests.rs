@@ -223,6 +223,7 @@ impl FakeWorker {
                 totals,
                 ..ReceivedReport::default()
             }),
+            records: Vec::new(),
         })
         .await;
     }
@@ -503,6 +504,69 @@ async fn a_silent_worker_is_lost_and_its_exchanges_go_to_the_survivor() {
     );
 }
 
+/// Issue 19, item 4: a lost worker is fenced. It is told to stop (an abort naming its
+/// loss); the reports its stalled link delivers afterwards — up to a final one that accounts
+/// for its whole slice — are not counted; what it had not started by its last report before
+/// the loss goes to the survivor once, and every exchange is accounted for once.
+#[tokio::test(start_paused = true)]
+async fn a_lost_worker_is_fenced_and_what_it_sends_afterwards_is_not_counted() {
+    let recording = Recording::new("fence", 20);
+    let harness = start_supervisor(settings(2, true), plan(&recording, 2, 20));
+    let mut w0 = FakeWorker::join(&harness, 0, 0).await;
+    let mut w1 = FakeWorker::join(&harness, 1, 0).await;
+    tokio::join!(w0.sync_until_start(), w1.sync_until_start());
+    let _alive = keep_alive(harness.events.clone(), 0);
+    tokio::join!(w0.receive(10), w1.receive(10));
+    w1.report(
+        false,
+        3,
+        SliceTotals {
+            issued: 4,
+            ..SliceTotals::default()
+        },
+    )
+    .await;
+    // Silent for the heartbeat timeout: lost, and told to stop.
+    match w1.next_order().await {
+        Control::Abort { reason } => assert!(
+            reason.contains("declared lost") && reason.contains("no heartbeat"),
+            "{reason}"
+        ),
+        other => panic!("expected the fence's abort, got {other:?}"),
+    }
+    // Its link comes back with what it sent meanwhile: more answered, then a final report
+    // for its whole slice. None of it counts.
+    w1.report(
+        false,
+        8,
+        SliceTotals {
+            issued: 9,
+            ..SliceTotals::default()
+        },
+    )
+    .await;
+    w1.report_all(true).await;
+    w0.receive(16).await;
+    w0.report_all(false).await;
+    w0.until_slice_closed().await;
+    w0.report_all(true).await;
+    assert_eq!(w0.next_order().await, Control::Finish);
+    let result = harness
+        .run
+        .await
+        .expect("no panic")
+        .expect("the run completes");
+    assert_eq!(result.metrics.counters.succeeded, 16 + 3);
+    assert_eq!(result.lost, 1, "the one in flight when it was lost");
+    assert_eq!(result.not_started, 0);
+    let total = result.metrics.counters.completed() + result.not_started + result.lost;
+    assert_eq!(total, 20, "every exchange once");
+    let assigned: Vec<u64> = result.workers.iter().map(|w| w.assigned).collect();
+    assert_eq!(assigned, vec![16, 4]);
+    assert!(result.workers[1].lost && !result.workers[0].lost);
+    assert_eq!(result.workers[1].metrics.counters.succeeded, 3);
+}
+
 #[tokio::test(start_paused = true)]
 async fn fail_mode_aborts_and_keeps_the_survivors_partial_report() {
     let recording = Recording::new("abort", 20);
@@ -542,9 +606,12 @@ async fn fail_mode_aborts_and_keeps_the_survivors_partial_report() {
         },
     )
     .await;
+    // Issue 19, item 5: its final report is in, so it may leave (its link flushes first).
+    assert_eq!(w0.next_order().await, Control::Finish);
     let result = harness.run.await.expect("no panic").expect("a result");
     assert!(result.aborted);
     assert!(!result.interrupted);
+    assert!(!result.workers[0].lost, "the survivor is not disconnected");
     assert_eq!(result.metrics.counters.succeeded, 6);
     // Worker 1 never reported: its 10 were never started (planned − assigned).
     assert_eq!(result.not_started, 3 + 10);
@@ -729,4 +796,289 @@ fn saturation_needs_lasting_lag_and_a_busy_cpu() {
     let pegged = load_warning("w", Some(&stats(0.1, 0.2, 0.3)), 0.95, 2).expect("pegged");
     assert!(pegged.contains("was saturated"), "{pegged}");
     assert_eq!(load_warning("w", None, 0.2, 2), None);
+}
+
+// Issue 19, item 2: clock error is invisible to the measured start skew; the bound shows it,
+// and a long or jittery path gets more clock samples.
+
+/// What a fake worker's clock sync over a path did: its start instant (its own clock) and
+/// how many pings it answered.
+struct PathSync {
+    start_unix_ns: u64,
+    pings: u64,
+}
+
+/// Answer clock pings over a path whose one-way delays for ping `seq` are
+/// `path(seq) = (coordinator → worker, worker → coordinator)`: the pong arrives after their
+/// sum (virtual time), stamped as a real link would stamp it. Then report the start.
+async fn sync_over_path(
+    worker: &mut FakeWorker,
+    path: impl Fn(u64) -> (Duration, Duration),
+) -> PathSync {
+    let mut pings = 0;
+    loop {
+        match worker.next_control().await {
+            Control::ClockPing { seq, sent_unix_ns } => {
+                pings += 1;
+                let (down, up) = path(seq);
+                tokio::time::sleep(down + up).await;
+                let t1 = sent_unix_ns as i128;
+                let worker_time = (t1 + down.as_nanos() as i128 + worker.offset_ns as i128) as u64;
+                worker
+                    .send(WorkerEvent::ClockPong {
+                        index: worker.index,
+                        sample: ClockSample {
+                            seq,
+                            t1: sent_unix_ns,
+                            t2: worker_time,
+                            t3: worker_time,
+                            t4: (t1 + (down + up).as_nanos() as i128) as u64,
+                        },
+                    })
+                    .await;
+            }
+            Control::Start { unix_ns } => {
+                worker
+                    .send(WorkerEvent::Started {
+                        index: worker.index,
+                        unix_ns,
+                    })
+                    .await;
+                return PathSync {
+                    start_unix_ns: unix_ns,
+                    pings,
+                };
+            }
+            Control::Heartbeat { .. } => {}
+            other => panic!("unexpected before the start: {other:?}"),
+        }
+    }
+}
+
+fn start_scheduled_supervisor(settings: Settings, plan: SlicePlan) -> Harness {
+    let (events_tx, events) = mpsc::channel(1024);
+    let (interrupt, interrupt_rx) = watch::channel(false);
+    let identity = RunIdentity {
+        scheduled: true,
+        ..identity()
+    };
+    let supervisor = Supervisor::new(settings, plan, identity, events, interrupt_rx, None);
+    Harness {
+        events: events_tx,
+        interrupt,
+        run: tokio::spawn(supervisor.run()),
+    }
+}
+
+/// Every exchange reported as succeeded, final reports, finish: the run's result.
+async fn finish_two(harness: Harness, w0: &mut FakeWorker, w1: &mut FakeWorker) -> ReplayResult {
+    tokio::join!(w0.receive(10), w1.receive(10));
+    w0.report_all(false).await;
+    w1.report_all(false).await;
+    tokio::join!(w0.until_slice_closed(), w1.until_slice_closed());
+    w0.report_all(true).await;
+    w1.report_all(true).await;
+    assert_eq!(w0.next_order().await, Control::Finish);
+    assert_eq!(w1.next_order().await, Control::Finish);
+    let _keep = harness.interrupt;
+    harness
+        .run
+        .await
+        .expect("no panic")
+        .expect("the run completes")
+}
+
+async fn finish_one(harness: Harness, w0: &mut FakeWorker) -> ReplayResult {
+    w0.receive(10).await;
+    w0.report_all(false).await;
+    w0.until_slice_closed().await;
+    w0.report_all(true).await;
+    assert_eq!(w0.next_order().await, Control::Finish);
+    let _keep = harness.interrupt;
+    harness
+        .run
+        .await
+        .expect("no panic")
+        .expect("the run completes")
+}
+
+const MS: Duration = Duration::from_millis(1);
+
+/// The issue's reproduction: one worker 40 ms up / 5 ms down, the other 5 up / 40 down.
+/// Each offset is off by 17.5 ms (half the asymmetry) in opposite directions: the true
+/// start skew is 35 ms while the measured one, computed through the same offsets, is 0.
+/// The bound (22.5 + 22.5 ms) covers it, and the warning says it is a bound. Before the
+/// bound existed the run had no warning at all (the skew was 0 < 5 ms).
+#[tokio::test(start_paused = true)]
+async fn asymmetric_paths_hide_35_ms_of_start_skew_that_the_bound_covers() {
+    let recording = Recording::new("asymmetric-clock", 20);
+    let harness = start_scheduled_supervisor(settings(2, false), plan(&recording, 2, 20));
+    let mut w0 = FakeWorker::join(&harness, 0, 0).await;
+    let mut w1 = FakeWorker::join(&harness, 1, 3_000_000_000).await;
+    let (s0, s1) = tokio::join!(
+        sync_over_path(&mut w0, |_| (5 * MS, 40 * MS)),
+        sync_over_path(&mut w1, |_| (40 * MS, 5 * MS)),
+    );
+    let true_start = |sync: &PathSync, worker: &FakeWorker| {
+        sync.start_unix_ns as i128 - worker.offset_ns as i128
+    };
+    let true_skew_ms = (true_start(&s0, &w0) - true_start(&s1, &w1)).abs() as f64 / 1e6;
+    assert!(
+        (true_skew_ms - 35.0).abs() < 1e-6,
+        "true skew {true_skew_ms} ms"
+    );
+    // A 45 ms round trip is long: more pings than `clock_samples` (3), at most 4 times as many.
+    assert_eq!((s0.pings, s1.pings), (12, 12));
+    let result = finish_two(harness, &mut w0, &mut w1).await;
+    assert_eq!(
+        result.start_skew_ms,
+        Some(0.0),
+        "blind to the offsets' error"
+    );
+    for worker in &result.workers {
+        assert_eq!(worker.clock.uncertainty_ns, 22_500_000);
+    }
+    let bound = start_skew_bound_ms(&result.workers).expect("both started");
+    assert!((bound - 45.0).abs() < 1e-6, "bound {bound} ms");
+    assert!(bound >= true_skew_ms);
+    let warning = result
+        .warnings
+        .iter()
+        .find(|w| w.contains("START SKEW BOUND"))
+        .unwrap_or_else(|| panic!("no bound warning in {:?}", result.warnings));
+    assert!(
+        warning.contains("45.00 ms exceeds --max-skew 5.00 ms")
+            && warning.contains("not a measured skew")
+            && warning.contains("w0 -17.50 ± 22.50 ms")
+            && warning.contains("w1 +3017.50 ± 22.50 ms"),
+        "{warning}"
+    );
+}
+
+/// Jitter: the first pings are slow, a short round trip comes later. The extra pings find it:
+/// the uncertainty is 1 ms, where `clock_samples` pings alone left 4.5 ms (best of 9, 20, 18).
+#[tokio::test(start_paused = true)]
+async fn a_jittery_path_gets_extra_clock_samples_until_a_short_round_trip() {
+    let recording = Recording::new("jittery-clock", 10);
+    let harness = start_scheduled_supervisor(settings(1, false), plan(&recording, 1, 10));
+    let mut w0 = FakeWorker::join(&harness, 0, -7_000_000).await;
+    // Round trips 9, 20, 18 ms, then 2 ms (1 ms each way) from the fourth ping on.
+    let sync = sync_over_path(&mut w0, |seq| match seq {
+        0 => (3 * MS, 6 * MS),
+        1 => (10 * MS, 10 * MS),
+        2 => (9 * MS, 9 * MS),
+        _ => (MS, MS),
+    })
+    .await;
+    assert!(
+        sync.pings > 3 && sync.pings <= 12,
+        "{} pings: more than clock_samples, at most 4 times as many",
+        sync.pings
+    );
+    let result = finish_one(harness, &mut w0).await;
+    let clock = result.workers[0].clock;
+    assert_eq!(clock.uncertainty_ns, 1_000_000);
+    assert_eq!(
+        clock.offset_ns, -7_000_000,
+        "the symmetric short sample is exact"
+    );
+    // One worker: nothing to be skewed against.
+    assert_eq!(start_skew_bound_ms(&result.workers), Some(0.0));
+    assert!(result.warnings.is_empty(), "{:?}", result.warnings);
+}
+
+/// A short steady path (loopback, a LAN) costs no extra pings.
+#[tokio::test(start_paused = true)]
+async fn a_short_steady_path_takes_only_clock_samples_pings() {
+    let recording = Recording::new("steady-clock", 10);
+    let harness = start_scheduled_supervisor(settings(1, false), plan(&recording, 1, 10));
+    let mut w0 = FakeWorker::join(&harness, 0, 0).await;
+    let sync = sync_over_path(&mut w0, |seq| {
+        let wobble = Duration::from_micros(seq % 3 * 20);
+        (
+            Duration::from_micros(150) + wobble,
+            Duration::from_micros(150),
+        )
+    })
+    .await;
+    assert_eq!(sync.pings, 3);
+    finish_one(harness, &mut w0).await;
+}
+
+/// The extra pings stay within the clock sync's time budget: on a 150 ms path with the
+/// default 8 samples (1.2 s), extra rounds run only while they end within 2 s; on a 300 ms
+/// path the 8 rounds alone take 2.4 s and none is added.
+#[tokio::test(start_paused = true)]
+async fn extra_clock_samples_stay_within_the_time_budget() {
+    for (one_way, expected_pings) in [(75 * MS, 13), (150 * MS, 8)] {
+        let recording = Recording::new("budget-clock", 10);
+        let mut settings = settings(1, false);
+        settings.clock_samples = 8;
+        let harness = start_scheduled_supervisor(settings, plan(&recording, 1, 10));
+        let began = tokio::time::Instant::now();
+        let mut w0 = FakeWorker::join(&harness, 0, 0).await;
+        let sync = sync_over_path(&mut w0, |_| (one_way, one_way)).await;
+        let took = began.elapsed();
+        assert_eq!(sync.pings, expected_pings, "{one_way:?} each way");
+        assert!(
+            took <= CLOCK_SYNC_BUDGET.max(2 * one_way * 8) + MS,
+            "{one_way:?} each way: the sync took {took:?}"
+        );
+        finish_one(harness, &mut w0).await;
+    }
+}
+
+fn started(id: &str, start_ms: f64, uncertainty_ms: f64) -> WorkerOutcome {
+    WorkerOutcome {
+        id: id.into(),
+        host: "test".into(),
+        assigned: 0,
+        totals: SliceTotals::default(),
+        metrics: SparseMetrics::default(),
+        lost: false,
+        cpu_seconds: 0.0,
+        cores: 1,
+        peak_rss_bytes: 0,
+        clock: ClockEstimate {
+            offset_ns: 0,
+            uncertainty_ns: (uncertainty_ms * 1e6) as u64,
+        },
+        started_unix_ns: Some(1_700_000_000_000_000_000 + (start_ms * 1e6) as u64),
+    }
+}
+
+/// The bound is the largest `ŝᵢ − ŝⱼ + uᵢ + uⱼ` over pairs of different workers, checked
+/// against every pair; one worker's is 0; a worker that never started leaves it unknown.
+#[test]
+fn the_start_skew_bound_is_the_worst_pair_of_start_windows() {
+    let workers = vec![
+        started("a", 0.0, 2.0),
+        started("b", 1.0, 0.1),
+        started("c", 0.5, 5.0),
+        started("d", 0.2, 0.0),
+    ];
+    let mut brute = 0.0f64;
+    for (i, wi) in workers.iter().enumerate() {
+        for (j, wj) in workers.iter().enumerate() {
+            if i != j {
+                let si = wi.started_unix_ns.expect("started") as f64 / 1e6;
+                let sj = wj.started_unix_ns.expect("started") as f64 / 1e6;
+                let ui = wi.clock.uncertainty_ns as f64 / 1e6;
+                let uj = wj.clock.uncertainty_ns as f64 / 1e6;
+                brute = brute.max(si - sj + ui + uj);
+            }
+        }
+    }
+    let bound = start_skew_bound_ms(&workers).expect("all started");
+    assert!((bound - brute).abs() < 1e-6, "{bound} vs {brute}");
+    // c may start as late as 5.5 ms, a as early as -2 ms.
+    assert!((bound - 7.5).abs() < 1e-6, "{bound}");
+    assert_eq!(start_skew_bound_ms(&workers[..1]), Some(0.0));
+    // The same worker is both the latest and the earliest possible: paired with others.
+    let wide = [started("x", 0.0, 10.0), started("y", 0.0, 0.0)];
+    assert_eq!(start_skew_bound_ms(&wide), Some(10.0));
+    let mut unstarted = workers.clone();
+    unstarted[2].started_unix_ns = None;
+    assert_eq!(start_skew_bound_ms(&unstarted), None);
+    assert_eq!(start_skew_bound_ms(&[]), None);
 }

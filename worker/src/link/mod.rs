@@ -42,7 +42,8 @@ pub struct LinkOptions {
     pub token: Option<String>,
     /// Give up connecting after this long.
     pub connect_patience: Duration,
-    /// The coordinator is lost after this long without any message from it.
+    /// The coordinator is lost after this long without any message from it, until the
+    /// assignment gives the run's own (which then governs the session).
     pub heartbeat_timeout: Duration,
     /// Interval between reports (and heartbeats).
     pub report_interval: Duration,
@@ -167,9 +168,12 @@ async fn connect(
         .map_err(|_| LinkError::Address(options.coordinator.clone()))?
         .tcp_nodelay(true)
         .connect_timeout(Duration::from_secs(2))
-        // A peer that stops answering is noticed on the link itself, not only by silence.
+        // HTTP/2 pings every second the link is quiet keep its path open (NAT, load
+        // balancers) from this side too. Giving up on the coordinator is the heartbeat
+        // timeout's call — the run's, from the assignment, which may be longer than this
+        // worker's own — so an unanswered ping waits as long as any heartbeat timeout can.
         .http2_keep_alive_interval(Duration::from_secs(1))
-        .keep_alive_timeout(options.heartbeat_timeout)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT.max(options.heartbeat_timeout))
         .keep_alive_while_idle(true);
     if let Some(tls) = &options.tls {
         let mut config = tonic::transport::ClientTlsConfig::new()
@@ -291,6 +295,7 @@ fn work_item(exchange: v1::Exchange) -> Result<WorkItem, String> {
         exchange: parsed,
         pin_output_tokens: exchange.pin_output_tokens,
         think,
+        reassigned: exchange.reassigned,
     })
 }
 
@@ -380,6 +385,10 @@ async fn leave_saying(
     })
     .await;
 }
+
+/// How long an HTTP/2 ping of the link may go unanswered: a day, the longest heartbeat
+/// timeout a run may give (the session's heartbeat timeout closes the link long before).
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(86_400);
 
 /// Messages of the join handshake waiting for the stream (hello, challenge answer, failure).
 const HANDSHAKE_CAPACITY: usize = 4;
@@ -592,7 +601,11 @@ pub async fn run_once(
             items: items_rx,
             open_ended: assignment.open_ended,
             load: load.clone(),
-            heartbeat_timeout: options.heartbeat_timeout,
+            // The run's, so that both ends give up on each other after the same silence
+            // (an older coordinator does not say: this worker's own).
+            heartbeat_timeout: assignment
+                .heartbeat_timeout
+                .unwrap_or(options.heartbeat_timeout),
             // The coordinator may ask for a longer interval when it has many workers.
             report_interval: assignment
                 .report_interval

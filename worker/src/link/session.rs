@@ -315,9 +315,17 @@ impl Session {
             failure.get_or_insert(coordinator_lost("its report stream closed"));
         }
         if let Some(failure) = failure {
-            // Best effort: the coordinator may still be there (abort) and want the partial
-            // numbers.
-            let _ = tokio::time::timeout(Duration::from_secs(1), out.send(report)).await;
+            // Best effort: the coordinator may still be there (an abort) and want the partial
+            // numbers. The report only reaches the wire while the link runs: wait for the
+            // coordinator's Finish or the end of its stream — within the heartbeat timeout
+            // after an abort (the coordinator is there and answers), a second otherwise (it
+            // may never answer; a second is plenty to write the report).
+            let _ = tokio::time::timeout(LEAVE_PATIENCE, out.send(report)).await;
+            let patience = match failure {
+                LinkError::Aborted(_) => heartbeat_timeout,
+                _ => LEAVE_PATIENCE,
+            };
+            let _ = tokio::time::timeout(patience, until_finished(&mut events)).await;
             return Err(failure);
         }
         out.send(report)
@@ -325,22 +333,28 @@ impl Session {
             .map_err(|_| coordinator_lost("its report stream closed"))?;
         // Wait for the coordinator's Finish (or the end of its stream) so the report is
         // delivered.
-        let wait = async {
-            loop {
-                match events.recv().await {
-                    Some(
-                        CoordinatorEvent::Finish
-                        | CoordinatorEvent::StreamEnded
-                        | CoordinatorEvent::StreamBroke { .. }
-                        | CoordinatorEvent::Untrusted { .. },
-                    )
-                    | None => return,
-                    Some(_) => {}
-                }
-            }
-        };
-        let _ = tokio::time::timeout(heartbeat_timeout, wait).await;
+        let _ = tokio::time::timeout(heartbeat_timeout, until_finished(&mut events)).await;
         Ok(())
+    }
+}
+
+/// How long a worker that stops because of a failure gives its final report to reach the
+/// wire when the coordinator may not answer.
+const LEAVE_PATIENCE: Duration = Duration::from_secs(1);
+
+/// Until the coordinator's Finish, or the end of its stream.
+async fn until_finished(events: &mut mpsc::Receiver<CoordinatorEvent>) {
+    loop {
+        match events.recv().await {
+            Some(
+                CoordinatorEvent::Finish
+                | CoordinatorEvent::StreamEnded
+                | CoordinatorEvent::StreamBroke { .. }
+                | CoordinatorEvent::Untrusted { .. },
+            )
+            | None => return,
+            Some(_) => {}
+        }
     }
 }
 

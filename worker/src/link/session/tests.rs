@@ -86,6 +86,7 @@ fn item(index: u64) -> WorkItem {
         .expect("a valid exchange"),
         pin_output_tokens: None,
         think: None,
+        reassigned: false,
     }
 }
 
@@ -383,4 +384,38 @@ async fn without_finish_a_finished_run_ends_after_the_heartbeat_timeout() {
         waited >= HEARTBEAT && waited < HEARTBEAT + INTERVAL,
         "{waited:?}"
     );
+}
+
+/// Issue 19, item 5: after an abort the session sends its final report and stays (its link
+/// with it) until the coordinator's Finish, so the report reaches the wire before the worker
+/// exits: a survivor's final numbers are merged, not lost with its process.
+#[tokio::test(start_paused = true)]
+async fn after_an_abort_the_final_report_goes_out_before_the_session_ends() {
+    let (_target, url) = silent_target();
+    let mut h = spawn_session(&url);
+    h.items.send(item(0)).await.expect("slice open");
+    assert!(h.session.send(start_now()).await);
+    report_where(&mut h, 20, |r| r.totals.issued == 1).await;
+    assert!(
+        h.session
+            .send(CoordinatorEvent::Abort {
+                reason: "a worker was lost".into(),
+            })
+            .await
+    );
+    let last = report_where(&mut h, 20, |r| r.is_final).await;
+    assert_eq!(last.totals.lost, 1);
+    let sent_at = Instant::now();
+    tokio::time::sleep(HEARTBEAT / 2).await;
+    assert!(
+        !h.task.is_finished(),
+        "the session ended before the coordinator had the report"
+    );
+    assert!(h.session.send(CoordinatorEvent::Finish).await);
+    let outcome = h.task.await.expect("the session does not panic");
+    assert!(
+        matches!(&outcome, Err(LinkError::Aborted(_))),
+        "{outcome:?}"
+    );
+    assert!(sent_at.elapsed() < HEARTBEAT);
 }
