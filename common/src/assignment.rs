@@ -75,3 +75,88 @@ pub struct Faithful {
     /// think time (closed loop), not at its recorded offset (open loop).
     pub closed_sessions: bool,
 }
+
+/// The AWS credentials `--aws-sigv4` needs from the worker's environment.
+pub const AWS_CREDENTIALS: [&str; 2] = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"];
+/// The AWS variable `--aws-sigv4` reads when present (temporary credentials).
+pub const AWS_SESSION_TOKEN: &str = "AWS_SESSION_TOKEN";
+
+/// Which environment variables of a worker a run reads: `needed` (each `${VAR}` of the
+/// header templates, and the AWS credentials for `--aws-sigv4`) and `optional` (read when
+/// the worker allows them: `AWS_SESSION_TOKEN`). The one list the worker checks against its
+/// `--allow-env` and the coordinator gives its local workers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EnvReads {
+    pub needed: Vec<String>,
+    pub optional: Vec<String>,
+}
+
+impl EnvReads {
+    /// The variables a run with these header templates and SigV4 setting reads.
+    pub fn of(headers: &[(String, String)], aws_sigv4: bool) -> EnvReads {
+        let mut needed: Vec<String> = headers
+            .iter()
+            .flat_map(|(_, value)| template_vars(value))
+            .collect();
+        let mut optional = Vec::new();
+        if aws_sigv4 {
+            needed.extend(AWS_CREDENTIALS.map(str::to_owned));
+            optional.push(AWS_SESSION_TOKEN.to_owned());
+        }
+        EnvReads { needed, optional }
+    }
+
+    /// Every variable, needed then optional.
+    pub fn all(&self) -> impl Iterator<Item = &String> {
+        self.needed.iter().chain(&self.optional)
+    }
+}
+
+impl Assignment {
+    /// The environment variables this assignment reads on the worker.
+    pub fn env_reads(&self) -> EnvReads {
+        EnvReads::of(&self.headers, self.transport.aws_sigv4_region.is_some())
+    }
+}
+
+/// The variable names a header template expands (`${NAME}`), in order.
+pub fn template_vars(value: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = value;
+    while let Some(start) = rest.find("${") {
+        let after = &rest[start + 2..];
+        let Some(end) = after.find('}') else { break };
+        out.push(after[..end].to_owned());
+        rest = &after[end + 1..];
+    }
+    out
+}
+
+#[cfg(test)]
+mod env_tests {
+    use super::*;
+
+    #[test]
+    fn a_run_reads_its_header_variables_and_for_sigv4_the_aws_credentials() {
+        let headers = vec![
+            ("authorization".to_owned(), "Bearer ${API_KEY}".to_owned()),
+            ("x-team".to_owned(), "${TEAM}-${ENV}".to_owned()),
+            ("x-open".to_owned(), "${UNTERMINATED".to_owned()),
+        ];
+        let plain = EnvReads::of(&headers, false);
+        assert_eq!(plain.needed, ["API_KEY", "TEAM", "ENV"]);
+        assert!(plain.optional.is_empty());
+        let signed = EnvReads::of(&headers, true);
+        assert_eq!(
+            signed.all().map(String::as_str).collect::<Vec<_>>(),
+            [
+                "API_KEY",
+                "TEAM",
+                "ENV",
+                "AWS_ACCESS_KEY_ID",
+                "AWS_SECRET_ACCESS_KEY",
+                "AWS_SESSION_TOKEN"
+            ]
+        );
+    }
+}

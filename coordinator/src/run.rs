@@ -284,21 +284,13 @@ pub async fn replay(setup: ReplaySetup<'_>) -> Result<ReplayResult, RunError> {
             })?;
             // Local workers run with the user's own environment: they may read what the
             // user's own options name, and nothing else.
-            let mut allow_env: Vec<String> = config
-                .headers
-                .iter()
-                .flat_map(|(_, value)| worker::request::template_vars(value))
-                .collect();
-            if config.transport.aws_sigv4_region.is_some() {
-                allow_env.extend(
-                    [
-                        "AWS_ACCESS_KEY_ID",
-                        "AWS_SECRET_ACCESS_KEY",
-                        "AWS_SESSION_TOKEN",
-                    ]
-                    .map(str::to_owned),
-                );
-            }
+            let allow_env: Vec<String> = common::assignment::EnvReads::of(
+                &config.headers,
+                config.transport.aws_sigv4_region.is_some(),
+            )
+            .all()
+            .cloned()
+            .collect();
             for i in 0..*n {
                 let child = tokio::process::Command::new(&exe)
                     .args([

@@ -79,19 +79,6 @@ pub enum HeaderTemplateError {
     Invalid { header: String },
 }
 
-/// The variable names a header template expands (`${NAME}`), in order.
-pub fn template_vars(value: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut rest = value;
-    while let Some(start) = rest.find("${") {
-        let after = &rest[start + 2..];
-        let Some(end) = after.find('}') else { break };
-        out.push(after[..end].to_owned());
-        rest = &after[end + 1..];
-    }
-    out
-}
-
 /// Expand `${VAR}` in `value` with `lookup` (the worker's own environment in production).
 pub fn expand_template(
     header: &str,

@@ -215,17 +215,8 @@ async fn connect(
 /// credentials for `--aws-sigv4`) must be allowed by this worker's `--allow-env`: a
 /// coordinator cannot make a worker send its environment anywhere.
 fn check_allowed_env(assignment: &Assignment, allowed: &[String]) -> Result<(), LinkError> {
-    let mut wanted: Vec<String> = assignment
-        .headers
-        .iter()
-        .flat_map(|(_, value)| crate::request::template_vars(value))
-        .collect();
-    if assignment.transport.aws_sigv4_region.is_some() {
-        wanted.extend([
-            "AWS_ACCESS_KEY_ID".to_owned(),
-            "AWS_SECRET_ACCESS_KEY".to_owned(),
-        ]);
-    }
+    // Optional variables (AWS_SESSION_TOKEN) are read only when allowed.
+    let wanted = assignment.env_reads().needed;
     match wanted.into_iter().find(|v| !allowed.iter().any(|a| a == v)) {
         None => Ok(()),
         Some(var) => Err(LinkError::Protocol(format!(
