@@ -275,50 +275,13 @@ pub async fn replay(setup: ReplaySetup<'_>) -> Result<ReplayResult, RunError> {
             .await
     });
 
-    let mut children = Vec::new();
-    match &config.source {
-        WorkerSource::Local(n) => {
-            // Local worker processes: the same binary, dialing back over loopback gRPC.
-            let exe = std::env::current_exe().map_err(|e| {
-                RunError::Failed(format!("cannot find this program to start workers: {e}"))
-            })?;
-            // Local workers run with the user's own environment: they may read what the
-            // user's own options name, and nothing else.
-            let allow_env: Vec<String> = common::assignment::EnvReads::of(
-                &config.headers,
-                config.transport.aws_sigv4_region.is_some(),
-            )
-            .all()
-            .cloned()
-            .collect();
-            for i in 0..*n {
-                let child = tokio::process::Command::new(&exe)
-                    .args([
-                        "worker",
-                        "--coordinator",
-                        &addr.to_string(),
-                        "--once",
-                        "--worker-id",
-                        &format!("local-{i}"),
-                        "--heartbeat-timeout",
-                        &config.heartbeat_timeout.as_secs_f64().to_string(),
-                    ])
-                    .args(allow_env.iter().flat_map(|v| ["--allow-env", v.as_str()]))
-                    .env("LLM_REPLAY_TOKEN", token.clone().unwrap_or_default())
-                    .stdin(std::process::Stdio::null())
-                    .stdout(std::process::Stdio::null())
-                    .stderr(std::process::Stdio::inherit())
-                    // Their own process group: a Ctrl-C on the terminal reaches the
-                    // coordinator alone, which stops them over the link and keeps their data.
-                    .process_group(0)
-                    .kill_on_drop(true)
-                    .spawn()
-                    .map_err(|e| RunError::Failed(format!("cannot start local worker {i}: {e}")))?;
-                children.push(child);
-            }
+    let children = match &config.source {
+        WorkerSource::Local(n) => start_local_workers(*n, addr, config, token.as_deref())?,
+        WorkerSource::Remote { expect, .. } => {
+            (setup.waiting_for_workers)(*expect, addr);
+            Vec::new()
         }
-        WorkerSource::Remote { expect, .. } => (setup.waiting_for_workers)(*expect, addr),
-    }
+    };
 
     let identity = RunIdentity {
         run_id: run_id.clone(),
@@ -360,4 +323,53 @@ pub async fn replay(setup: ReplaySetup<'_>) -> Result<ReplayResult, RunError> {
         }
     }
     result
+}
+
+/// Start `n` local worker processes: this program's `worker` command, dialling the
+/// coordinator at `addr` over loopback gRPC with the link token. The one place their command
+/// line is written.
+fn start_local_workers(
+    n: usize,
+    addr: std::net::SocketAddr,
+    config: &RunConfig,
+    token: Option<&str>,
+) -> Result<Vec<tokio::process::Child>, RunError> {
+    let exe = std::env::current_exe()
+        .map_err(|e| RunError::Failed(format!("cannot find this program to start workers: {e}")))?;
+    // Local workers run with the user's own environment: they may read what the user's own
+    // options name, and nothing else.
+    let allow_env: Vec<String> = common::assignment::EnvReads::of(
+        &config.headers,
+        config.transport.aws_sigv4_region.is_some(),
+    )
+    .all()
+    .cloned()
+    .collect();
+    let mut children = Vec::with_capacity(n);
+    for i in 0..n {
+        let child = tokio::process::Command::new(&exe)
+            .args([
+                "worker",
+                "--coordinator",
+                &addr.to_string(),
+                "--once",
+                "--worker-id",
+                &format!("local-{i}"),
+                "--heartbeat-timeout",
+                &config.heartbeat_timeout.as_secs_f64().to_string(),
+            ])
+            .args(allow_env.iter().flat_map(|v| ["--allow-env", v.as_str()]))
+            .env("LLM_REPLAY_TOKEN", token.unwrap_or_default())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit())
+            // Their own process group: a Ctrl-C on the terminal reaches the coordinator
+            // alone, which stops them over the link and keeps their data.
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| RunError::Failed(format!("cannot start local worker {i}: {e}")))?;
+        children.push(child);
+    }
+    Ok(children)
 }

@@ -4,18 +4,11 @@
 
 use std::path::Path;
 
+use std::sync::Arc;
+
 use anyhow::Context;
-use clap::Parser;
 
-use mock::{MockArgs, serve};
-
-/// The mock's own command line, so the embedded mock is configured exactly as
-/// `llm-replay mock --recording FILE` would be.
-#[derive(Parser)]
-struct EmbeddedArgs {
-    #[command(flatten)]
-    mock: MockArgs,
-}
+use mock::{MockConfig, Recorded, serve};
 
 /// A running embedded mock.
 pub struct EmbeddedMock {
@@ -34,19 +27,11 @@ impl EmbeddedMock {
 
 /// Start the mock on 127.0.0.1:0 with `--recording recording`.
 pub fn start_embedded(recording: &Path) -> anyhow::Result<EmbeddedMock> {
-    let recording_arg = recording
-        .to_str()
-        .context("the recording path is not UTF-8")?;
-    let args = EmbeddedArgs::try_parse_from([
-        "mock",
-        "--listen",
-        "127.0.0.1:0",
-        "--recording",
-        recording_arg,
-    ])
-    .context("embedded mock options")?;
-    let listen = args.mock.listen;
-    let config = args.mock.into_config()?;
+    // The mock's defaults (those of `llm-replay mock`), serving the recording's responses.
+    let config = MockConfig {
+        recording: Some(Arc::new(Recorded::load(recording)?)),
+        ..MockConfig::default()
+    };
     // The mock gets its own runtime and threads: it must answer on time whatever the
     // coordinator is doing (feeding slices, merging reports).
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -55,8 +40,8 @@ pub fn start_embedded(recording: &Path) -> anyhow::Result<EmbeddedMock> {
         .enable_all()
         .build()
         .context("embedded mock runtime")?;
-    let listener =
-        std::net::TcpListener::bind(listen).context("embedded mock: cannot listen on 127.0.0.1")?;
+    let listener = std::net::TcpListener::bind(("127.0.0.1", 0))
+        .context("embedded mock: cannot listen on 127.0.0.1")?;
     listener.set_nonblocking(true)?;
     let addr = listener.local_addr()?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

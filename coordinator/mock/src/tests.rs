@@ -1001,3 +1001,23 @@ fn failure_flags_parse_into_the_config() {
         Cli::try_parse_from(["mock", "--fail-body", "x", "--fail-body-file", "/dev/null"]).is_err()
     );
 }
+
+/// `MockConfig::default()` (what the embedded mock of `run` starts from) is exactly what
+/// `llm-replay mock` with no flag runs.
+#[test]
+fn the_typed_default_is_the_command_lines_default() {
+    #[derive(clap::Parser)]
+    struct Command {
+        #[command(flatten)]
+        mock: MockArgs,
+    }
+    let parsed = <Command as clap::Parser>::try_parse_from(["mock"])
+        .expect("no flag parses")
+        .mock
+        .into_config()
+        .expect("the defaults are valid");
+    assert_eq!(
+        format!("{parsed:?}"),
+        format!("{:?}", MockConfig::default())
+    );
+}
