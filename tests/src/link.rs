@@ -295,3 +295,83 @@ fn pipe(shared: &Arc<Shared>, from: &TcpStream, to: &TcpStream, timing: Directio
         }
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An echo server on loopback: every byte read is written back.
+    fn echo() -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("bound").to_string();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                std::thread::spawn(move || {
+                    let mut buffer = [0u8; 1024];
+                    while let Ok(n) = stream.read(&mut buffer) {
+                        if n == 0 || stream.write_all(&buffer[..n]).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    fn round_trip(stream: &mut TcpStream) -> Duration {
+        let started = Instant::now();
+        stream.write_all(b"ping").expect("write");
+        let mut answer = [0u8; 4];
+        stream.read_exact(&mut answer).expect("echo");
+        assert_eq!(&answer, b"ping");
+        started.elapsed()
+    }
+
+    /// Each direction adds its own delay: a round trip through 30 ms up and 20 ms down takes
+    /// at least 50 ms (and, on an idle machine, not much more: under 150 ms).
+    #[test]
+    fn a_round_trip_takes_both_delays() {
+        let link = DelayLink::start(
+            &echo(),
+            Direction::delay(Duration::from_millis(30)),
+            Direction::delay(Duration::from_millis(20)),
+        );
+        let mut stream = TcpStream::connect(link.addr()).expect("dial the link");
+        for _ in 0..3 {
+            let rtt = round_trip(&mut stream);
+            assert!(
+                rtt >= Duration::from_millis(50) && rtt < Duration::from_millis(150),
+                "{rtt:?}"
+            );
+        }
+        assert_eq!(link.connections(), 1);
+    }
+
+    /// A stall holds every byte until it ends; nothing is lost.
+    #[test]
+    fn a_stall_holds_bytes_until_it_ends() {
+        let link = DelayLink::start(&echo(), Direction::default(), Direction::default());
+        let mut stream = TcpStream::connect(link.addr()).expect("dial the link");
+        round_trip(&mut stream);
+        link.stall_for(Duration::from_millis(300));
+        let rtt = round_trip(&mut stream);
+        assert!(rtt >= Duration::from_millis(250), "{rtt:?}");
+    }
+
+    /// A cut closes the connection: the next read sees its end.
+    #[test]
+    fn a_cut_closes_open_connections() {
+        let link = DelayLink::start(&echo(), Direction::default(), Direction::default());
+        let mut stream = TcpStream::connect(link.addr()).expect("dial the link");
+        round_trip(&mut stream);
+        link.cut();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let mut buffer = [0u8; 4];
+        let read = stream.read(&mut buffer);
+        assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    }
+}
