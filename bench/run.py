@@ -12,7 +12,7 @@ TTFT error of one request = client TTFT − server TTFT, where server TTFT = fir
 − request head received (both in the mock). What the client adds on both sides of the wire —
 its send path, the loopback, its receive path and its own scheduling — is the error.
 
-Usage (from the repository root, after `cargo build --release -p llm-replay -p llm-replay-bench`):
+Usage (from the repository root, after `cargo build --release -p llm-replay-cli -p llm-replay-bench`):
 
     python3 bench/run.py                      # every row, 3 repeats, median reported
     python3 bench/run.py --rows ttft16,tput --repeat 1

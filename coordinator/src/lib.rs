@@ -2,7 +2,7 @@
 //! (`scan`), sharding, the gRPC service the workers dial, the run supervisor, the report and
 //! its renderers, goals, and the `--requests-out` file.
 //!
-//! Only this crate renders reports; the `llm-replay` CLI (`coordinator/cli`) prints them and
+//! Only this crate renders reports; the `llm-replay` CLI (`cli`) prints them and
 //! picks the exit code.
 
 pub mod config;

@@ -18,7 +18,7 @@ if not BIN.is_absolute():
     BIN = REPO_ROOT / BIN
 
 TOKENS = 5
-# The mock's synthetic tokens cycle through these words (coordinator/mock/src/synth.rs).
+# The mock's synthetic tokens cycle through these words (mock/src/synth.rs).
 WORDS = ["lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit"]
 EXPECTED_TEXT = " ".join(WORDS[:TOKENS])
 FAST = ["--ttft", "5ms", "--itl", "1ms", "--tokens", str(TOKENS)]

@@ -389,7 +389,7 @@ mod real_data_tests {
 
     fn test_data(relative: &str) -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../tests/data")
+            .join("../tests/data")
             .join(relative)
     }
 
