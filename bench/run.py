@@ -44,6 +44,8 @@ PACED = ["--ttft", "20ms", "--itl", "10ms", "--tokens", "16"]
 BURST = ["--ttft", "0ms", "--itl", "0ms", "--tokens", "256"]
 # Slow streams for the memory row: 8 tokens 2 s apart (~16 s a stream).
 SLOW = ["--ttft", "2s", "--itl", "2s", "--tokens", "8"]
+# The worker's internal switch of its cleartext HTTP/1.1 transport (`worker::hyper_conn`).
+SEND_PATH_ENV = "LLM_REPLAY_BENCH_SEND_PATH"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,9 +177,29 @@ def write_recording(path, count, gap_ms=None):
             out.write(json.dumps(line) + "\n")
 
 
-def run_llm_replay(cfg, url, recording, name, extra, timeout=900):
-    """One `llm-replay run` on core 1: its per-request records, report, CPU and wall time."""
+def send_path_order(cfg):
+    """The send paths of this run, rotated by the run's index so that none always goes first
+    (`--send-paths`: the first is llm-replay's default, `h1`)."""
+    paths = cfg.send_paths
+    k = cfg.run_index % len(paths)
+    return paths[k:] + paths[:k]
+
+
+def variant_key(send_path):
+    """The result key of llm-replay with `send_path`: `llm-replay` for the default."""
+    return "llm-replay" if send_path == "h1" else f"llm-replay@{send_path}"
+
+
+def run_llm_replay(cfg, url, recording, name, extra, timeout=900, send_path="h1"):
+    """One `llm-replay run` on core 1: its per-request records, report, CPU and wall time.
+    A `send_path` other than `h1` sets the worker's internal switch (LLM_REPLAY_BENCH_SEND_PATH)
+    for the comparison of `docs/performance.md` ("One send path")."""
     out = cfg.out_dir
+    env = dict(os.environ)
+    env.pop(SEND_PATH_ENV, None)
+    if send_path != "h1":
+        env[SEND_PATH_ENV] = send_path
+        name = f"{name}@{send_path}"
     requests_path = out / f"{name}.llm-replay.requests.jsonl"
     report_path = out / f"{name}.llm-replay.report.json"
     argv = [
@@ -188,7 +210,7 @@ def run_llm_replay(cfg, url, recording, name, extra, timeout=900):
     with open(out / f"{name}.llm-replay.log", "w") as log:
         started = time.monotonic()
         proc = subprocess.Popen(pinned(CLIENT_CORE, argv), stdout=log, stderr=log,
-                                preexec_fn=raise_fd_limit)
+                                preexec_fn=raise_fd_limit, env=env)
         code, cpu_s, _ = wait_rusage(proc, timeout)
         wall_s = time.monotonic() - started
     if code not in (0, 1):
@@ -300,15 +322,18 @@ def row_ttft(cfg, concurrency, requests):
     write_recording(recording, requests)
     result = {}
 
-    mock = Mock(cfg.llm_replay, PACED, cfg.out_dir / f"{name}.llm-replay.truth.jsonl",
-                cfg.out_dir / f"{name}.llm-replay.mock.log")
-    try:
-        run = run_llm_replay(cfg, mock.url, recording, name,
-                             ["--concurrency", concurrency, "--requests", requests])
-    finally:
-        truth = mock.stop()
-    errors = ttft_errors(run["records"], truth, "index", "ttft_ms")
-    result["llm-replay"] = summarize_errors(errors, len(run["records"]), truth)
+    for send_path in send_path_order(cfg):
+        key = variant_key(send_path)
+        mock = Mock(cfg.llm_replay, PACED, cfg.out_dir / f"{name}.{key}.truth.jsonl",
+                    cfg.out_dir / f"{name}.{key}.mock.log")
+        try:
+            run = run_llm_replay(cfg, mock.url, recording, name,
+                                 ["--concurrency", concurrency, "--requests", requests],
+                                 send_path=send_path)
+        finally:
+            truth = mock.stop()
+        errors = ttft_errors(run["records"], truth, "index", "ttft_ms")
+        result[key] = summarize_errors(errors, len(run["records"]), truth)
 
     mock = Mock(cfg.llm_replay, PACED, cfg.out_dir / f"{name}.minimal.truth.jsonl",
                 cfg.out_dir / f"{name}.minimal.mock.log")
@@ -355,16 +380,19 @@ def row_throughput(cfg, concurrency, requests):
     recording = cfg.out_dir / f"{name}.recording.jsonl"
     write_recording(recording, requests)
     result = {}
-    mock = Mock(cfg.llm_replay, BURST, cfg.out_dir / f"{name}.llm-replay.truth.jsonl",
-                cfg.out_dir / f"{name}.llm-replay.mock.log")
-    try:
-        run = run_llm_replay(cfg, mock.url, recording, name,
-                             ["--concurrency", concurrency, "--requests", requests])
-    finally:
-        mock.stop()
-    tokens = sum(r.get("output_tokens") or 0 for r in run["records"]
-                 if r.get("outcome") == "succeeded")
-    result["llm-replay"] = throughput(tokens, run)
+    for send_path in send_path_order(cfg):
+        key = variant_key(send_path)
+        mock = Mock(cfg.llm_replay, BURST, cfg.out_dir / f"{name}.{key}.truth.jsonl",
+                    cfg.out_dir / f"{name}.{key}.mock.log")
+        try:
+            run = run_llm_replay(cfg, mock.url, recording, name,
+                                 ["--concurrency", concurrency, "--requests", requests],
+                                 send_path=send_path)
+        finally:
+            mock.stop()
+        tokens = sum(r.get("output_tokens") or 0 for r in run["records"]
+                     if r.get("outcome") == "succeeded")
+        result[key] = throughput(tokens, run)
     mock = Mock(cfg.llm_replay, BURST, cfg.out_dir / f"{name}.minimal.truth.jsonl",
                 cfg.out_dir / f"{name}.minimal.mock.log")
     try:
@@ -420,18 +448,21 @@ def row_memory(cfg, streams):
     recording = cfg.out_dir / f"{name}.recording.jsonl"
     write_recording(recording, streams)
     result = {}
-    mock = Mock(cfg.llm_replay, SLOW, cfg.out_dir / f"{name}.llm-replay.truth.jsonl",
-                cfg.out_dir / f"{name}.llm-replay.mock.log")
-    try:
-        run = run_llm_replay(cfg, mock.url, recording, name,
-                             ["--concurrency", streams, "--requests", streams])
-    finally:
-        mock.stop()
-    workers = run["report"].get("run", {}).get("workers", [])
-    rss = [w.get("peak_rss_mb") for w in workers if w.get("peak_rss_mb") is not None]
-    succeeded = sum(1 for r in run["records"] if r.get("outcome") == "succeeded")
-    result["llm-replay"] = {"peak_rss_mb": max(rss) if rss else None,
-                            "succeeded": succeeded, "requests": len(run["records"])}
+    for send_path in send_path_order(cfg):
+        key = variant_key(send_path)
+        mock = Mock(cfg.llm_replay, SLOW, cfg.out_dir / f"{name}.{key}.truth.jsonl",
+                    cfg.out_dir / f"{name}.{key}.mock.log")
+        try:
+            run = run_llm_replay(cfg, mock.url, recording, name,
+                                 ["--concurrency", streams, "--requests", streams],
+                                 send_path=send_path)
+        finally:
+            mock.stop()
+        workers = run["report"].get("run", {}).get("workers", [])
+        rss = [w.get("peak_rss_mb") for w in workers if w.get("peak_rss_mb") is not None]
+        succeeded = sum(1 for r in run["records"] if r.get("outcome") == "succeeded")
+        result[key] = {"peak_rss_mb": max(rss) if rss else None,
+                       "succeeded": succeeded, "requests": len(run["records"])}
     mock = Mock(cfg.llm_replay, SLOW, cfg.out_dir / f"{name}.minimal.truth.jsonl",
                 cfg.out_dir / f"{name}.minimal.mock.log")
     try:
@@ -700,6 +731,35 @@ def build_table(rows):
     return "\n".join(lines)
 
 
+def send_path_lines(cfg, raw):
+    """Per row, each other send path against `h1` in the same runs: the ratio of every run
+    (other ÷ h1), their median and range. Lower is better except tokens per second."""
+    others = [p for p in cfg.send_paths if p != "h1"]
+    if not others:
+        return ""
+    metrics = {"ttft16": ["p50_ms", "p99_ms"], "ttft128": ["p50_ms", "p99_ms"],
+               "ttft1024": ["p50_ms", "p99_ms"], "tput": ["tokens_per_cpu_s", "tokens_per_s"],
+               "rss": ["peak_rss_mb"]}
+    lines = ["\nsend paths (ratio other ÷ h1 per run; median [min–max]):"]
+    for key, names in metrics.items():
+        for other in others:
+            for metric in names:
+                ratios, pairs = [], []
+                for run in raw.get(key) or []:
+                    base = (run or {}).get("llm-replay", {}).get(metric)
+                    value = (run or {}).get(variant_key(other), {}).get(metric)
+                    pairs.append(f"{fmt(base)}→{fmt(value)}")
+                    if ratio(value, base) is not None:
+                        ratios.append(ratio(value, base))
+                if not pairs:
+                    continue
+                spread = (f"{fmt(median(ratios))} [{fmt(min(ratios))}–{fmt(max(ratios))}]"
+                          if ratios else "–")
+                lines.append(f"  {key} {metric}: {other} ÷ h1 = {spread}; runs h1→{other}: "
+                             + ", ".join(pairs))
+    return "\n".join(lines)
+
+
 def median_of(runs):
     """The median of each numeric leaf over repeated runs of one row."""
     runs = [r for r in runs if r is not None]
@@ -794,11 +854,19 @@ def main():
     parser.add_argument("--coord-extra", default="",
                         help="more `llm-replay run` flags for the coord and coord-sim rows")
     parser.add_argument("--out-dir", default=str(REPO / "target/bench"))
+    parser.add_argument("--send-paths", default="h1",
+                        help="llm-replay's cleartext HTTP/1.1 transports to compare, run "
+                             "interleaved in every row: h1 (the default), hyper-conn or "
+                             "hyper-conn:BYTES (hyper's client::conn::http1, read buffer BYTES)")
     parser.add_argument("--no-stall-probe", action="store_true",
                         help="do not run bench/stall_probe.py on each core beside the rows")
     cfg = parser.parse_args()
     cfg.out_dir = Path(cfg.out_dir).resolve()
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    cfg.send_paths = [p for p in cfg.send_paths.split(",") if p]
+    if "h1" not in cfg.send_paths:
+        cfg.send_paths.insert(0, "h1")
+    cfg.run_index = 0
     if cfg.aiperf_python and not Path(cfg.aiperf_python).exists():
         print(f"note: no AIPerf at {cfg.aiperf_python}; its column stays empty", file=sys.stderr)
         cfg.aiperf_python = ""
@@ -826,13 +894,15 @@ def main():
     rows, raw, windows = {}, {}, {}
     probes = start_stall_probes(cfg)
     for key in keys:
-        repeats = 1 if key in ("image", "rss", "coord") or key.startswith("coord-sim") \
-            else cfg.repeat
+        # The rss row is repeated only when send paths are compared in it.
+        once = ("image", "coord") if len(cfg.send_paths) > 1 else ("image", "rss", "coord")
+        repeats = 1 if key in once or key.startswith("coord-sim") else cfg.repeat
         runs = []
         windows[key] = []
         for i in range(repeats):
             print(f"{key}: run {i + 1}/{repeats}", file=sys.stderr, flush=True)
             began = time.time()
+            cfg.run_index = i
             try:
                 runs.append(plan[key]())
             except Exception as error:  # one row failing must not lose the others
@@ -855,6 +925,7 @@ def main():
         json.dumps({"machine": machine, "median": rows, "runs": raw, "stalls": stalls},
                    indent=2, default=str))
     print(build_table(rows))
+    print(send_path_lines(cfg, raw))
     print(stall_lines(stalls))
     print(f"\nmachine: {machine['nproc']} cores, {machine['cpu']}; "
           f"load average at end {machine['load_avg_at_end']}; median of repeats; "

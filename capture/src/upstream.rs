@@ -283,43 +283,26 @@ fn copy_request(request: &http::Request<Full<Bytes>>) -> http::Request<Full<Byte
     copy
 }
 
-/// The cause of a failure, from the error's source chain (I/O, hyper and rustls errors are
-/// recognised; DNS failures by their message, as the resolver's error type is private).
+/// The cause of a failure, in the proxy's words: the classification the replay's client
+/// uses too (`common::transport::classify`, from the error's source chain), with a socket
+/// timeout named (`connecting timed out`) and the causes a proxy has no word for
+/// (`http2_only`: `--upstream-h2c` is the proxy's own flag) as [`FailureCause::Other`].
 pub fn classify(error: &(dyn StdError + 'static)) -> FailureCause {
-    let mut current: Option<&(dyn StdError + 'static)> = Some(error);
-    let mut fallback = FailureCause::Other;
-    while let Some(e) = current {
-        let mut next = e.source();
-        if e.downcast_ref::<rustls::Error>().is_some() {
-            return FailureCause::Tls;
-        }
-        if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            match io.kind() {
-                std::io::ErrorKind::ConnectionRefused => return FailureCause::Refused,
-                std::io::ErrorKind::TimedOut => return FailureCause::ConnectTimedOut,
-                std::io::ErrorKind::ConnectionReset
-                | std::io::ErrorKind::ConnectionAborted
-                | std::io::ErrorKind::BrokenPipe => return FailureCause::Reset,
-                std::io::ErrorKind::UnexpectedEof => fallback = FailureCause::ClosedBeforeResponse,
-                _ => {}
+    use common::measure::TransportCause;
+    use common::transport::ChainCause;
+    match common::transport::classify(error) {
+        ChainCause::TimedOut => FailureCause::ConnectTimedOut,
+        ChainCause::Transport(cause) => match cause {
+            TransportCause::Refused => FailureCause::Refused,
+            TransportCause::Reset => FailureCause::Reset,
+            TransportCause::ClosedBeforeResponse => FailureCause::ClosedBeforeResponse,
+            TransportCause::Tls(_) => FailureCause::Tls,
+            TransportCause::Dns => FailureCause::Dns,
+            TransportCause::ClosedAfterHead | TransportCause::Http2Only | TransportCause::Other => {
+                FailureCause::Other
             }
-            // An I/O error's `source()` skips its own payload, where rustls puts its error.
-            if let Some(payload) = io.get_ref() {
-                next = Some(payload as &(dyn StdError + 'static));
-            }
-        }
-        if let Some(hyper) = e.downcast_ref::<hyper::Error>()
-            && (hyper.is_incomplete_message() || hyper.is_canceled() || hyper.is_closed())
-        {
-            fallback = FailureCause::ClosedBeforeResponse;
-        }
-        let text = e.to_string();
-        if text.starts_with("dns error") || text.contains("failed to lookup address") {
-            return FailureCause::Dns;
-        }
-        current = next;
+        },
     }
-    fallback
 }
 
 /// An error and its causes, `: `-separated (hyper-util's own text is only its kind).

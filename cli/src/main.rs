@@ -3,9 +3,9 @@
 //! `capture`, `recordings`) return values and typed errors.
 
 mod commands;
-mod embedded;
 mod output_paths;
 mod print;
+mod run_bar;
 mod tools;
 
 use std::process::ExitCode;

@@ -23,22 +23,16 @@ pub struct Assignment {
     pub sets: Vec<(String, String)>,
     /// The slice never ends: the run's `--duration` stops it (`common::replay::is_open_ended`).
     pub open_ended: bool,
-    /// Per-request time limit.
-    pub timeout: Duration,
+    /// The run's options the worker applies as they are.
+    pub options: RequestOptions,
     /// Send `x-llm-replay-exchange: <index>` so the embedded mock matches exactly.
     pub tag_requests: bool,
     /// The worker's join index.
     pub worker_index: u32,
     /// How to reach the target beyond its URL.
     pub transport: TargetTransport,
-    /// Keep one record per request for `--requests-out`.
-    pub requests_out: bool,
-    /// How many exchanges the recorded schedule reads ahead to send them in `at_ms` order.
-    pub reorder_window: usize,
     /// The key this worker presents on its slice stream (never the shared token).
     pub slice_key: String,
-    /// Faithful replay: pinned output lengths and closed-loop sessions.
-    pub faithful: Faithful,
     /// How often the worker reports (and sends heartbeats); `None` = the worker's own
     /// interval. The coordinator lengthens it when many workers report to it.
     pub report_interval: Option<Duration>,
@@ -49,6 +43,35 @@ pub struct Assignment {
     /// coordinator lost after this long without a message from it. `None` (an older
     /// coordinator) = the worker's own `--heartbeat-timeout`.
     pub heartbeat_timeout: Option<Duration>,
+}
+
+/// The run's options a worker applies as they are, without reading or expanding anything:
+/// the coordinator fills them in from the run's options (`RunConfig::request_options`), the
+/// wire carries them (`proto::convert`), the worker's replay configuration holds them
+/// unchanged. A new run option the worker needs is a field here (ARCHITECTURE.md, "how to
+/// add a flag").
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestOptions {
+    /// Per-request time limit.
+    pub timeout: Duration,
+    /// Keep one record per request for `--requests-out`.
+    pub requests_out: bool,
+    /// How many exchanges the recorded schedule reads ahead to send them in `at_ms` order.
+    pub reorder_window: usize,
+    /// Faithful replay: pinned output lengths and closed-loop sessions.
+    pub faithful: Faithful,
+}
+
+impl Default for RequestOptions {
+    /// The command line's defaults.
+    fn default() -> RequestOptions {
+        RequestOptions {
+            timeout: crate::replay::DEFAULT_REQUEST_TIMEOUT,
+            requests_out: false,
+            reorder_window: crate::replay::DEFAULT_REORDER_WINDOW,
+            faithful: Faithful::default(),
+        }
+    }
 }
 
 /// How workers reach the target, beyond its URL.

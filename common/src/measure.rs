@@ -238,7 +238,7 @@ struct MeterState {
     usage_seen: bool,
     terminal: bool,
     error_frame: bool,
-    /// The first error frame's message, cleaned (`metrics::clean_message`).
+    /// The first error frame's message, cleaned (`error_text::clean_message`).
     error_message: Option<String>,
     now_us: u64,
     /// Reads that delivered at least one content frame, and the content frames counted
@@ -276,7 +276,7 @@ impl MeterState {
             Event::Error { message } => {
                 self.error_frame = true;
                 if self.error_message.is_none() {
-                    let cleaned = crate::metrics::clean_message(&message);
+                    let cleaned = crate::error_text::clean_message(&message);
                     self.error_message = (!cleaned.is_empty()).then_some(cleaned);
                 }
             }
@@ -542,22 +542,16 @@ pub fn noted_outcome(exchange: &Exchange) -> Option<RequestOutcome> {
     if exchange.response.as_ref().is_some_and(|r| r.has_timing()) {
         return None;
     }
-    let source = exchange.unknown.get("source")?;
-    let ms = |key: &str| {
-        source
-            .get(key)?
-            .as_f64()
-            .filter(|v| v.is_finite() && *v >= 0.0)
-    };
-    let (ttft, duration) = (ms("ttft_ms")?, ms("duration_ms")?);
-    let output_tokens = source.get("output_tokens")?.as_u64()?;
+    let source = exchange.source_note()?;
+    let ms = |value: Option<f64>| value.filter(|v| v.is_finite() && *v >= 0.0);
+    let (ttft, duration) = (ms(source.ttft_ms)?, ms(source.duration_ms)?);
+    let output_tokens = source.output_tokens?;
     if ttft > duration || output_tokens == 0 {
         return None;
     }
     let us = |ms: f64| (ms * 1000.0).round() as u64;
     let input_tokens = source
-        .get("input_tokens")
-        .and_then(serde_json::Value::as_u64)
+        .input_tokens
         .or_else(|| estimate_input_tokens(&exchange.request.body_bytes()));
     Some(RequestOutcome {
         kind: OutcomeKind::Succeeded,
@@ -575,6 +569,67 @@ pub fn noted_outcome(exchange: &Exchange) -> Option<RequestOutcome> {
         cached_input_tokens: None,
         coalesced: false,
     })
+}
+
+/// An exchange's output length as its recording shows it ([`recorded_output_length`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordedOutputLength {
+    /// Output tokens.
+    pub tokens: u64,
+    /// Where they were read.
+    pub source: OutputLengthSource,
+}
+
+/// Where a recorded output length was read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputLengthSource {
+    /// The recorded response's usage report.
+    Usage,
+    /// The recorded response's content frames, one token each (it reported no usage).
+    Frames,
+    /// The import's [`SourceNote`](crate::recording::SourceNote): the source counted them
+    /// and no response was recorded (an OpenTelemetry span, an Azure or BurstGPT trace).
+    SourceNote,
+}
+
+impl OutputLengthSource {
+    /// The name `recording stats` shows (`usage`, `frames`, `source`).
+    pub fn name(self) -> &'static str {
+        match self {
+            OutputLengthSource::Usage => "usage",
+            OutputLengthSource::Frames => "frames",
+            OutputLengthSource::SourceNote => "source",
+        }
+    }
+}
+
+/// How many tokens the recorded answer of `exchange` generated: the one definition of a
+/// recorded output length, which `--pin-output-length` asks for, `export` writes as
+/// `output_length` and `recording stats` counts as OSL.
+///
+/// From the recorded response as [`measure_recorded`] measures it: its usage report when it
+/// has one (a stream cut after it still generated that many), else one token per content
+/// frame of a complete answer (a cut stream's frames are a lower bound, not its length).
+/// Without a response, the import's source note when the source counted them. `None` for a
+/// failed answer (a recorded error generated nothing worth asking for), a cut one without
+/// usage, or no output at all; callers that need a number anyway fall back on what the
+/// request asked for (`max_tokens`), and say so.
+pub fn recorded_output_length(exchange: &Exchange) -> Option<RecordedOutputLength> {
+    let length =
+        |tokens: u64, source| (tokens > 0).then_some(RecordedOutputLength { tokens, source });
+    let Some(outcome) = measure_recorded(exchange) else {
+        let tokens = exchange.source_note()?.output_tokens?;
+        return length(tokens, OutputLengthSource::SourceNote);
+    };
+    match (outcome.kind, outcome.usage_output_tokens) {
+        (OutcomeKind::Succeeded | OutcomeKind::EndedEarly, Some(tokens)) => {
+            length(tokens, OutputLengthSource::Usage)
+        }
+        (OutcomeKind::Succeeded, None) => {
+            length(outcome.content_frames, OutputLengthSource::Frames)
+        }
+        _ => None,
+    }
 }
 
 /// Measure a whole recorded response: frames with their offsets in microseconds.
@@ -729,5 +784,74 @@ mod tests {
             noted_outcome(&exchange(&framed.to_string())).is_none(),
             "frames are measured instead"
         );
+    }
+
+    #[test]
+    fn the_recorded_output_length_is_usage_else_frames_of_a_whole_answer_else_the_source_note() {
+        let chat = |status: u16, frames: &[String]| -> Exchange {
+            let frames: Vec<serde_json::Value> = frames
+                .iter()
+                .enumerate()
+                .map(|(i, data)| serde_json::json!({"t_ms": 10.0 * i as f64, "data": data}))
+                .collect();
+            serde_json::from_value(serde_json::json!({
+                "request": {"path": "/v1/chat/completions", "body": "{\"stream\":true}"},
+                "response": {"status": status, "headers": {"content-type": "text/event-stream"},
+                             "frames": frames}
+            }))
+            .expect("exchange")
+        };
+        let usage =
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":42}}\n\n"
+                .to_owned();
+        let done = "data: [DONE]\n\n".to_owned();
+        let length = |ex: &Exchange| recorded_output_length(ex).map(|l| (l.tokens, l.source));
+        let tokens: Vec<String> = (0..5).map(token).collect();
+
+        let whole = [tokens.clone(), vec![usage.clone(), done.clone()]].concat();
+        assert_eq!(
+            length(&chat(200, &whole)),
+            Some((42, OutputLengthSource::Usage))
+        );
+        let without_usage = [tokens.clone(), vec![done.clone()]].concat();
+        assert_eq!(
+            length(&chat(200, &without_usage)),
+            Some((5, OutputLengthSource::Frames)),
+            "one token per content frame"
+        );
+        let cut_after_usage = [tokens.clone(), vec![usage.clone()]].concat();
+        assert_eq!(
+            length(&chat(200, &cut_after_usage)),
+            Some((42, OutputLengthSource::Usage)),
+            "a stream cut after its usage report generated that many"
+        );
+        assert_eq!(
+            length(&chat(200, &tokens)),
+            None,
+            "a cut stream's frames are no length"
+        );
+        assert_eq!(length(&chat(400, &whole)), None, "a failed answer");
+        let error = [
+            tokens.clone(),
+            vec![
+                "data: {\"error\":{\"message\":\"boom\"}}\n\n".to_owned(),
+                usage,
+                done,
+            ],
+        ]
+        .concat();
+        assert_eq!(length(&chat(200, &error)), None, "an error frame");
+
+        let span = exchange(SPAN);
+        assert_eq!(
+            length(&span),
+            Some((100, OutputLengthSource::SourceNote)),
+            "no response: the source counted them"
+        );
+        let mut uncounted: serde_json::Value = serde_json::from_str(SPAN).expect("JSON");
+        uncounted["source"]["output_tokens"] = serde_json::json!(0);
+        assert_eq!(length(&exchange(&uncounted.to_string())), None);
+        uncounted["source"] = serde_json::json!({"format": "openai-batch", "line": 3});
+        assert_eq!(length(&exchange(&uncounted.to_string())), None);
     }
 }

@@ -13,10 +13,11 @@ use crate::measure::{FailureKind, OutcomeKind, RequestOutcome, TransportCause};
 mod errors;
 mod sparse;
 
-pub use errors::{
-    ErrorSample, ErrorSummary, MAX_ERROR_BODY_KEPT, MAX_ERROR_SAMPLES, MAX_MESSAGE_CHARS,
-    MAX_MESSAGES_PER_GROUP, clean_message, error_message, redact_secrets,
+// The message of a failure is `error_text`'s; re-exported where the summary of them is.
+pub use crate::error_text::{
+    MAX_ERROR_BODY_KEPT, MAX_MESSAGE_CHARS, clean_message, error_message, redact_secrets,
 };
+pub use errors::{ErrorSample, ErrorSummary, MAX_ERROR_SAMPLES, MAX_MESSAGES_PER_GROUP};
 pub use sparse::{SparseHistogram, SparseMetrics};
 
 /// Significant digits kept by every histogram.
@@ -365,8 +366,13 @@ impl ConnectionCounts {
     }
 }
 
-/// What happened to a worker's slice beyond the per-request outcomes: the worker's engine
-/// counts them, its reports carry them, the coordinator adds them up.
+/// What happened to a slice's exchanges beyond the per-request outcomes (which `Counters`
+/// holds): the worker's engine counts them, its reports carry them, the coordinator adds
+/// them up per run and the report shows them, in this one type all the way.
+///
+/// The identity every slice holds: each exchange handed to a worker is answered (an outcome
+/// in `Counters`, measured or warm-up), never started, or lost in flight —
+/// [`SliceTotals::accounted`] is their sum.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SliceTotals {
     /// Requests sent (warm-up included).
@@ -377,6 +383,48 @@ pub struct SliceTotals {
     pub lost: u64,
     /// Exchanges sent late because they arrived outside the reorder window.
     pub sent_out_of_order: u64,
+}
+
+impl SliceTotals {
+    /// `self + other`, or `None` when a sum would wrap (a broken or hostile peer's counts).
+    pub fn checked_add(&self, other: &SliceTotals) -> Option<SliceTotals> {
+        Some(SliceTotals {
+            issued: self.issued.checked_add(other.issued)?,
+            not_started: self.not_started.checked_add(other.not_started)?,
+            lost: self.lost.checked_add(other.lost)?,
+            sent_out_of_order: self.sent_out_of_order.checked_add(other.sent_out_of_order)?,
+        })
+    }
+
+    /// Add `other` in, saturating: the coordinator's sum over checked reports, each bounded
+    /// far below `u64::MAX / workers`, so it never saturates in practice.
+    pub fn add(&mut self, other: &SliceTotals) {
+        self.issued = self.issued.saturating_add(other.issued);
+        self.not_started = self.not_started.saturating_add(other.not_started);
+        self.lost = self.lost.saturating_add(other.lost);
+        self.sent_out_of_order = self
+            .sent_out_of_order
+            .saturating_add(other.sent_out_of_order);
+    }
+
+    /// Every exchange these totals and the slice's `counters` account for: answered
+    /// (measured or warm-up), never started, lost in flight; `None` when the sum wraps.
+    pub fn accounted(&self, counters: &Counters) -> Option<u64> {
+        [
+            counters.succeeded,
+            counters.ended_early,
+            counters.failed_status,
+            counters.failed_error_frame,
+            counters.failed_transport,
+            counters.failed_timeout,
+            counters.failed_empty,
+            counters.warmup,
+            self.not_started,
+            self.lost,
+        ]
+        .into_iter()
+        .try_fold(0u64, u64::checked_add)
+    }
 }
 
 /// Transport failures by cause.

@@ -419,6 +419,109 @@ pub struct Response {
     pub unknown: serde_json::Map<String, serde_json::Value>,
 }
 
+/// The key of an exchange's [`SourceNote`] among its fields.
+pub const SOURCE_NOTE_KEY: &str = "source";
+
+/// The note `llm-replay import` leaves on each exchange it writes (its `source` field): the
+/// format and the place in the source it came from and, for a trace that measured the request
+/// itself, what it measured. The importers write it ([`Exchange::set_source_note`]); the
+/// baseline (`measure::noted_outcome`), the recorded output length
+/// (`measure::recorded_output_length`) and `recording stats` read it
+/// ([`Exchange::source_note`]).
+///
+/// Format v1 does not change: the note is one of the exchange's unknown fields, a JSON object
+/// with these keys, and it reads as leniently as any unknown field: a key of an unexpected
+/// type is kept among the [`details`](SourceNote::details), never an error.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct SourceNote {
+    /// The import format (`otel-genai`, `mooncake`, `azure-trace`, `burstgpt`, `har`,
+    /// `proxymock`, `openai-batch`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub format: Option<String>,
+    /// The source's line the exchange came from (1-based).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub line: Option<u64>,
+    /// The HAR entry it came from (0-based).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub entry: Option<u64>,
+    /// Output tokens the source counted (a span's usage, a trace's generated tokens).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_tokens: Option<u64>,
+    /// Input tokens the source counted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub input_tokens: Option<u64>,
+    /// Time to first token the source measured, ms from the start of the call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttft_ms: Option<f64>,
+    /// Duration of the call the source measured, ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<f64>,
+    /// What else the importer noted, as written (span and trace ids and name, a trace's model
+    /// or log type, Mooncake's requested lengths): shown, never measured.
+    #[serde(flatten)]
+    pub details: serde_json::Map<String, serde_json::Value>,
+}
+
+impl SourceNote {
+    /// A note of the import format `format`.
+    pub fn new(format: &str) -> SourceNote {
+        SourceNote {
+            format: Some(format.to_owned()),
+            ..SourceNote::default()
+        }
+    }
+
+    /// The note a JSON value holds; `None` when it is not an object. Each known key of the
+    /// wrong type stays in `details` as written.
+    pub fn from_json(value: &serde_json::Value) -> Option<SourceNote> {
+        use serde_json::Value;
+        let object = value.as_object()?;
+        let mut note = SourceNote::default();
+        for (key, value) in object {
+            let kept = match key.as_str() {
+                "format" => value.as_str().map(|v| note.format = Some(v.to_owned())),
+                "line" => value.as_u64().map(|v| note.line = Some(v)),
+                "entry" => value.as_u64().map(|v| note.entry = Some(v)),
+                "output_tokens" => value.as_u64().map(|v| note.output_tokens = Some(v)),
+                "input_tokens" => value.as_u64().map(|v| note.input_tokens = Some(v)),
+                "ttft_ms" => value.as_f64().map(|v| note.ttft_ms = Some(v)),
+                "duration_ms" => value.as_f64().map(|v| note.duration_ms = Some(v)),
+                _ => None,
+            };
+            if kept.is_none() {
+                note.details.insert(key.clone(), Value::clone(value));
+            }
+        }
+        Some(note)
+    }
+
+    /// The note as the JSON object written on disk.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).expect("a source note is strings, numbers and JSON values")
+    }
+}
+
+impl<'de> Deserialize<'de> for SourceNote {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<SourceNote, D::Error> {
+        let value = serde_json::Value::deserialize(deserializer)?;
+        SourceNote::from_json(&value)
+            .ok_or_else(|| serde::de::Error::custom("source: expected a JSON object"))
+    }
+}
+
+impl Exchange {
+    /// The import's [`SourceNote`], when the exchange has one (a `source` object).
+    pub fn source_note(&self) -> Option<SourceNote> {
+        SourceNote::from_json(self.unknown.get(SOURCE_NOTE_KEY)?)
+    }
+
+    /// Set the import's [`SourceNote`] (replacing any).
+    pub fn set_source_note(&mut self, note: &SourceNote) {
+        self.unknown
+            .insert(SOURCE_NOTE_KEY.to_owned(), note.to_json());
+    }
+}
+
 /// The bytes of one network read and their arrival offset from the moment the request was
 /// sent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -2158,5 +2261,37 @@ mod tests {
             Some("application/json")
         );
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn a_source_note_is_written_as_before_and_reads_leniently() {
+        let mut note = SourceNote::new("azure-trace");
+        note.line = Some(7);
+        note.output_tokens = Some(11);
+        note.details
+            .insert("trace_id".into(), serde_json::json!("abc"));
+        let mut ex: Exchange =
+            serde_json::from_str(r#"{"request":{"path":"/v1/chat/completions"}}"#).expect("line");
+        ex.set_source_note(&note);
+        // The same JSON the importers wrote by hand before the note had a type.
+        assert_eq!(
+            serde_json::to_string(&ex).expect("json"),
+            r#"{"request":{"method":"POST","path":"/v1/chat/completions"},"source":{"format":"azure-trace","line":7,"output_tokens":11,"trace_id":"abc"}}"#
+        );
+        assert_eq!(ex.source_note(), Some(note));
+        // A key of an unexpected type is kept as written, never an error; not an object: no note.
+        let odd: Exchange = serde_json::from_str(
+            r#"{"request":{"path":"/x"},"source":{"format":"har","output_tokens":"many","ttft_ms":12}}"#,
+        )
+        .expect("unknown fields never fail a line");
+        let read = odd.source_note().expect("an object");
+        assert_eq!(read.format.as_deref(), Some("har"));
+        assert_eq!(read.output_tokens, None);
+        assert_eq!(read.ttft_ms, Some(12.0));
+        assert_eq!(read.details["output_tokens"], serde_json::json!("many"));
+        assert_eq!(read.to_json()["output_tokens"], serde_json::json!("many"));
+        let text: Exchange =
+            serde_json::from_str(r#"{"request":{"path":"/x"},"source":"notes"}"#).expect("line");
+        assert_eq!(text.source_note(), None);
     }
 }

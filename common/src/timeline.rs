@@ -19,7 +19,7 @@ pub const MAX_BUCKET_US: u64 = 86_400_000_000;
 
 /// One worker's completions over time (wall clock, Unix microseconds of its own clock).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Timeline {
+pub struct CompletionTimeline {
     /// Start of the first bucket; meaningless while there are no buckets.
     pub origin_unix_us: u64,
     /// Width of every bucket.
@@ -45,7 +45,7 @@ pub enum TimelineError {
     Width(u64),
 }
 
-impl Timeline {
+impl CompletionTimeline {
     /// Count one succeeded request that completed at `end_unix_us` with `output_tokens`.
     pub fn record(&mut self, end_unix_us: u64, output_tokens: u64) {
         if self.completions.is_empty() {
@@ -145,7 +145,7 @@ mod tests {
 
     #[test]
     fn counts_land_in_their_buckets_whatever_the_order() {
-        let mut t = Timeline::default();
+        let mut t = CompletionTimeline::default();
         t.record(1_000_055_000, 10);
         t.record(1_000_005_000, 3);
         t.record(1_000_015_000, 4);
@@ -162,7 +162,7 @@ mod tests {
 
     #[test]
     fn a_long_run_coarsens_and_keeps_every_count() {
-        let mut t = Timeline::default();
+        let mut t = CompletionTimeline::default();
         let mut total = 0;
         for i in 0..200_000u64 {
             t.record(5_000_000 + i * 997, i % 7);

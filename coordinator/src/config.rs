@@ -740,6 +740,20 @@ impl RunArgs {
 }
 
 impl RunConfig {
+    /// The options every worker applies as they are (`common::assignment::RequestOptions`):
+    /// a new run option a worker needs is parsed above and handed over here.
+    pub fn request_options(&self) -> common::assignment::RequestOptions {
+        common::assignment::RequestOptions {
+            timeout: self.timeout,
+            requests_out: self.requests_out.is_some(),
+            reorder_window: self.reorder_window,
+            faithful: common::assignment::Faithful {
+                pin: self.faithful.pin,
+                closed_sessions: self.faithful.closed_sessions,
+            },
+        }
+    }
+
     /// Never more local workers than exchanges the run has to give (`--requests`, else the
     /// recording's `exchanges`), unless the run is open-ended: a worker past that count would
     /// start, join and get nothing. Returns the count asked for when it was lowered.

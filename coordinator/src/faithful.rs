@@ -1,108 +1,27 @@
-//! Faithful replay, the coordinator's side: which sessions a `--sample-sessions` run keeps,
-//! the recorded think time and output length carried with each exchange, the steady-state
-//! window cut from the workers' timelines, and the report's `faithful` section.
+//! Faithful replay, the coordinator's side: what the slice feeders attach to each exchange
+//! (the recorded output length and think time; which sessions are kept is `sessions`'), the
+//! steady-state window cut from the workers' timelines, and what fills the report's
+//! `faithful` section.
 //!
 //! Everything here is computed where the recording is read (the scan and the slice feeders)
 //! or from the workers' reports: workers only apply what arrives with each exchange.
 
-use std::collections::HashMap;
-
 use common::formats::pin::PinMode;
-use common::measure::{OutcomeKind, measure_recorded};
-use common::metrics::Stats;
+use common::measure::recorded_output_length;
 use common::recording::Exchange;
-use common::timeline::Timeline;
-use serde::{Deserialize, Serialize};
+use common::timeline::CompletionTimeline;
 
-use crate::report::Report;
+use crate::report::{FaithfulSection, Report, SampleSection};
 use crate::scan::RecordingScan;
+// Read where the recording is read (the scan, the feeders); named here too, where the
+// feeders take what they attach to each exchange.
+pub use crate::sessions::{SessionSample, ThinkTimes};
 
-/// `--sample-sessions FRACTION --seed N`: a deterministic subset of whole sessions.
-///
-/// The choice is a hash of (seed, session id) — of (seed, line index) for an exchange without
-/// a session — compared with the fraction, never a draw from a random sequence: the same
-/// sessions are kept whatever the number of workers, the order of reading, or the run.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SessionSample {
-    /// Share of sessions kept, in (0, 1].
-    pub fraction: f64,
-    pub seed: u64,
-}
-
-impl SessionSample {
-    /// True when the exchange at `index` (0-based line order of the recording) of `session`
-    /// is replayed.
-    pub fn keeps(&self, session: Option<&str>, index: u64) -> bool {
-        if self.fraction >= 1.0 {
-            return true;
-        }
-        let key = match session {
-            Some(session) => mix(self.seed, 1, session.as_bytes()),
-            None => mix(self.seed, 2, &index.to_le_bytes()),
-        };
-        // The top 53 bits as a uniform number in [0, 1).
-        ((key >> 11) as f64 / (1u64 << 53) as f64) < self.fraction
-    }
-}
-
-/// FNV-1a over (seed, kind, bytes), finished with SplitMix64 so that ids differing in one
-/// character land far apart.
-fn mix(seed: u64, kind: u8, bytes: &[u8]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in seed.to_le_bytes().iter().chain([kind].iter()).chain(bytes) {
-        hash ^= u64::from(*byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    hash = (hash ^ (hash >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    hash = (hash ^ (hash >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    hash ^ (hash >> 31)
-}
-
-/// Recorded think times, read in the recording's order: a session's turns are recorded one
-/// after the other (a turn starts after the previous one's answer), so file order is turn
-/// order within a session.
-#[derive(Debug, Default)]
-pub struct ThinkTimes {
-    /// Session → where its latest turn ended (`at_ms` + last frame `t_ms`), when known.
-    ended_ms: HashMap<String, Option<f64>>,
-}
-
-impl ThinkTimes {
-    /// The recorded think time before `exchange` (ms): its `at_ms` − (the previous turn's
-    /// `at_ms` + that turn's last frame `t_ms`), never negative. `None` for a session's first
-    /// turn, an exchange without a session, or when either side lacks the timing.
-    pub fn next(&mut self, exchange: &Exchange) -> Option<f64> {
-        let session = exchange.session.as_ref()?;
-        let ended = exchange.at_ms.and_then(|at| {
-            let last = exchange.response.as_ref()?.frames.last()?.t_ms?;
-            Some(at + last)
-        });
-        let previous = self.ended_ms.insert(session.clone(), ended)?;
-        Some((exchange.at_ms? - previous?).max(0.0))
-    }
-
-    /// Forget every session (a new pass over the recording renames them).
-    pub fn clear(&mut self) {
-        self.ended_ms.clear();
-    }
-}
-
-/// The output tokens the recording measured for `exchange` (usage when recorded, else
-/// content frames), when it recorded a successful answer with output.
+/// The output length `--pin-output-length` asks for: the one the recording shows for
+/// `exchange` ([`common::measure::recorded_output_length`], the same as `recording stats` and
+/// `export`).
 pub fn recorded_output_tokens(exchange: &Exchange) -> Option<u64> {
-    if exchange.response.is_none() {
-        // An importer without frames (OTel GenAI, Azure traces) keeps the source's usage in
-        // its `source` note: that is the recorded output length.
-        return exchange
-            .unknown
-            .get("source")
-            .and_then(|source| source.get("output_tokens"))
-            .and_then(serde_json::Value::as_u64)
-            .filter(|tokens| *tokens > 0);
-    }
-    let outcome = measure_recorded(exchange)?;
-    let tokens = outcome.output_tokens();
-    (outcome.kind == OutcomeKind::Succeeded && tokens > 0).then_some(tokens)
+    recorded_output_length(exchange).map(|length| length.tokens)
 }
 
 /// What the slice feeders attach to each exchange.
@@ -158,7 +77,7 @@ impl SteadyWindow {
 /// Cut the steady window from every worker's timeline; `offset_ns` is each worker's clock
 /// minus the coordinator's. `None` when a worker never reached its target or nobody sent a
 /// request after the load reached it.
-pub fn steady_window(workers: &[(Timeline, i64)]) -> Option<SteadyWindow> {
+pub fn steady_window(workers: &[(CompletionTimeline, i64)]) -> Option<SteadyWindow> {
     let to_coordinator = |unix_us: u64, offset_ns: i64| unix_us as f64 - offset_ns as f64 / 1000.0;
     let mut start = f64::NEG_INFINITY;
     let mut end = f64::NEG_INFINITY;
@@ -184,46 +103,6 @@ pub fn steady_window(workers: &[(Timeline, i64)]) -> Option<SteadyWindow> {
         requests,
         output_tokens,
     })
-}
-
-/// The report's `faithful` section: how faithfully the recording's users were replayed.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct FaithfulSection {
-    /// `max` or `strict` with `--pin-output-length`; absent otherwise.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pin_output_length: Option<String>,
-    /// `open` (turns at their recorded offsets) or `closed` (previous turn's replayed end +
-    /// recorded think time).
-    pub session_mode: String,
-    /// Recorded think times between turns (ms), when the recording has any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub think_time_ms: Option<Stats>,
-    /// The recording's span: first `at_ms` to the last frame of the last exchange, at
-    /// `--speed` (seconds).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub recorded_span_s: Option<f64>,
-    /// The replay's measured window (first request sent → last content frame), seconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub replayed_span_s: Option<f64>,
-    /// How far the replay stretched the recording's span: `(replayed / recorded − 1) · 100`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stretch_pct: Option<f64>,
-    /// `--sample-sessions`: what was kept.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sample: Option<SampleSection>,
-}
-
-/// What `--sample-sessions` kept.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SampleSection {
-    pub fraction: f64,
-    pub seed: u64,
-    /// Sessions kept, of all sessions in the recording.
-    pub sessions: u64,
-    pub of_sessions: u64,
-    /// Exchanges kept (with and without a session), of all exchanges.
-    pub exchanges: u64,
-    pub of_exchanges: u64,
 }
 
 /// What the run's faithful-replay section is built from.
@@ -304,6 +183,10 @@ pub fn apply_to_report(report: &mut Report, input: FaithfulInput<'_>) {
 
 #[cfg(test)]
 mod tests {
+    use common::measure::OutcomeKind;
+
+    use super::*;
+
     #[test]
     fn an_imported_exchange_without_a_response_pins_its_recorded_usage() {
         let line = r#"{"at_ms":0,"request":{"method":"POST","path":"/v1/chat/completions","body":"{}"},"source":{"format":"otel-genai","output_tokens":37}}"#;
@@ -314,60 +197,6 @@ mod tests {
         )
         .expect("a recording line");
         assert_eq!(recorded_output_tokens(&without), None);
-    }
-
-    use super::*;
-
-    #[test]
-    fn sampling_is_a_pure_function_of_seed_and_session() {
-        let sample = SessionSample {
-            fraction: 0.25,
-            seed: 7,
-        };
-        let kept: Vec<bool> = (0..4000)
-            .map(|i| sample.keeps(Some(&format!("conv-{i}")), i))
-            .collect();
-        let again: Vec<bool> = (0..4000)
-            .rev()
-            .map(|i| sample.keeps(Some(&format!("conv-{i}")), 99))
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect();
-        assert_eq!(kept, again, "the index does not matter for a session");
-        let share = kept.iter().filter(|k| **k).count() as f64 / 4000.0;
-        assert!((share - 0.25).abs() < 0.03, "{share}");
-        let other_seed = SessionSample { seed: 8, ..sample };
-        let differs = (0..4000)
-            .filter(|i| other_seed.keeps(Some(&format!("conv-{i}")), 0) != kept[*i as usize])
-            .count();
-        assert!(
-            differs > 500,
-            "another seed picks other sessions: {differs}"
-        );
-        let loose = (0..4000).filter(|i| sample.keeps(None, *i)).count() as f64 / 4000.0;
-        assert!((loose - 0.25).abs() < 0.03, "{loose}");
-    }
-
-    #[test]
-    fn think_time_is_next_start_minus_previous_end() {
-        let turn = |session: &str, at: f64, last_t: f64| -> Exchange {
-            serde_json::from_value(serde_json::json!({
-                "session": session, "at_ms": at,
-                "request": {"path": "/v1/chat/completions"},
-                "response": {"status": 200, "frames": [{"t_ms": 10.0, "data": "x"}, {"t_ms": last_t, "data": "y"}]}
-            }))
-            .expect("exchange")
-        };
-        let mut think = ThinkTimes::default();
-        assert_eq!(think.next(&turn("a", 0.0, 300.0)), None);
-        assert_eq!(think.next(&turn("b", 50.0, 100.0)), None);
-        assert_eq!(think.next(&turn("a", 500.0, 300.0)), Some(200.0));
-        assert_eq!(
-            think.next(&turn("b", 140.0, 100.0)),
-            Some(0.0),
-            "never negative"
-        );
     }
 
     #[test]
@@ -464,8 +293,8 @@ mod tests {
 
     #[test]
     fn the_steady_window_runs_from_the_last_target_to_the_last_send() {
-        let mut a = Timeline::default();
-        let mut b = Timeline::default();
+        let mut a = CompletionTimeline::default();
+        let mut b = CompletionTimeline::default();
         for i in 0..100u64 {
             a.record(1_000_000_000 + i * 10_000, 10);
             // b's clock is 5 ms ahead of the coordinator's.

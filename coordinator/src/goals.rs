@@ -1,15 +1,15 @@
 //! Goal expressions (`--fail-if 'llm.ttft-p95 > 800'`): parsing, the metric catalogue and
-//! evaluation against a finished [`Report`].
+//! evaluation against the numbers of a finished report.
 //!
 //! A goal is a *failure condition*: the goal fails when its condition holds. Goals only ever
 //! look at the merged report (never at one worker's share), so every goal sees the same numbers
-//! the user reads in the report.
+//! the user reads in the report. They read it through [`GoalValues`], which the report's
+//! sections answer (`Report::with_goals`): goals know the names and the rules, the report
+//! where each number is.
 
 use std::fmt;
 
 use common::metrics::{Metric, Stats};
-
-use crate::report::{LlmSection, Report, RequestsSection};
 
 /// Suffix that turns a metric into its percent change against the baseline.
 pub const CHANGE_SUFFIX: &str = ".change";
@@ -151,6 +151,15 @@ pub enum GoalError {
     },
 }
 
+/// Where goals read their numbers: one side of a comparison, the run or its baseline. The
+/// report's sections answer it.
+pub trait GoalValues {
+    /// The value of `quantity`; `None` when there is nothing to measure (no samples, no
+    /// measured window, no answered request) or when this side does not know it (a baseline
+    /// saved without its request counters).
+    fn value(&self, quantity: Quantity) -> Option<f64>;
+}
+
 impl Stat {
     /// Every goal statistic, in report order.
     pub const ALL: [Stat; 7] = [
@@ -270,24 +279,6 @@ impl Quantity {
             Quantity::RequestsFailed => "requests.failed".into(),
         }
     }
-
-    /// This quantity's value in a report's sections; `None` when there is nothing to measure
-    /// (no samples, no measured window, no answered request).
-    pub fn value(self, llm: &LlmSection, requests: &RequestsSection) -> Option<f64> {
-        match self {
-            Quantity::Stat { metric, stat } => llm.stats(metric).map(|s| stat.of(&s)),
-            Quantity::OutputThroughput => llm.output_tokens_per_second,
-            Quantity::RequestThroughput => llm.requests_per_second,
-            Quantity::OutputThroughputSteady => llm.output_tokens_per_second_steady,
-            Quantity::RequestThroughputSteady => llm.requests_per_second_steady,
-            Quantity::StreamsEndedEarly => Some(requests.ended_early as f64),
-            Quantity::Errors | Quantity::RequestsFailed => Some(requests.failed as f64),
-            Quantity::ErrorRate => requests.error_rate_pct(),
-            Quantity::EstimatedShare => llm.estimated_token_share_pct,
-            Quantity::CachedInputShare => llm.cached_input_share_pct,
-            Quantity::RequestsTotal => Some(requests.total as f64),
-        }
-    }
 }
 
 impl GoalMetric {
@@ -370,7 +361,8 @@ pub fn parse_goals<S: AsRef<str>>(exprs: &[S]) -> Result<Vec<Goal>, GoalError> {
     exprs.iter().map(|e| parse_goal(e.as_ref())).collect()
 }
 
-/// Evaluate `goals` against the merged numbers of `report`.
+/// Evaluate `goals` against the merged numbers of a run (`replayed`) and, for `.change`
+/// goals, of its `baseline`.
 ///
 /// A goal fails when its condition holds (`--fail-if`). A goal whose metric has **no value**
 /// also fails, with `value: null` and a `note` saying why: a distribution with no samples, a
@@ -378,15 +370,23 @@ pub fn parse_goals<S: AsRef<str>>(exprs: &[S]) -> Result<Vec<Goal>, GoalError> {
 /// metric when the report has no baseline (or the baseline has no value, or it is 0 while the
 /// replayed value is not, so the percent change is undefined). A CI gate must never pass
 /// silently because the data it tests is missing.
-pub fn evaluate(goals: &[Goal], report: &Report) -> Vec<GoalResult> {
+pub fn evaluate(
+    goals: &[Goal],
+    replayed: &dyn GoalValues,
+    baseline: Option<&dyn GoalValues>,
+) -> Vec<GoalResult> {
     goals
         .iter()
-        .map(|goal| evaluate_one(goal, report))
+        .map(|goal| evaluate_one(goal, replayed, baseline))
         .collect()
 }
 
-fn evaluate_one(goal: &Goal, report: &Report) -> GoalResult {
-    let (value, note) = goal_value(goal.metric, report);
+fn evaluate_one(
+    goal: &Goal,
+    replayed: &dyn GoalValues,
+    baseline: Option<&dyn GoalValues>,
+) -> GoalResult {
+    let (value, note) = goal_value(goal.metric, replayed, baseline);
     let failed = match value {
         Some(v) => goal.op.holds(v, goal.threshold),
         None => true,
@@ -402,37 +402,26 @@ fn evaluate_one(goal: &Goal, report: &Report) -> GoalResult {
     }
 }
 
-fn goal_value(metric: GoalMetric, report: &Report) -> (Option<f64>, Option<String>) {
+fn goal_value(
+    metric: GoalMetric,
+    replayed: &dyn GoalValues,
+    baseline: Option<&dyn GoalValues>,
+) -> (Option<f64>, Option<String>) {
     let quantity = metric.quantity;
-    let replayed = quantity.value(&report.llm, &report.requests);
+    let replayed = replayed.value(quantity);
     if !metric.change {
         let note = replayed
             .is_none()
             .then(|| format!("no value: {} has no samples in this run", quantity.name()));
         return (replayed, note);
     }
-    let Some(baseline) = &report.baseline else {
+    let Some(baseline) = baseline else {
         return (
             None,
             Some("no value: the report has no baseline to compare with".into()),
         );
     };
-    let baseline_value = match &baseline.requests {
-        Some(requests) => quantity.value(&baseline.llm, requests),
-        // Old reports carry only the baseline's `llm`: counters are then unknown.
-        None => match quantity {
-            Quantity::Stat { .. }
-            | Quantity::OutputThroughput
-            | Quantity::RequestThroughput
-            | Quantity::OutputThroughputSteady
-            | Quantity::RequestThroughputSteady
-            | Quantity::EstimatedShare
-            | Quantity::CachedInputShare => {
-                quantity.value(&baseline.llm, &RequestsSection::default())
-            }
-            _ => None,
-        },
-    };
+    let baseline_value = baseline.value(quantity);
     let (Some(b), Some(r)) = (baseline_value, replayed) else {
         let side = if baseline_value.is_none() {
             "the baseline"
@@ -538,7 +527,7 @@ mod tests {
     use common::metrics::RunMetrics;
 
     use super::*;
-    use crate::report::{Baseline, ReportInput, RequestTotals, RunInfo};
+    use crate::report::{Baseline, Report, ReportInput, RequestTotals, RunInfo};
 
     fn goal(expr: &str) -> Goal {
         parse_goal(expr).unwrap_or_else(|e| panic!("{expr}: {e}"))
@@ -769,7 +758,7 @@ mod tests {
     }
 
     fn result(expr: &str, report: &Report) -> GoalResult {
-        evaluate(&[goal(expr)], report).remove(0)
+        report.evaluate_goals(&[goal(expr)]).remove(0)
     }
 
     #[test]

@@ -1,20 +1,24 @@
-//! The coordinator of llm-replay: `run`'s options (`config`), the pre-scan of a recording
-//! (`scan`), sharding, the gRPC service the workers dial, the run supervisor, the report and
-//! its renderers, goals, and the `--requests-out` file.
+//! The coordinator of llm-replay: `run` as a library (`run`: a recording and options in, a
+//! report and its verdict out), its options (`config`), the pre-scan of a recording (`scan`),
+//! the embedded mock, sharding, the gRPC service the workers dial, one replay (`replay`) and
+//! its supervisor, the report and its renderers, goals, and the `--requests-out` file.
 //!
 //! Only this crate renders reports; the `llm-replay` CLI (`cli`) prints them and
 //! picks the exit code.
 
 pub mod config;
+pub mod embedded;
 pub mod faithful;
 pub mod goals;
 pub mod live;
-pub mod progress;
+pub mod outcome;
+pub mod replay;
 pub mod report;
 pub mod requests_out;
 pub mod run;
 pub mod scan;
 pub mod server;
+pub mod sessions;
 pub mod shard;
 pub mod supervisor;
 pub mod timeline;

@@ -18,7 +18,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 
-use crate::supervisor::Progress;
+use crate::supervisor::RunSnapshot;
 
 /// The histograms served, with their Prometheus names and help. Times are in seconds.
 const HISTOGRAMS: [(Metric, &str, &str); 7] = [
@@ -103,7 +103,7 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// once and retried after a pause.
 pub async fn serve(
     listener: TcpListener,
-    state: watch::Receiver<Progress>,
+    state: watch::Receiver<RunSnapshot>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
@@ -150,7 +150,7 @@ pub async fn serve(
     }
 }
 
-fn respond(request: &Request<Incoming>, state: &Progress) -> Response<Full<Bytes>> {
+fn respond(request: &Request<Incoming>, state: &RunSnapshot) -> Response<Full<Bytes>> {
     let (status, content_type, body) = if request.uri().path() == "/metrics" {
         (
             StatusCode::OK,
@@ -179,7 +179,7 @@ fn label_value(text: &str) -> String {
 }
 
 /// The Prometheus text exposition of one state.
-pub fn render(state: &Progress) -> String {
+pub fn render(state: &RunSnapshot) -> String {
     let mut out = String::new();
     let run = format!("run_id=\"{}\"", label_value(&state.run_id));
     let metrics: &RunMetrics = &state.metrics;
@@ -223,8 +223,8 @@ pub fn render(state: &Progress) -> String {
         ("failed_timeout", c.failed_timeout),
         ("failed_empty", c.failed_empty),
         ("warmup", c.warmup),
-        ("lost", state.lost),
-        ("not_started", state.not_started),
+        ("lost", state.totals.lost),
+        ("not_started", state.totals.not_started),
     ] {
         let _ = writeln!(
             out,
@@ -293,7 +293,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         // The state's sender may go: the last value stays readable.
-        let (_, state) = watch::channel(Progress::default());
+        let (_, state) = watch::channel(RunSnapshot::default());
         let (stop, stopped) = watch::channel(false);
         tokio::spawn(serve(listener, state, stopped));
         (addr, stop)
@@ -344,12 +344,12 @@ mod tests {
             metrics.record_value(Metric::Ttft, us);
         }
         metrics.counters.succeeded = 5;
-        let state = Progress {
+        let state = RunSnapshot {
             run_id: "r\"1".into(),
             metrics: std::sync::Arc::new(metrics),
             workers: 2,
             alive: 2,
-            ..Progress::default()
+            ..RunSnapshot::default()
         };
         let text = render(&state);
         let line = |le: &str| {

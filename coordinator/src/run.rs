@@ -1,375 +1,700 @@
-//! One replay: serve the gRPC link, start local workers (or wait for remote ones), and hand
-//! the run to the supervisor (`supervisor`), which joins, starts, watches and merges.
+//! `llm-replay run` as a library: a recording and options in, a report and its verdict out.
+//!
+//! [`RunPlan::prepare`] scans the recording (every line checked before any load), turns the
+//! options into a `RunConfig`, reads the goals and a saved baseline, and collects the
+//! warnings the input earns. [`RunPlan::execute`] opens `--requests-out`, starts the embedded
+//! mock when there is no target, replays every level the options ask for (one replay, or
+//! each level of a sweep), builds the report, compares it with the baseline, applies the
+//! faithful-replay checks, evaluates the goals and decides the verdict. The CLI checks the
+//! output paths between the two steps and keeps the terminal: the progress line, the live
+//! endpoint, printing and exit codes.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
 
-use common::assignment::{Assignment, Faithful};
-use common::metrics::{RunMetrics, SliceTotals, SparseMetrics};
-use tokio::sync::mpsc;
+use common::load::Schedule;
+use tokio::sync::watch;
 
-use crate::config::{GlobalLoad, RunConfig, WorkerSource};
-use crate::server::{CoordinatorService, ServiceState, WorkerEvent};
-use crate::shard::SlicePlan;
-use crate::supervisor::{Progress, RunIdentity, Settings, Supervisor};
+use crate::config::{BaselineSource, GlobalLoad, RunArgs, RunConfig, WorkerSource};
+use crate::goals::{Goal, parse_goals};
+use crate::outcome::{ReplayResult, RunError};
+use crate::replay::{ReplaySetup, replay};
+use crate::report::{
+    Baseline, Report, ReportInput, RequestTotals, RunInfo, SweepLevel, TimelinePoint, WorkerInfo,
+    compare_reports, rfc3339_utc,
+};
+use crate::requests_out::RequestsOut;
+use crate::scan::{RecordingScan, scan, scan_sampled};
+use crate::supervisor::RunSnapshot;
 
-/// How long a worker's HTTP/2 connection may be silent before the coordinator pings it; an
-/// unanswered ping closes it after the run's heartbeat timeout (never sooner: a stall
-/// shorter than the heartbeat timeout loses nobody).
-const LINK_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
-
-/// How long the end of a run waits for the worker link to close.
-const SERVER_SHUTDOWN_PATIENCE: Duration = Duration::from_secs(2);
-
-/// Why a run could not complete (exit code 3), or bad input found late (exit code 2).
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    #[error("{0}")]
-    Input(String),
-    #[error("{0}")]
-    Failed(String),
+/// A run whose input has been read and checked, ready to send load.
+pub struct RunPlan {
+    config: RunConfig,
+    scanned: RecordingScan,
+    /// Exchanges and sessions of the whole recording when `--sample-sessions` kept a part.
+    unsampled: Option<(u64, u64)>,
+    goals: Vec<Goal>,
+    /// `--baseline REPORT.json`: its path and the report read from it.
+    saved_baseline: Option<(PathBuf, Report)>,
+    /// What the input earned before any load (insecure transport, torn lines, ...).
+    warnings: Vec<String>,
+    /// Files the run reads, which no output may overwrite: (what, path).
+    read_files: Vec<(&'static str, PathBuf)>,
 }
 
-/// A worker's clock against the coordinator's, from NTP-style samples.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct ClockEstimate {
-    /// Worker clock − coordinator clock, nanoseconds.
-    pub offset_ns: i64,
-    /// Half the best round trip: the offset is known to ± this.
-    pub uncertainty_ns: u64,
+/// What the CLI hands a run: the signals and the live views it owns.
+pub struct RunHooks<'a> {
+    /// Turns true on SIGINT or SIGTERM: stop the load, collect what the workers have.
+    pub interrupt: watch::Receiver<bool>,
+    /// Live state for the progress line and the Prometheus endpoint; `None` when nobody
+    /// watches. One channel for every level of a sweep.
+    pub snapshots: Option<watch::Sender<RunSnapshot>>,
+    /// Told how many remote workers the run waits for and where it listens.
+    pub waiting_for_workers: &'a (dyn Fn(usize, SocketAddr) + Send + Sync),
+    /// The program local workers run (`PROGRAM worker --once ...`): the `llm-replay` binary.
+    pub worker_program: PathBuf,
 }
 
-/// One worker's part of a finished run.
-#[derive(Debug, Clone)]
-pub struct WorkerOutcome {
-    pub id: String,
-    pub host: String,
-    /// Exchanges this worker answered for (its slice, plus reassigned, minus re-routed).
-    pub assigned: u64,
-    pub totals: SliceTotals,
-    /// Its last report's metrics, as received (the run's are merged from them).
-    pub metrics: SparseMetrics,
-    pub lost: bool,
-    pub cpu_seconds: f64,
-    pub cores: u32,
-    pub peak_rss_bytes: u64,
-    pub clock: ClockEstimate,
-    /// When it actually started, in the coordinator's clock (Unix ns).
-    pub started_unix_ns: Option<u64>,
+/// A finished run: its report, and what it means for the exit code.
+#[derive(Debug)]
+pub struct RunOutcome {
+    pub report: Report,
+    /// `--requests-out` could not be written in full (said in the report's warnings too).
+    pub requests_out_failed: Option<String>,
+    pub verdict: Verdict,
 }
 
-/// The merged result of one replay.
-#[derive(Debug, Clone)]
-pub struct ReplayResult {
-    pub run_id: String,
-    pub started_at: SystemTime,
-    pub duration: Duration,
-    pub target: String,
-    pub metrics: RunMetrics,
-    pub workers: Vec<WorkerOutcome>,
-    pub status_codes: BTreeMap<u16, u64>,
-    /// TLS failures by problem (`unknown issuer` → count).
-    pub tls_problems: BTreeMap<String, u64>,
-    pub load: serde_json::Value,
-    pub not_started: u64,
-    pub lost: u64,
-    /// Largest difference between workers' actual start instants (ms).
-    pub start_skew_ms: Option<f64>,
-    pub warnings: Vec<String>,
-    /// True when a worker was lost and the run was aborted.
-    pub aborted: bool,
-    /// True when SIGINT or SIGTERM stopped the run (`aborted` is then true too).
-    pub interrupted: bool,
-    /// The run over time (`crate::timeline`).
-    pub timeline: Vec<crate::report::TimelinePoint>,
-    /// The steady-state window and what completed in it, when the load reached its target.
-    pub steady: Option<crate::faithful::SteadyWindow>,
+/// What a finished run means, most serious first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// The run did not do what it was for (interrupted, a worker lost with `fail`, a sweep
+    /// level that could not run, no response or no success): exit code 3, with why.
+    RunFailed(String),
+    /// A `--fail-if` goal failed: exit code 1.
+    GoalFailed,
+    /// Every goal held: exit code 0.
+    Passed,
 }
 
-/// The load model as the report shows it (`load` in the report JSON): derived from the run's
-/// `GlobalLoad` here and nowhere else.
-pub fn describe_load(load: &GlobalLoad, workers: usize) -> serde_json::Value {
-    serde_json::json!({
-        "schedule": load.schedule.name(),
-        "speed": load.schedule.speed(),
-        "concurrency": load.concurrency,
-        "rate": load.rate,
-        "arrival": load.rate.map(|_| load.arrival.name()),
-        "requests": load.requests,
-        "duration_s": load.duration.map(|d| d.as_secs_f64()),
-        "warmup": load.warmup,
-        "workers": workers,
+impl RunPlan {
+    /// Read and check everything a run needs before any load is sent. An input problem is
+    /// `RunError::Input` (exit code 2).
+    pub async fn prepare(args: RunArgs) -> Result<RunPlan, RunError> {
+        let recording = args.recording.clone();
+        let mut read_files: Vec<(&'static str, PathBuf)> =
+            vec![("the recording", recording.clone())];
+        for (what, path) in [
+            ("the --config file", &args.config),
+            ("the --tls-cert file", &args.tls_cert),
+            ("the --tls-key file", &args.tls_key),
+            ("the --tls-ca file", &args.tls_ca),
+        ] {
+            read_files.extend(path.clone().map(|path| (what, path)));
+        }
+        read_files.extend(
+            args.target_ca
+                .iter()
+                .map(|path| ("a --target-ca file", path.clone())),
+        );
+        let scanned = scan_blocking(recording.clone(), None).await?;
+        if scanned.exchanges == 0 {
+            return Err(RunError::Input(format!(
+                "{}: the recording has no exchanges",
+                recording.display()
+            )));
+        }
+        let mut config = args
+            .into_config(scanned.with_arrival > 0)
+            .map_err(|error| RunError::Input(format!("{error:#}")))?;
+        // A sampled run counts, measures and paces only the sessions it keeps.
+        let (scanned, unsampled) = match config.faithful.sample {
+            None => (scanned, None),
+            Some(sample) => {
+                let sampled = scan_blocking(recording.clone(), Some(sample)).await?;
+                if sampled.exchanges == 0 {
+                    return Err(RunError::Input(format!(
+                        "--sample-sessions {} --seed {}: keeps none of the {} exchanges of {}; raise the fraction or try another seed",
+                        sample.fraction,
+                        sample.seed,
+                        scanned.exchanges,
+                        recording.display()
+                    )));
+                }
+                let unsampled = (scanned.exchanges, scanned.sessions);
+                (sampled, Some(unsampled))
+            }
+        };
+        let goals = parse_goals(&config.goals).map_err(|error| RunError::Input(error.to_string()))?;
+        let saved_baseline = match &config.baseline {
+            BaselineSource::Report(path) => Some((path.clone(), read_saved_report(path)?)),
+            _ => None,
+        };
+        let mut warnings = input_warnings(&config, &scanned);
+        // Never more local workers than the run has exchanges to give.
+        if let Some(asked) = config.fit_workers_to(scanned.exchanges) {
+            warnings.push(format!(
+                "--workers {asked}: the run has {} exchanges to give, so {} workers start",
+                config.load.requests.unwrap_or(scanned.exchanges),
+                config.workers
+            ));
+        }
+        Ok(RunPlan {
+            config,
+            scanned,
+            unsampled,
+            goals,
+            saved_baseline,
+            warnings,
+            read_files,
+        })
+    }
+
+    /// The run's validated options.
+    pub fn config(&self) -> &RunConfig {
+        &self.config
+    }
+
+    /// Files the run reads: (what, path), for the CLI's check that no output overwrites one.
+    pub fn read_files(&self) -> &[(&'static str, PathBuf)] {
+        &self.read_files
+    }
+
+    /// Send the load, level by level, and turn what was measured into a report and a
+    /// verdict. `Err` only when nothing was measured: bad input found late
+    /// (`RunError::Input`) or a first replay that could not run (`RunError::Failed`).
+    pub async fn execute(self, hooks: RunHooks<'_>) -> Result<RunOutcome, RunError> {
+        let RunPlan {
+            config,
+            scanned,
+            unsampled,
+            goals,
+            saved_baseline,
+            mut warnings,
+            read_files: _,
+        } = self;
+        // Opened before any load is sent: a path that cannot be written is found now.
+        let requests_out = match &config.requests_out {
+            Some(path) => Some(Arc::new(RequestsOut::create(path).map_err(|error| {
+                RunError::Input(format!(
+                    "--requests-out {}: cannot write: {error}",
+                    path.display()
+                ))
+            })?)),
+            None => None,
+        };
+        // With no target, an embedded mock serves the recorded streams at their recorded
+        // timing.
+        let (target, embedded) = match &config.target {
+            Some(target) => (target.clone(), None),
+            None => {
+                let mock = crate::embedded::start_embedded(&config.recording)
+                    .map_err(|error| RunError::Failed(format!("embedded mock: {error:#}")))?;
+                (mock.url.clone(), Some(mock))
+            }
+        };
+        let levels = Levels::of(&config);
+        let replayed = levels
+            .replay_all(
+                &config,
+                LevelInputs {
+                    target: &target,
+                    tag_requests: embedded.is_some() || config.tag_requests,
+                    exchanges: scanned.exchanges,
+                    pass_span_ms: pass_span_ms(&scanned),
+                    requests_out: requests_out.clone(),
+                    hooks: &hooks,
+                },
+            )
+            .await;
+        // The progress line is complete before the report is built: nothing more is sent.
+        drop(hooks);
+        if let Some(mock) = embedded {
+            mock.stop().await;
+        }
+        let Replayed {
+            levels: results,
+            failed: level_failed,
+        } = replayed?;
+        if let Some(error) = &level_failed {
+            warnings.push(format!(
+                "the sweep stopped: a level{} could not run: {}; the levels before it are reported",
+                error
+                    .level
+                    .map_or_else(String::new, |c| format!(" (concurrency {c})")),
+                error.error
+            ));
+        }
+        // A failure writing --requests-out is a failed run like a report that cannot be
+        // written: said in the report, and by the CLI after the other outputs.
+        let mut requests_out_failed = None;
+        if let Some(out) = &requests_out
+            && let Err(error) = out.finish()
+        {
+            let message = format!(
+                "--requests-out {}: cannot write: {error}",
+                out.path().display()
+            );
+            warnings.push(message.clone());
+            requests_out_failed = Some(message);
+        }
+        let report = ReportParts {
+            config: &config,
+            scanned: &scanned,
+            levels: &results,
+            warnings,
+        }
+        .build();
+        let report = match saved_baseline {
+            Some((path, saved)) => compare_reports(&report, &saved, &path.display().to_string()),
+            None => report,
+        };
+        let (_, main) = results.last().expect("replay_all returns at least one level");
+        let mut report = report;
+        crate::faithful::apply_to_report(
+            &mut report,
+            crate::faithful::FaithfulInput {
+                options: &config.faithful,
+                recorded_speed: match config.load.schedule {
+                    Schedule::Recorded { speed } if config.sweep.is_empty() => Some(speed),
+                    _ => None,
+                },
+                scan: &scanned,
+                unsampled,
+                steady: main.steady,
+            },
+        );
+        let report = report.with_goals(&goals);
+        let verdict = verdict(&report, &target, main, level_failed.as_ref());
+        Ok(RunOutcome {
+            report,
+            requests_out_failed,
+            verdict,
+        })
+    }
+}
+
+/// The levels a run replays: one, or each concurrency of `--sweep-concurrency` in turn.
+enum Levels {
+    Single,
+    Sweep(Vec<usize>),
+}
+
+/// What every level of a run shares.
+struct LevelInputs<'a> {
+    target: &'a str,
+    tag_requests: bool,
+    exchanges: u64,
+    pass_span_ms: f64,
+    requests_out: Option<Arc<RequestsOut>>,
+    hooks: &'a RunHooks<'a>,
+}
+
+/// The levels measured, in order (at least one), and the one that could not run, if any.
+struct Replayed {
+    levels: Vec<(Option<usize>, ReplayResult)>,
+    failed: Option<LevelFailed>,
+}
+
+/// A sweep level that could not run after earlier levels were measured.
+struct LevelFailed {
+    level: Option<usize>,
+    error: RunError,
+}
+
+impl Levels {
+    fn of(config: &RunConfig) -> Levels {
+        if config.sweep.is_empty() {
+            Levels::Single
+        } else {
+            Levels::Sweep(config.sweep.clone())
+        }
+    }
+
+    /// Each level's concurrency (`None`: the run's own load).
+    fn concurrencies(&self) -> Vec<Option<usize>> {
+        match self {
+            Levels::Single => vec![None],
+            Levels::Sweep(levels) => levels.iter().copied().map(Some).collect(),
+        }
+    }
+
+    /// Replay every level in turn, stopping after an aborted one. A later level that cannot
+    /// run keeps the levels measured before it.
+    async fn replay_all(
+        &self,
+        config: &RunConfig,
+        inputs: LevelInputs<'_>,
+    ) -> Result<Replayed, RunError> {
+        let mut results = Vec::new();
+        for level in self.concurrencies() {
+            let (level_config, load) = level_config(config, level);
+            let setup = ReplaySetup {
+                config: &level_config,
+                load,
+                target: inputs.target.to_owned(),
+                tag_requests: inputs.tag_requests,
+                exchanges: inputs.exchanges,
+                pass_span_ms: inputs.pass_span_ms,
+                requests_out: inputs.requests_out.clone(),
+                interrupt: inputs.hooks.interrupt.clone(),
+                progress: inputs.hooks.snapshots.clone(),
+                waiting_for_workers: inputs.hooks.waiting_for_workers,
+                worker_program: &inputs.hooks.worker_program,
+            };
+            match replay(setup).await {
+                Ok(result) => {
+                    let aborted = result.aborted;
+                    results.push((level, result));
+                    if aborted {
+                        break;
+                    }
+                }
+                Err(error) if !results.is_empty() => {
+                    return Ok(Replayed {
+                        levels: results,
+                        failed: Some(LevelFailed { level, error }),
+                    });
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(Replayed {
+            levels: results,
+            failed: None,
+        })
+    }
+}
+
+/// The options of one level: a sweep level replays as fast as its concurrency allows, with
+/// no more local workers than streams.
+fn level_config(config: &RunConfig, level: Option<usize>) -> (RunConfig, GlobalLoad) {
+    let mut load = config.load.clone();
+    let mut level_config = config.clone();
+    if let Some(concurrency) = level {
+        load.concurrency = Some(concurrency);
+        load.schedule = Schedule::Asap;
+        load.rate = None;
+        if let WorkerSource::Local(n) = config.source {
+            level_config.source = WorkerSource::Local(n.min(concurrency));
+        }
+    }
+    (level_config, load)
+}
+
+/// One pass over the recording's schedule, in ms: its last arrival plus one average gap.
+fn pass_span_ms(scanned: &RecordingScan) -> f64 {
+    if scanned.exchanges > 1 {
+        scanned.max_at_ms * scanned.exchanges as f64 / (scanned.exchanges - 1) as f64
+    } else {
+        scanned.max_at_ms + 1000.0
+    }
+}
+
+async fn scan_blocking(
+    path: PathBuf,
+    sample: Option<crate::faithful::SessionSample>,
+) -> Result<RecordingScan, RunError> {
+    match tokio::task::spawn_blocking(move || match sample {
+        None => scan(&path),
+        Some(sample) => scan_sampled(&path, Some(&sample)),
+    })
+    .await
+    {
+        Ok(Ok(scanned)) => Ok(scanned),
+        Ok(Err(error)) => Err(RunError::Input(error.to_string())),
+        Err(error) => Err(RunError::Failed(error.to_string())),
+    }
+}
+
+/// A saved report (`--report-json` output), read for `--baseline`.
+pub fn read_saved_report(path: &std::path::Path) -> Result<Report, RunError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| RunError::Input(format!("{}: {e}", path.display())))?;
+    Report::from_json(&text).map_err(|e| RunError::Input(format!("{}: {e}", path.display())))
+}
+
+/// The warnings a run's input earns before any load is sent.
+fn input_warnings(config: &RunConfig, scanned: &RecordingScan) -> Vec<String> {
+    let recording = config.recording.display();
+    let mut warnings = Vec::new();
+    if config.transport.insecure {
+        warnings.push(
+            "INSECURE: the target's TLS certificate was not verified (--insecure); anyone on the path could have answered"
+                .to_string(),
+        );
+    }
+    if let Some(line) = scanned.torn_last_line {
+        warnings.push(format!(
+            "{recording}:{line}: torn last line (the recorder stopped mid-line); it was not replayed"
+        ));
+    }
+    if scanned.skipped_long_lines > 0 {
+        let lines: Vec<String> = scanned
+            .skipped_long_line_numbers
+            .iter()
+            .map(u64::to_string)
+            .collect();
+        warnings.push(format!(
+            "{recording}: {} line(s) over the reader's length cap skipped, not replayed (lines {}{})",
+            scanned.skipped_long_lines,
+            lines.join(", "),
+            if scanned.skipped_long_lines > lines.len() as u64 {
+                ", ..."
+            } else {
+                ""
+            }
+        ));
+    }
+    warnings
+}
+
+/// What the report is built from: the run's options, its recording and every level.
+struct ReportParts<'a> {
+    config: &'a RunConfig,
+    scanned: &'a RecordingScan,
+    /// Each level and its result, in order; the last is the run's main result.
+    levels: &'a [(Option<usize>, ReplayResult)],
+    warnings: Vec<String>,
+}
+
+impl ReportParts<'_> {
+    fn build(self) -> Report {
+        let config = self.config;
+        let (_, result) = self.levels.last().expect("at least one level ran");
+        let sweep: Vec<SweepLevel> = match Levels::of(config) {
+            Levels::Single => Vec::new(),
+            Levels::Sweep(_) => self
+                .levels
+                .iter()
+                .map(|(level, result)| SweepLevel {
+                    concurrency: level.unwrap_or(0) as u32,
+                    metrics: result.metrics.clone(),
+                    requests: request_totals(result),
+                })
+                .collect(),
+        };
+        let timeline: Vec<TimelinePoint> =
+            crate::timeline::join_levels(self.levels.iter().map(|(level, result)| {
+                let level = level.map(|c| c as u32);
+                (level, result.started_at, &result.timeline[..])
+            }));
+        let mut warnings = result.warnings.clone();
+        warnings.extend(self.warnings);
+        Report::build(ReportInput {
+            run: run_info(config, result),
+            metrics: &result.metrics,
+            requests: request_totals(result),
+            baseline: recorded_baseline(config, self.scanned),
+            sweep,
+            warnings,
+            timeline,
+        })
+    }
+}
+
+/// The report's `run` section: who ran what, when, against what, on which workers.
+fn run_info(config: &RunConfig, result: &ReplayResult) -> RunInfo {
+    let started_us = result
+        .started_at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0);
+    let seconds = result.duration.as_secs_f64();
+    let workers = result
+        .workers
+        .iter()
+        .map(|w| WorkerInfo {
+            id: w.id.clone(),
+            host: w.host.clone(),
+            assigned: w.assigned,
+            completed: w.metrics.counters.completed(),
+            lost: w.totals.lost,
+            clock_offset_ms: Some(w.clock.offset_ns as f64 / 1e6),
+            disconnected: w.lost,
+            version: None,
+            peak_rss_mb: (w.peak_rss_bytes > 0).then(|| w.peak_rss_bytes as f64 / 1_048_576.0),
+            cpu_seconds: Some(w.cpu_seconds),
+            clock_uncertainty_ms: Some(w.clock.uncertainty_ns as f64 / 1e6),
+            schedule_lag_p99_ms: w
+                .metrics
+                .stats(common::metrics::Metric::ScheduleLag)
+                .map(|s| s.p99),
+            cpu_pct: (w.cores > 0 && seconds > 0.0)
+                .then(|| 100.0 * w.cpu_seconds / seconds / f64::from(w.cores)),
+        })
+        .collect();
+    RunInfo {
+        id: result.run_id.clone(),
+        started_at: rfc3339_utc(started_us),
+        duration_s: seconds,
+        target: if config.target.is_some() {
+            common::recording::redact_url(&result.target)
+        } else {
+            format!("embedded mock ({}) at recorded timing", result.target)
+        },
+        load: result.load.clone(),
+        start_skew_ms: result.start_skew_ms,
+        start_skew_bound_ms: crate::supervisor::start_skew_bound_ms(&result.workers),
+        workers,
+        insecure: config.transport.insecure,
+    }
+}
+
+/// The recording's own measurement, when the run compares against it.
+fn recorded_baseline<'a>(config: &RunConfig, scanned: &'a RecordingScan) -> Option<Baseline<'a>> {
+    let (BaselineSource::Recorded, Some(metrics)) = (&config.baseline, &scanned.baseline) else {
+        return None;
+    };
+    let recording = config.recording.display();
+    Some(Baseline {
+        source: if scanned.with_source_timing > 0 {
+            format!(
+                "recording {recording} ({} of {} exchanges timed by their source, e.g. a span)",
+                scanned.with_source_timing,
+                scanned.with_frame_timing + scanned.with_source_timing
+            )
+        } else {
+            format!("recording {recording}")
+        },
+        metrics,
     })
 }
 
-/// Everything a worker's assignment is made of; one per replay.
-#[derive(Clone)]
-struct AssignmentPlan {
-    run_id: String,
-    target: String,
-    config: RunConfig,
-    load: GlobalLoad,
-    workers: usize,
-    tag_requests: bool,
-    open_ended: bool,
-}
-
-impl AssignmentPlan {
-    /// The assignment of worker `index`: its share of the global concurrency, rate and
-    /// warm-up (shares differ by at most one), and the run-wide target and request options.
-    /// The slice key is set per worker by the service, after the token challenge.
-    fn for_worker(&self, index: usize) -> Assignment {
-        let config = &self.config;
-        Assignment {
-            run_id: self.run_id.clone(),
-            target: self.target.clone(),
-            load: self
-                .load
-                .worker_share(self.workers, index, config.seed.unwrap_or(DEFAULT_SEED)),
-            headers: config.headers.clone(),
-            sets: config.sets.clone(),
-            open_ended: self.open_ended,
-            timeout: config.timeout,
-            tag_requests: self.tag_requests,
-            worker_index: u32::try_from(index).unwrap_or(u32::MAX),
-            transport: config.transport.clone(),
-            requests_out: config.requests_out.is_some(),
-            reorder_window: config.reorder_window,
-            slice_key: String::new(),
-            faithful: Faithful {
-                pin: config.faithful.pin,
-                closed_sessions: config.faithful.closed_sessions,
-            },
-            report_interval: Some(crate::supervisor::report_interval_for(
-                self.workers,
-                config.heartbeat_timeout,
-            )),
-            // This coordinator reads plain V2: no inflating per report (most of its CPU
-            // with hundreds of workers).
-            histograms: common::metrics::HistogramEncoding::Plain,
-            // Both ends of the link give up on the other after the same silence.
-            heartbeat_timeout: Some(config.heartbeat_timeout),
-        }
+fn request_totals(result: &ReplayResult) -> RequestTotals {
+    RequestTotals {
+        lost: result.totals.lost,
+        not_started: result.totals.not_started,
+        status_codes: result.status_codes.clone(),
+        tls_problems: result.tls_problems.clone(),
     }
 }
 
-/// The seed of worker 0's Poisson arrivals without `--seed` (worker `i` adds `i`).
-const DEFAULT_SEED: u64 = 0x5eed_0000;
-
-/// Inputs of one replay that do not change between sweep levels.
-pub struct ReplaySetup<'a> {
-    pub config: &'a RunConfig,
-    pub load: GlobalLoad,
-    pub target: String,
-    pub tag_requests: bool,
-    pub exchanges: u64,
-    pub pass_span_ms: f64,
-    /// `--requests-out`, shared by every level of a sweep.
-    pub requests_out: Option<Arc<crate::requests_out::RequestsOut>>,
-    /// Turns true on SIGINT or SIGTERM: stop the load, collect what the workers have.
-    pub interrupt: tokio::sync::watch::Receiver<bool>,
-    /// Live progress for a person watching (the CLI renders it); `None` when nobody is.
-    pub progress: Option<tokio::sync::watch::Sender<Progress>>,
-    /// Told how many remote workers the run waits for and where it listens, once it does
-    /// (the CLI prints how to start them).
-    pub waiting_for_workers: &'a (dyn Fn(usize, SocketAddr) + Send + Sync),
-}
-
-fn tls_server_config(
-    tls: &crate::config::LinkTls,
-) -> Result<tonic::transport::ServerTlsConfig, RunError> {
-    let read = |path: &std::path::Path| {
-        std::fs::read(path).map_err(|e| RunError::Input(format!("{}: {e}", path.display())))
-    };
-    let mut config = tonic::transport::ServerTlsConfig::new().identity(
-        tonic::transport::Identity::from_pem(read(&tls.cert)?, read(&tls.key)?),
-    );
-    if let Some(ca) = &tls.client_ca {
-        config = config.client_ca_root(tonic::transport::Certificate::from_pem(read(ca)?));
+/// The run's verdict, most serious cause first.
+fn verdict(
+    report: &Report,
+    target: &str,
+    main: &ReplayResult,
+    level_failed: Option<&LevelFailed>,
+) -> Verdict {
+    let target = common::recording::redact_url(target);
+    if main.interrupted {
+        return Verdict::RunFailed("the run was interrupted (partial report above)".into());
     }
-    Ok(config)
-}
-
-/// Run one replay.
-pub async fn replay(setup: ReplaySetup<'_>) -> Result<ReplayResult, RunError> {
-    let config = setup.config;
-    let load = setup.load.clone();
-    let workers = match &config.source {
-        WorkerSource::Local(n) => *n,
-        WorkerSource::Remote { expect, .. } => *expect,
-    };
-    let run_id = uuid::Uuid::new_v4().to_string();
-    let open_ended = load.is_open_ended();
-    let plan = SlicePlan {
-        recording: config.recording.clone(),
-        workers,
-        exchanges: setup.exchanges,
-        requests: load.requests,
-        open_ended,
-        pass_span_ms: setup.pass_span_ms,
-        faithful: config.faithful.slice(),
-    };
-
-    let (events_tx, events) = mpsc::channel::<WorkerEvent>(1024);
-    let assignment = AssignmentPlan {
-        run_id: run_id.clone(),
-        target: setup.target.clone(),
-        config: config.clone(),
-        load: load.clone(),
-        workers,
-        tag_requests: setup.tag_requests,
-        open_ended,
-    };
-    // Local workers get a fresh random token, so nothing else on the machine can join.
-    let token = match (&config.source, &config.token) {
-        (_, Some(token)) => Some(token.clone()),
-        (WorkerSource::Local(_), None) => Some(uuid::Uuid::new_v4().to_string()),
-        (WorkerSource::Remote { .. }, None) => None,
-    };
-    let state = Arc::new(ServiceState::new(
-        workers,
-        token.clone(),
-        Box::new(move |index| assignment.for_worker(index)),
-        events_tx,
-        setup.requests_out.clone(),
-    ));
-    let listen = match &config.source {
-        WorkerSource::Local(_) => "127.0.0.1:0".to_owned(),
-        WorkerSource::Remote { listen, .. } => listen.clone(),
-    };
-    let listener = tokio::net::TcpListener::bind(&listen)
-        .await
-        .map_err(|e| RunError::Failed(format!("cannot listen for workers on {listen}: {e}")))?;
-    let addr: SocketAddr = listener
-        .local_addr()
-        .map_err(|e| RunError::Failed(format!("cannot listen for workers: {e}")))?;
-    // HTTP/2 keepalive from this side too: a link that stalls is found by both ends, not
-    // only by the worker's pings.
-    let mut builder = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
-        .http2_keepalive_interval(Some(LINK_KEEPALIVE_INTERVAL))
-        .http2_keepalive_timeout(Some(config.heartbeat_timeout));
-    if let Some(tls) = &config.tls {
-        builder = builder
-            .tls_config(tls_server_config(tls)?)
-            .map_err(|e| RunError::Input(format!("TLS configuration: {e}")))?;
-    }
-    let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
-    let service = CoordinatorService {
-        state: state.clone(),
-    };
-    let server = tokio::spawn(async move {
-        builder
-            .add_service(
-                proto::v1::coordinator_server::CoordinatorServer::new(service)
-                    .max_decoding_message_size(64 * 1024 * 1024),
-            )
-            .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(listener),
-                async {
-                    let _ = server_stopped.await;
-                },
-            )
-            .await
-    });
-
-    let children = match &config.source {
-        WorkerSource::Local(n) => start_local_workers(*n, addr, config, token.as_deref())?,
-        WorkerSource::Remote { expect, .. } => {
-            (setup.waiting_for_workers)(*expect, addr);
-            Vec::new()
-        }
-    };
-
-    let identity = RunIdentity {
-        run_id: run_id.clone(),
-        target: setup.target.clone(),
-        load: describe_load(&load, workers),
-        scheduled: load.is_scheduled(),
-    };
-    let mut settings = Settings::from_config(config, workers);
-    settings.load_duration = load.duration;
-    let result = Supervisor::new(
-        settings,
-        plan,
-        identity,
-        events,
-        setup.interrupt.clone(),
-        setup.progress.clone(),
-    )
-    .with_requests_out(setup.requests_out.clone())
-    .run()
-    .await;
-
-    let _ = stop_server.send(());
-    // A graceful shutdown waits for every stream to end, and a worker behind a stalled link
-    // may hold one for as long as the stall lasts: the report does not wait for it.
-    if tokio::time::timeout(SERVER_SHUTDOWN_PATIENCE, server)
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            "the worker link did not close within {SERVER_SHUTDOWN_PATIENCE:?} (a stalled link?); the report goes on without it"
+    if main.aborted {
+        return Verdict::RunFailed(
+            "the run was aborted: a worker was lost (partial report above)".into(),
         );
     }
-    for mut child in children {
-        if tokio::time::timeout(Duration::from_secs(5), child.wait())
-            .await
-            .is_err()
-        {
-            let _ = child.kill().await;
-        }
+    if let Some(failed) = level_failed {
+        return Verdict::RunFailed(format!(
+            "a sweep level could not run: {} (the levels before it are above)",
+            failed.error
+        ));
     }
-    result
+    if let Some(message) = no_response(&target, main) {
+        return Verdict::RunFailed(message);
+    }
+    if let Some(message) = none_succeeded(&target, main) {
+        return Verdict::RunFailed(message);
+    }
+    if report.any_goal_failed() {
+        return Verdict::GoalFailed;
+    }
+    Verdict::Passed
 }
 
-/// Start `n` local worker processes: this program's `worker` command, dialling the
-/// coordinator at `addr` over loopback gRPC with the link token. The one place their command
-/// line is written.
-fn start_local_workers(
-    n: usize,
-    addr: std::net::SocketAddr,
-    config: &RunConfig,
-    token: Option<&str>,
-) -> Result<Vec<tokio::process::Child>, RunError> {
-    let exe = std::env::current_exe()
-        .map_err(|e| RunError::Failed(format!("cannot find this program to start workers: {e}")))?;
-    // Local workers run with the user's own environment: they may read what the user's own
-    // options name, and nothing else.
-    let allow_env: Vec<String> = common::assignment::EnvReads::of(
-        &config.headers,
-        config.transport.aws_sigv4_region.is_some(),
-    )
-    .all()
-    .cloned()
-    .collect();
-    let mut children = Vec::with_capacity(n);
-    for i in 0..n {
-        let child = tokio::process::Command::new(&exe)
-            .args([
-                "worker",
-                "--coordinator",
-                &addr.to_string(),
-                "--once",
-                "--worker-id",
-                &format!("local-{i}"),
-                "--heartbeat-timeout",
-                &config.heartbeat_timeout.as_secs_f64().to_string(),
-            ])
-            .args(allow_env.iter().flat_map(|v| ["--allow-env", v.as_str()]))
-            .env("LLM_REPLAY_TOKEN", token.unwrap_or_default())
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::inherit())
-            // Their own process group: a Ctrl-C on the terminal reaches the coordinator
-            // alone, which stops them over the link and keeps their data.
-            .process_group(0)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| RunError::Failed(format!("cannot start local worker {i}: {e}")))?;
-        children.push(child);
+/// When every request failed before any response arrived, why: "unreachable" only when no
+/// connection could be made at all (refused, DNS); a TLS failure names its problem.
+fn no_response(target: &str, result: &ReplayResult) -> Option<String> {
+    let c = &result.metrics.counters;
+    if !(c.failed_transport > 0 && c.completed() == c.failed_transport && c.warmup == 0) {
+        return None;
     }
-    Ok(children)
+    let causes = c
+        .transport
+        .by_name()
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(name, n)| format!("{} {n}", name.replace('_', " ")))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if c.transport.no_connection() == c.failed_transport {
+        return Some(format!(
+            "the target {target} was unreachable: no connection could be made ({causes})"
+        ));
+    }
+    if c.transport.tls > 0 {
+        let problems = result
+            .tls_problems
+            .iter()
+            .map(|(problem, n)| format!("{problem} ×{n}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        return Some(format!(
+            "TLS with the target {target} failed: {problems} ({causes}); --target-ca FILE trusts a private CA, --insecure skips verification"
+        ));
+    }
+    if c.transport.http2_only > 0 {
+        return Some(format!(
+            "the target {target} answered in HTTP/2 ({causes}): it speaks only cleartext HTTP/2 (h2c); run with --target-h2c"
+        ));
+    }
+    Some(format!(
+        "no request to {target} got a response: every one failed in transport ({causes}){}",
+        most_said(result)
+    ))
+}
+
+/// A run in which requests got answers but none succeeded could not do what it was for
+/// (PRODUCT.md: "no request succeeded" is exit 3): say what the answers were.
+fn none_succeeded(target: &str, result: &ReplayResult) -> Option<String> {
+    let c = &result.metrics.counters;
+    if c.succeeded > 0 || c.completed() == 0 {
+        return None;
+    }
+    let mut what: Vec<String> = Vec::new();
+    if !result.status_codes.is_empty() {
+        let codes = result
+            .status_codes
+            .iter()
+            .map(|(code, n)| format!("{code} ×{n}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        what.push(format!("status {codes}"));
+    }
+    for (name, n) in [
+        ("ended early", c.ended_early),
+        ("error frame", c.failed_error_frame),
+        ("in transport", c.failed_transport),
+        ("timed out", c.failed_timeout),
+        ("empty", c.failed_empty),
+    ] {
+        if n > 0 {
+            what.push(format!("{name} {n}"));
+        }
+    }
+    Some(format!(
+        "no request to {target} succeeded: {} answered, none successfully ({}){}; the report above says more",
+        c.completed(),
+        what.join(", "),
+        most_said(result)
+    ))
+}
+
+/// `; most often the server said "…" (×N)`, from the run's error summary, or nothing.
+fn most_said(result: &ReplayResult) -> String {
+    result
+        .metrics
+        .errors
+        .most_frequent_message()
+        .and_then(|sample| {
+            let message = sample.message.as_deref()?;
+            let status = sample.status.map(|s| format!("{s} ")).unwrap_or_default();
+            Some(format!(
+                "; most often the server said {status}\"{message}\" (×{})",
+                sample.count
+            ))
+        })
+        .unwrap_or_default()
 }

@@ -11,7 +11,7 @@ use common::measure::{noted_outcome, recorded_family, recorded_outcome};
 use common::metrics::{RunMetrics, Stats};
 use common::recording::{RecordingError, RecordingReader};
 
-use crate::faithful::{SessionSample, ThinkTimes};
+use crate::sessions::{SessionSample, ThinkTimes};
 
 /// What the coordinator knows about a recording before replaying it.
 #[derive(Debug, Clone, Default)]

@@ -14,16 +14,16 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use common::metrics::SliceTotals;
 use common::metrics::{Metric, RunMetrics};
 use common::recording::RecordingError;
-use proto::convert::ReceivedReport;
+use common::worker_report::ReceivedReport;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::config::{RunConfig, WorkerSource};
-use crate::run::{ClockEstimate, ReplayResult, RunError, WorkerOutcome};
+use crate::outcome::{ClockEstimate, ReplayResult, RunError, WorkerOutcome};
 use crate::server::{ClockSample, Control, WorkerControl, WorkerEvent};
 use crate::shard::{FeedControl, SliceChunk, SlicePlan, SliceSender, feed_reassigned, feed_slices};
-use crate::timeline::{LiveTotals, Timeline};
+use crate::timeline::{LiveTotals, RunTimeline};
 
 /// How the supervisor behaves; from the run's config, or set directly by tests.
 #[derive(Debug, Clone)]
@@ -151,7 +151,7 @@ pub struct RunIdentity {
 /// The live state of a replay, published on every tick and once at the end: the CLI draws
 /// the progress line from it and `live` serves it to Prometheus.
 #[derive(Debug, Clone, Default)]
-pub struct Progress {
+pub struct RunSnapshot {
     pub run_id: String,
     /// Every worker's last report, merged.
     pub metrics: std::sync::Arc<RunMetrics>,
@@ -164,8 +164,8 @@ pub struct Progress {
     pub errors: u64,
     /// Requests sent and not answered yet.
     pub in_flight: u64,
-    pub not_started: u64,
-    pub lost: u64,
+    /// The workers' slice totals added up (not started, lost, ...).
+    pub totals: SliceTotals,
     pub alive: usize,
     pub workers: usize,
     /// The replay is over: these are its final numbers.
@@ -179,7 +179,7 @@ pub struct Supervisor {
     identity: RunIdentity,
     events: mpsc::Receiver<WorkerEvent>,
     interrupt: watch::Receiver<bool>,
-    progress: Option<watch::Sender<Progress>>,
+    progress: Option<watch::Sender<RunSnapshot>>,
     slots: Vec<Slot>,
     background: JoinSet<Background>,
     /// Reassignments being fed right now.
@@ -188,7 +188,7 @@ pub struct Supervisor {
     aborted: bool,
     interrupted: bool,
     /// The run over time, from the start on.
-    timeline: Option<Timeline>,
+    timeline: Option<RunTimeline>,
     /// Stops the feed (or one worker's part of it).
     feed: std::sync::Arc<FeedControl>,
     /// When the feed stops: the end of `--duration` plus [`FEED_MARGIN`].
@@ -330,7 +330,7 @@ impl Slot {
                 {
                     let kept = std::mem::take(&mut previous.timeline);
                     let edges = &report.timeline;
-                    report.timeline = common::timeline::Timeline {
+                    report.timeline = common::timeline::CompletionTimeline {
                         target_reached_unix_us: edges
                             .target_reached_unix_us
                             .or(kept.target_reached_unix_us),
@@ -376,7 +376,7 @@ impl Supervisor {
         identity: RunIdentity,
         events: mpsc::Receiver<WorkerEvent>,
         interrupt: watch::Receiver<bool>,
-        progress: Option<watch::Sender<Progress>>,
+        progress: Option<watch::Sender<RunSnapshot>>,
     ) -> Supervisor {
         Supervisor {
             settings,
@@ -433,7 +433,7 @@ impl Supervisor {
         if let Some(progress) = progress {
             // The final numbers are the report's, accounting of lost workers included.
             let metrics = &result.metrics;
-            progress.send_replace(Progress {
+            progress.send_replace(RunSnapshot {
                 run_id: result.run_id.clone(),
                 answered: metrics.counters.completed(),
                 planned,
@@ -441,8 +441,7 @@ impl Supervisor {
                 ttft_ms: metrics.stats(Metric::Ttft).map(|s| (s.p50, s.p95)),
                 errors: metrics.counters.failed(),
                 in_flight: 0,
-                not_started: result.not_started,
-                lost: result.lost,
+                totals: result.totals,
                 alive: result.workers.iter().filter(|w| !w.lost).count(),
                 workers: result.workers.len(),
                 finished: true,
@@ -682,7 +681,7 @@ impl Supervisor {
             slot.last_heard = Instant::now();
         }
         self.timeline = Some(
-            Timeline::new(started_at, self.slots.len())
+            RunTimeline::new(started_at, self.slots.len())
                 .with_report_interval(self.settings.report_interval),
         );
         self.feed_until = self
@@ -827,7 +826,7 @@ impl Supervisor {
         let totals = self
             .timeline
             .as_mut()
-            .map(Timeline::tick)
+            .map(RunTimeline::tick)
             .unwrap_or_default();
         self.publish_progress(started, totals);
     }
@@ -1037,16 +1036,15 @@ impl Supervisor {
         let Some(progress) = &self.progress else {
             return;
         };
-        let (mut not_started, mut lost) = (0, 0);
+        let mut slice_totals = SliceTotals::default();
         let mut merged = self.settings.live_histograms.then(RunMetrics::new);
         for report in self.slots.iter().filter_map(|slot| slot.latest.as_deref()) {
-            not_started += report.totals.not_started;
-            lost += report.totals.lost;
+            slice_totals.add(&report.totals);
             if let Some(merged) = &mut merged {
                 merged.merge_sparse(&report.metrics);
             }
         }
-        progress.send_replace(Progress {
+        progress.send_replace(RunSnapshot {
             run_id: self.identity.run_id.clone(),
             answered: totals.answered,
             planned: self.plan.planned_total(),
@@ -1054,8 +1052,7 @@ impl Supervisor {
             ttft_ms: totals.ttft.map(|s| (s.p50, s.p95)),
             errors: totals.failed,
             in_flight: totals.in_flight,
-            not_started,
-            lost,
+            totals: slice_totals,
             alive: self.slots.iter().filter(|s| s.lost.is_none()).count(),
             workers: self.slots.len(),
             finished: false,
@@ -1080,7 +1077,8 @@ impl Supervisor {
         let mut status_codes = BTreeMap::new();
         let mut tls_problems: BTreeMap<String, u64> = BTreeMap::new();
         let mut outcomes = Vec::new();
-        let (mut assigned_total, mut not_started, mut lost_total) = (0u64, 0u64, 0u64);
+        let mut assigned_total = 0u64;
+        let mut run_totals = SliceTotals::default();
         let steady = crate::faithful::steady_window(
             &slots
                 .iter()
@@ -1110,18 +1108,18 @@ impl Supervisor {
                 ),
             };
             assigned_total += assigned;
-            not_started += not_started_here;
-            lost_total += lost;
+            let worker_totals = SliceTotals {
+                issued: totals.issued,
+                not_started: not_started_here,
+                lost,
+                sent_out_of_order: totals.sent_out_of_order,
+            };
+            run_totals.add(&worker_totals);
             outcomes.push(WorkerOutcome {
                 id: slot.id,
                 host: slot.host,
                 assigned,
-                totals: SliceTotals {
-                    issued: totals.issued,
-                    not_started: not_started_here,
-                    lost,
-                    sent_out_of_order: totals.sent_out_of_order,
-                },
+                totals: worker_totals,
                 metrics: report.metrics,
                 lost: slot.lost.is_some(),
                 cpu_seconds: report.cpu_seconds,
@@ -1134,7 +1132,7 @@ impl Supervisor {
         // Exchanges the run planned but no worker ever got to (an aborted run): not started.
         if let Some(planned) = plan.planned_total() {
             if planned > assigned_total {
-                not_started += planned - assigned_total;
+                run_totals.not_started += planned - assigned_total;
             } else if planned < assigned_total && !settings.reassign_on_loss {
                 warnings.push(format!(
                     "accounting: workers answered for {assigned_total} exchanges but {planned} were planned"
@@ -1178,7 +1176,7 @@ impl Supervisor {
                 clocks.join(", ")
             ));
         }
-        let out_of_order: u64 = outcomes.iter().map(|w| w.totals.sent_out_of_order).sum();
+        let out_of_order = run_totals.sent_out_of_order;
         if out_of_order > 0 {
             warnings.push(format!(
                 "{out_of_order} exchanges were further out of at_ms order in the recording than --reorder-window {} exchanges: they were sent late (none was dropped); raise --reorder-window to replay them on time",
@@ -1210,8 +1208,7 @@ impl Supervisor {
             status_codes,
             tls_problems,
             load: identity.load,
-            not_started,
-            lost: lost_total,
+            totals: run_totals,
             start_skew_ms,
             warnings,
             aborted,

@@ -3,9 +3,9 @@
 //!
 //! Workers send cumulative HDR histograms and counters every report interval. The supervisor
 //! hands each report it accepts (decoded once, by the gRPC service, into sparse histograms) to
-//! [`Timeline::add_report`] as it arrives; the timeline subtracts the worker's previous
+//! [`RunTimeline::add_report`] as it arrives; the timeline subtracts the worker's previous
 //! cumulative TTFT and ITL histograms from the new ones, bucket by bucket (exact), and adds the
-//! differences into the open interval's dense histograms, and [`Timeline::tick`] closes intervals: no tick walks every worker's
+//! differences into the open interval's dense histograms, and [`RunTimeline::tick`] closes intervals: no tick walks every worker's
 //! histograms. An interval closes once it spans [`INTERVAL`] (wider on long runs, see
 //! [`MAX_POINTS`]), so every measured request lands in exactly one interval: the sums over the
 //! series equal the run's totals. A sample is stamped when the coordinator takes it, so a
@@ -14,8 +14,8 @@
 use std::time::{Duration, SystemTime};
 
 use common::metrics::{Counters, Metric, SparseHistogram, Stats, stats_of};
+use common::worker_report::ReceivedReport;
 use hdrhistogram::Histogram;
-use proto::convert::ReceivedReport;
 
 use crate::report::TimelinePoint;
 
@@ -40,7 +40,7 @@ pub struct LiveTotals {
 }
 
 /// The time series of one replay: see the module documentation.
-pub struct Timeline {
+pub struct RunTimeline {
     started_at: SystemTime,
     workers: Vec<Option<WorkerCumulative>>,
     /// The open interval.
@@ -95,10 +95,10 @@ fn empty_histogram() -> Histogram<u64> {
     Histogram::new(common::metrics::SIGNIFICANT_DIGITS).expect("3 significant digits is valid")
 }
 
-impl Timeline {
+impl RunTimeline {
     /// A series whose time zero is `started_at` (the instant every worker starts its load).
-    pub fn new(started_at: SystemTime, workers: usize) -> Timeline {
-        Timeline {
+    pub fn new(started_at: SystemTime, workers: usize) -> RunTimeline {
+        RunTimeline {
             started_at,
             workers: (0..workers).map(|_| None).collect(),
             open: Interval::new(),
@@ -123,7 +123,7 @@ impl Timeline {
 
     /// The series' intervals are at least `report_interval` wide: narrower ones would
     /// alternate between holding a report of every worker and holding none.
-    pub fn with_report_interval(mut self, report_interval: Duration) -> Timeline {
+    pub fn with_report_interval(mut self, report_interval: Duration) -> RunTimeline {
         self.width_s = self.width_s.max(report_interval.as_secs_f64());
         self
     }
@@ -365,7 +365,7 @@ mod tests {
     fn intervals_hold_the_differences_of_cumulative_reports() {
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
         let at = |s: f64| t0 + Duration::from_secs_f64(s);
-        let mut timeline = Timeline::new(t0, 2);
+        let mut timeline = RunTimeline::new(t0, 2);
 
         // Worker 0: two fast requests in the first second; worker 1: one slow one.
         let mut w0 = RunMetrics::new();
@@ -420,7 +420,7 @@ mod tests {
     fn a_sliver_at_the_end_joins_the_interval_before_it() {
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
         let at = |s: f64| t0 + Duration::from_secs_f64(s);
-        let mut timeline = Timeline::new(t0, 1);
+        let mut timeline = RunTimeline::new(t0, 1);
         let mut w = RunMetrics::new();
         w.record(&outcome(10, 11));
         let first = report(1, &w, 1);
@@ -453,7 +453,7 @@ mod tests {
     fn a_worker_whose_numbers_went_back_adds_nothing() {
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
         let at = |s: f64| t0 + Duration::from_secs_f64(s);
-        let mut timeline = Timeline::new(t0, 1);
+        let mut timeline = RunTimeline::new(t0, 1);
         let mut w = RunMetrics::new();
         w.record(&outcome(10, 11));
         w.record(&outcome(12, 11));

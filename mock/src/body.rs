@@ -186,7 +186,7 @@ impl Body for TimedBody {
             Some(frame) => {
                 let bytes = frame.bytes.clone();
                 if let Some(trace) = &this.trace {
-                    trace.frame_handed(this.next == this.first_token);
+                    trace.frame_handed(this.next == this.first_token, deadline);
                 }
                 this.next += 1;
                 this.unflushed = true;

@@ -203,8 +203,9 @@ pub struct MockArgs {
     #[arg(long)]
     pub request_log: Option<PathBuf>,
     /// Log, per request, when its head arrived and when its first and last frames were
-    /// written to the socket (Unix ns, CLOCK_REALTIME) with its `x-llm-replay-exchange` tag:
-    /// server truth for benchmarks. Kept in memory, written as JSON lines at shutdown.
+    /// written to the socket, and were due (Unix ns, CLOCK_REALTIME), with its
+    /// `x-llm-replay-exchange` tag: server truth for benchmarks and tests. Kept in memory,
+    /// written as JSON lines at shutdown.
     #[arg(long, value_name = "FILE")]
     pub write_log: Option<PathBuf>,
     /// Serve the responses of this recording (format v1) at their recorded timing.

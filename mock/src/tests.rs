@@ -590,6 +590,19 @@ async fn write_log_has_each_request_head_and_frame_write_instants_with_its_tag()
         ns("last_handed_ns") >= ns("head_ns") + 8_000_000,
         "{stream}"
     );
+    // When they were due: planned from the head (5 ms, then 5 + 3 × 1 ms; the body's start
+    // is read just after the head's stamp, the clocks' conversion is within a microsecond),
+    // and never after they were handed over.
+    assert!(
+        ns("first_token_due_ns") + 50_000 >= ns("head_ns") + 5_000_000
+            && ns("first_token_due_ns") <= ns("first_token_handed_ns"),
+        "{stream}"
+    );
+    assert!(
+        ns("last_due_ns") + 50_000 >= ns("head_ns") + 8_000_000
+            && ns("last_due_ns") <= ns("last_handed_ns"),
+        "{stream}"
+    );
     assert_eq!(lines[1]["exchange"], serde_json::Value::Null);
     assert_eq!(lines[1]["frames"], 1);
     assert!(

@@ -5,7 +5,10 @@
 //! the client can read too): when the request head reached the service, when the first frame,
 //! the frame of the first token (after a role/preamble frame, as clients count TTFT) and the
 //! last frame were handed to hyper, and — on HTTP/1 connections — when the socket writes
-//! carrying them returned. Write instants come from [`StampedIo`], which wraps
+//! carrying them returned. For the first token's frame and the last frame it also logs when
+//! they were *due* (the body's start plus the frame's planned offset): `write − due` is how
+//! late the server itself was (its pacer waking from an idle core, a busy runtime), which a
+//! test of the client subtracts instead of charging it to the client. Write instants come from [`StampedIo`], which wraps
 //! the accepted `TcpStream` (under TLS, if any): a successful write while the connection's
 //! current response has frames handed but not yet written stamps them. HTTP/1 carries one
 //! response at a time, so this attribution is exact; on HTTP/2 streams share a connection and
@@ -22,7 +25,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
@@ -32,6 +35,16 @@ pub(crate) fn unix_ns() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0)
+}
+
+/// `instant` in Unix nanoseconds, given `now_ns` read just before: the monotonic distance
+/// from now carried over to the real-time clock (the two are read within a microsecond).
+fn unix_ns_of(instant: Instant, now_ns: u64) -> u64 {
+    let now = Instant::now();
+    match instant.checked_duration_since(now) {
+        Some(ahead) => now_ns.saturating_add(ahead.as_nanos() as u64),
+        None => now_ns.saturating_sub(now.duration_since(instant).as_nanos() as u64),
+    }
 }
 
 /// The records of every finished request, written to one file when the server stops.
@@ -52,6 +65,8 @@ struct TruthRecord {
     first_handed_ns: u64,
     token_handed_ns: u64,
     last_handed_ns: u64,
+    token_due_ns: u64,
+    last_due_ns: u64,
     first_write_ns: u64,
     token_write_ns: u64,
     last_write_ns: u64,
@@ -93,6 +108,8 @@ impl TruthLog {
                 "first_handed_ns": ns(r.first_handed_ns),
                 "first_token_handed_ns": ns(r.token_handed_ns),
                 "last_handed_ns": ns(r.last_handed_ns),
+                "first_token_due_ns": ns(r.token_due_ns),
+                "last_due_ns": ns(r.last_due_ns),
                 "first_write_ns": ns(r.first_write_ns),
                 "first_token_write_ns": ns(r.token_write_ns),
                 "last_write_ns": ns(r.last_write_ns),
@@ -121,6 +138,8 @@ pub(crate) struct RequestTrace {
     first_handed_ns: AtomicU64,
     token_handed_ns: AtomicU64,
     last_handed_ns: AtomicU64,
+    token_due_ns: AtomicU64,
+    last_due_ns: AtomicU64,
     first_write_ns: AtomicU64,
     token_write_ns: AtomicU64,
     last_write_ns: AtomicU64,
@@ -147,6 +166,8 @@ impl RequestTrace {
             first_handed_ns: AtomicU64::new(0),
             token_handed_ns: AtomicU64::new(0),
             last_handed_ns: AtomicU64::new(0),
+            token_due_ns: AtomicU64::new(0),
+            last_due_ns: AtomicU64::new(0),
             first_write_ns: AtomicU64::new(0),
             token_write_ns: AtomicU64::new(0),
             last_write_ns: AtomicU64::new(0),
@@ -157,9 +178,11 @@ impl RequestTrace {
         self.status.store(status, Ordering::Relaxed);
     }
 
-    /// A frame with data was handed to hyper; `first_token` when it carries token 0.
-    pub(crate) fn frame_handed(&self, first_token: bool) {
+    /// A frame with data, due at `due`, was handed to hyper; `first_token` when it carries
+    /// token 0.
+    pub(crate) fn frame_handed(&self, first_token: bool, due: Instant) {
         let now = unix_ns();
+        let due_ns = unix_ns_of(due, now);
         let count = self.handed.fetch_add(1, Ordering::Relaxed) + 1;
         if count == 1 {
             self.first_handed_ns.store(now, Ordering::Relaxed);
@@ -167,8 +190,10 @@ impl RequestTrace {
         if first_token {
             self.token_frame.store(count, Ordering::Relaxed);
             self.token_handed_ns.store(now, Ordering::Relaxed);
+            self.token_due_ns.store(due_ns, Ordering::Relaxed);
         }
         self.last_handed_ns.store(now, Ordering::Relaxed);
+        self.last_due_ns.store(due_ns, Ordering::Relaxed);
     }
 
     /// A socket write returned: every frame handed before it has now (begun to) be written.
@@ -200,6 +225,8 @@ impl Drop for RequestTrace {
             first_handed_ns: *self.first_handed_ns.get_mut(),
             token_handed_ns: *self.token_handed_ns.get_mut(),
             last_handed_ns: *self.last_handed_ns.get_mut(),
+            token_due_ns: *self.token_due_ns.get_mut(),
+            last_due_ns: *self.last_due_ns.get_mut(),
             first_write_ns: *self.first_write_ns.get_mut(),
             token_write_ns: *self.token_write_ns.get_mut(),
             last_write_ns: *self.last_write_ns.get_mut(),

@@ -4,16 +4,17 @@
 
 use std::time::Duration;
 
-use common::assignment::{Assignment, Faithful, TargetTransport};
+use common::assignment::{Assignment, Faithful, RequestOptions, TargetTransport};
 use common::formats::pin::PinMode;
 use common::load::{Arrival, LoadModel, Schedule};
 use common::measure::{FailureKind, OutcomeKind, RequestOutcome};
 use common::metrics::{
     ConnectionCounts, Counters, ErrorSample, ErrorSummary, HistogramEncoding, MetricsDecodeError,
-    RecordMeta, RequestRecord, RunMetrics, SliceTotals, SparseMetrics, TransportCounters, Window,
+    RecordMeta, RequestRecord, SliceTotals, SparseMetrics, TransportCounters, Window,
 };
 
-use common::timeline::{Timeline, TimelineError};
+use common::timeline::{CompletionTimeline, TimelineError};
+use common::worker_report::{ReceivedReport, WorkerReport};
 
 use crate::v1;
 
@@ -122,50 +123,6 @@ pub fn report_to_proto_as(report: &WorkerReport, encoding: HistogramEncoding) ->
 /// non-empty ones mean "left out").
 pub const TIMELINE_EVERY_REPORTS: u64 = 10;
 
-/// Cores this process may run on (at least 1), as a report states them.
-pub fn available_cores() -> u32 {
-    std::thread::available_parallelism()
-        .map(|n| n.get() as u32)
-        .unwrap_or(1)
-}
-
-/// Peak resident set size of this process (Linux `VmHWM`), 0 where unknown.
-pub fn peak_rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-            let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-            Some(kb * 1024)
-        })
-        .unwrap_or(0)
-}
-
-/// A worker's cumulative report: what the worker's link sends (`report_to_proto`, with the
-/// worker's dense [`RunMetrics`]) and what the coordinator decodes once when it arrives
-/// ([`ReceivedReport`], from `report_from_proto`).
-#[derive(Debug, Clone, Default)]
-pub struct WorkerReport<M = RunMetrics> {
-    pub seq: u64,
-    /// The worker's last report: its slice is done.
-    pub is_final: bool,
-    pub metrics: M,
-    pub totals: SliceTotals,
-    /// Status codes of failed requests: code → count.
-    pub status_codes: std::collections::BTreeMap<u16, u64>,
-    /// TLS failures by problem (`unknown issuer` → count).
-    pub tls_problems: std::collections::BTreeMap<String, u64>,
-    pub cpu_seconds: f64,
-    pub peak_rss_bytes: u64,
-    pub cores: u32,
-    /// Completions over time and the steady window's edges, in the worker's clock.
-    pub timeline: Timeline,
-}
-
-/// A report as the coordinator keeps it: its histograms sparse (the non-zero buckets only),
-/// since it receives one from every worker every report interval and needs few of them dense.
-pub type ReceivedReport = WorkerReport<SparseMetrics>;
-
 /// Why a report from a worker cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ReportDecodeError {
@@ -175,161 +132,6 @@ pub enum ReportDecodeError {
     Timeline(#[from] TimelineError),
     #[error("errors: {0}")]
     Errors(String),
-}
-
-impl ReceivedReport {
-    /// Requests this report answers for (measured or warm-up), out of those issued.
-    pub fn answered(&self) -> u64 {
-        self.metrics.counters.completed() + self.metrics.counters.warmup
-    }
-
-    /// Every exchange this report accounts for (answered, never started, lost in flight), or
-    /// `None` when the counters overflow (a hostile or broken worker).
-    pub fn accounted(&self) -> Option<u64> {
-        let c = &self.metrics.counters;
-        [
-            c.succeeded,
-            c.ended_early,
-            c.failed_status,
-            c.failed_error_frame,
-            c.failed_transport,
-            c.failed_timeout,
-            c.failed_empty,
-            c.warmup,
-            self.totals.not_started,
-            self.totals.lost,
-        ]
-        .into_iter()
-        .try_fold(0u64, u64::checked_add)
-    }
-}
-
-/// Requests one worker may say it issued in one run: far beyond any real run (a million
-/// requests a second for a day is under 2^37), small enough that no sum of workers'
-/// counters bounded by it wraps a u64.
-pub const MAX_ISSUED_PER_WORKER: u64 = 1 << 40;
-
-/// Output (or input) tokens one request may carry: far beyond any model's context.
-pub const MAX_TOKENS_PER_REQUEST: u64 = 1 << 22;
-
-impl ReceivedReport {
-    /// Every counter of the report checked against what the worker could have measured:
-    /// no sum wraps, no part exceeds its whole, no count exceeds the requests issued, and
-    /// token totals stay within [`MAX_TOKENS_PER_REQUEST`] per request. A report that fails
-    /// comes from a broken or hostile peer. `sent`: the exchanges handed to this worker when
-    /// its slice does not loop (what it can have issued at most).
-    pub fn check_counters(&self, sent: Option<u64>) -> Result<(), String> {
-        let c = &self.metrics.counters;
-        let t = &self.totals;
-        let accounted = self.accounted().ok_or("its counters overflow")?;
-        let issued = t.issued;
-        if issued > MAX_ISSUED_PER_WORKER {
-            return Err(format!("{issued} requests issued"));
-        }
-        if let Some(sent) = sent
-            && issued > sent
-        {
-            return Err(format!(
-                "{issued} requests issued of {sent} exchanges sent to it"
-            ));
-        }
-        let answered = accounted
-            .checked_sub(t.not_started)
-            .and_then(|a| a.checked_sub(t.lost))
-            .ok_or("its counters overflow")?;
-        if answered > issued {
-            return Err(format!("{answered} answered of {issued} issued"));
-        }
-        let parts = [
-            ("usage_reported", c.usage_reported),
-            ("estimated", c.estimated),
-            ("unstreamed", c.unstreamed),
-            ("cache_reported", c.cache_reported),
-            ("resent", c.resent),
-            ("pinned", c.pinned),
-            ("sent_out_of_order", t.sent_out_of_order),
-            ("coalesce_checked", c.coalesce_checked),
-        ];
-        for (name, value) in parts {
-            if value > issued {
-                return Err(format!("{name} {value} of {issued} issued"));
-            }
-        }
-        if c.coalesced > c.coalesce_checked {
-            return Err(format!(
-                "coalesced {} of {} checked",
-                c.coalesced, c.coalesce_checked
-            ));
-        }
-        if c.pinned_matched > c.pinned {
-            return Err(format!(
-                "pinned_matched {} of {} pinned",
-                c.pinned_matched, c.pinned
-            ));
-        }
-        let tr = &c.transport;
-        let causes = [
-            tr.refused,
-            tr.reset,
-            tr.closed_before_response,
-            tr.tls,
-            tr.dns,
-            tr.other,
-            tr.closed_after_head,
-            tr.http2_only,
-        ]
-        .into_iter()
-        .try_fold(0u64, u64::checked_add)
-        .ok_or("its transport counters overflow")?;
-        if causes > c.failed_transport {
-            return Err(format!(
-                "{causes} transport failures by cause of {} failed_transport",
-                c.failed_transport
-            ));
-        }
-        let statuses = self
-            .status_codes
-            .values()
-            .copied()
-            .try_fold(0u64, u64::checked_add)
-            .ok_or("its status counts overflow")?;
-        if statuses > issued {
-            return Err(format!("{statuses} status codes of {issued} issued"));
-        }
-        let problems = self
-            .tls_problems
-            .values()
-            .copied()
-            .try_fold(0u64, u64::checked_add)
-            .ok_or("its TLS problem counts overflow")?;
-        if problems
-            > issued
-                .saturating_add(c.transport.tls)
-                .saturating_add(MAX_ISSUED_PER_WORKER)
-        {
-            return Err(format!("{problems} TLS problems"));
-        }
-        let token_limit = |requests: u64| requests.saturating_mul(MAX_TOKENS_PER_REQUEST);
-        if c.output_tokens > token_limit(answered) {
-            return Err(format!(
-                "{} output tokens over {answered} answered requests",
-                c.output_tokens
-            ));
-        }
-        if c.cache_reported_input_tokens > token_limit(c.cache_reported) {
-            return Err(format!(
-                "{} input tokens over {} requests that reported a cache",
-                c.cache_reported_input_tokens, c.cache_reported
-            ));
-        }
-        if c.cached_input_tokens > c.cache_reported_input_tokens {
-            return Err(format!(
-                "{} cached input tokens of {} input tokens",
-                c.cached_input_tokens, c.cache_reported_input_tokens
-            ));
-        }
-        Ok(())
-    }
 }
 
 /// Decode a report message into the coordinator's domain form.
@@ -462,7 +264,7 @@ pub fn errors_from_report(report: &v1::Report) -> Result<ErrorSummary, String> {
 }
 
 /// Put a worker's timeline (steady-state window) into its report.
-pub fn timeline_to_report(timeline: &Timeline, report: &mut v1::Report) {
+pub fn timeline_to_report(timeline: &CompletionTimeline, report: &mut v1::Report) {
     report.timeline_origin_unix_us = timeline.origin_unix_us;
     report.timeline_bucket_us = timeline.bucket_us;
     report.timeline_completions = timeline.completions.clone();
@@ -472,8 +274,8 @@ pub fn timeline_to_report(timeline: &Timeline, report: &mut v1::Report) {
 }
 
 /// A worker's timeline from its report, checked (lengths, width) before use.
-pub fn timeline_from_report(report: &v1::Report) -> Result<Timeline, TimelineError> {
-    let timeline = Timeline {
+pub fn timeline_from_report(report: &v1::Report) -> Result<CompletionTimeline, TimelineError> {
+    let timeline = CompletionTimeline {
         origin_unix_us: report.timeline_origin_unix_us,
         bucket_us: report.timeline_bucket_us,
         completions: report.timeline_completions.clone(),
@@ -624,7 +426,7 @@ pub fn assignment_to_proto(assignment: &Assignment) -> v1::Assignment {
             })
             .collect(),
         exchange_count: if assignment.open_ended { 0 } else { 1 },
-        timeout_s: Some(assignment.timeout.as_secs_f64()),
+        timeout_s: Some(assignment.options.timeout.as_secs_f64()),
         tag_requests: assignment.tag_requests,
         worker_index: assignment.worker_index,
         target_ca_pem: assignment.transport.ca_pem.clone(),
@@ -635,15 +437,16 @@ pub fn assignment_to_proto(assignment: &Assignment) -> v1::Assignment {
             .aws_sigv4_region
             .clone()
             .unwrap_or_default(),
-        requests_out: assignment.requests_out,
-        reorder_window: u32::try_from(assignment.reorder_window).unwrap_or(u32::MAX),
+        requests_out: assignment.options.requests_out,
+        reorder_window: u32::try_from(assignment.options.reorder_window).unwrap_or(u32::MAX),
         slice_key: assignment.slice_key.clone(),
         pin_output_length: assignment
+            .options
             .faithful
             .pin
             .map(|mode| mode.name().to_owned())
             .unwrap_or_default(),
-        closed_sessions: assignment.faithful.closed_sessions,
+        closed_sessions: assignment.options.faithful.closed_sessions,
         report_interval_s: assignment.report_interval.map(|d| d.as_secs_f64()),
         plain_histograms: assignment.histograms == HistogramEncoding::Plain,
         heartbeat_timeout_s: assignment.heartbeat_timeout.map(|d| d.as_secs_f64()),
@@ -708,7 +511,18 @@ pub fn assignment_from_proto(assignment: &v1::Assignment) -> Result<Assignment, 
             .map(|s| (s.field.clone(), s.value.clone()))
             .collect(),
         open_ended: assignment.exchange_count == 0,
-        timeout,
+        options: RequestOptions {
+            timeout,
+            requests_out: assignment.requests_out,
+            reorder_window: match assignment.reorder_window {
+                0 => common::replay::DEFAULT_REORDER_WINDOW,
+                n => n as usize,
+            },
+            faithful: Faithful {
+                pin,
+                closed_sessions: assignment.closed_sessions,
+            },
+        },
         tag_requests: assignment.tag_requests,
         worker_index: assignment.worker_index,
         transport: TargetTransport {
@@ -718,16 +532,7 @@ pub fn assignment_from_proto(assignment: &v1::Assignment) -> Result<Assignment, 
             aws_sigv4_region: (!assignment.aws_sigv4_region.is_empty())
                 .then(|| assignment.aws_sigv4_region.clone()),
         },
-        requests_out: assignment.requests_out,
-        reorder_window: match assignment.reorder_window {
-            0 => common::replay::DEFAULT_REORDER_WINDOW,
-            n => n as usize,
-        },
         slice_key: assignment.slice_key.clone(),
-        faithful: Faithful {
-            pin,
-            closed_sessions: assignment.closed_sessions,
-        },
         report_interval: match assignment.report_interval_s {
             None => None,
             Some(s) if s > MAX_REPORT_INTERVAL_S => {
@@ -767,7 +572,7 @@ const MAX_HEARTBEAT_TIMEOUT_S: f64 = 86_400.0;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use common::metrics::Metric;
+    use common::metrics::{Metric, RunMetrics};
 
     fn assignment() -> Assignment {
         Assignment {
@@ -785,7 +590,15 @@ mod tests {
             headers: vec![("authorization".into(), "Bearer ${TOKEN}".into())],
             sets: vec![("temperature".into(), "0".into())],
             open_ended: false,
-            timeout: Duration::from_secs(30),
+            options: RequestOptions {
+                timeout: Duration::from_secs(30),
+                requests_out: true,
+                reorder_window: 17,
+                faithful: Faithful {
+                    pin: Some(PinMode::Strict),
+                    closed_sessions: true,
+                },
+            },
             tag_requests: true,
             worker_index: 2,
             transport: TargetTransport {
@@ -794,13 +607,7 @@ mod tests {
                 h2c: true,
                 aws_sigv4_region: Some("us-east-1".into()),
             },
-            requests_out: true,
-            reorder_window: 17,
             slice_key: "key".into(),
-            faithful: Faithful {
-                pin: Some(PinMode::Strict),
-                closed_sessions: true,
-            },
             report_interval: Some(Duration::from_millis(1500)),
             histograms: HistogramEncoding::Plain,
             heartbeat_timeout: Some(Duration::from_secs(7)),
@@ -831,7 +638,10 @@ mod tests {
             },
             open_ended: true,
             transport: TargetTransport::default(),
-            faithful: Faithful::default(),
+            options: RequestOptions {
+                faithful: Faithful::default(),
+                ..domain.options.clone()
+            },
             report_interval: None,
             // An older coordinator: the worker keeps its own heartbeat timeout.
             heartbeat_timeout: None,
@@ -857,7 +667,7 @@ mod tests {
         assert_eq!(domain.load.concurrency, None);
         assert_eq!(domain.load.rate, None);
         assert_eq!(
-            domain.reorder_window,
+            domain.options.reorder_window,
             common::replay::DEFAULT_REORDER_WINDOW
         );
         assert_eq!(domain.transport.aws_sigv4_region, None);
@@ -923,7 +733,7 @@ mod tests {
 
     #[test]
     fn most_reports_leave_the_timeline_buckets_out_and_keep_its_edges() {
-        let mut timeline = Timeline::default();
+        let mut timeline = CompletionTimeline::default();
         timeline.record(1_000_000, 10);
         timeline.last_issued_unix_us = Some(999_000);
         let report = |seq, is_final| WorkerReport {
@@ -975,7 +785,7 @@ mod tests {
             cpu_seconds: 1.5,
             peak_rss_bytes: 1 << 20,
             cores: 4,
-            timeline: Timeline::default(),
+            timeline: CompletionTimeline::default(),
         };
         // Both encodings: V2+DEFLATE (older coordinators) and plain V2 (this one asks).
         let deflated = report_to_proto(&report);

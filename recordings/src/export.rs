@@ -1,7 +1,8 @@
 //! `llm-replay export aiperf RECORDING -o trace.jsonl`: AIPerf's `mooncake_trace` JSONL, one
 //! line per exchange: `timestamp` (ms), `session_id`, the prompt as `messages` (OpenAI chat
 //! shape; Anthropic, Ollama and Bedrock bodies converted) or `text_input`, `output_length`
-//! (recorded usage, else the request's max tokens) and generation settings in `extra`.
+//! (the recorded output length, `common::measure::recorded_output_length`, else the request's
+//! max tokens) and generation settings in `extra`.
 //!
 //! Only these keys are written (AIPerf's model rejects unknown ones). Headers are never
 //! exported, so no credential can leak through them; `--redact-body` applies to every string.
@@ -10,7 +11,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use common::formats::{self, Family, request};
-use common::measure::{OutcomeKind, measure_recorded};
+use common::measure::recorded_output_length;
 use common::recording::{Exchange, RecordingError, RecordingReader};
 use common::redact::{RedactError, Redactor};
 use serde_json::{Map, Value, json};
@@ -188,8 +189,10 @@ pub fn aiperf_line(exchange: &Exchange, line_no: u64) -> Option<Value> {
         }
         Prompt::None => return None,
     }
-    if let Some(n) =
-        recorded_output_tokens(exchange).or_else(|| request::max_tokens(&body).map(|m| m.value))
+    // The recorded length (as `--pin-output-length` asks for it), else what the request asked.
+    if let Some(n) = recorded_output_length(exchange)
+        .map(|length| length.tokens)
+        .or_else(|| request::max_tokens(&body).map(|m| m.value))
     {
         line.insert("output_length".into(), json!(n.max(1)));
     }
@@ -311,16 +314,6 @@ fn prompt_of(family: Option<Family>, body: &Value) -> Prompt {
     }
 }
 
-/// Output tokens from the recorded response's usage report, when it has one (measured by
-/// [`measure_recorded`], as the baseline and `recording stats` do).
-fn recorded_output_tokens(exchange: &Exchange) -> Option<u64> {
-    let outcome = measure_recorded(exchange)?;
-    match outcome.kind {
-        OutcomeKind::Succeeded | OutcomeKind::EndedEarly => outcome.usage_output_tokens,
-        OutcomeKind::Failed(_) => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -348,5 +341,28 @@ mod tests {
         assert_eq!(line["output_length"], json!(64));
         assert_eq!(line["extra"], json!({"temperature": 0.2, "stop": ["END"]}));
         assert!(!line.to_string().contains("sk-secret"));
+    }
+
+    #[test]
+    fn the_output_length_is_the_recorded_one_else_max_tokens() {
+        let body = json!({"model": "m", "max_tokens": 100,
+            "messages": [{"role": "user", "content": "hi"}]})
+        .to_string();
+        // An imported span without a response: the tokens its source counted.
+        let span: Exchange = serde_json::from_value(json!({
+            "request": {"path": "/v1/chat/completions", "body": body},
+            "source": {"format": "otel-genai", "output_tokens": 37}
+        }))
+        .expect("valid exchange");
+        let line = aiperf_line(&span, 1).expect("has a prompt");
+        assert_eq!(line["output_length"], json!(37));
+        // A recorded 400 generated nothing: what the request asked for.
+        let failed: Exchange = serde_json::from_value(json!({
+            "request": {"path": "/v1/chat/completions", "body": body},
+            "response": {"status": 400, "frames": [{"data": "{\"error\":\"no\"}"}]}
+        }))
+        .expect("valid exchange");
+        let line = aiperf_line(&failed, 2).expect("has a prompt");
+        assert_eq!(line["output_length"], json!(100));
     }
 }

@@ -7,10 +7,11 @@ use std::path::{Path, PathBuf};
 
 use common::formats::{Family, request};
 use common::measure::{
-    estimate_input_tokens, measure_recorded, noted_outcome, recorded_family, recorded_outcome,
+    OutcomeKind, estimate_input_tokens, measure_recorded, noted_outcome, recorded_family,
+    recorded_output_length,
 };
 use common::metrics::{Stats, stats_of};
-use common::recording::{Exchange, RecordingError, RecordingReader};
+use common::recording::{RecordingError, RecordingReader};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use serde_json::Value;
@@ -68,8 +69,9 @@ pub struct RecordingStats {
     pub isl_tokens: Option<Stats>,
     /// Where ISL values came from: `usage`, `source` (the import's note), `synth`, `estimate`.
     pub isl_sources: BTreeMap<&'static str, u64>,
-    /// Output tokens: server usage, else content frames of a complete response, else the
-    /// usage the import's source noted, else the request's max tokens.
+    /// Output tokens: the recorded output length (`common::measure::recorded_output_length`:
+    /// server usage, else content frames of a complete answer, else what the import's source
+    /// counted), else the request's max tokens; none for a failed exchange.
     pub osl_tokens: Option<Stats>,
     /// Where OSL values came from: `usage`, `frames`, `source`, `max_tokens`.
     pub osl_sources: BTreeMap<&'static str, u64>,
@@ -168,7 +170,8 @@ pub fn recording_stats(path: &Path) -> Result<RecordingStats, RecordingError> {
             .entry(family.map_or("other", Family::name).to_owned())
             .or_default() += 1;
 
-        let (usage_in, usage_out, content_frames) = recorded_usage(&exchange);
+        // Measured once, as the baseline measures it (`None` without a response).
+        let measured = measure_recorded(&exchange);
         if let Some(response) = &exchange.response {
             out.with_response += 1;
             if response.complete {
@@ -177,30 +180,29 @@ pub fn recording_stats(path: &Path) -> Result<RecordingStats, RecordingError> {
             *out.statuses.entry(response.status.to_string()).or_default() += 1;
             if response.has_timing() {
                 out.with_frame_timing += 1;
-                if let Some(t) = recorded_outcome(&exchange).and_then(|o| o.ttft_us) {
+                if let Some(t) = measured.and_then(|o| o.ttft_us) {
                     let _ = ttft.record(t.max(1));
                 }
             }
         }
+        let answered = exchange
+            .response
+            .as_ref()
+            .is_some_and(|r| (200..300).contains(&r.status));
+        let usage_in = measured.filter(|_| answered).and_then(|o| o.input_tokens);
         if let Some(noted) = noted_outcome(&exchange) {
             out.with_source_timing += 1;
             if let Some(t) = noted.ttft_us {
                 let _ = ttft.record(t.max(1));
             }
         }
-        let noted = |key: &str| {
-            exchange
-                .unknown
-                .get("source")
-                .and_then(|s| s.get(key))
-                .and_then(Value::as_u64)
-        };
+        let noted_input = exchange.source_note().and_then(|note| note.input_tokens);
         let synth_in = exchange
             .unknown
             .get("synth")
             .and_then(|s| s.get("input_tokens"))
             .and_then(Value::as_u64);
-        let (isl_value, isl_source) = match (usage_in.or(noted("input_tokens")), synth_in) {
+        let (isl_value, isl_source) = match (usage_in.or(noted_input), synth_in) {
             (Some(n), _) if usage_in.is_some() => (Some(n), "usage"),
             (Some(n), _) => (Some(n), "source"),
             (None, Some(n)) => (Some(n), "synth"),
@@ -213,21 +215,13 @@ pub fn recording_stats(path: &Path) -> Result<RecordingStats, RecordingError> {
             let _ = isl.record(n.max(1));
             *out.isl_sources.entry(isl_source).or_default() += 1;
         }
-        let complete = exchange.response.as_ref().is_some_and(|r| r.complete);
-        // A failed exchange (a recorded 400) generated nothing: it has no output length, and
-        // its request's max_tokens says nothing about one.
-        let failed = exchange
-            .response
-            .as_ref()
-            .is_some_and(|r| !(200..300).contains(&r.status));
+        // A failed exchange (a recorded 400, an error frame) generated nothing: it has no
+        // output length, and its request's max_tokens says nothing about one.
+        let failed = measured.is_some_and(|o| matches!(o.kind, OutcomeKind::Failed(_)));
         let osl_value = if failed {
             None
-        } else if let Some(n) = usage_out {
-            Some((n, "usage"))
-        } else if complete && content_frames > 0 {
-            Some((content_frames, "frames"))
-        } else if let Some(n) = noted("output_tokens") {
-            Some((n, "source"))
+        } else if let Some(length) = recorded_output_length(&exchange) {
+            Some((length.tokens, length.source.name()))
         } else {
             body.as_ref()
                 .and_then(request::max_tokens)
@@ -274,23 +268,6 @@ pub fn recording_stats(path: &Path) -> Result<RecordingStats, RecordingError> {
     out.osl_tokens = stats_of(&osl, 1.0);
     out.ttft_ms = stats_of(&ttft, 1000.0);
     Ok(out)
-}
-
-/// Usage input/output tokens and the content frames of a recorded response (measured by
-/// [`measure_recorded`], as the baseline and `export` do).
-fn recorded_usage(exchange: &Exchange) -> (Option<u64>, Option<u64>, u64) {
-    match measure_recorded(exchange) {
-        Some(outcome)
-            if (200..300).contains(&exchange.response.as_ref().map_or(0, |r| r.status)) =>
-        {
-            (
-                outcome.input_tokens,
-                outcome.usage_output_tokens,
-                outcome.content_frames,
-            )
-        }
-        _ => (None, None, 0),
-    }
 }
 
 fn render_stats_row(name: &str, stats: &Option<Stats>, unit: &str) -> String {
@@ -483,6 +460,38 @@ mod tests {
         let osl = s.osl_tokens.expect("osl");
         assert_eq!((osl.min, osl.max, osl.count), (7.0, 7.0, 1), "{osl:?}");
         assert_eq!(s.osl_sources.get("max_tokens"), Some(&1));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// The OSL of `recording stats` is the recorded output length `--pin-output-length` asks
+    /// for and `export` writes: what an imported span counted beats the request's max_tokens,
+    /// and a complete stream without usage counts its content frames.
+    #[test]
+    fn the_output_length_is_the_recorded_one_before_max_tokens() {
+        let dir = std::env::temp_dir().join(format!("llm-replay-stats-osl-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("r.jsonl");
+        let body = serde_json::json!({"model": "m", "max_tokens": 100,
+            "messages": [{"role": "user", "content": "hi"}]});
+        let span = serde_json::json!({"at_ms": 0.0,
+            "request": {"path": "/v1/chat/completions", "body": body.to_string()},
+            "source": {"format": "otel-genai", "line": 1, "output_tokens": 37}});
+        let frame = |t: f64, data: &str| serde_json::json!({"t_ms": t, "data": data});
+        let stream = serde_json::json!({"at_ms": 5.0,
+            "request": {"path": "/v1/chat/completions", "body": body.to_string()},
+            "response": {"status": 200, "headers": {"content-type": "text/event-stream"},
+                "frames": [
+                    frame(1.0, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n"),
+                    frame(2.0, "data: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\n"),
+                    frame(3.0, "data: [DONE]\n\n")],
+                "complete": true}});
+        std::fs::write(&path, format!("{span}\n{stream}\n")).expect("write");
+        let s = recording_stats(&path).expect("stats");
+        let osl = s.osl_tokens.expect("osl");
+        assert_eq!((osl.min, osl.max, osl.count), (2.0, 37.0, 2), "{osl:?}");
+        assert_eq!(s.osl_sources.get("source"), Some(&1));
+        assert_eq!(s.osl_sources.get("frames"), Some(&1));
+        assert_eq!(s.osl_sources.get("max_tokens"), None);
         std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -176,7 +176,6 @@ fn record_in_front_of_mock_keeps_ttft_and_replays_within_3_percent() {
     let _timing = timing_lock();
     fixtures::remeasure(
         "record in front of the mock, then replay",
-        fixtures::TIMING_ATTEMPTS,
         measure_record_and_replay,
     );
 }
@@ -1089,6 +1088,7 @@ fn a_client_gone_before_the_response_is_still_recorded() {
     let recorder = Recorder::start(&mock.url, &recorded, &[]);
     let url = format!("{}/v1/chat/completions", recorder.url);
     let rt = runtime();
+    let (admitted, busy_admitted) = tokio::sync::oneshot::channel();
     let busy = {
         let url = url.clone();
         rt.spawn(async move {
@@ -1099,11 +1099,16 @@ fn a_client_gone_before_the_response_is_still_recorded() {
                 .send()
                 .await
                 .expect("request");
+            // Its head came through: the mock holds the only slot for its 10 s stream.
+            let _ = admitted.send(());
             let _ = response.bytes().await;
         })
     };
     rt.block_on(async {
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::timeout(Duration::from_secs(20), busy_admitted)
+            .await
+            .expect("the first request got its response head")
+            .expect("the first request's task runs");
         let client = reqwest::Client::builder()
             .timeout(Duration::from_millis(300))
             .build()

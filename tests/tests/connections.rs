@@ -25,11 +25,7 @@ const FIRST_WAVE_TTFT_P99_TOLERANCE_MS: f64 = 10.0;
 #[test]
 fn first_wave_pays_no_connection_setup_in_ttft() {
     let _timing = fixtures::timing_lock();
-    fixtures::remeasure(
-        "first wave at c=128",
-        fixtures::TIMING_ATTEMPTS,
-        measure_first_wave,
-    );
+    fixtures::remeasure("first wave at c=128", measure_first_wave);
 }
 
 /// One run of the first wave: `Err` with the numbers when a TTFT is outside its tolerance.
@@ -156,11 +152,7 @@ fn streams_reuse_their_connections() {
 #[test]
 fn recorded_schedule_with_5ms_gaps_keeps_sub_millisecond_lag() {
     let _timing = fixtures::timing_lock();
-    fixtures::remeasure(
-        "recorded schedule, 5 ms gaps",
-        fixtures::TIMING_ATTEMPTS,
-        measure_schedule_lag,
-    );
+    fixtures::remeasure("recorded schedule, 5 ms gaps", measure_schedule_lag);
 }
 
 /// One run on the 5 ms schedule: `Err` with the numbers when the lag is outside its tolerance.
@@ -211,7 +203,6 @@ fn a_full_read_ahead_window_does_not_delay_the_first_exchanges() {
     let _timing = fixtures::timing_lock();
     fixtures::remeasure(
         "the first exchanges of a 5,000-exchange schedule",
-        fixtures::TIMING_ATTEMPTS,
         measure_first_exchanges,
     );
 }

@@ -9,7 +9,10 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fixtures::{MockServer, Spawned, TempDir, bin, llm_replay, num, write_chat_recording};
+use fixtures::{
+    MockServer, Spawned, TempDir, bin, eventually, llm_replay, num, request_log,
+    write_chat_recording,
+};
 use serde_json::json;
 
 use crate::raw_server::{Gateway, start_gateway};
@@ -553,8 +556,18 @@ fn output_paths_are_checked_before_the_load_and_each_is_written() {
 #[test]
 fn sigterm_during_a_run_writes_the_partial_report() {
     let _parallel = fixtures::parallel_lock();
-    let mock = MockServer::start(&["--ttft", "20ms", "--itl", "10ms", "--tokens", "50"]);
     let dir = TempDir::new("sigterm");
+    let arrivals = dir.join("arrivals.jsonl");
+    let mock = MockServer::start(&[
+        "--ttft",
+        "20ms",
+        "--itl",
+        "10ms",
+        "--tokens",
+        "50",
+        "--request-log",
+        path_str(&arrivals),
+    ]);
     let recording = dir.join("rec.jsonl");
     write_chat_recording(&recording, 200, 50, None);
     let report = dir.join("report.json");
@@ -577,7 +590,14 @@ fn sigterm_during_a_run_writes_the_partial_report() {
         ],
         &[],
     );
-    std::thread::sleep(Duration::from_secs(3));
+    // The run is under way and has measured: each of its 2 slots (one a worker) sends its
+    // next request when its last one (0.5 s) ended, so 8 arrivals mean 6 requests done.
+    assert!(
+        eventually(Duration::from_secs(30), || request_log(&arrivals).len()
+            >= 8),
+        "the run did not get going: {}",
+        run.stderr()
+    );
     let pid = run.child.id().to_string();
     let _ = Command::new("kill").args(["-TERM", &pid]).status();
     let code = run.wait_timeout(Duration::from_secs(20));
@@ -588,7 +608,7 @@ fn sigterm_during_a_run_writes_the_partial_report() {
     assert!(md.exists(), "the Markdown report was not written");
     let succeeded = num(&report, &["requests", "succeeded"]);
     let total = num(&report, &["requests", "total"]);
-    println!("interrupted after 3 s: {succeeded} succeeded of {total}");
+    println!("interrupted after 8 arrivals: {succeeded} succeeded of {total}");
     assert!(
         succeeded >= 4.0,
         "what the workers measured was lost: {report:#}"
@@ -606,8 +626,18 @@ fn sigterm_during_a_run_writes_the_partial_report() {
 #[test]
 fn a_failed_sweep_level_keeps_the_levels_before_it() {
     let _parallel = fixtures::parallel_lock();
-    let mock = MockServer::start(&["--ttft", "20ms", "--itl", "10ms", "--tokens", "20"]);
     let dir = TempDir::new("sweep-fail");
+    let arrivals = dir.join("arrivals.jsonl");
+    let mock = MockServer::start(&[
+        "--ttft",
+        "20ms",
+        "--itl",
+        "10ms",
+        "--tokens",
+        "20",
+        "--request-log",
+        path_str(&arrivals),
+    ]);
     let recording = dir.join("rec.jsonl");
     write_chat_recording(&recording, 12, 20, None);
     let report = dir.join("report.json");
@@ -625,9 +655,18 @@ fn a_failed_sweep_level_keeps_the_levels_before_it() {
         ],
         &[],
     );
-    // The first level takes 12 × ~0.2 s; its feeder read the file at once. Break the file
-    // for the second level.
-    std::thread::sleep(Duration::from_millis(800));
+    // The first level takes 12 × ~0.2 s; its feeder read the file at once. Once its fourth
+    // request arrived (0.6 s in, eight to go), break the file for the second level.
+    assert!(
+        eventually(Duration::from_secs(30), || request_log(&arrivals).len()
+            >= 4),
+        "the first level did not get going: {}",
+        run.stderr()
+    );
+    assert!(
+        request_log(&arrivals).len() < 12,
+        "the first level ended before the file could be broken"
+    );
     let mut text = std::fs::read_to_string(&recording).expect("read");
     text.insert_str(0, "{\"request\": 42}\n");
     std::fs::write(&recording, text).expect("write");
@@ -677,7 +716,13 @@ fn a_worker_that_leaves_before_the_start_can_be_replaced() {
         first.stderr()
     );
     first.kill();
-    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        eventually(Duration::from_secs(20), || coordinator
+            .stderr()
+            .contains("its place is open again")),
+        "the coordinator did not free w0's place: {}",
+        coordinator.stderr()
+    );
     let _again = fixtures::worker(&addr, "w0", &[], &[]);
     let _second = fixtures::worker(&addr, "w1", &[], &[]);
     let code = coordinator.wait_timeout(Duration::from_secs(60));
@@ -699,8 +744,18 @@ fn a_worker_that_leaves_before_the_start_can_be_replaced() {
 #[test]
 fn reassignment_does_not_stall_the_coordinator() {
     let _timing = fixtures::timing_lock();
-    let mock = MockServer::start(&["--ttft", "1ms", "--itl", "1ms", "--tokens", "1"]);
     let dir = TempDir::new("reassign-stall");
+    let arrivals = dir.join("arrivals.jsonl");
+    let mock = MockServer::start(&[
+        "--ttft",
+        "1ms",
+        "--itl",
+        "1ms",
+        "--tokens",
+        "1",
+        "--request-log",
+        path_str(&arrivals),
+    ]);
     let recording = dir.join("rec.jsonl");
     write_chat_recording(&recording, 6000, 1, None);
     let report_path = dir.join("report.json");
@@ -730,7 +785,13 @@ fn reassignment_does_not_stall_the_coordinator() {
         "{}",
         doomed.stderr()
     );
-    std::thread::sleep(Duration::from_millis(1500));
+    // Well into the run (a sixth of it), with most of the doomed worker's slice not started.
+    assert!(
+        eventually(Duration::from_secs(60), || request_log(&arrivals).len()
+            >= 1000),
+        "the run did not get going: {}",
+        coordinator.stderr()
+    );
     doomed.kill();
     let code = coordinator.wait_timeout(Duration::from_secs(120));
     assert_eq!(

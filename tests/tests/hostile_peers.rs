@@ -85,12 +85,21 @@ fn lying_report(lie: Lie) -> v1::Report {
     }
 }
 
-/// Join `addr` as `id` (with the run's token: a peer that knows it), play along until the
-/// start, send the lie, then keep heartbeating until the coordinator goes away.
-async fn hostile_worker(addr: String, id: &str, lie: Lie) {
+/// Join `addr` as `id` (with the run's token: a peer that knows it), say so on `joined`, play
+/// along until the start, send the lie, then keep heartbeating until the coordinator goes
+/// away.
+async fn hostile_worker(
+    addr: String,
+    id: &str,
+    lie: Lie,
+    joined: Option<std::sync::mpsc::Sender<()>>,
+) {
     let mut peer = Peer::join(&addr, id, Some(TOKEN))
         .await
         .expect("the hostile peer joins");
+    if let Some(joined) = joined {
+        let _ = joined.send(());
+    }
     let mut slice = peer.drain_slice().await.expect("slice");
     let handed = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     {
@@ -196,9 +205,12 @@ fn run_with_a_liar(lie: Lie) {
         .enable_all()
         .build()
         .expect("runtime");
-    let liar = runtime.spawn(hostile_worker(addr.clone(), "liar", lie));
-    // Let the liar join first, so it gets a share of the slice.
-    std::thread::sleep(Duration::from_millis(300));
+    let (joined, liar_joined) = std::sync::mpsc::channel();
+    let liar = runtime.spawn(hostile_worker(addr.clone(), "liar", lie, Some(joined)));
+    // The liar joins first, so it gets a share of the slice.
+    liar_joined
+        .recv_timeout(Duration::from_secs(20))
+        .unwrap_or_else(|_| panic!("{lie:?}: the liar did not join: {}", coordinator.stderr()));
     let honest = worker(&addr, "honest", &["--token", TOKEN], &[]);
     let code = coordinator.wait_timeout(Duration::from_secs(60));
     liar.abort();
@@ -468,8 +480,13 @@ fn a_duplicate_pong_does_not_stand_in_for_a_missing_one() {
         .enable_all()
         .build()
         .expect("runtime");
-    let double = runtime.spawn(hostile_worker(addr.clone(), "double", Lie::DoublePong));
-    let mute = runtime.spawn(hostile_worker(addr.clone(), "mute", Lie::NoPong));
+    let double = runtime.spawn(hostile_worker(
+        addr.clone(),
+        "double",
+        Lie::DoublePong,
+        None,
+    ));
+    let mute = runtime.spawn(hostile_worker(addr.clone(), "mute", Lie::NoPong, None));
     let code = coordinator.wait_timeout(Duration::from_secs(30));
     double.abort();
     mute.abort();

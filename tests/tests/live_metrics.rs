@@ -45,13 +45,18 @@ fn sample(text: &str, name: &str, parts: &[&str]) -> f64 {
         .unwrap_or_else(|| panic!("no sample {name} {parts:?} in\n{text}"))
 }
 
+/// The run's requests.
+const REQUESTS: usize = 80;
+
 #[test]
 fn a_scrape_during_the_run_grows_and_the_final_one_matches_the_report() {
     let _parallel = fixtures::parallel_lock();
     let mock = MockServer::start(&["--ttft", "20ms", "--itl", "10ms", "--tokens", "20"]);
     let dir = TempDir::new("live-metrics");
     let recording = dir.join("rec.jsonl");
-    write_chat_recording(&recording, 120, 20, None);
+    // 80 streams of 0.2 s at concurrency 4: a 4 s run, eight report intervals (0.5 s) in
+    // which to see the numbers grow (120 streams and a 4 s linger made this test 11 s).
+    write_chat_recording(&recording, REQUESTS, 20, None);
     let report_path = dir.join("report.json");
     let mut run = Spawned::start(
         &bin("llm-replay"),
@@ -67,7 +72,7 @@ fn a_scrape_during_the_run_grows_and_the_final_one_matches_the_report() {
             "--metrics-listen",
             "127.0.0.1:0",
             "--metrics-linger",
-            "4s",
+            "2s",
             "--report-json",
             path_str(&report_path),
         ],
@@ -150,7 +155,7 @@ fn a_scrape_during_the_run_grows_and_the_final_one_matches_the_report() {
             "{outcome}"
         );
     }
-    assert_eq!(num(&report, &["requests", "succeeded"]), 120.0);
+    assert_eq!(num(&report, &["requests", "succeeded"]), REQUESTS as f64);
     for (name, key) in [
         ("llm_replay_ttft_seconds_count", "ttft_ms"),
         ("llm_replay_itl_seconds_count", "itl_ms"),
@@ -169,7 +174,7 @@ fn a_scrape_during_the_run_grows_and_the_final_one_matches_the_report() {
     assert!(num(&report, &["llm", "ttft_ms", "p50"]) > 10.0);
     assert!(under_50ms >= 60.0 && under_10ms < 60.0, "{last}");
     let tokens = sample(&last, "llm_replay_output_tokens_total", &[]);
-    assert!(tokens >= 120.0 * 19.0, "output tokens {tokens}");
+    assert!(tokens >= REQUESTS as f64 * 19.0, "output tokens {tokens}");
     assert_eq!(sample(&last, "llm_replay_in_flight_requests", &[]), 0.0);
     assert_eq!(sample(&last, "llm_replay_workers_alive", &[]), 2.0);
 

@@ -16,6 +16,7 @@ mod hardening;
 mod hostile_peers;
 mod html_report;
 mod ingress;
+mod library_run;
 mod live_metrics;
 mod memory;
 mod otel_import;

@@ -60,7 +60,6 @@ fn unstreamed_answers_count_in_latency_only_and_match_the_baseline() {
     let _timing = fixtures::timing_lock();
     fixtures::remeasure(
         "streamed and unstreamed against their baseline",
-        fixtures::TIMING_ATTEMPTS,
         measure_unstreamed_mix,
     );
 }

@@ -382,6 +382,16 @@ fn scrape(addr: &str) -> Option<String> {
 /// The endpoint serves at most this many connections at once (`coordinator::live`).
 const LIVE_CONNECTIONS: usize = 64;
 
+/// The coordinator's descriptors in the flood test (`ulimit -n`).
+const COORDINATOR_DESCRIPTORS: usize = 256;
+
+/// The flood: one connection more than the coordinator has descriptors, so that an endpoint
+/// without a cap runs out of them. Past the cap, connections wait in the listener's backlog
+/// (129 here); the next one connects only when the endpoint drops a silent connection at its
+/// head timeout (`coordinator::live::HEAD_TIMEOUT`, 5 s), and each 64 more cost another 5 s:
+/// 257 connections take one such wait (400, as before, took four: 20 s of this test's 32).
+const FLOOD: usize = COORDINATOR_DESCRIPTORS + 1;
+
 #[test]
 fn a_flood_of_silent_connections_on_metrics_listen_does_not_stop_the_run() {
     let _parallel = fixtures::parallel_lock();
@@ -397,7 +407,7 @@ fn a_flood_of_silent_connections_on_metrics_listen_does_not_stop_the_run() {
         Path::new("/bin/sh"),
         &[
             "-c",
-            "ulimit -n 256 && exec \"$@\"",
+            &format!("ulimit -n {COORDINATOR_DESCRIPTORS} && exec \"$@\""),
             "sh",
             path_str(&program),
             "run",
@@ -416,8 +426,10 @@ fn a_flood_of_silent_connections_on_metrics_listen_does_not_stop_the_run() {
             "30s",
             "--metrics-listen",
             "127.0.0.1:0",
+            // Long enough for the scrape after the flood closes (milliseconds), which waits
+            // for the report; the test then waits for the linger to end.
             "--metrics-linger",
-            "10s",
+            "4s",
             "--report-json",
             path_str(&report_path),
         ],
@@ -446,13 +458,13 @@ fn a_flood_of_silent_connections_on_metrics_listen_does_not_stop_the_run() {
     let pid = run.child.id();
     let before = open_descriptors(pid);
 
-    // 400 connections that send nothing, held open.
-    let flood: Vec<TcpStream> = (0..400)
+    // Connections that send nothing, held open.
+    let flood: Vec<TcpStream> = (0..FLOOD)
         .map_while(|_| TcpStream::connect(&metrics).ok())
         .collect();
     assert_eq!(
         flood.len(),
-        400,
+        FLOOD,
         "the endpoint stopped listening during the flood: {}",
         run.stderr()
     );

@@ -1,57 +1,66 @@
 //! Acceptance: against a mock with known timing (`--ttft 200ms --itl 10ms --tokens 10`), the
 //! measured TTFT, ITL and latency are exact, at concurrency 1, 16 and 128.
 //!
-//! Tolerances (from the issue): TTFT p50 within 2 ms of 200 ms, ITL p50 within 0.5 ms of
-//! 10 ms, latency p50 within 3 ms of 290 ms (= 200 + 9 × 10). 400 requests per level, after a
-//! warm-up of one request per connection (at least 4). Streams are short (10 tokens), so the
-//! concurrency-1 level takes about 2 minutes instead of 8: a request's ITL is
-//! (latency − TTFT) / 9, so the 0.5 ms tolerance still catches a bias of 0.5 ms per frame and
-//! leaves 4.5 ms of error over a whole stream (100 tokens left 49.5 ms). Each level holds the
-//! timing lock: no other measurement or heavy load shares the cores with it, and a level that
-//! misses is measured again, up to `TIMING_ATTEMPTS` times, with the same tolerances (see
-//! `fixtures::remeasure`).
+//! Exact is asserted as the client's own error, against the mock's truth log (`--write-log`,
+//! see `fixtures::truth`): every request is tagged, and its measured TTFT, ITL and latency
+//! (`--requests-out`) are compared with what the mock logged for that request — the head's
+//! arrival to the socket write of the first token's frame, of the last frame. At concurrency 1
+//! the machine is idle for the 200 ms before each first token, and on the CI VM the replay
+//! read TTFT 1.5–2.2 ms high against the asked 200 ms: the mock's pacer and the client each
+//! wake from an idle core. The truth log tells the two apart: the mock's lateness (printed)
+//! is not charged to the client; a client that stamps late, or early, is.
+//!
+//! Tolerances (from the issue), on the client's error: the median per-request TTFT error
+//! within 2 ms, ITL error within 0.5 ms, latency error within 3 ms; and the same for the
+//! report's p50 against the truth's median (the numbers a user reads). The error holds two
+//! loopback transits and the mock's read of the request, tens of microseconds. That the mock
+//! served the asked timing is checked too, loosely (its true TTFT median in 200–210 ms): a
+//! scenario check, not the client's accuracy, so it carries the mock's wake-up.
+//!
+//! Requests: 400 per level at concurrency 16 and 128, 100 at concurrency 1 (31 s instead of
+//! 118). The per-request errors are tight (at concurrency 1, TTFT error p1 −0.02 ms, median
+//! +0.17, p99 +0.29 here; printed), so the median of 100 sits within a few hundredths of a
+//! millisecond of the median of 400, against tolerances of 0.5 to 3 ms. Streams are short (10 tokens): a
+//! request's ITL is (latency − TTFT) / 9, so the 0.5 ms tolerance still catches a bias of
+//! 0.5 ms per frame. Each level follows a warm-up of one request per connection (at least 4)
+//! and holds the timing lock. A level whose error misses is measured again, up to
+//! `TIMING_ATTEMPTS` times with the same tolerances (`fixtures::remeasure`), for a neighbour
+//! that takes the cores for seconds; the mock's own lateness no longer needs it.
 
-use fixtures::{
-    MockServer, TIMING_ATTEMPTS, TempDir, llm_replay, num, remeasure, timing_lock,
-    write_chat_recording,
-};
+use fixtures::truth::{TruthMock, median, pair, quantile, read_requests_out};
+use fixtures::{TempDir, llm_replay, num, remeasure, timing_lock};
 
-const TOKENS: &str = "10";
-const REQUESTS: usize = 400;
+const TOKENS: u64 = 10;
 
-fn check_level(concurrency: usize) {
+/// The tolerances on the client's error (ms), and the mock's asked timing.
+const TTFT_TOLERANCE_MS: f64 = 2.0;
+const ITL_TOLERANCE_MS: f64 = 0.5;
+const LATENCY_TOLERANCE_MS: f64 = 3.0;
+const ASKED_TTFT_MS: f64 = 200.0;
+
+fn check_level(concurrency: usize, requests: usize) {
     let _timing = timing_lock();
-    // At concurrency 1 the machine is idle for the 200 ms before each first token, and on
-    // this VM the first token then reads 1.5-2.2 ms late (201.86 ms here; CI missed twice
-    // before passing) while the last is on time (latency 290.8 ms, ITL 9.89 ms): the wake
-    // from an idle core of the mock's pacer and of the client. The tolerance stays; this
-    // level gets five attempts.
-    let attempts = if concurrency == 1 {
-        IDLE_LEVEL_ATTEMPTS
-    } else {
-        TIMING_ATTEMPTS
-    };
     remeasure(
-        &format!("timing at concurrency {concurrency}"),
-        attempts,
-        || measure_level(concurrency),
+        &format!("the client's timing error at concurrency {concurrency}"),
+        || measure_level(concurrency, requests),
     );
 }
 
-/// Attempts at the concurrency-1 level (see `check_level`).
-const IDLE_LEVEL_ATTEMPTS: usize = 5;
-
-/// One measurement of a level: `Err` with the numbers when a time is outside its tolerance.
-fn measure_level(concurrency: usize) -> Result<(), String> {
-    let mock = MockServer::start(&["--ttft", "200ms", "--itl", "10ms", "--tokens", TOKENS]);
+/// One measurement of a level: `Err` with the numbers when an error is outside its
+/// tolerance; counts, outcomes and tags are asserted (a wrong answer fails at once).
+fn measure_level(concurrency: usize, requests: usize) -> Result<(), String> {
     let dir = TempDir::new("timing");
-    let recording = dir.join("rec.jsonl");
-    write_chat_recording(&recording, 50, 10, None);
-    let report_path = dir.join("report.json");
-    let concurrency_arg = concurrency.to_string();
+    let tokens = TOKENS.to_string();
+    let mock = TruthMock::start(
+        &["--ttft", "200ms", "--itl", "10ms", "--tokens", &tokens],
+        &dir.join("truth.jsonl"),
+    );
     let warmup = 4.max(concurrency);
-    let warmup_arg = warmup.to_string();
-    let requests = (REQUESTS + warmup).to_string();
+    // One line per request, so that every request's tag (its line) is its own.
+    let recording = dir.join("rec.jsonl");
+    fixtures::write_chat_recording(&recording, requests + warmup, TOKENS as u32, None);
+    let report_path = dir.join("report.json");
+    let requests_out = dir.join("requests.jsonl");
     let out = llm_replay(
         &[
             "run",
@@ -59,14 +68,18 @@ fn measure_level(concurrency: usize) -> Result<(), String> {
             "--target",
             &mock.url,
             "--concurrency",
-            &concurrency_arg,
+            &concurrency.to_string(),
             "--requests",
-            &requests,
+            &(requests + warmup).to_string(),
             "--warmup",
-            &warmup_arg,
+            &warmup.to_string(),
+            "--tag-requests",
+            "--requests-out",
+            requests_out.to_str().expect("utf-8 path"),
         ],
         Some(&report_path),
     );
+    let truth = mock.stop();
     assert_eq!(
         out.code, 0,
         "stdout:\n{}\nstderr:\n{}",
@@ -75,42 +88,94 @@ fn measure_level(concurrency: usize) -> Result<(), String> {
     let report = out.report.expect("report JSON");
     assert_eq!(
         num(&report, &["requests", "succeeded"]),
-        REQUESTS as f64,
+        requests as f64,
         "{report:#}"
     );
+    let client = read_requests_out(&requests_out);
+    assert_eq!(client.len(), requests, "one line per measured request");
     assert_eq!(
-        num(&report, &["llm", "osl_tokens", "p50"]),
-        10.0,
-        "the streams are as long as asked: {report:#}"
+        truth.len(),
+        requests + warmup,
+        "the mock logged every request, warm-up included"
     );
-    let ttft = num(&report, &["llm", "ttft_ms", "p50"]);
-    let itl = num(&report, &["llm", "itl_ms", "p50"]);
-    let latency = num(&report, &["llm", "latency_ms", "p50"]);
+    let paired = pair(&client, &truth);
+    assert!(
+        paired.iter().all(|p| p.client.output_tokens == TOKENS),
+        "the streams are as long as asked"
+    );
+
+    let ttft_error = median(paired.iter().map(|p| p.ttft_error_ms()));
+    let itl_error = median(paired.iter().map(|p| p.itl_error_ms()));
+    let latency_error = median(paired.iter().map(|p| p.latency_error_ms()));
+    let true_ttft = median(paired.iter().map(|p| p.truth.ttft_ms()));
+    let true_latency = median(paired.iter().map(|p| p.truth.latency_ms()));
+    let true_itl = median(paired.iter().map(|p| p.true_itl_ms()));
+    let report_ttft = num(&report, &["llm", "ttft_ms", "p50"]);
+    let report_itl = num(&report, &["llm", "itl_ms", "p50"]);
+    let report_latency = num(&report, &["llm", "latency_ms", "p50"]);
     eprintln!(
-        "timing concurrency {concurrency}: TTFT p50 {ttft:.3} ms, ITL p50 {itl:.3} ms, latency p50 {latency:.3} ms"
+        "timing concurrency {concurrency}, {requests} requests: client error median TTFT \
+         {ttft_error:+.3} ms (p1 {:+.3}, p99 {:+.3}), ITL {itl_error:+.4} ms, latency \
+         {latency_error:+.3} ms; of it, client send to the mock's read of the head {:.3} ms. \
+         Report p50 TTFT {report_ttft:.3} / ITL {report_itl:.3} / latency {report_latency:.3} \
+         ms; truth {true_ttft:.3} / {true_itl:.3} / {true_latency:.3} ms; the mock wrote the \
+         first token {:.3} ms late (median, p99 {:.3}), the last frame {:.3} ms",
+        quantile(paired.iter().map(|p| p.ttft_error_ms()), 0.01),
+        quantile(paired.iter().map(|p| p.ttft_error_ms()), 0.99),
+        median(paired.iter().map(|p| p.send_side_ms())),
+        median(paired.iter().map(|p| p.truth.ttft_lateness_ms())),
+        quantile(paired.iter().map(|p| p.truth.ttft_lateness_ms()), 0.99),
+        median(paired.iter().map(|p| p.truth.last_lateness_ms())),
     );
-    let within =
-        (ttft - 200.0).abs() <= 2.0 && (itl - 10.0).abs() <= 0.5 && (latency - 290.0).abs() <= 3.0;
-    if within {
+
+    let mut misses = Vec::new();
+    let mut check = |what: &str, error: f64, tolerance: f64| {
+        if error.abs() > tolerance {
+            misses.push(format!("{what} {error:+.3} ms (± {tolerance})"));
+        }
+    };
+    check("median TTFT error", ttft_error, TTFT_TOLERANCE_MS);
+    check("median ITL error", itl_error, ITL_TOLERANCE_MS);
+    check("median latency error", latency_error, LATENCY_TOLERANCE_MS);
+    check(
+        "report TTFT p50 − truth",
+        report_ttft - true_ttft,
+        TTFT_TOLERANCE_MS,
+    );
+    check(
+        "report ITL p50 − truth",
+        report_itl - true_itl,
+        ITL_TOLERANCE_MS,
+    );
+    check(
+        "report latency p50 − truth",
+        report_latency - true_latency,
+        LATENCY_TOLERANCE_MS,
+    );
+    // The scenario: the mock served the asked TTFT (its own lateness included).
+    if !(ASKED_TTFT_MS..ASKED_TTFT_MS + 10.0).contains(&true_ttft) {
+        misses.push(format!(
+            "the mock's true TTFT median {true_ttft:.3} ms is not 200-210 ms"
+        ));
+    }
+    if misses.is_empty() {
         Ok(())
     } else {
-        Err(format!(
-            "TTFT p50 {ttft} ms (200 ± 2), ITL p50 {itl} ms (10 ± 0.5), latency p50 {latency} ms (290 ± 3)"
-        ))
+        Err(misses.join("; "))
     }
 }
 
 #[test]
 fn timing_concurrency_1() {
-    check_level(1);
+    check_level(1, 100);
 }
 
 #[test]
 fn timing_concurrency_16() {
-    check_level(16);
+    check_level(16, 400);
 }
 
 #[test]
 fn timing_concurrency_128() {
-    check_level(128);
+    check_level(128, 400);
 }

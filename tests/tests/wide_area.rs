@@ -5,9 +5,9 @@ use std::time::Duration;
 use fixtures::link::{DelayLink, Direction};
 use fixtures::{MockServer, TempDir, coordinator, num, worker, write_chat_recording};
 
-/// Item 1: a worker that joins 8 s before the last one (beyond its own 5 s heartbeat
-/// timeout) hears the coordinator's heartbeats meanwhile and takes part in the run; only
-/// `--join-timeout` bounds the wait. On loopback.
+/// Item 1: a worker that joins 4 s before the last one (twice its own 2 s heartbeat timeout)
+/// hears the coordinator's heartbeats (every 0.5 s) meanwhile and takes part in the run;
+/// only `--join-timeout` bounds the wait. On loopback.
 #[test]
 fn an_early_worker_waits_for_a_late_one_beyond_its_heartbeat_timeout() {
     let _parallel = fixtures::parallel_lock();
@@ -15,13 +15,16 @@ fn an_early_worker_waits_for_a_late_one_beyond_its_heartbeat_timeout() {
 }
 
 /// Item 1 over a wide-area link: both workers dial through a delay proxy of 120 ms each way
-/// with ±40 ms jitter (a 160–320 ms round trip), the early one 8 s before the late one.
+/// with ±40 ms jitter (a 160–320 ms round trip), the early one 4 s before the late one.
 #[test]
 fn an_early_worker_behind_a_slow_jittery_link_waits_for_a_late_one() {
     let _parallel = fixtures::parallel_lock();
     let way = Direction::jittery(Duration::from_millis(120), Duration::from_millis(40));
     early_and_late(Some((way, way)));
 }
+
+/// The early worker's own heartbeat timeout (the late one joins after twice that).
+const EARLY_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The early/late join of item 1; with `link`, each worker dials through its own delay
 /// proxy timed `(up, down)`.
@@ -61,7 +64,15 @@ fn early_and_late(link: Option<(Direction, Direction)>) {
             },
         )
     };
-    let mut early = worker(&dial(0), "early", &["--heartbeat-timeout", "5s"], &[]);
+    let mut early = worker(
+        &dial(0),
+        "early",
+        &[
+            "--heartbeat-timeout",
+            &format!("{}s", EARLY_HEARTBEAT_TIMEOUT.as_secs()),
+        ],
+        &[],
+    );
     // The early worker has joined: it says so.
     assert!(
         fixtures::eventually(Duration::from_secs(20), || format!(
@@ -73,7 +84,8 @@ fn early_and_late(link: Option<(Direction, Direction)>) {
         "the early worker did not join: {}",
         early.stderr()
     );
-    std::thread::sleep(Duration::from_secs(8));
+    // The subject: twice the early worker's heartbeat timeout with no other worker there.
+    std::thread::sleep(2 * EARLY_HEARTBEAT_TIMEOUT);
     assert_eq!(
         early.wait_timeout(Duration::ZERO),
         None,

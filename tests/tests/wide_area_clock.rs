@@ -174,50 +174,46 @@ fn assert_bound_warning(measured: &Measured) {
 fn asymmetric_paths_skew_the_true_start_and_the_bound_covers_it() {
     let _timing = timing_lock();
     let ms = Duration::from_millis;
-    remeasure(
-        "true start skew over asymmetric paths",
-        fixtures::TIMING_ATTEMPTS,
-        || {
-            let measured = run_over_links(
-                "asymmetric-clock",
-                [
-                    (Direction::delay(ms(40)), Direction::delay(ms(5))),
-                    (Direction::delay(ms(5)), Direction::delay(ms(40))),
-                ],
-            );
-            eprintln!(
-                "asymmetric: true skew {:.2} ms, reported {:.3} ms, bound {:.2} ms, uncertainties {:?} ms",
-                measured.true_skew_ms,
-                measured.reported_skew_ms,
-                measured.bound_ms,
-                measured.uncertainties_ms
-            );
-            // Keys and warning: wrong answers, not timing; they fail at once.
-            for u in &measured.uncertainties_ms {
-                assert!(*u >= 22.5, "half a 45 ms round trip at least: {u} ms");
-            }
-            assert_bound_warning(&measured);
-            if (measured.true_skew_ms - 35.0).abs() > 5.0 {
-                return Err(format!(
-                    "true skew {:.2} ms, not 35 ± 5",
-                    measured.true_skew_ms
-                ));
-            }
-            if measured.reported_skew_ms >= 5.0 {
-                return Err(format!(
-                    "reported skew {:.2} ms: the offsets' error is invisible to it, so it should stay under 5 ms",
-                    measured.reported_skew_ms
-                ));
-            }
-            if measured.bound_ms < measured.true_skew_ms {
-                return Err(format!(
-                    "bound {:.2} ms < true skew {:.2} ms",
-                    measured.bound_ms, measured.true_skew_ms
-                ));
-            }
-            Ok(())
-        },
-    );
+    remeasure("true start skew over asymmetric paths", || {
+        let measured = run_over_links(
+            "asymmetric-clock",
+            [
+                (Direction::delay(ms(40)), Direction::delay(ms(5))),
+                (Direction::delay(ms(5)), Direction::delay(ms(40))),
+            ],
+        );
+        eprintln!(
+            "asymmetric: true skew {:.2} ms, reported {:.3} ms, bound {:.2} ms, uncertainties {:?} ms",
+            measured.true_skew_ms,
+            measured.reported_skew_ms,
+            measured.bound_ms,
+            measured.uncertainties_ms
+        );
+        // Keys and warning: wrong answers, not timing; they fail at once.
+        for u in &measured.uncertainties_ms {
+            assert!(*u >= 22.5, "half a 45 ms round trip at least: {u} ms");
+        }
+        assert_bound_warning(&measured);
+        if (measured.true_skew_ms - 35.0).abs() > 5.0 {
+            return Err(format!(
+                "true skew {:.2} ms, not 35 ± 5",
+                measured.true_skew_ms
+            ));
+        }
+        if measured.reported_skew_ms >= 5.0 {
+            return Err(format!(
+                "reported skew {:.2} ms: the offsets' error is invisible to it, so it should stay under 5 ms",
+                measured.reported_skew_ms
+            ));
+        }
+        if measured.bound_ms < measured.true_skew_ms {
+            return Err(format!(
+                "bound {:.2} ms < true skew {:.2} ms",
+                measured.bound_ms, measured.true_skew_ms
+            ));
+        }
+        Ok(())
+    });
 }
 
 /// ±10 ms of jitter on every one-way delay (20 ms each way on average), as in the issue
@@ -228,38 +224,33 @@ fn asymmetric_paths_skew_the_true_start_and_the_bound_covers_it() {
 fn jittery_paths_keep_the_true_skew_within_the_bound() {
     let _timing = timing_lock();
     let jittery = Direction::jittery(Duration::from_millis(20), Duration::from_millis(10));
-    remeasure(
-        "true start skew over jittery paths",
-        fixtures::TIMING_ATTEMPTS,
-        || {
-            let measured =
-                run_over_links("jittery-clock", [(jittery, jittery), (jittery, jittery)]);
-            eprintln!(
-                "jittery: true skew {:.2} ms, reported {:.3} ms, bound {:.2} ms, uncertainties {:?} ms",
-                measured.true_skew_ms,
-                measured.reported_skew_ms,
-                measured.bound_ms,
-                measured.uncertainties_ms
-            );
-            for u in &measured.uncertainties_ms {
-                // The shortest possible round trip is 20 ms (10 each way).
-                assert!(*u >= 10.0, "half a round trip of 20 ms or more: {u} ms");
-            }
-            assert_bound_warning(&measured);
-            // The extra pings a jittery path gets find a short round trip: one under 30 ms
-            // comes one ping in 8, so 8 pings miss it a third of the time, 32 pings 1.4 %.
-            if let Some(u) = measured.uncertainties_ms.iter().find(|u| **u >= 15.0) {
-                return Err(format!(
-                    "uncertainty {u:.2} ms: no round trip under 30 ms was found"
-                ));
-            }
-            if measured.bound_ms + 1.0 < measured.true_skew_ms {
-                return Err(format!(
-                    "bound {:.2} ms < true skew {:.2} ms",
-                    measured.bound_ms, measured.true_skew_ms
-                ));
-            }
-            Ok(())
-        },
-    );
+    remeasure("true start skew over jittery paths", || {
+        let measured = run_over_links("jittery-clock", [(jittery, jittery), (jittery, jittery)]);
+        eprintln!(
+            "jittery: true skew {:.2} ms, reported {:.3} ms, bound {:.2} ms, uncertainties {:?} ms",
+            measured.true_skew_ms,
+            measured.reported_skew_ms,
+            measured.bound_ms,
+            measured.uncertainties_ms
+        );
+        for u in &measured.uncertainties_ms {
+            // The shortest possible round trip is 20 ms (10 each way).
+            assert!(*u >= 10.0, "half a round trip of 20 ms or more: {u} ms");
+        }
+        assert_bound_warning(&measured);
+        // The extra pings a jittery path gets find a short round trip: one under 30 ms
+        // comes one ping in 8, so 8 pings miss it a third of the time, 32 pings 1.4 %.
+        if let Some(u) = measured.uncertainties_ms.iter().find(|u| **u >= 15.0) {
+            return Err(format!(
+                "uncertainty {u:.2} ms: no round trip under 30 ms was found"
+            ));
+        }
+        if measured.bound_ms + 1.0 < measured.true_skew_ms {
+            return Err(format!(
+                "bound {:.2} ms < true skew {:.2} ms",
+                measured.bound_ms, measured.true_skew_ms
+            ));
+        }
+        Ok(())
+    });
 }

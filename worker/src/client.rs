@@ -7,6 +7,14 @@
 //! without saying `Connection: close`; the next request written on that pooled connection
 //! then fails before any response byte. Such a request never reached the model, so it is
 //! sent once more on a connection of its own, and counted as resent.
+//!
+//! Three transports carry requests: reqwest (HTTPS, HTTP/2, SigV4, a proxy), the own
+//! HTTP/1.1 client `h1` (cleartext targets), and — only under the benchmark's internal
+//! switch — hyper's `client::conn::http1` (`hyper_conn`). The send rules are written once,
+//! over all of them ([`TargetClient::send_route`]): t0, the deadline, the resend, the
+//! connection timing; so are the pre-opening of connections (`open_ahead`) and the
+//! classification of failures ([`classify`], on `common::transport`'s, which the recording
+//! proxy shares). A transport contributes one attempt and nothing else.
 
 use std::any::Any;
 use std::error::Error as StdError;
@@ -14,14 +22,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::measure::{TlsProblem, TransportCause};
+use common::measure::TransportCause;
 use common::metrics::{HttpProtocol, TlsVersion};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 
 use crate::config::TransportConfig;
-use crate::h1;
 use crate::metrics_actor::MetricsHandle;
+use crate::{h1, hyper_conn};
 
 /// Why the HTTP client could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -61,15 +69,38 @@ pub struct TargetClient {
     connections: Arc<ConnectShared>,
     /// Cleartext HTTP/2 with prior knowledge: one connection carries every stream.
     h2c: bool,
-    /// The own HTTP/1.1 client's keep-alive connections: `http://` targets go through it
-    /// unless HTTP/2, SigV4 or a proxy is asked for ([`TargetClient::own_http1`]).
-    h1: Option<Arc<h1::Pool>>,
+    /// The cleartext HTTP/1.1 transport's keep-alive connections: `http://` targets go
+    /// through it unless HTTP/2, SigV4 or a proxy is asked for ([`TargetClient::own_http1`]).
+    h1: Option<Http1Stack>,
+}
+
+/// Which HTTP/1.1 transport carries cleartext requests, with its pool: `h1`, or hyper's
+/// `client::conn::http1` when the internal benchmark switch asks for it
+/// ([`hyper_conn::SEND_PATH_ENV`]).
+#[derive(Clone)]
+enum Http1Stack {
+    Own(Arc<h1::Pool>),
+    HyperConn {
+        pool: Arc<hyper_conn::Pool>,
+        read_buffer: usize,
+    },
+}
+
+impl Http1Stack {
+    fn idle_count(&self) -> usize {
+        match self {
+            Http1Stack::Own(pool) => pool.idle_count(),
+            Http1Stack::HyperConn { pool, .. } => pool.idle_count(),
+        }
+    }
 }
 
 /// A response head and the body to read, from either client.
 pub enum Response {
     Reqwest(reqwest::Response),
     H1(h1::Response),
+    /// Boxed: hyper's connection is large, and every open stream would carry its space.
+    HyperConn(Box<hyper_conn::Response>),
 }
 
 /// Why reading a response body failed.
@@ -80,6 +111,8 @@ pub enum BodyError {
     Reqwest(#[source] reqwest::Error),
     #[error("{0}")]
     H1(#[source] h1::H1Error),
+    #[error("{0}")]
+    HyperConn(#[source] hyper::Error),
 }
 
 impl Response {
@@ -87,6 +120,7 @@ impl Response {
         match self {
             Response::Reqwest(response) => response.status(),
             Response::H1(response) => response.status,
+            Response::HyperConn(response) => response.status,
         }
     }
 
@@ -98,6 +132,7 @@ impl Response {
                 .get(http::header::CONTENT_TYPE)
                 .and_then(|v| v.to_str().ok()),
             Response::H1(response) => response.content_type.as_deref(),
+            Response::HyperConn(response) => response.content_type.as_deref(),
         }
     }
 
@@ -109,6 +144,7 @@ impl Response {
                 .await
                 .map_err(|e| BodyError::Reqwest(e.without_url())),
             Response::H1(response) => response.chunk().await.map_err(BodyError::H1),
+            Response::HyperConn(response) => response.chunk().await.map_err(BodyError::HyperConn),
         }
     }
 
@@ -118,10 +154,16 @@ impl Response {
     /// here, then in the background, up to a second and 64 KiB in all); otherwise the
     /// connection is dropped.
     pub async fn finish(self) {
-        if let Response::H1(response) = self {
-            response
-                .finish(Duration::from_millis(2), Duration::from_secs(1), 64 << 10)
-                .await;
+        let (inline, patience, limit) =
+            (Duration::from_millis(2), Duration::from_secs(1), 64 << 10);
+        match self {
+            Response::H1(response) => response.finish(inline, patience, limit).await,
+            // Boxed: hyper's response is large, and every stream's task would carry the
+            // space of this future (measured: +1.2 KB a stream, 10,000 streams +12 MB).
+            Response::HyperConn(response) => {
+                Box::pin(response.finish(inline, patience, limit)).await
+            }
+            Response::Reqwest(_) => {}
         }
     }
 }
@@ -243,7 +285,13 @@ impl TargetClient {
             signer: transport.sigv4.clone(),
             connections,
             h2c: transport.h2c,
-            h1: own_http1.then(|| Arc::new(h1::Pool::default())),
+            h1: own_http1.then(|| match hyper_conn::from_environment() {
+                Some(read_buffer) => Http1Stack::HyperConn {
+                    pool: Arc::default(),
+                    read_buffer,
+                },
+                None => Http1Stack::Own(Arc::default()),
+            }),
         })
     }
 
@@ -251,7 +299,7 @@ impl TargetClient {
     /// client sends to `url`: a cleartext `http://` URL without credentials, and neither
     /// HTTP/2 (`--target-h2c`), SigV4 nor a proxy (`HTTP_PROXY`, `ALL_PROXY`, which reqwest
     /// honours) asked for.
-    fn own_http1<'u>(&self, url: &'u str) -> Option<(&Arc<h1::Pool>, &'u str, &'u str)> {
+    fn own_http1<'u>(&self, url: &'u str) -> Option<(&Http1Stack, &'u str, &'u str)> {
         let pool = self.h1.as_ref()?;
         let (authority, target) = h1::split_url(url)?;
         Some((pool, authority, target))
@@ -267,28 +315,31 @@ impl TargetClient {
     /// Nothing is written on them. One connection only when it speaks HTTP/2 (every stream
     /// shares it). Each connection is given `patience`; returns how many are waiting.
     pub async fn preconnect(&self, url: &str, count: usize, patience: Duration) -> usize {
-        use futures_util::StreamExt;
         if count == 0 {
             return self.spare_connections();
         }
-        if let Some((pool, authority, _)) = self.own_http1(url) {
-            let sink = lock(&self.connections.sink).clone();
-            h1::preconnect(pool, authority, count, patience, |took| {
-                let sink = sink.clone();
-                async move {
-                    if let Some(sink) = sink {
-                        sink.record_connection(
-                            took.as_micros() as u64,
-                            None,
-                            HttpProtocol::Http1,
-                            TlsVersion::None,
-                        )
-                        .await;
+        match self.own_http1(url) {
+            Some((Http1Stack::Own(pool), authority, _)) => {
+                let open_one = || async move {
+                    let connect = self.timed_connect(h1::connect(authority));
+                    if let Ok(Ok(conn)) = tokio::time::timeout(patience, connect).await {
+                        pool.put(authority, conn);
                     }
-                }
-            })
-            .await;
-            return self.spare_connections();
+                };
+                open_ahead(count, open_one, || pool.idle_count() > 0).await;
+                return self.spare_connections();
+            }
+            Some((Http1Stack::HyperConn { pool, read_buffer }, authority, _)) => {
+                let open_one = || async move {
+                    let connect = self.timed_connect(hyper_conn::connect(authority, *read_buffer));
+                    if let Ok(Ok(conn)) = tokio::time::timeout(patience, connect).await {
+                        pool.put(authority, conn);
+                    }
+                };
+                open_ahead(count, open_one, || pool.idle_count() > 0).await;
+                return self.spare_connections();
+            }
+            None => {}
         }
         let open_one = || {
             // The layer keeps the connection and fails the request before anything is
@@ -297,32 +348,23 @@ impl TargetClient {
                 let _ = tokio::time::timeout(patience, self.pooled.head(url).send()).await;
             })
         };
-        open_one().await;
-        if self.spare_connections() == 0
-            || self.h2c
-            || self.connections.negotiated_h2.load(Ordering::Relaxed)
-        {
-            return self.spare_connections();
-        }
-        // Not all at once: a listener's accept backlog is finite.
-        futures_util::stream::iter(1..count)
-            .map(|_| open_one())
-            .buffer_unordered(64)
-            .for_each(|()| async {})
-            .await;
+        let more_than_one = || {
+            self.spare_connections() > 0
+                && !self.h2c
+                && !self.connections.negotiated_h2.load(Ordering::Relaxed)
+        };
+        open_ahead(count, open_one, more_than_one).await;
         self.spare_connections()
     }
 
     /// Pre-opened connections not yet taken by a request.
     pub fn spare_connections(&self) -> usize {
-        lock(&self.connections.stash).len() + self.h1.as_ref().map_or(0, |pool| pool.idle_count())
+        lock(&self.connections.stash).len() + self.h1.as_ref().map_or(0, Http1Stack::idle_count)
     }
 
     /// Send a prepared request: through the own HTTP/1.1 client when it serves `url`
-    /// ([`TargetClient::own_http1`]), otherwise through reqwest ([`TargetClient::send`]).
-    /// The same rules either way: t0 just before the write (or when a new connection became
-    /// ready), one resend on a fresh connection when the connection failed before any
-    /// response byte, the whole request within the first t0 + `timeout`.
+    /// ([`TargetClient::own_http1`]), otherwise through reqwest. The same rules either way
+    /// ([`TargetClient::send_route`]).
     pub async fn send_prepared(
         &self,
         method: http::Method,
@@ -331,10 +373,75 @@ impl TargetClient {
         body: bytes::Bytes,
         timeout: Duration,
     ) -> Sent {
-        let Some((pool, authority, target)) = self.own_http1(url) else {
-            let request = self.request(method, url).headers(headers).body(body);
-            return self.send(request, timeout).await;
+        match self.own_http1(url) {
+            None => {
+                // Boxed: reqwest's request and builder are large, and the own HTTP/1.1
+                // client's requests (every stream of a slow server waiting for its head at
+                // once) would otherwise carry their space too.
+                let request = self.request(method, url).headers(headers).body(body);
+                Box::pin(self.send(request, timeout)).await
+            }
+            Some((Http1Stack::Own(pool), authority, target)) => {
+                let head = h1::request_head(&method, authority, target, &headers, body.len());
+                let route = Route::Http1(Http1Exchange {
+                    pool,
+                    authority,
+                    method: &method,
+                    head: &head,
+                    body: &body,
+                });
+                self.send_route(&route, url, timeout).await
+            }
+            Some((Http1Stack::HyperConn { pool, read_buffer }, authority, target)) => {
+                let route = Route::HyperConn(HyperConnExchange {
+                    pool,
+                    read_buffer: *read_buffer,
+                    authority,
+                    method: &method,
+                    target,
+                    headers: &headers,
+                    body: &body,
+                });
+                self.send_route(&route, url, timeout).await
+            }
+        }
+    }
+
+    /// Start a request (headers and body are added by the caller).
+    pub fn request(&self, method: reqwest::Method, url: &str) -> reqwest::RequestBuilder {
+        self.pooled.request(method, url)
+    }
+
+    /// Send `request` through reqwest (signing it when asked), under the rules of
+    /// [`TargetClient::send_route`].
+    pub async fn send(&self, request: reqwest::RequestBuilder, timeout: Duration) -> Sent {
+        let request = match request.build() {
+            Ok(request) => request,
+            Err(error) => {
+                tracing::debug!(error = %chain(&error), "the request could not be built");
+                let now = Instant::now();
+                return Sent {
+                    first_t0: now,
+                    t0: now,
+                    sent_unix_us: unix_micros(SystemTime::now()),
+                    deadline: tokio::time::Instant::from_std(now + timeout),
+                    resent: false,
+                    result: Err(SendFailure::Transport(TransportCause::Other)),
+                };
+            }
         };
+        let url = request.url().as_str().to_owned();
+        let route = Route::Reqwest(Box::new(request));
+        self.send_route(&route, &url, timeout).await
+    }
+
+    /// The rules of every send, whichever client carries it: t0 just before the write (or
+    /// when a new connection the attempt had to open became ready: connection setup is
+    /// measured apart, never in TTFT); one resend on a fresh connection when the attempt
+    /// failed on its connection, after writing, before any response byte (closed or reset:
+    /// the server never answered it); the whole request, resend included, ends at the first
+    /// attempt's t0 + `timeout`; every failure named by [`classify`].
+    async fn send_route(&self, route: &Route<'_>, url: &str, timeout: Duration) -> Sent {
         let first_t0 = Instant::now();
         let mut sent = Sent {
             first_t0,
@@ -344,114 +451,93 @@ impl TargetClient {
             resent: false,
             result: Err(SendFailure::Transport(TransportCause::Other)),
         };
-        let head = h1::request_head(&method, authority, target, &headers, body.len());
-        let exchange = H1Exchange {
-            pool,
-            authority,
-            method: &method,
-            head: &head,
-            body: &body,
-        };
-        let error = match self.attempt_h1(&exchange, false, &mut sent).await {
+        let failure = match self.attempt(route, Connection::Any, &mut sent).await {
             Ok(response) => {
-                sent.result = Ok(Response::H1(response));
+                sent.result = Ok(response);
                 return sent;
             }
-            Err(H1AttemptError::Timeout) => {
-                sent.result = Err(SendFailure::Timeout);
-                return sent;
-            }
-            Err(H1AttemptError::Failed { error, connecting }) => (error, connecting),
+            Err(failure) => failure,
         };
+        // Logged redacted: a target URL may carry credentials in its query.
         let url = common::recording::redact_url(url);
-        let cause = classify(&error.0);
-        if !error.1
-            && matches!(
-                cause,
-                TransportCause::ClosedBeforeResponse | TransportCause::Reset
-            )
-        {
-            tracing::debug!(
-                cause = cause.name(),
-                error = %error.0,
-                url,
-                "connection closed before a response; resending once on a fresh connection"
-            );
-            sent.resent = true;
-            sent.result = match self.attempt_h1(&exchange, true, &mut sent).await {
-                Ok(response) => Ok(Response::H1(response)),
-                Err(H1AttemptError::Timeout) => Err(SendFailure::Timeout),
-                Err(H1AttemptError::Failed { error, .. }) => {
-                    let cause = classify(&error);
-                    tracing::debug!(cause = cause.name(), %error, url, "request failed before a response");
-                    Err(SendFailure::Transport(cause))
-                }
-            };
+        let AttemptError::Failed {
+            cause,
+            written,
+            detail,
+        } = failure
+        else {
+            sent.result = Err(SendFailure::Timeout);
+            return sent;
+        };
+        if !(written && resendable(cause)) {
+            tracing::debug!(cause = cause.name(), error = %detail, url, "request failed before a response");
+            sent.result = Err(SendFailure::Transport(cause));
             return sent;
         }
-        tracing::debug!(cause = cause.name(), error = %error.0, url, "request failed before a response");
-        sent.result = Err(SendFailure::Transport(cause));
+        tracing::debug!(
+            cause = cause.name(),
+            error = %detail,
+            url,
+            "connection closed before a response; resending once on a fresh connection"
+        );
+        sent.resent = true;
+        sent.result = match self.attempt(route, Connection::Fresh, &mut sent).await {
+            Ok(response) => Ok(response),
+            Err(AttemptError::Timeout) => Err(SendFailure::Timeout),
+            Err(AttemptError::Failed { cause, detail, .. }) => {
+                tracing::debug!(cause = cause.name(), error = %detail, url, "request failed before a response");
+                Err(SendFailure::Transport(cause))
+            }
+        };
         sent
     }
 
-    /// One attempt through the own HTTP/1.1 client: a pooled connection (or a new one when
-    /// `fresh` or none waits), t0, the write, the response head; all before the deadline.
-    async fn attempt_h1(
+    /// One attempt of `route`: t0, the write, the response head, all before the deadline;
+    /// t0 moves to the instant a connection the attempt had to open became ready.
+    async fn attempt(
         &self,
-        exchange: &H1Exchange<'_>,
-        fresh: bool,
+        route: &Route<'_>,
+        connection: Connection,
         sent: &mut Sent,
-    ) -> Result<h1::Response, H1AttemptError> {
-        sent.sent_unix_us = unix_micros(SystemTime::now());
-        sent.t0 = Instant::now();
-        // Shared with the attempt's future (which a timeout drops): plain, uncontended.
-        let ready = Mutex::new(None);
-        let connecting = AtomicBool::new(false);
+    ) -> Result<Response, AttemptError> {
+        let ready = ConnectReady::default();
+        let deadline = sent.deadline;
+        // The reqwest and hyper attempts are boxed: their futures are large, and a request
+        // waiting for its head (every stream of a slow server at once) holds this one.
         let work = async {
-            let pooled = if fresh {
-                None
-            } else {
-                exchange.pool.take(exchange.authority)
-            };
-            let mut conn = match pooled {
-                Some(conn) => conn,
-                None => {
-                    connecting.store(true, Ordering::Relaxed);
-                    let started = Instant::now();
-                    let conn = h1::connect(exchange.authority).await?;
-                    let at = Instant::now();
-                    *lock(&ready) = Some(at);
-                    let sink = lock(&self.connections.sink).clone();
-                    if let Some(sink) = sink {
-                        sink.record_connection(
-                            (at - started).as_micros() as u64,
-                            None,
-                            HttpProtocol::Http1,
-                            TlsVersion::None,
-                        )
-                        .await;
-                    }
-                    connecting.store(false, Ordering::Relaxed);
-                    conn
+            match route {
+                Route::Reqwest(request) => {
+                    Box::pin(self.attempt_reqwest(request, connection, &ready, sent)).await
                 }
-            };
-            conn.write_request(exchange.head, exchange.body).await?;
-            let head = conn.read_head(exchange.method).await?;
-            Ok::<_, h1::H1Error>(h1::Response::new(
-                head,
-                conn,
-                exchange.authority,
-                Arc::clone(exchange.pool),
-            ))
+                Route::Http1(exchange) => {
+                    stamp_t0(sent);
+                    self.attempt_http1(exchange, connection, &ready).await
+                }
+                Route::HyperConn(exchange) => {
+                    // Built for each attempt: hyper takes the request.
+                    let request = hyper_conn::request(
+                        exchange.method,
+                        exchange.authority,
+                        exchange.target,
+                        exchange.headers,
+                        exchange.body,
+                    )
+                    .map_err(|error| {
+                        AttemptError::before_write(TransportCause::Other, error.to_string())
+                    })?;
+                    stamp_t0(sent);
+                    Box::pin(self.attempt_hyper_conn(exchange, request, connection, &ready)).await
+                }
+            }
         };
         let result = tokio::select! {
-            result = work => result.map_err(|error| H1AttemptError::Failed {
-                error,
-                connecting: connecting.load(Ordering::Relaxed),
-            }),
-            _ = tokio::time::sleep_until(sent.deadline) => Err(H1AttemptError::Timeout),
+            result = work => result,
+            _ = tokio::time::sleep_until(deadline) => Err(AttemptError::Timeout),
         };
-        // As for reqwest: the request was written once its new connection was ready.
+        // The request was written once its new connection was ready: t0 moves there.
+        // (Should a pooled reqwest connection free up first, hyper takes it and finishes the
+        // new one in the background; this request then only moves by the part of the
+        // connect that ran before its response came, which is the rare case of a race.)
         if let Some(ready) = *lock(&ready)
             && ready > sent.t0
         {
@@ -462,128 +548,251 @@ impl TargetClient {
         result
     }
 
-    /// Start a request (headers and body are added by the caller).
-    pub fn request(&self, method: reqwest::Method, url: &str) -> reqwest::RequestBuilder {
-        self.pooled.request(method, url)
-    }
-
-    /// Send `request` (signing it when asked), resending it once on a fresh connection when
-    /// the first attempt failed on its connection before any response byte. The whole
-    /// request, resend included, ends at the first attempt's t0 + `timeout`.
-    pub async fn send(&self, request: reqwest::RequestBuilder, timeout: Duration) -> Sent {
-        let first_t0 = Instant::now();
-        let deadline = tokio::time::Instant::from_std(first_t0 + timeout);
-        let mut sent = Sent {
-            first_t0,
-            t0: first_t0,
-            sent_unix_us: unix_micros(SystemTime::now()),
-            deadline,
-            resent: false,
-            result: Err(SendFailure::Transport(TransportCause::Other)),
-        };
-        let request = match request.build() {
-            Ok(request) => request,
-            Err(error) => {
-                tracing::debug!(error = %chain(&error), "the request could not be built");
-                return sent;
-            }
-        };
-        let spare = request.try_clone();
-        // Logged redacted: a target URL may carry credentials in its query.
-        let url = common::recording::redact_url(request.url().as_str());
-        let error = match self.attempt(&self.pooled, request, &mut sent).await {
-            Ok(response) => {
-                sent.result = Ok(Response::Reqwest(response));
-                return sent;
-            }
-            Err(AttemptError::Timeout) => {
-                sent.result = Err(SendFailure::Timeout);
-                return sent;
-            }
-            Err(AttemptError::Unsigned) => return sent,
-            Err(AttemptError::Http(error)) => error,
-        };
-        let cause = classify(&error);
-        match spare {
-            Some(spare) if resendable(&error, cause) => {
-                tracing::debug!(
-                    cause = cause.name(),
-                    error = %chain(&error),
-                    url,
-                    "connection closed before a response; resending once on a fresh connection"
-                );
-                sent.resent = true;
-                sent.result = match self.attempt(&self.fresh, spare, &mut sent).await {
-                    Ok(response) => Ok(Response::Reqwest(response)),
-                    Err(AttemptError::Timeout) => Err(SendFailure::Timeout),
-                    Err(AttemptError::Unsigned) => {
-                        Err(SendFailure::Transport(TransportCause::Other))
-                    }
-                    Err(AttemptError::Http(error)) => Err(failure(&error, &url)),
-                };
-            }
-            _ => sent.result = Err(failure(&error, &url)),
-        }
-        sent
-    }
-
-    /// One attempt: sign, stamp t0, send until the deadline.
-    async fn attempt(
+    /// One attempt through reqwest: sign (a resend is signed anew), stamp t0, send.
+    async fn attempt_reqwest(
         &self,
-        client: &reqwest::Client,
-        mut request: reqwest::Request,
+        request: &reqwest::Request,
+        connection: Connection,
+        ready: &ConnectReady,
         sent: &mut Sent,
-    ) -> Result<reqwest::Response, AttemptError> {
+    ) -> Result<Response, AttemptError> {
+        // A bytes body always clones; should one not, nothing was written (no resend).
+        let Some(mut request) = request.try_clone() else {
+            return Err(AttemptError::before_write(
+                TransportCause::Other,
+                "the request body cannot be sent twice".into(),
+            ));
+        };
         if let Some(signer) = &self.signer
             && let Err(error) = signer.sign(&mut request, SystemTime::now())
         {
             // Signing only fails on a malformed URL or header; count it as a transport
             // failure of this request rather than stopping the run.
             tracing::warn!(%error, "SigV4 signing failed");
-            return Err(AttemptError::Unsigned);
+            return Err(AttemptError::before_write(
+                TransportCause::Other,
+                "SigV4 signing failed".into(),
+            ));
         }
-        let connected = Arc::new(Mutex::new(None));
-        sent.sent_unix_us = unix_micros(SystemTime::now());
-        sent.t0 = Instant::now();
-        let result = tokio::select! {
-            response = REQUEST_CONNECTED.scope(Arc::clone(&connected), client.execute(request)) => {
-                response.map_err(AttemptError::Http)
-            }
-            _ = tokio::time::sleep_until(sent.deadline) => Err(AttemptError::Timeout),
+        let client = match connection {
+            Connection::Any => &self.pooled,
+            Connection::Fresh => &self.fresh,
         };
-        // The request was written once its new connection was ready: t0 moves there.
-        // (Should a pooled connection free up first, hyper takes it and finishes the new one
-        // in the background; this request then only moves by the part of the connect that
-        // ran before its response came, which is the rare case of a race.)
-        let ready = *lock(&connected);
-        if let Some(ready) = ready
-            && ready > sent.t0
+        stamp_t0(sent);
+        match REQUEST_CONNECTED
+            .scope(Arc::clone(ready), client.execute(request))
+            .await
         {
-            let waited = ready - sent.t0;
-            sent.t0 = ready;
-            sent.sent_unix_us += waited.as_micros() as u64;
+            Ok(response) => Ok(Response::Reqwest(response)),
+            Err(error) if error.is_timeout() => Err(AttemptError::Timeout),
+            Err(error) => Err(AttemptError::Failed {
+                cause: classify(&error),
+                written: !error.is_connect(),
+                detail: chain(&error),
+            }),
         }
-        result
+    }
+
+    /// One attempt through the own HTTP/1.1 client: a pooled connection (or a new one when
+    /// `Fresh` or none waits), the write, the response head.
+    async fn attempt_http1(
+        &self,
+        exchange: &Http1Exchange<'_>,
+        connection: Connection,
+        ready: &ConnectReady,
+    ) -> Result<Response, AttemptError> {
+        let pooled = match connection {
+            Connection::Any => exchange.pool.take(exchange.authority),
+            Connection::Fresh => None,
+        };
+        let mut conn = match pooled {
+            Some(conn) => conn,
+            None => {
+                // Boxed: a new connection is the rare path, and its future is large.
+                let conn = Box::pin(self.timed_connect(h1::connect(exchange.authority)))
+                    .await
+                    .map_err(|error| {
+                        AttemptError::before_write(classify(&error), error.to_string())
+                    })?;
+                *lock(ready) = Some(Instant::now());
+                conn
+            }
+        };
+        let failed = |error: h1::H1Error| AttemptError::Failed {
+            cause: classify(&error),
+            written: true,
+            detail: error.to_string(),
+        };
+        conn.write_request(exchange.head, exchange.body)
+            .await
+            .map_err(|error| failed(error.into()))?;
+        let head = conn.read_head(exchange.method).await.map_err(failed)?;
+        Ok(Response::H1(h1::Response::new(
+            head,
+            conn,
+            exchange.authority,
+            Arc::clone(exchange.pool),
+        )))
+    }
+
+    /// One attempt through hyper's `client::conn::http1`, driven in this task: a pooled
+    /// connection (or a new one when `Fresh` or none waits), the write, the response head.
+    async fn attempt_hyper_conn(
+        &self,
+        exchange: &HyperConnExchange<'_>,
+        request: http::Request<http_body_util::Full<bytes::Bytes>>,
+        connection: Connection,
+        ready: &ConnectReady,
+    ) -> Result<Response, AttemptError> {
+        let pooled = match connection {
+            Connection::Any => exchange.pool.take(exchange.authority),
+            Connection::Fresh => None,
+        };
+        let mut conn = match pooled {
+            Some(conn) => conn,
+            None => {
+                let connect = hyper_conn::connect(exchange.authority, exchange.read_buffer);
+                let conn = self.timed_connect(connect).await.map_err(|error| {
+                    AttemptError::before_write(classify(&error), error.to_string())
+                })?;
+                *lock(ready) = Some(Instant::now());
+                conn
+            }
+        };
+        let response = conn
+            .send(request)
+            .await
+            .map_err(|error| AttemptError::Failed {
+                cause: classify(&error),
+                written: true,
+                detail: error.to_string(),
+            })?;
+        Ok(Response::HyperConn(Box::new(hyper_conn::Response::new(
+            response,
+            conn,
+            exchange.authority,
+            Arc::clone(exchange.pool),
+        ))))
+    }
+
+    /// A new cleartext HTTP/1.1 connection, timed into the metrics like every other.
+    async fn timed_connect<T, E>(
+        &self,
+        connect: impl std::future::Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
+        let started = Instant::now();
+        let conn = connect.await?;
+        let took = started.elapsed();
+        self.connections
+            .record(took, None, HttpProtocol::Http1, TlsVersion::None)
+            .await;
+        Ok(conn)
+    }
+}
+
+/// Open connections ahead of the run with `open_one` (each keeps what it opened): one first,
+/// and more, up to `count` in all, only when `more_than_one` then says so (that one opened,
+/// and does not carry every request by itself as an HTTP/2 connection does) — at most 64 at
+/// once, as a listener's accept backlog is finite.
+async fn open_ahead<F, Fut>(count: usize, open_one: F, more_than_one: impl Fn() -> bool)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    use futures_util::StreamExt;
+    open_one().await;
+    if !more_than_one() {
+        return;
+    }
+    futures_util::stream::iter(1..count)
+        .map(|_| open_one())
+        .buffer_unordered(64)
+        .for_each(|()| async {})
+        .await;
+}
+
+/// The request's t0 (and its wall-clock twin): now, just before the write.
+fn stamp_t0(sent: &mut Sent) {
+    sent.sent_unix_us = unix_micros(SystemTime::now());
+    sent.t0 = Instant::now();
+}
+
+/// A failure that may be sent again: the connection closed or was reset, after the request
+/// was written and before any byte of its response. The server never answered it (a
+/// keep-alive connection it was closing), so it is sent once more on a connection of its own.
+fn resendable(cause: TransportCause) -> bool {
+    matches!(
+        cause,
+        TransportCause::ClosedBeforeResponse | TransportCause::Reset
+    )
+}
+
+/// One request as it goes out, the same for every attempt.
+enum Route<'a> {
+    /// Through reqwest (HTTPS, HTTP/2, SigV4, a proxy): a copy is sent at each attempt.
+    /// Boxed, so that a route of the other clients is small.
+    Reqwest(Box<reqwest::Request>),
+    /// Through the own HTTP/1.1 client.
+    Http1(Http1Exchange<'a>),
+    /// Through hyper's `client::conn::http1` (the benchmark's switch).
+    HyperConn(HyperConnExchange<'a>),
+}
+
+/// One request for hyper's `client::conn::http1`: where it goes and what it is.
+struct HyperConnExchange<'a> {
+    pool: &'a Arc<hyper_conn::Pool>,
+    read_buffer: usize,
+    authority: &'a str,
+    method: &'a http::Method,
+    target: &'a str,
+    headers: &'a http::HeaderMap,
+    body: &'a bytes::Bytes,
+}
+
+/// Which connection an attempt may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Connection {
+    /// A pooled (or pre-opened) one, or a new one when none waits.
+    Any,
+    /// A new one, never reused (the resend).
+    Fresh,
+}
+
+/// When the connection an attempt had to open became ready; `None` when it took one that
+/// was open. reqwest's connector layer learns it through a task-local.
+type ConnectReady = Arc<Mutex<Option<Instant>>>;
+
+/// How one attempt failed.
+enum AttemptError {
+    /// The request's deadline passed first.
+    Timeout,
+    Failed {
+        cause: TransportCause,
+        /// The request was written (or being written): only then may it be resent. A
+        /// failure opening the connection, or before, was never seen by the server.
+        written: bool,
+        /// The error and its causes, for the logs (no URL: the caller logs it redacted).
+        detail: String,
+    },
+}
+
+impl AttemptError {
+    fn before_write(cause: TransportCause, detail: String) -> AttemptError {
+        AttemptError::Failed {
+            cause,
+            written: false,
+            detail,
+        }
     }
 }
 
 /// One request for the own HTTP/1.1 client: where it goes and its bytes.
-struct H1Exchange<'a> {
+struct Http1Exchange<'a> {
     pool: &'a Arc<h1::Pool>,
     authority: &'a str,
     method: &'a http::Method,
     head: &'a [u8],
     body: &'a bytes::Bytes,
-}
-
-/// How one attempt of the own HTTP/1.1 client failed.
-enum H1AttemptError {
-    Timeout,
-    /// `connecting`: it failed opening its connection (nothing was written: no resend).
-    Failed {
-        error: h1::H1Error,
-        connecting: bool,
-    },
 }
 
 /// A proxy reqwest would use for `http://` targets is set in the environment.
@@ -706,8 +915,8 @@ where
             let ready = Instant::now();
             let handshake = *lock(&tls_started);
             let tls = handshake.started;
-            let connect_us = tls.unwrap_or(ready).saturating_duration_since(started);
-            let tls_us = tls.map(|t| ready.saturating_duration_since(t).as_micros() as u64);
+            let connect = tls.unwrap_or(ready).saturating_duration_since(started);
+            let handshake_took = tls.map(|t| ready.saturating_duration_since(t));
             let h2 = hyper_util::client::legacy::connect::Connection::connected(&conn)
                 .is_negotiated_h2();
             let version = match (tls, handshake.version) {
@@ -720,11 +929,9 @@ where
                 (true, TlsVersion::None) => HttpProtocol::H2c,
                 (true, _) => HttpProtocol::H2,
             };
-            let sink = lock(&shared.sink).clone();
-            if let Some(sink) = sink {
-                sink.record_connection(connect_us.as_micros() as u64, tls_us, protocol, version)
-                    .await;
-            }
+            shared
+                .record(connect, handshake_took, protocol, version)
+                .await;
             if preconnecting {
                 shared.negotiated_h2.store(h2, Ordering::Relaxed);
                 lock(&shared.stash).push(Box::new(conn));
@@ -739,6 +946,27 @@ where
 }
 
 impl ConnectShared {
+    /// Time one new connection into the run's metrics: its setup (name resolution and TCP
+    /// connect) and its TLS handshake, by protocol and TLS version.
+    async fn record(
+        &self,
+        connect: Duration,
+        tls: Option<Duration>,
+        protocol: HttpProtocol,
+        version: TlsVersion,
+    ) {
+        let sink = lock(&self.sink).clone();
+        if let Some(sink) = sink {
+            sink.record_connection(
+                connect.as_micros() as u64,
+                tls.map(|t| t.as_micros() as u64),
+                protocol,
+                version,
+            )
+            .await;
+        }
+    }
+
     fn take_stashed<C: 'static>(&self) -> Option<C> {
         let conn = lock(&self.stash).pop()?;
         // The stash only ever holds this connector's connections.
@@ -868,109 +1096,21 @@ impl rustls::client::ClientSessionStore for TimedSessionStore {
     }
 }
 
-/// How one attempt failed.
-enum AttemptError {
-    Timeout,
-    /// Signing failed (a malformed URL or header): a transport failure of this request.
-    Unsigned,
-    Http(reqwest::Error),
-}
-
-fn failure(error: &reqwest::Error, url: &str) -> SendFailure {
-    if error.is_timeout() {
-        return SendFailure::Timeout;
-    }
-    let cause = classify(error);
-    tracing::debug!(cause = cause.name(), error = %chain(error), url, "request failed before a response");
-    SendFailure::Transport(cause)
-}
-
-/// A request that failed this way never got a byte of response on a connection that was
-/// open: it is safe to send again, once.
-fn resendable(error: &reqwest::Error, cause: TransportCause) -> bool {
-    !error.is_connect()
-        && matches!(
-            cause,
-            TransportCause::ClosedBeforeResponse | TransportCause::Reset
-        )
-}
-
-/// The cause of a transport failure, from the error's source chain (rustls, I/O and hyper
-/// errors are recognised; DNS failures by their message, as the resolver's type is private).
-///
-/// A [`BodyError`] came after a response head: whatever ended the body (a close, a reset,
-/// an HTTP/2 `RST_STREAM`), the cause is [`TransportCause::ClosedAfterHead`], the same on
-/// either client and protocol. An HTTP/1.1 request answered with HTTP/2 frames is
-/// [`TransportCause::Http2Only`].
+/// The cause of a transport failure: [`common::transport::classify`], the classification
+/// the recording proxy shares, plus what only this client's errors say. A [`BodyError`]
+/// came after a response head: whatever ended the body (a close, a reset, an HTTP/2
+/// `RST_STREAM`), the cause is [`TransportCause::ClosedAfterHead`], the same on either client
+/// and protocol. The own HTTP/1.1 client's [`h1::H1Error::Http2Answer`] (an HTTP/1.1 request
+/// answered with HTTP/2 frames) is [`TransportCause::Http2Only`], as hyper's parse error of
+/// the same is.
 pub fn classify(error: &(dyn StdError + 'static)) -> TransportCause {
     if error.downcast_ref::<BodyError>().is_some() {
         return TransportCause::ClosedAfterHead;
     }
-    let mut current: Option<&(dyn StdError + 'static)> = Some(error);
-    let mut fallback = TransportCause::Other;
-    while let Some(e) = current {
-        // An I/O error's `source()` skips its own payload, where rustls (and connectors
-        // wrapping rustls's I/O error in another) put theirs: walk into the payload instead.
-        let mut next = e.source();
-        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
-            return TransportCause::Tls(tls_problem(tls));
-        }
-        if let Some(h1::H1Error::Http2Answer) = e.downcast_ref::<h1::H1Error>() {
-            return TransportCause::Http2Only;
-        }
-        if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            match io.kind() {
-                std::io::ErrorKind::ConnectionRefused => return TransportCause::Refused,
-                std::io::ErrorKind::ConnectionReset
-                | std::io::ErrorKind::ConnectionAborted
-                | std::io::ErrorKind::BrokenPipe => return TransportCause::Reset,
-                std::io::ErrorKind::UnexpectedEof => {
-                    fallback = TransportCause::ClosedBeforeResponse
-                }
-                _ => {}
-            }
-            if let Some(payload) = io.get_ref() {
-                next = Some(payload as &(dyn StdError + 'static));
-            }
-        }
-        if let Some(hyper) = e.downcast_ref::<hyper::Error>() {
-            if hyper.is_incomplete_message() || hyper.is_canceled() || hyper.is_closed() {
-                fallback = TransportCause::ClosedBeforeResponse;
-            }
-            // hyper's HTTP/1.1 parser meets an HTTP/2 frame (0x00 0x00 …) where the status
-            // line's `HTTP/1.1` should be.
-            if hyper.is_parse() && hyper.to_string().contains("invalid HTTP version") {
-                return TransportCause::Http2Only;
-            }
-        }
-        let text = e.to_string();
-        if text.starts_with("dns error") || text.contains("failed to lookup address") {
-            return TransportCause::Dns;
-        }
-        current = next;
+    if let Some(h1::H1Error::Http2Answer) = error.downcast_ref::<h1::H1Error>() {
+        return TransportCause::Http2Only;
     }
-    fallback
-}
-
-fn tls_problem(error: &rustls::Error) -> TlsProblem {
-    use rustls::CertificateError as C;
-    match error {
-        rustls::Error::InvalidCertificate(certificate) => match certificate {
-            C::UnknownIssuer => TlsProblem::UnknownIssuer,
-            C::NotValidForName | C::NotValidForNameContext { .. } => TlsProblem::NameMismatch,
-            C::Expired | C::ExpiredContext { .. } => TlsProblem::Expired,
-            C::NotValidYet | C::NotValidYetContext { .. } => TlsProblem::NotYetValid,
-            C::Revoked => TlsProblem::Revoked,
-            C::BadSignature => TlsProblem::BadSignature,
-            _ => TlsProblem::Other,
-        },
-        rustls::Error::AlertReceived(_)
-        | rustls::Error::InvalidMessage(_)
-        | rustls::Error::PeerIncompatible(_)
-        | rustls::Error::PeerMisbehaved(_)
-        | rustls::Error::NoApplicationProtocol => TlsProblem::Handshake,
-        _ => TlsProblem::Other,
-    }
+    common::transport::classify(error).transport()
 }
 
 /// `outer: inner: innermost`, for logs, without the URL reqwest puts in its own message
@@ -1210,6 +1350,7 @@ mod tests {
 
     #[test]
     fn rustls_errors_inside_io_errors_are_found() {
+        use common::measure::TlsProblem;
         let io = std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),

@@ -16,18 +16,13 @@ pub struct ReplayConfig {
     pub headers: Vec<(http::HeaderName, http::HeaderValue)>,
     /// Top-level JSON body fields to override.
     pub sets: Vec<(String, serde_json::Value)>,
-    /// Per-request time limit.
-    pub timeout: Duration,
     /// Send `x-llm-replay-exchange: <index>` so the embedded mock matches exactly.
     pub tag_requests: bool,
-    /// Keep one record per request for `--requests-out`.
-    pub requests_out: bool,
-    /// How many exchanges the recorded schedule reads ahead to send them in `at_ms` order.
-    pub reorder_window: usize,
     /// How to reach the target: TLS trust, HTTP/2, request signing.
     pub transport: TransportConfig,
-    /// Faithful replay: pinned output lengths and closed-loop sessions.
-    pub faithful: common::assignment::Faithful,
+    /// The run's options as the assignment gave them (timeout, `--requests-out`, reorder
+    /// window, faithful replay): a new option the worker needs arrives here unchanged.
+    pub options: common::assignment::RequestOptions,
 }
 
 /// How the worker talks to the target.

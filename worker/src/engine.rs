@@ -44,9 +44,10 @@ pub struct StartAt {
     pub instant: Instant,
 }
 
-/// Live progress of the engine, read by the link for interval reports.
+/// The engine's live counters of its slice: atomics it updates as it sends, which the link
+/// reads for each interval report (the final totals are [`replay`]'s [`SliceTotals`]).
 #[derive(Debug, Default)]
-pub struct Progress {
+pub struct LiveCounters {
     /// Requests sent so far (warm-up included), in slice order.
     pub issued: AtomicU64,
     /// Exchanges received but not sent (duration reached), so far.
@@ -151,7 +152,7 @@ pub struct EngineRun {
     pub abort: watch::Receiver<bool>,
     /// The items loop until the duration ends.
     pub open_ended: bool,
-    pub progress: Arc<Progress>,
+    pub counters: Arc<LiveCounters>,
 }
 
 /// Where the scheduler takes its next item from.
@@ -255,16 +256,20 @@ impl Ord for Pending {
     }
 }
 
-/// What [`Feed::next_recorded`] produced. Returned once per request and moved at once, so
-/// the item is not boxed.
+/// What [`Pacing::next`] produced. Returned once per request and moved at once, so the item
+/// is not boxed.
 #[allow(clippy::large_enum_variant)]
 enum Next {
-    /// An item and its intended send time.
+    /// An item, at its intended send time (`None`: unpaced).
     Item(Arrived, Option<Instant>),
     /// The slice ended and every item was handed out.
     Done,
-    /// The run was aborted while waiting.
-    Aborted,
+    /// The next item was due at or after the end of `--duration`: it is not started, and
+    /// neither is anything after it.
+    PastDeadline,
+    /// The run was aborted while waiting; `holding` an item taken from the slice (counted
+    /// as not started: the feed no longer has it).
+    Aborted { holding: bool },
 }
 
 impl Feed {
@@ -329,11 +334,13 @@ impl Feed {
     }
 
     /// The next item of a recorded schedule, at its intended time (`start` + offset / speed),
-    /// reading ahead while it waits.
+    /// reading ahead while it waits; never waiting past `deadline` (an item due after it is
+    /// [`Next::PastDeadline`] once the deadline comes, unless an earlier one arrived by then).
     async fn next_recorded(
         &mut self,
         start: Instant,
         speed: f64,
+        deadline: Option<Instant>,
         pacer: Option<&Pacer>,
         abort: &mut watch::Receiver<bool>,
     ) -> Next {
@@ -345,7 +352,7 @@ impl Feed {
                 }
                 tokio::select! {
                     biased;
-                    _ = abort.wait_for(|a| *a) => return Next::Aborted,
+                    _ = abort.wait_for(|a| *a) => return Next::Aborted { holding: false },
                     item = self.items.recv() => match item {
                         Some(item) => self.push(item),
                         None => self.closed = true,
@@ -359,15 +366,28 @@ impl Feed {
                 let due = start + offset(head.at_ms / 1000.0 / speed);
                 head.reassigned_at.map_or(due, |arrived| due.max(arrived))
             });
-            let Some(when) = intended.filter(|t| *t > Instant::now()) else {
+            let now = Instant::now();
+            if let (Some(deadline), Some(due)) = (deadline, intended)
+                && due >= deadline
+                && now >= deadline
+            {
+                self.pop();
+                return Next::PastDeadline;
+            }
+            let Some(when) = intended.filter(|t| *t > now) else {
                 let item = self.pop().expect("the heap has a head");
                 return Next::Item(item, intended);
             };
             let room = !self.closed && self.pending.len() < self.window;
+            // At the deadline at the latest: what is due after it is not started.
+            let wake = deadline.map_or(when, |deadline| when.min(deadline));
             tokio::select! {
                 biased;
-                _ = abort.wait_for(|a| *a) => return Next::Aborted,
-                _ = pace_until(pacer, when) => {
+                _ = abort.wait_for(|a| *a) => return Next::Aborted { holding: false },
+                _ = pace_until(pacer, wake) => {
+                    if wake < when {
+                        continue;
+                    }
                     let item = self.pop().expect("the heap has a head");
                     return Next::Item(item, intended);
                 }
@@ -406,6 +426,100 @@ impl Feed {
     }
 }
 
+/// When each item goes out: one pacing per load mode. Every mode hands out the next item
+/// with its intended send time, having waited for it, and none waits past the end of
+/// `--duration` (an item due at or after it is [`Next::PastDeadline`]).
+enum Pacing {
+    /// `--schedule recorded` without a rate: each item at the start + its recorded offset ÷
+    /// `speed`, in `at_ms` order whatever the file's ([`Feed::next_recorded`]).
+    Recorded { speed: f64 },
+    /// `--rate`: from the start, gaps of 1/rate (constant) or drawn from an exponential
+    /// (Poisson arrivals, seeded).
+    Rate {
+        rate: f64,
+        arrival: Arrival,
+        rng: rand::rngs::SmallRng,
+        /// The next item's offset from the start, seconds.
+        next_offset_s: f64,
+    },
+    /// No send time: each item as soon as it is there (a closed loop's permits, taken
+    /// apart, bound how many are in flight).
+    Unpaced,
+}
+
+impl Pacing {
+    fn new(load: &crate::config::LoadModel) -> Pacing {
+        match (load.rate, load.schedule) {
+            (Some(rate), _) => Pacing::Rate {
+                rate,
+                arrival: load.arrival,
+                rng: rand::rngs::SmallRng::seed_from_u64(load.seed),
+                next_offset_s: 0.0,
+            },
+            (None, Schedule::Recorded { speed }) => Pacing::Recorded { speed },
+            (None, Schedule::Asap) => Pacing::Unpaced,
+        }
+    }
+
+    /// The speed of a recorded schedule; `None` in the other modes.
+    fn recorded_speed(&self) -> Option<f64> {
+        match self {
+            Pacing::Recorded { speed } => Some(*speed),
+            Pacing::Rate { .. } | Pacing::Unpaced => None,
+        }
+    }
+
+    /// The next item from `feed`, at its send time.
+    async fn next(
+        &mut self,
+        feed: &mut Feed,
+        start: Instant,
+        deadline: Option<Instant>,
+        pacer: Option<&Pacer>,
+        abort: &mut watch::Receiver<bool>,
+    ) -> Next {
+        if let Pacing::Recorded { speed } = *self {
+            return feed
+                .next_recorded(start, speed, deadline, pacer, abort)
+                .await;
+        }
+        let item = tokio::select! {
+            biased;
+            _ = abort.wait_for(|a| *a) => return Next::Aborted { holding: false },
+            item = feed.items.recv() => item,
+        };
+        let Some(item) = item else {
+            return Next::Done;
+        };
+        let item = Arrived::new(item, &feed.config);
+        let Pacing::Rate {
+            rate,
+            arrival,
+            rng,
+            next_offset_s,
+        } = self
+        else {
+            return Next::Item(item, None);
+        };
+        let at = start + offset(*next_offset_s);
+        *next_offset_s += match arrival {
+            Arrival::Constant => 1.0 / *rate,
+            Arrival::Poisson => {
+                let u: f64 = rng.random_range(f64::EPSILON..1.0);
+                -u.ln() / *rate
+            }
+        };
+        if deadline.is_some_and(|deadline| at >= deadline) {
+            return Next::PastDeadline;
+        }
+        tokio::select! {
+            biased;
+            _ = abort.wait_for(|a| *a) => Next::Aborted { holding: true },
+            _ = pace_until(pacer, at) => Next::Item(item, Some(at)),
+        }
+    }
+}
+
 /// Replay every item from `items` under `config`, recording outcomes into `metrics`.
 ///
 /// Returns when `items` is closed and every request has finished, or at once when `abort`
@@ -421,28 +535,24 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
         metrics,
         mut abort,
         open_ended,
-        progress,
+        counters,
     } = run;
     let load = &config.load;
     let permits = load.concurrency.map(|c| Arc::new(Semaphore::new(c.max(1))));
     let deadline = load.duration.map(|d| start.instant + d);
-    let mut rate_rng = rand::rngs::SmallRng::seed_from_u64(load.seed);
-    let mut next_rate_offset = 0.0_f64;
-    let closed_sessions = config.faithful.closed_sessions;
+    let mut pacing = Pacing::new(load);
+    let closed_sessions = config.options.faithful.closed_sessions;
     let mut sessions: HashMap<String, PreviousTurn> = HashMap::new();
     let mut tasks: JoinSet<()> = JoinSet::new();
     let mut totals = SliceTotals::default();
     let mut aborted = false;
     let mut seq: u64 = 0;
-    let recorded_speed = match load.schedule {
-        Schedule::Recorded { speed } if load.rate.is_none() => Some(speed),
-        _ => None,
-    };
+    let recorded_speed = pacing.recorded_speed();
     let mut feed = Feed {
         items,
         pending: BinaryHeap::new(),
         window: if recorded_speed.is_some() {
-            config.reorder_window.max(1)
+            config.options.reorder_window.max(1)
         } else {
             1
         },
@@ -460,7 +570,7 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
     let spawn_preconnect = |connections: usize| {
         let client = client.clone();
         let target = config.target.clone();
-        let patience = config.timeout;
+        let patience = config.options.timeout;
         tokio::spawn(async move {
             let opened = client.preconnect(&target, connections, patience).await;
             tracing::debug!(
@@ -517,10 +627,10 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
             }
             _ = &mut start_wait => {
                 let now = unix_nanos(SystemTime::now());
-                progress.started_unix_ns.store(now, Ordering::Relaxed);
+                counters.started_unix_ns.store(now, Ordering::Relaxed);
                 if permits.is_none() || recorded_speed.is_some() || load.rate.is_some() {
                     // On a schedule or a rate, the load is at its target once it runs.
-                    progress.target_reached_unix_us.store(now / 1000, Ordering::Relaxed);
+                    counters.target_reached_unix_us.store(now / 1000, Ordering::Relaxed);
                 }
                 break;
             }
@@ -548,56 +658,23 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
     }
 
     'items: while !aborted {
-        // The next item and when it should be sent.
-        let (item, intended) = if let Some(speed) = recorded_speed {
-            match feed
-                .next_recorded(start.instant, speed, pacer, &mut abort)
-                .await
-            {
-                Next::Item(item, intended) => (item, intended),
-                Next::Done => break 'items,
-                Next::Aborted => {
-                    aborted = true;
-                    break 'items;
-                }
+        // The next item, at its send time.
+        let (item, intended) = match pacing
+            .next(&mut feed, start.instant, deadline, pacer, &mut abort)
+            .await
+        {
+            Next::Item(item, intended) => (item, intended),
+            Next::Done => break 'items,
+            Next::PastDeadline => {
+                totals.not_started += 1;
+                break 'items;
             }
-        } else {
-            let item = tokio::select! {
-                biased;
-                _ = abort.wait_for(|a| *a) => { aborted = true; break 'items; }
-                item = feed.items.recv() => item,
-            };
-            let Some(item) = item else { break };
-            let item = Arrived::new(item, &config);
-            let intended = load.rate.map(|rate| {
-                let at = start.instant + offset(next_rate_offset);
-                let gap = match load.arrival {
-                    Arrival::Constant => 1.0 / rate,
-                    Arrival::Poisson => {
-                        let u: f64 = rate_rng.random_range(f64::EPSILON..1.0);
-                        -u.ln() / rate
-                    }
-                };
-                next_rate_offset += gap;
-                at
-            });
-            (item, intended)
+            Next::Aborted { holding } => {
+                aborted = true;
+                totals.not_started += u64::from(holding);
+                break 'items;
+            }
         };
-        if let (Some(deadline), Some(intended)) = (deadline, intended)
-            && intended >= deadline
-        {
-            totals.not_started += 1;
-            break;
-        }
-        if let Some(intended) = intended
-            && recorded_speed.is_none()
-        {
-            tokio::select! {
-                biased;
-                _ = abort.wait_for(|a| *a) => { aborted = true; totals.not_started += 1; break 'items; }
-                _ = pace_until(pacer, intended) => {}
-            }
-        }
         let permit = match &permits {
             Some(semaphore) => tokio::select! {
                 biased;
@@ -608,11 +685,11 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
         };
         if let Some(semaphore) = &permits
             && semaphore.available_permits() == 0
-            && progress.target_reached_unix_us.load(Ordering::Relaxed) == 0
+            && counters.target_reached_unix_us.load(Ordering::Relaxed) == 0
         {
             // Every slot of the closed loop is taken: the load reached its target.
             let now_us = unix_nanos(SystemTime::now()) / 1000;
-            progress
+            counters
                 .target_reached_unix_us
                 .store(now_us, Ordering::Relaxed);
         }
@@ -633,8 +710,8 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
         let warmup = seq < load.warmup;
         seq += 1;
         totals.issued += 1;
-        progress.issued.store(totals.issued, Ordering::Relaxed);
-        progress
+        counters.issued.store(totals.issued, Ordering::Relaxed);
+        counters
             .sent_out_of_order
             .store(feed.sent_out_of_order, Ordering::Relaxed);
         let config = config.clone();
@@ -667,12 +744,12 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
             if let Some(done) = done {
                 let _ = done.send(Instant::now());
             }
-            let meta = config.requests_out.then_some(RecordMeta {
+            let meta = config.options.requests_out.then_some(RecordMeta {
                 index: item.index,
                 id: item.id,
                 session: item.session,
             });
-            let pinned = config.faithful.pin.and(item.pin_output_tokens);
+            let pinned = config.options.faithful.pin.and(item.pin_output_tokens);
             metrics
                 .record(outcome, warmup, status, message, meta, pinned)
                 .await;
@@ -696,7 +773,7 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
         }
     }
     totals.sent_out_of_order = feed.sent_out_of_order;
-    progress
+    counters
         .sent_out_of_order
         .store(feed.sent_out_of_order, Ordering::Relaxed);
 
@@ -705,7 +782,7 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
         totals.not_started += feed.pending.len() as u64;
         feed.pending.clear();
     }
-    progress
+    counters
         .not_started
         .store(totals.not_started, Ordering::Relaxed);
     if !aborted && !open_ended {
@@ -717,7 +794,7 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
                 item = feed.items.recv() => match item {
                     Some(_) => {
                         totals.not_started += 1;
-                        progress.not_started.store(totals.not_started, Ordering::Relaxed);
+                        counters.not_started.store(totals.not_started, Ordering::Relaxed);
                     }
                     None => break,
                 },
@@ -849,7 +926,8 @@ async fn measure_one(
     // Boxed: the send state (a pending request) is large and lives only until the response
     // head; the task of an open stream then holds only what reading it needs.
     let sent =
-        Box::pin(client.send_prepared(method, &url, headers, body.clone(), config.timeout)).await;
+        Box::pin(client.send_prepared(method, &url, headers, body.clone(), config.options.timeout))
+            .await;
     let (t0, deadline, sent_unix_us, resent) =
         (sent.t0, sent.deadline, sent.sent_unix_us, sent.resent);
     // Lag is the scheduler's: measured at the first attempt, whatever happened after.
@@ -1060,6 +1138,66 @@ mod tests {
             warmup: 0,
             seed: 0,
         }
+    }
+
+    /// A recorded schedule cut by `--duration`: the exchange due an hour later is not
+    /// started when the duration ends (before, the engine waited the hour for it).
+    #[tokio::test]
+    async fn a_recorded_schedule_stops_at_the_duration_not_at_the_next_exchange() {
+        let closed_port = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            listener.local_addr().expect("address")
+        };
+        let mut model = load(Schedule::Recorded { speed: 1.0 }, None, None);
+        model.duration = Some(Duration::from_millis(200));
+        let config = ReplayConfig {
+            target: format!("http://{closed_port}"),
+            load: model,
+            headers: vec![],
+            sets: vec![],
+            tag_requests: false,
+            transport: crate::config::TransportConfig::default(),
+            options: common::assignment::RequestOptions {
+                timeout: Duration::from_secs(5),
+                requests_out: false,
+                reorder_window: 16,
+                ..Default::default()
+            },
+        };
+        let (items_tx, items) = mpsc::channel(4);
+        for (index, at_ms) in [(0, 0), (1, 3_600_000)] {
+            let exchange = serde_json::from_str(&format!(
+                r#"{{"at_ms":{at_ms},"request":{{"method":"POST","path":"/v1/chat/completions","body":"{{}}"}}}}"#
+            ))
+            .expect("a valid exchange");
+            let item = WorkItem {
+                index,
+                exchange,
+                pin_output_tokens: None,
+                think: None,
+                reassigned: false,
+            };
+            items_tx.send(item).await.expect("open");
+        }
+        drop(items_tx);
+        let (_abort_tx, abort) = watch::channel(false);
+        let run = EngineRun {
+            config: Arc::new(config),
+            client: TargetClient::new(&crate::config::TransportConfig::default())
+                .expect("a plain client"),
+            items,
+            start: StartAt {
+                instant: Instant::now(),
+            },
+            metrics: MetricsHandle::spawn(),
+            abort,
+            open_ended: false,
+            counters: Arc::default(),
+        };
+        let totals = tokio::time::timeout(Duration::from_secs(60), replay(run))
+            .await
+            .expect("the replay ended with its duration, not an hour later");
+        assert_eq!((totals.issued, totals.not_started), (1, 1));
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use common::measure::{RequestOutcome, TransportCause};
 use common::metrics::{HttpProtocol, RunMetrics, TlsVersion};
-use common::timeline::Timeline;
+use common::timeline::CompletionTimeline;
 use tokio::sync::{mpsc, oneshot};
 
 /// A copy of the worker's metrics at one instant.
@@ -27,7 +27,7 @@ pub struct Snapshot {
     /// Per-request records measured since the previous snapshot (with `--requests-out`).
     pub records: Vec<RequestRecord>,
     /// Succeeded requests by completion time, and the last send (the steady-state window).
-    pub timeline: Timeline,
+    pub timeline: CompletionTimeline,
 }
 
 pub use common::metrics::{RecordMeta, RequestRecord};
@@ -58,7 +58,7 @@ enum Message {
 
 /// Count a measured request in the timeline: a succeeded one at its completion (last content
 /// frame), and every sent one as the latest send.
-fn record_timeline(timeline: &mut Timeline, outcome: &RequestOutcome) {
+fn record_timeline(timeline: &mut CompletionTimeline, outcome: &RequestOutcome) {
     let Some(sent) = outcome.sent_unix_us else {
         return;
     };

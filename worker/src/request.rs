@@ -25,6 +25,7 @@ pub struct PreparedRequest {
 /// the item (the prepared body replaces it, so a read-ahead item holds its body once).
 pub fn prepare(item: &mut WorkItem, config: &ReplayConfig) -> PreparedRequest {
     let pin = config
+        .options
         .faithful
         .pin
         .and_then(|mode| Some((item.pin_output_tokens?, mode)));
@@ -303,12 +304,14 @@ mod tests {
             },
             headers: vec![],
             sets: vec![],
-            timeout: std::time::Duration::from_secs(1),
             tag_requests: true,
             transport: Default::default(),
-            requests_out: false,
-            reorder_window: common::replay::DEFAULT_REORDER_WINDOW,
-            faithful: Default::default(),
+            options: common::assignment::RequestOptions {
+                timeout: std::time::Duration::from_secs(1),
+                requests_out: false,
+                reorder_window: common::replay::DEFAULT_REORDER_WINDOW,
+                ..Default::default()
+            },
         };
         let headers = replay_headers(&exchange, &config, 7);
         assert!(headers.get("x-api-key").is_none());

@@ -23,9 +23,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, bail};
 use clap::Parser;
 use common::metrics::{Metric, RunMetrics, SliceTotals, Window};
-use common::timeline::Timeline;
+use common::timeline::CompletionTimeline;
+use common::worker_report::WorkerReport;
 use proto::auth::{HelloFields, SessionKeys, WorkerHandshake};
-use proto::convert::WorkerReport;
 use proto::v1;
 use proto::v1::coordinator_client::CoordinatorClient;
 use tokio::sync::mpsc;
@@ -149,7 +149,7 @@ struct Load {
     issued: u64,
     not_started: u64,
     metrics: RunMetrics,
-    timeline: Timeline,
+    timeline: CompletionTimeline,
     slice_closed: bool,
     /// Stop issuing after this instant (`--duration`).
     deadline: Option<Instant>,
@@ -375,7 +375,7 @@ async fn simulate(args: &Args, id: &str, tally: &Tally) -> anyhow::Result<()> {
         issued: 0,
         not_started: 0,
         metrics,
-        timeline: Timeline::default(),
+        timeline: CompletionTimeline::default(),
         slice_closed: false,
         deadline: None,
         open_ended: domain.open_ended,

@@ -10,6 +10,7 @@ use std::fmt::Write as _;
 
 use common::metrics::{Metric, Stats};
 
+use super::escape::esc;
 use super::format::{self, HIGHLIGHT_NOTE, STAT_COLUMNS};
 use super::svg::{BASELINE_COLOR, Band, Chart, Series, SeriesKind};
 use super::{Change, Report, TimelinePoint};
@@ -91,22 +92,6 @@ pub fn render_html(report: &Report) -> String {
     comparison(&mut out, report);
     workers(&mut out, report);
     let _ = writeln!(out, "</body>\n</html>");
-    out
-}
-
-/// HTML-escape text for element content and attribute values.
-pub(super) fn esc(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
     out
 }
 

@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 
 use super::Report;
+use super::escape::xml;
 use super::format;
 
 /// Render `report` as JUnit XML.
@@ -86,23 +87,5 @@ pub fn render_junit(report: &Report) -> String {
         }
     }
     let _ = writeln!(out, "  </testsuite>\n</testsuites>");
-    out
-}
-
-/// Escape text for XML content and attributes; characters XML 1.0 forbids are dropped.
-fn xml(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&apos;"),
-            '\t' | '\n' | '\r' => out.push(c),
-            c if (c as u32) < 0x20 => {}
-            c => out.push(c),
-        }
-    }
     out
 }

@@ -10,11 +10,12 @@ use std::collections::BTreeMap;
 use common::metrics::{Counters, Metric, RunMetrics, Stats, TransportCounters, Unit};
 use serde::{Deserialize, Serialize};
 
-use crate::faithful::FaithfulSection;
-use crate::goals::{self, Goal, GoalResult, Stat};
+use crate::goals::{self, Goal, GoalResult, GoalValues, Stat};
 
 mod errors;
+mod escape;
 mod format;
+mod goal_values;
 mod html;
 mod junit;
 mod markdown;
@@ -73,7 +74,7 @@ pub struct Report {
     #[serde(default)]
     pub warnings: Vec<String>,
     /// How faithfully the recording's users were replayed: pinned lengths, session mode and
-    /// think times, sampling (see `crate::faithful`).
+    /// think times, sampling (filled in by the `faithful` module).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub faithful: Option<FaithfulSection>,
     /// The run over time, one point per interval (about a second); every level of a sweep
@@ -555,6 +556,46 @@ pub struct SweepSection {
     pub requests: RequestsSection,
 }
 
+/// The report's `faithful` section: how faithfully the recording's users were replayed.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct FaithfulSection {
+    /// `max` or `strict` with `--pin-output-length`; absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pin_output_length: Option<String>,
+    /// `open` (turns at their recorded offsets) or `closed` (previous turn's replayed end +
+    /// recorded think time).
+    pub session_mode: String,
+    /// Recorded think times between turns (ms), when the recording has any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub think_time_ms: Option<Stats>,
+    /// The recording's span: first `at_ms` to the last frame of the last exchange, at
+    /// `--speed` (seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recorded_span_s: Option<f64>,
+    /// The replay's measured window (first request sent → last content frame), seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replayed_span_s: Option<f64>,
+    /// How far the replay stretched the recording's span: `(replayed / recorded − 1) · 100`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stretch_pct: Option<f64>,
+    /// `--sample-sessions`: what was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample: Option<SampleSection>,
+}
+
+/// What `--sample-sessions` kept.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SampleSection {
+    pub fraction: f64,
+    pub seed: u64,
+    /// Sessions kept, of all sessions in the recording.
+    pub sessions: u64,
+    pub of_sessions: u64,
+    /// Exchanges kept (with and without a session), of all exchanges.
+    pub exchanges: u64,
+    pub of_exchanges: u64,
+}
+
 /// Everything [`Report::build`] needs.
 pub struct ReportInput<'a> {
     /// The `run` section, as is.
@@ -569,7 +610,7 @@ pub struct ReportInput<'a> {
     pub sweep: Vec<SweepLevel>,
     /// Warnings collected during the run; the builder adds its own after them.
     pub warnings: Vec<String>,
-    /// The run's time series (see [`crate::timeline`]).
+    /// The run's time series (built by the `timeline` module's `RunTimeline`).
     pub timeline: Vec<TimelinePoint>,
 }
 
@@ -617,8 +658,8 @@ enum Direction {
 
 impl Report {
     /// Build the report from merged metrics. Goals are attached afterwards with
-    /// [`Report::with_goals`] (or `report.goals = goals::evaluate(..)`), because they read the
-    /// finished report.
+    /// [`Report::with_goals`] (or `report.goals = report.evaluate_goals(..)`), because they
+    /// read the finished report.
     pub fn build(input: ReportInput<'_>) -> Report {
         let llm = LlmSection::from_metrics(input.metrics);
         let requests = RequestsSection::new(&input.metrics.counters, &input.requests)
@@ -689,8 +730,29 @@ impl Report {
 
     /// Evaluate `goals` on this report and attach the results.
     pub fn with_goals(mut self, goals: &[Goal]) -> Report {
-        self.goals = goals::evaluate(goals, &self);
+        self.goals = self.evaluate_goals(goals);
         self
+    }
+
+    /// The outcome of each of `goals` on this report's merged numbers (`.change` goals
+    /// against its baseline).
+    pub fn evaluate_goals(&self, goals: &[Goal]) -> Vec<GoalResult> {
+        let replayed = goal_values::SectionValues {
+            llm: &self.llm,
+            requests: Some(&self.requests),
+        };
+        let baseline = self
+            .baseline
+            .as_ref()
+            .map(|baseline| goal_values::SectionValues {
+                llm: &baseline.llm,
+                requests: baseline.requests.as_ref(),
+            });
+        goals::evaluate(
+            goals,
+            &replayed,
+            baseline.as_ref().map(|b| b as &dyn GoalValues),
+        )
     }
 
     /// True when any goal failed (exit code 1).
@@ -745,7 +807,7 @@ pub fn compare_reports(current: &Report, baseline: &Report, source: &str) -> Rep
         .map(|g| goals::parse_goal(&g.expr))
         .collect();
     match parsed {
-        Ok(parsed) => report.goals = goals::evaluate(&parsed, &report),
+        Ok(parsed) => report.goals = report.evaluate_goals(&parsed),
         Err(error) => report.warnings.push(format!(
             "goals kept as saved, not re-evaluated against {source}: {error}"
         )),
@@ -833,7 +895,7 @@ impl LlmSection {
                 latency_ms: cdf_of(metrics, Metric::Latency),
                 connect_ms: cdf_of(metrics, Metric::Connect),
             }),
-            // Set from the workers' timelines by `crate::faithful`: metrics alone do not
+            // Set from the workers' timelines by the `faithful` module: metrics alone do not
             // know when the load reached its target.
             output_tokens_per_second_steady: None,
             requests_per_second_steady: None,

@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use super::html::esc;
+use super::escape::esc;
 
 /// Width of every chart in SVG user units (it scales to its container).
 const WIDTH: f64 = 640.0;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::metrics::RunMetrics;
 use common::metrics::SliceTotals;
 use common::metrics::SparseMetrics;
-use proto::convert::ReceivedReport;
+use common::worker_report::ReceivedReport;
 use tokio::sync::{mpsc, watch};
 
 use super::*;
@@ -310,7 +310,7 @@ async fn a_run_joins_starts_everyone_in_its_own_clock_and_merges_the_final_repor
     assert!(!result.aborted);
     assert_eq!(result.metrics.counters.succeeded, 20);
     assert_eq!(result.workers.iter().map(|w| w.assigned).sum::<u64>(), 20);
-    assert_eq!(result.not_started, 0);
+    assert_eq!(result.totals.not_started, 0);
     assert_eq!(result.start_skew_ms, Some(0.0));
     assert!(result.warnings.is_empty(), "{:?}", result.warnings);
     // The merged histograms hold every worker's samples, each in its bucket: exactly those of
@@ -490,7 +490,7 @@ async fn a_silent_worker_is_lost_and_its_exchanges_go_to_the_survivor() {
         .expect("the run completes");
     assert!(!result.aborted, "reassign keeps the run going");
     assert_eq!(result.metrics.counters.succeeded, 16 + 3);
-    assert_eq!(result.lost, 1, "the one in flight on the lost worker");
+    assert_eq!(result.totals.lost, 1, "the one in flight on the lost worker");
     let assigned: Vec<u64> = result.workers.iter().map(|w| w.assigned).collect();
     assert_eq!(assigned, vec![16, 4]);
     assert!(result.workers[1].lost);
@@ -557,9 +557,9 @@ async fn a_lost_worker_is_fenced_and_what_it_sends_afterwards_is_not_counted() {
         .expect("no panic")
         .expect("the run completes");
     assert_eq!(result.metrics.counters.succeeded, 16 + 3);
-    assert_eq!(result.lost, 1, "the one in flight when it was lost");
-    assert_eq!(result.not_started, 0);
-    let total = result.metrics.counters.completed() + result.not_started + result.lost;
+    assert_eq!(result.totals.lost, 1, "the one in flight when it was lost");
+    assert_eq!(result.totals.not_started, 0);
+    let total = result.metrics.counters.completed() + result.totals.not_started + result.totals.lost;
     assert_eq!(total, 20, "every exchange once");
     let assigned: Vec<u64> = result.workers.iter().map(|w| w.assigned).collect();
     assert_eq!(assigned, vec![16, 4]);
@@ -614,9 +614,9 @@ async fn fail_mode_aborts_and_keeps_the_survivors_partial_report() {
     assert!(!result.workers[0].lost, "the survivor is not disconnected");
     assert_eq!(result.metrics.counters.succeeded, 6);
     // Worker 1 never reported: its 10 were never started (planned − assigned).
-    assert_eq!(result.not_started, 3 + 10);
-    assert_eq!(result.lost, 1);
-    let total = result.metrics.counters.completed() + result.not_started + result.lost;
+    assert_eq!(result.totals.not_started, 3 + 10);
+    assert_eq!(result.totals.lost, 1);
+    let total = result.metrics.counters.completed() + result.totals.not_started + result.totals.lost;
     assert_eq!(total, 20, "every planned exchange accounted for");
 }
 
@@ -646,7 +646,7 @@ async fn an_interrupt_aborts_and_waits_only_the_grace_period() {
         "the 3 s grace period, took {waited:?}"
     );
     assert!(result.interrupted && result.aborted);
-    assert_eq!(result.not_started, 8);
+    assert_eq!(result.totals.not_started, 8);
 }
 
 #[tokio::test(start_paused = true)]
@@ -768,7 +768,7 @@ async fn a_large_budget_cut_by_the_duration_feeds_only_what_the_duration_can_use
     assert!(answered > 0, "the workers were fed while the duration ran");
     assert_eq!(result.metrics.counters.succeeded, answered);
     // Every planned exchange is accounted for: answered, or not started.
-    assert_eq!(result.not_started, BUDGET - answered);
+    assert_eq!(result.totals.not_started, BUDGET - answered);
     assert!(!result.aborted);
 }
 

@@ -7,10 +7,10 @@
 
 use std::io::BufRead;
 
-use serde_json::json;
+use common::recording::SourceNote;
 
 use super::{
-    ImportError, Sink, Source, Synth, csv_fields, exchange, json_request, synth_note,
+    ImportError, ImportFormat, Sink, Source, Synth, csv_fields, exchange, json_request, synth_note,
     synthetic_chat_body,
 };
 
@@ -47,10 +47,11 @@ pub fn import(
         ex.at_ms = Some((row.ticks - earliest) as f64 / 10_000.0);
         ex.unknown
             .insert("synth".into(), synth_note(synth, counted));
-        ex.unknown.insert(
-            "source".into(),
-            json!({"format": "azure-trace", "line": line, "output_tokens": row.generated_tokens}),
-        );
+        ex.set_source_note(&SourceNote {
+            line: Some(line),
+            output_tokens: Some(row.generated_tokens),
+            ..SourceNote::new(ImportFormat::AzureTrace.name())
+        });
         sink.emit(&ex)?;
         Ok(true)
     })

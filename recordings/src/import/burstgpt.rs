@@ -8,11 +8,12 @@
 
 use std::io::BufRead;
 
+use common::recording::SourceNote;
 use serde_json::json;
 
 use super::{
-    DEFAULT_SYNTH_MODEL, ImportError, Sink, Source, Synth, csv_fields, exchange, json_request,
-    synth_note, synthetic_chat_body,
+    DEFAULT_SYNTH_MODEL, ImportError, ImportFormat, Sink, Source, Synth, csv_fields, exchange,
+    json_request, synth_note, synthetic_chat_body,
 };
 
 struct Columns {
@@ -131,18 +132,19 @@ pub fn import(
             .filter(|s| !s.is_empty());
         ex.unknown
             .insert("synth".into(), synth_note(synth, counted));
-        let mut note = json!({
-            "format": "burstgpt",
-            "line": line_no,
-            "output_tokens": response_tokens,
-        });
+        let mut note = SourceNote {
+            line: Some(line_no),
+            output_tokens: Some(response_tokens),
+            ..SourceNote::new(ImportFormat::Burstgpt.name())
+        };
         if let Some(log_type) = cols.log_type.and_then(|i| fields.get(i)) {
-            note["log_type"] = json!(log_type.trim());
+            note.details
+                .insert("log_type".into(), json!(log_type.trim()));
         }
         if let Some(trace_model) = trace_model {
-            note["model"] = json!(trace_model);
+            note.details.insert("model".into(), json!(trace_model));
         }
-        ex.unknown.insert("source".into(), note);
+        ex.set_source_note(&note);
         sink.emit(&ex)?;
     }
     if columns.is_none() {

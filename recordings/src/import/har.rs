@@ -9,11 +9,11 @@
 use std::collections::BTreeMap;
 
 use base64::Engine;
-use common::recording::{Frame, Request, Response};
+use common::recording::{Frame, Request, Response, SourceNote};
 use serde_json::{Map, Value, json};
 
 use super::azure::parse_timestamp_ticks;
-use super::{ImportError, Sink, Source, exchange};
+use super::{ImportError, ImportFormat, Sink, Source, exchange};
 use common::formats::complete::{CompletionTracker, split_body};
 
 /// Import `source` into `sink`.
@@ -70,8 +70,10 @@ pub fn import(source: &Source, sink: &mut Sink) -> Result<(), ImportError> {
             (Some(t), Some(zero)) => Some((t - zero) as f64 / 10_000.0),
             _ => None,
         };
-        ex.unknown
-            .insert("source".into(), json!({"format": "har", "entry": i}));
+        ex.set_source_note(&SourceNote {
+            entry: Some(i as u64),
+            ..SourceNote::new(ImportFormat::Har.name())
+        });
         if let Some(status) = res["status"].as_u64().and_then(|s| u16::try_from(s).ok())
             && status > 0
         {

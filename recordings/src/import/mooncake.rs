@@ -11,11 +11,13 @@
 
 use std::io::BufRead;
 
+use common::recording::SourceNote;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{
-    ImportError, Sink, Source, Synth, exchange, json_request, synth_note, synthetic_chat_body,
+    ImportError, ImportFormat, Sink, Source, Synth, exchange, json_request, synth_note,
+    synthetic_chat_body,
 };
 
 #[derive(Debug, Deserialize)]
@@ -129,14 +131,15 @@ pub fn import(
         if let Some(count) = synthesized {
             ex.unknown.insert("synth".into(), synth_note(synth, count));
         }
-        let mut note = json!({"format": "mooncake", "line": line_no});
+        let mut note = SourceNote::new(ImportFormat::Mooncake.name());
+        note.line = Some(line_no);
         if let Some(n) = line.input_length {
-            note["input_length"] = json!(n);
+            note.details.insert("input_length".into(), json!(n));
         }
         if let Some(n) = line.output_length {
-            note["output_length"] = json!(n);
+            note.details.insert("output_length".into(), json!(n));
         }
-        ex.unknown.insert("source".into(), note);
+        ex.set_source_note(&note);
         sink.emit(&ex)?;
         Ok(true)
     })

@@ -6,10 +6,11 @@
 
 use std::io::BufRead;
 
+use common::recording::SourceNote;
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use super::{ImportError, Sink, Source, exchange, json_request};
+use super::{ImportError, ImportFormat, Sink, Source, exchange, json_request};
 
 #[derive(Debug, Deserialize)]
 struct BatchLine {
@@ -71,10 +72,10 @@ pub fn import(source: &Source, sink: &mut Sink) -> Result<(), ImportError> {
         request.method = method;
         let mut ex = exchange(request);
         ex.id = Some(parsed.custom_id);
-        ex.unknown.insert(
-            "source".into(),
-            json!({"format": "openai-batch", "line": line_no}),
-        );
+        ex.set_source_note(&SourceNote {
+            line: Some(line_no),
+            ..SourceNote::new(ImportFormat::OpenaiBatch.name())
+        });
         sink.emit(&ex)?;
     }
     Ok(())

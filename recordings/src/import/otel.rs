@@ -32,11 +32,12 @@
 
 use std::collections::BTreeMap;
 
+use common::recording::SourceNote;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
-use super::{ImportError, Sink, Source, exchange, json_request};
+use super::{ImportError, ImportFormat, Sink, Source, exchange, json_request};
 
 /// What one import read, for the CLI's summary.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -378,34 +379,28 @@ fn read_span(
         .map(str::to_owned)
         .or_else(|| (!trace_id.is_empty()).then(|| trace_id.clone()));
 
-    let mut note = json!({
-        "format": "otel-genai",
-        "line": at.line,
-        "trace_id": trace_id,
-        "span_id": span_id,
-    });
+    let mut note = SourceNote::new(ImportFormat::OtelGenai.name());
+    note.line = Some(at.line);
+    note.details.insert("trace_id".into(), json!(trace_id));
+    note.details.insert("span_id".into(), json!(span_id));
     if let Some(name) = span["name"].as_str() {
-        note["span_name"] = json!(name);
+        note.details.insert("span_name".into(), json!(name));
     }
-    let output = as_u64(attrs.get("gen_ai.usage.output_tokens"))
+    note.output_tokens = as_u64(attrs.get("gen_ai.usage.output_tokens"))
         .or_else(|| as_u64(attrs.get("gen_ai.usage.completion_tokens")));
-    match output {
-        Some(n) => note["output_tokens"] = json!(n),
-        None => summary.missing_usage += 1,
+    if note.output_tokens.is_none() {
+        summary.missing_usage += 1;
     }
-    if let Some(n) = as_u64(attrs.get("gen_ai.usage.input_tokens"))
-        .or_else(|| as_u64(attrs.get("gen_ai.usage.prompt_tokens")))
-    {
-        note["input_tokens"] = json!(n);
+    note.input_tokens = as_u64(attrs.get("gen_ai.usage.input_tokens"))
+        .or_else(|| as_u64(attrs.get("gen_ai.usage.prompt_tokens")));
+    note.duration_ms = end_ns
+        .filter(|end| *end >= start_ns)
+        .map(|end| (end - start_ns) as f64 / 1e6);
+    note.ttft_ms = first_token_ms(start_ns, &events, &attrs);
+    if note.ttft_ms.is_none() {
+        summary.missing_ttft += 1;
     }
-    if let Some(end) = end_ns.filter(|end| *end >= start_ns) {
-        note["duration_ms"] = json!((end - start_ns) as f64 / 1e6);
-    }
-    match first_token_ms(start_ns, &events, &attrs) {
-        Some(ttft) => note["ttft_ms"] = json!(ttft),
-        None => summary.missing_ttft += 1,
-    }
-    ex.unknown.insert("source".into(), note);
+    ex.set_source_note(&note);
     summary.imported += 1;
     Ok(Some(Call {
         start_ns,

@@ -13,11 +13,11 @@ use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
 use base64::Engine;
-use common::recording::{Exchange, Frame, Request, Response};
+use common::recording::{Exchange, Frame, Request, Response, SourceNote};
 use serde_json::{Map, Value, json};
 
 use super::azure::parse_timestamp_ticks;
-use super::{ImportError, Sink, Source, exchange};
+use super::{ImportError, ImportFormat, Sink, Source, exchange};
 use common::formats::complete::{CompletionTracker, split_body};
 
 /// One RRPair, whatever its source form.
@@ -133,8 +133,7 @@ fn to_exchange(pair: Pair, earliest: Option<i64>) -> Exchange {
         complete: tracker.finish(),
         unknown,
     });
-    ex.unknown
-        .insert("source".into(), json!({"format": "proxymock"}));
+    ex.set_source_note(&SourceNote::new(ImportFormat::Proxymock.name()));
     ex
 }
 

@@ -247,11 +247,8 @@ fn replay_config(
         load: assignment.load.clone(),
         headers,
         sets,
-        timeout: assignment.timeout,
         tag_requests: assignment.tag_requests,
-        requests_out: assignment.requests_out,
-        faithful: assignment.faithful,
-        reorder_window: assignment.reorder_window,
+        options: assignment.options.clone(),
         transport: TransportConfig {
             extra_ca_pem: transport.ca_pem.clone(),
             insecure: transport.insecure,

@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::metrics::{RequestRecord, SliceTotals};
-use proto::convert::WorkerReport;
+use common::worker_report::WorkerReport;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -184,7 +184,7 @@ impl Session {
             let _guard = load.enter();
             MetricsHandle::spawn()
         };
-        let progress = Arc::new(engine::Progress::default());
+        let counters = Arc::new(engine::LiveCounters::default());
         let mut engine_task = load.spawn(engine::replay(engine::EngineRun {
             config,
             client,
@@ -193,7 +193,7 @@ impl Session {
             metrics: metrics.clone(),
             abort: abort_rx,
             open_ended,
-            progress: progress.clone(),
+            counters: counters.clone(),
         }));
         health.set(2);
         let mut failure: Option<LinkError> = None;
@@ -217,7 +217,7 @@ impl Session {
                 },
                 _ = ticker.tick() => {
                     if !started_sent {
-                        let started = progress.started_unix_ns.load(Ordering::Relaxed);
+                        let started = counters.started_unix_ns.load(Ordering::Relaxed);
                         if started > 0 {
                             started_sent = true;
                             let _ = out.try_send(ToCoordinator::Started { unix_ns: started });
@@ -233,13 +233,13 @@ impl Session {
                         seq,
                         is_final: false,
                         metrics: snapshot.metrics,
-                        totals: live_totals(&progress),
+                        totals: live_totals(&counters),
                         status_codes: snapshot.status_codes,
                         tls_problems: snapshot.tls_problems,
-                        cpu_seconds: cpu_seconds(),
-                        peak_rss_bytes: proto::convert::peak_rss_bytes(),
-                        cores: proto::convert::available_cores(),
-                        timeline: with_target_reached(snapshot.timeline, &progress),
+                        cpu_seconds: common::process::cpu_seconds(),
+                        peak_rss_bytes: common::process::peak_rss_bytes(),
+                        cores: common::process::available_cores(),
+                        timeline: with_target_reached(snapshot.timeline, &counters),
                     };
                     if out.send(ToCoordinator::Report(Box::new(report))).await.is_err() {
                         failure.get_or_insert(coordinator_lost("its report stream closed"));
@@ -290,7 +290,7 @@ impl Session {
         };
 
         health.set(3);
-        let started = progress.started_unix_ns.load(Ordering::Relaxed);
+        let started = counters.started_unix_ns.load(Ordering::Relaxed);
         if !started_sent && started > 0 {
             let _ = out.try_send(ToCoordinator::Started { unix_ns: started });
         }
@@ -306,10 +306,10 @@ impl Session {
             totals,
             status_codes: snapshot.status_codes,
             tls_problems: snapshot.tls_problems,
-            cpu_seconds: cpu_seconds(),
-            peak_rss_bytes: proto::convert::peak_rss_bytes(),
-            cores: proto::convert::available_cores(),
-            timeline: with_target_reached(snapshot.timeline, &progress),
+            cpu_seconds: common::process::cpu_seconds(),
+            peak_rss_bytes: common::process::peak_rss_bytes(),
+            cores: common::process::available_cores(),
+            timeline: with_target_reached(snapshot.timeline, &counters),
         }));
         if records_sent.is_err() {
             failure.get_or_insert(coordinator_lost("its report stream closed"));
@@ -369,22 +369,22 @@ fn slice_error(transport: bool, reason: &str) -> LinkError {
 }
 
 /// The engine's counters so far (nothing is lost while it runs).
-fn live_totals(progress: &engine::Progress) -> SliceTotals {
+fn live_totals(counters: &engine::LiveCounters) -> SliceTotals {
     SliceTotals {
-        issued: progress.issued.load(Ordering::Relaxed),
-        not_started: progress.not_started.load(Ordering::Relaxed),
+        issued: counters.issued.load(Ordering::Relaxed),
+        not_started: counters.not_started.load(Ordering::Relaxed),
         lost: 0,
-        sent_out_of_order: progress.sent_out_of_order.load(Ordering::Relaxed),
+        sent_out_of_order: counters.sent_out_of_order.load(Ordering::Relaxed),
     }
 }
 
 /// The steady-state window's data: the completion timeline and when the load reached its
 /// target.
 fn with_target_reached(
-    mut timeline: common::timeline::Timeline,
-    progress: &engine::Progress,
-) -> common::timeline::Timeline {
-    let reached = progress.target_reached_unix_us.load(Ordering::Relaxed);
+    mut timeline: common::timeline::CompletionTimeline,
+    counters: &engine::LiveCounters,
+) -> common::timeline::CompletionTimeline {
+    let reached = counters.target_reached_unix_us.load(Ordering::Relaxed);
     timeline.target_reached_unix_us = (reached > 0).then_some(reached);
     timeline
 }
@@ -402,20 +402,6 @@ async fn send_records(
             .map_err(|_| ())?;
     }
     Ok(())
-}
-
-fn cpu_seconds() -> f64 {
-    // utime + stime of this process, in clock ticks (USER_HZ is 100 on Linux).
-    std::fs::read_to_string("/proc/self/stat")
-        .ok()
-        .and_then(|stat| {
-            let after = stat.rsplit_once(')')?.1;
-            let fields: Vec<&str> = after.split_whitespace().collect();
-            let utime: f64 = fields.get(11)?.parse().ok()?;
-            let stime: f64 = fields.get(12)?.parse().ok()?;
-            Some((utime + stime) / 100.0)
-        })
-        .unwrap_or(0.0)
 }
 
 #[cfg(test)]

@@ -35,12 +35,14 @@ fn spawn_session(target: &str) -> Harness {
         },
         headers: vec![],
         sets: vec![],
-        timeout: Duration::from_secs(600),
         tag_requests: false,
-        requests_out: false,
-        reorder_window: common::replay::DEFAULT_REORDER_WINDOW,
         transport: TransportConfig::default(),
-        faithful: Default::default(),
+        options: common::assignment::RequestOptions {
+            timeout: Duration::from_secs(600),
+            requests_out: false,
+            reorder_window: common::replay::DEFAULT_REORDER_WINDOW,
+            ..Default::default()
+        },
     };
     let (items_tx, items_rx) = mpsc::channel(16);
     let (out_tx, out_rx) = mpsc::channel(64);

@@ -7,19 +7,19 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::supervisor::Progress as RunState;
+use coordinator::supervisor::RunSnapshot;
 
 /// The bar of one replay. Every method is a no-op when it is hidden.
-pub struct Progress {
+pub struct RunBar {
     bar: ProgressBar,
 }
 
-impl Progress {
+impl RunBar {
     /// A bar out of `planned` requests (a spinner when the run is open-ended), drawn on
     /// stderr only when both stdout and stderr are terminals.
-    pub fn new(planned: Option<u64>) -> Progress {
+    pub fn new(planned: Option<u64>) -> RunBar {
         let on_terminal = std::io::stdout().is_terminal() && std::io::stderr().is_terminal();
-        Progress::with_target(
+        RunBar::with_target(
             planned,
             if on_terminal {
                 ProgressDrawTarget::stderr()
@@ -29,7 +29,7 @@ impl Progress {
         )
     }
 
-    fn with_target(planned: Option<u64>, target: ProgressDrawTarget) -> Progress {
+    fn with_target(planned: Option<u64>, target: ProgressDrawTarget) -> RunBar {
         let (bar, template) = match planned {
             Some(total) => (
                 ProgressBar::with_draw_target(Some(total), target),
@@ -48,11 +48,11 @@ impl Progress {
         if !bar.is_hidden() {
             bar.enable_steady_tick(Duration::from_millis(250));
         }
-        Progress { bar }
+        RunBar { bar }
     }
 
     /// Show the run's state.
-    pub fn update(&self, state: &RunState) {
+    pub fn update(&self, state: &RunSnapshot) {
         self.bar.set_position(state.answered);
         self.bar.set_message(message(state));
     }
@@ -64,7 +64,7 @@ impl Progress {
 }
 
 /// `TTFT p50/p95 12.0/30.5 ms  in flight 4  errors 0  workers 2/2`.
-fn message(state: &RunState) -> String {
+fn message(state: &RunSnapshot) -> String {
     let ttft = state
         .ttft_ms
         .map(|(p50, p95)| format!("{p50:.1}/{p95:.1} ms"))
@@ -81,7 +81,7 @@ mod tests {
 
     #[test]
     fn message_names_every_number() {
-        let state = RunState {
+        let state = RunSnapshot {
             answered: 7,
             errors: 1,
             in_flight: 3,
@@ -99,8 +99,8 @@ mod tests {
     #[test]
     fn both_bar_kinds_build_and_track_progress() {
         for planned in [Some(10), None] {
-            let progress = Progress::with_target(planned, ProgressDrawTarget::hidden());
-            progress.update(&RunState {
+            let progress = RunBar::with_target(planned, ProgressDrawTarget::hidden());
+            progress.update(&RunSnapshot {
                 answered: 4,
                 alive: 1,
                 workers: 1,

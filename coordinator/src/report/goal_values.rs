@@ -1,0 +1,35 @@
+//! Where each quantity a goal can name is in the report: the report's sections answer
+//! [`GoalValues`], so the goals module knows the names and the rules and never the report's
+//! fields.
+
+use crate::goals::{GoalValues, Quantity};
+
+use super::{LlmSection, RequestsSection};
+
+/// One side of a report as goals read it: its `llm` section and, when known, its `requests`
+/// counters (a baseline saved by an older version has only `llm`, and its counters are then
+/// unknown, never zero).
+pub(super) struct SectionValues<'a> {
+    pub(super) llm: &'a LlmSection,
+    pub(super) requests: Option<&'a RequestsSection>,
+}
+
+impl GoalValues for SectionValues<'_> {
+    fn value(&self, quantity: Quantity) -> Option<f64> {
+        let llm = self.llm;
+        let requests = || self.requests;
+        match quantity {
+            Quantity::Stat { metric, stat } => llm.stats(metric).map(|s| stat.of(&s)),
+            Quantity::OutputThroughput => llm.output_tokens_per_second,
+            Quantity::RequestThroughput => llm.requests_per_second,
+            Quantity::OutputThroughputSteady => llm.output_tokens_per_second_steady,
+            Quantity::RequestThroughputSteady => llm.requests_per_second_steady,
+            Quantity::EstimatedShare => llm.estimated_token_share_pct,
+            Quantity::CachedInputShare => llm.cached_input_share_pct,
+            Quantity::StreamsEndedEarly => requests().map(|r| r.ended_early as f64),
+            Quantity::Errors | Quantity::RequestsFailed => requests().map(|r| r.failed as f64),
+            Quantity::ErrorRate => requests().and_then(RequestsSection::error_rate_pct),
+            Quantity::RequestsTotal => requests().map(|r| r.total as f64),
+        }
+    }
+}
