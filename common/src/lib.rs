@@ -25,9 +25,9 @@ pub mod redact;
 pub mod replay;
 pub mod text;
 pub mod timeline;
-pub mod worker_report;
 #[cfg(feature = "transport-errors")]
 pub mod transport;
+pub mod worker_report;
 
 #[cfg(any(test, feature = "test-timing"))]
 pub mod test_timing;

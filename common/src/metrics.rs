@@ -392,7 +392,9 @@ impl SliceTotals {
             issued: self.issued.checked_add(other.issued)?,
             not_started: self.not_started.checked_add(other.not_started)?,
             lost: self.lost.checked_add(other.lost)?,
-            sent_out_of_order: self.sent_out_of_order.checked_add(other.sent_out_of_order)?,
+            sent_out_of_order: self
+                .sent_out_of_order
+                .checked_add(other.sent_out_of_order)?,
         })
     }
 

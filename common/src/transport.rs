@@ -171,9 +171,6 @@ mod tests {
     #[test]
     fn a_name_that_did_not_resolve_is_dns() {
         let error = Error::other("failed to lookup address information: Name or service not known");
-        assert_eq!(
-            classify(&error),
-            ChainCause::Transport(TransportCause::Dns)
-        );
+        assert_eq!(classify(&error), ChainCause::Transport(TransportCause::Dns));
     }
 }

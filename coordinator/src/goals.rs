@@ -744,7 +744,10 @@ mod tests {
             run: run(),
             metrics: &m,
             requests: RequestTotals {
-                lost: 1,
+                slice: common::metrics::SliceTotals {
+                    lost: 1,
+                    ..Default::default()
+                },
                 ..RequestTotals::default()
             },
             baseline: with_baseline.then(|| Baseline {

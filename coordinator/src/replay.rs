@@ -10,9 +10,9 @@ use common::assignment::Assignment;
 use tokio::sync::mpsc;
 
 use crate::config::{GlobalLoad, RunConfig, WorkerSource};
+use crate::outcome::{ReplayResult, RunError};
 use crate::server::{CoordinatorService, ServiceState, WorkerEvent};
 use crate::shard::SlicePlan;
-use crate::outcome::{ReplayResult, RunError};
 use crate::supervisor::{RunIdentity, RunSnapshot, Settings, Supervisor};
 
 /// How long a worker's HTTP/2 connection may be silent before the coordinator pings it; an
@@ -207,13 +207,9 @@ pub async fn replay(setup: ReplaySetup<'_>) -> Result<ReplayResult, RunError> {
     });
 
     let children = match &config.source {
-        WorkerSource::Local(n) => start_local_workers(
-            setup.worker_program,
-            *n,
-            addr,
-            config,
-            token.as_deref(),
-        )?,
+        WorkerSource::Local(n) => {
+            start_local_workers(setup.worker_program, *n, addr, config, token.as_deref())?
+        }
         WorkerSource::Remote { expect, .. } => {
             (setup.waiting_for_workers)(*expect, addr);
             Vec::new()

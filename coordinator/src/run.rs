@@ -125,7 +125,8 @@ impl RunPlan {
                 (sampled, Some(unsampled))
             }
         };
-        let goals = parse_goals(&config.goals).map_err(|error| RunError::Input(error.to_string()))?;
+        let goals =
+            parse_goals(&config.goals).map_err(|error| RunError::Input(error.to_string()))?;
         let saved_baseline = match &config.baseline {
             BaselineSource::Report(path) => Some((path.clone(), read_saved_report(path)?)),
             _ => None,
@@ -249,7 +250,9 @@ impl RunPlan {
             Some((path, saved)) => compare_reports(&report, &saved, &path.display().to_string()),
             None => report,
         };
-        let (_, main) = results.last().expect("replay_all returns at least one level");
+        let (_, main) = results
+            .last()
+            .expect("replay_all returns at least one level");
         let mut report = report;
         crate::faithful::apply_to_report(
             &mut report,
@@ -563,8 +566,7 @@ fn recorded_baseline<'a>(config: &RunConfig, scanned: &'a RecordingScan) -> Opti
 
 fn request_totals(result: &ReplayResult) -> RequestTotals {
     RequestTotals {
-        lost: result.totals.lost,
-        not_started: result.totals.not_started,
+        slice: result.totals,
         status_codes: result.status_codes.clone(),
         tls_problems: result.tls_problems.clone(),
     }

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use common::assignment::Assignment;
 use common::metrics::RequestRecord;
-use proto::auth::{CoordinatorHandshake, Opener, Sealer, SessionKeys};
 use common::worker_report::ReceivedReport;
+use proto::auth::{CoordinatorHandshake, Opener, Sealer, SessionKeys};
 use proto::convert::{assignment_to_proto, report_from_proto};
 use proto::v1;
 use proto::v1::coordinator_server::Coordinator;

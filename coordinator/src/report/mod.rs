@@ -291,10 +291,10 @@ pub struct WorkerInfo {
 /// produced an outcome, and the HTTP status codes seen.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RequestTotals {
-    /// Requests lost with a worker (no outcome ever came back).
-    pub lost: u64,
-    /// Requests never sent (the run stopped first: duration, interrupt, fatal error).
-    pub not_started: u64,
+    /// The run's slice totals as the workers counted them and the supervisor added them up:
+    /// requests lost with a worker (no outcome ever came back), never sent (the run stopped
+    /// first: duration, interrupt, fatal error), issued, sent out of order.
+    pub slice: common::metrics::SliceTotals,
     /// HTTP status code → number of responses with it (measured requests only).
     pub status_codes: BTreeMap<u16, u64>,
     /// TLS failures by problem (`unknown issuer` → count).
@@ -823,13 +823,13 @@ impl RequestsSection {
             total: counters.succeeded
                 + failed
                 + counters.ended_early
-                + totals.lost
-                + totals.not_started,
+                + totals.slice.lost
+                + totals.slice.not_started,
             succeeded: counters.succeeded,
             failed,
             ended_early: counters.ended_early,
-            lost: totals.lost,
-            not_started: totals.not_started,
+            lost: totals.slice.lost,
+            not_started: totals.slice.not_started,
             usage_reported: counters.usage_reported,
             estimated: counters.estimated,
             failed_by_kind: FailedByKind {

@@ -138,8 +138,11 @@ fn run_info() -> RunInfo {
 
 fn totals() -> RequestTotals {
     RequestTotals {
-        lost: 1,
-        not_started: 2,
+        slice: common::metrics::SliceTotals {
+            lost: 1,
+            not_started: 2,
+            ..Default::default()
+        },
         status_codes: BTreeMap::from([(200, 10), (429, 1)]),
         tls_problems: BTreeMap::new(),
     }

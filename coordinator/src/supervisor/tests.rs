@@ -490,7 +490,10 @@ async fn a_silent_worker_is_lost_and_its_exchanges_go_to_the_survivor() {
         .expect("the run completes");
     assert!(!result.aborted, "reassign keeps the run going");
     assert_eq!(result.metrics.counters.succeeded, 16 + 3);
-    assert_eq!(result.totals.lost, 1, "the one in flight on the lost worker");
+    assert_eq!(
+        result.totals.lost, 1,
+        "the one in flight on the lost worker"
+    );
     let assigned: Vec<u64> = result.workers.iter().map(|w| w.assigned).collect();
     assert_eq!(assigned, vec![16, 4]);
     assert!(result.workers[1].lost);
@@ -559,7 +562,8 @@ async fn a_lost_worker_is_fenced_and_what_it_sends_afterwards_is_not_counted() {
     assert_eq!(result.metrics.counters.succeeded, 16 + 3);
     assert_eq!(result.totals.lost, 1, "the one in flight when it was lost");
     assert_eq!(result.totals.not_started, 0);
-    let total = result.metrics.counters.completed() + result.totals.not_started + result.totals.lost;
+    let total =
+        result.metrics.counters.completed() + result.totals.not_started + result.totals.lost;
     assert_eq!(total, 20, "every exchange once");
     let assigned: Vec<u64> = result.workers.iter().map(|w| w.assigned).collect();
     assert_eq!(assigned, vec![16, 4]);
@@ -616,7 +620,8 @@ async fn fail_mode_aborts_and_keeps_the_survivors_partial_report() {
     // Worker 1 never reported: its 10 were never started (planned − assigned).
     assert_eq!(result.totals.not_started, 3 + 10);
     assert_eq!(result.totals.lost, 1);
-    let total = result.metrics.counters.completed() + result.totals.not_started + result.totals.lost;
+    let total =
+        result.metrics.counters.completed() + result.totals.not_started + result.totals.lost;
     assert_eq!(total, 20, "every planned exchange accounted for");
 }
 
