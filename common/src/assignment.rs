@@ -60,6 +60,12 @@ pub struct RequestOptions {
     pub reorder_window: usize,
     /// Faithful replay: pinned output lengths and closed-loop sessions.
     pub faithful: Faithful,
+    /// `--slo`: the worker counts each measured request that meets every one as good.
+    pub slos: crate::slo::Slos,
+    /// Keep a second set of metrics over the steady window (requests sent once the load
+    /// reached its target, the closed loop's first wave left out), for a capacity probe's
+    /// goals: [`crate::worker_report::WorkerReport::steady`].
+    pub steady_metrics: bool,
 }
 
 impl Default for RequestOptions {
@@ -70,6 +76,8 @@ impl Default for RequestOptions {
             requests_out: false,
             reorder_window: crate::replay::DEFAULT_REORDER_WINDOW,
             faithful: Faithful::default(),
+            slos: crate::slo::Slos::default(),
+            steady_metrics: false,
         }
     }
 }

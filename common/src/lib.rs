@@ -23,6 +23,7 @@ pub mod process;
 pub mod recording;
 pub mod redact;
 pub mod replay;
+pub mod slo;
 pub mod text;
 pub mod timeline;
 #[cfg(feature = "transport-errors")]

@@ -251,6 +251,13 @@ pub struct Counters {
     /// Connections opened to the target, by protocol and TLS version.
     #[serde(default)]
     pub connections: ConnectionCounts,
+    /// Succeeded requests that met every `--slo` (0 without SLOs): counted by the worker
+    /// as each request completes ([`crate::slo::Slos::is_good`]), so the sum is exact.
+    #[serde(default)]
+    pub good: u64,
+    /// Output tokens of those good requests (for goodput in tokens per second).
+    #[serde(default)]
+    pub good_output_tokens: u64,
 }
 
 /// The protocol a connection to the target spoke.
@@ -541,6 +548,10 @@ impl Counters {
         self.coalesce_checked = self.coalesce_checked.saturating_add(other.coalesce_checked);
         self.coalesced = self.coalesced.saturating_add(other.coalesced);
         self.connections.add(&other.connections);
+        self.good = self.good.saturating_add(other.good);
+        self.good_output_tokens = self
+            .good_output_tokens
+            .saturating_add(other.good_output_tokens);
     }
 }
 
@@ -564,6 +575,8 @@ pub struct RequestRecord {
     /// What the server said of a failed request (its error message, cleaned: one line,
     /// credential-shaped strings redacted, bounded; see `metrics::errors`).
     pub message: Option<String>,
+    /// Whether it met every `--slo` (`None` without SLOs).
+    pub good: Option<bool>,
 }
 
 impl RequestRecord {
@@ -904,6 +917,12 @@ impl RunMetrics {
         if outcome.output_tokens() == pinned {
             self.counters.pinned_matched += 1;
         }
+    }
+
+    /// Count a measured request the run's SLOs judged good ([`crate::slo::Slos::is_good`]).
+    pub fn record_good(&mut self, outcome: &RequestOutcome) {
+        self.counters.good += 1;
+        self.counters.good_output_tokens += outcome.output_tokens();
     }
 
     /// Percent of pinned requests whose output length matched the pin; `None` without any.

@@ -160,6 +160,24 @@ pub struct RunArgs {
     /// Goal that fails the run (exit 1) when it holds, e.g. 'llm.ttft-p95 > 800'.
     #[arg(long = "fail-if")]
     pub fail_if: Vec<String>,
+    /// Per-request objective NAME:LIMIT (repeatable): ttft, ttst, itl, latency (a duration
+    /// the request's value must not exceed) or tokens-per-second (per user, a floor). A
+    /// request that succeeded within every one is good: the report's goodput section.
+    #[arg(long = "slo", value_name = "NAME:LIMIT")]
+    pub slos: Vec<String>,
+    /// Search for the largest load at which every --fail-if goal holds: `concurrency`,
+    /// `rate` (requests/s) or `speed` (the recording's own schedule, ×S). Each probe is a
+    /// full replay with the run's budget (--requests, --duration, or the whole recording).
+    #[arg(long, value_name = "DIMENSION", value_parser = ["concurrency", "rate", "speed"])]
+    pub find_max: Option<String>,
+    /// The loads --find-max may try, LOW:HIGH (defaults: concurrency 1:4096, rate
+    /// 0.1:100000, speed 0.1:1000).
+    #[arg(long, value_name = "LOW:HIGH")]
+    pub find_max_range: Option<String>,
+    /// Stop --find-max when the lowest failing and the highest passing load are within
+    /// this many percent (default 5%).
+    #[arg(long, value_name = "P%")]
+    pub find_max_precision: Option<String>,
     /// YAML or TOML file with goals and run options.
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -225,6 +243,11 @@ pub struct FileConfig {
     pub session_mode: Option<String>,
     pub sample_sessions: Option<f64>,
     pub seed: Option<u64>,
+    #[serde(default)]
+    pub slos: Vec<String>,
+    pub find_max: Option<String>,
+    pub find_max_range: Option<String>,
+    pub find_max_precision: Option<String>,
 }
 
 /// `pin-output-length:` in a config file: `true`/`false`, or a mode name.
@@ -370,6 +393,10 @@ pub struct RunConfig {
     pub faithful: FaithfulOptions,
     /// `--seed`, when given.
     pub seed: Option<u64>,
+    /// `--slo`: per-request objectives (empty: no goodput section).
+    pub slos: common::slo::Slos,
+    /// `--find-max`: the capacity search, when asked for.
+    pub find_max: Option<crate::capacity::FindMax>,
 }
 
 /// Read a `--target-ca` file: it must hold at least one PEM certificate.
@@ -689,7 +716,45 @@ impl RunArgs {
             self.sample_sessions.or(file.sample_sessions),
             seed,
         )?;
+        let mut slos = Vec::new();
+        for text in file.slos.iter().chain(&self.slos) {
+            slos.push(common::slo::Slo::parse(text).map_err(anyhow::Error::msg)?);
+        }
+        let find_max = crate::capacity::FindMax::from_options(
+            self.find_max.or(file.find_max).as_deref(),
+            self.find_max_range.or(file.find_max_range).as_deref(),
+            self.find_max_precision
+                .or(file.find_max_precision)
+                .as_deref(),
+        )?;
+        if let Some(find_max) = &find_max {
+            if goals.is_empty() {
+                bail!(
+                    "--find-max {}: needs at least one --fail-if goal: the search looks for the largest load at which every goal holds (e.g. --fail-if 'llm.ttft-p95 > 800')",
+                    find_max.dimension.name()
+                );
+            }
+            if !self.sweep_concurrency.is_empty() {
+                bail!(
+                    "--find-max and --sweep-concurrency are exclusive: each chooses the loads to replay"
+                );
+            }
+            if find_max.dimension == crate::capacity::Dimension::Speed && !has_arrival_times {
+                bail!(
+                    "--find-max speed scales the recorded schedule: the recording has no arrival times (at_ms); use --find-max rate or concurrency"
+                );
+            }
+            if find_max.dimension == crate::capacity::Dimension::Speed
+                && schedule.as_deref() == Some("asap")
+            {
+                bail!(
+                    "--find-max speed scales the recorded schedule: it cannot be used with --schedule asap"
+                );
+            }
+        }
         let mut config = RunConfig {
+            slos: common::slo::Slos(slos),
+            find_max,
             transport,
             tag_requests: self.tag_requests,
             source,
@@ -751,6 +816,8 @@ impl RunConfig {
                 pin: self.faithful.pin,
                 closed_sessions: self.faithful.closed_sessions,
             },
+            slos: self.slos.clone(),
+            steady_metrics: self.find_max.is_some(),
         }
     }
 

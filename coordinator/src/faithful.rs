@@ -232,6 +232,7 @@ mod tests {
             sweep: Vec::new(),
             warnings: Vec::new(),
             timeline: Vec::new(),
+            slos: &common::slo::Slos::default(),
         });
         let scan = RecordingScan {
             sessions: 3,

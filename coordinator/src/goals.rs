@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-use common::metrics::{Metric, Stats};
+use common::metrics::{Metric, Stats, Unit};
 
 /// Suffix that turns a metric into its percent change against the baseline.
 pub const CHANGE_SUFFIX: &str = ".change";
@@ -64,6 +64,12 @@ pub enum Quantity {
     RequestsTotal,
     /// `requests.failed` (same count as `llm.errors`, named after the report key).
     RequestsFailed,
+    /// `llm.goodput`: good requests (succeeded within every `--slo`) per second over the
+    /// measured window; needs `--slo`.
+    Goodput,
+    /// `llm.good-share`: good requests ÷ requests that got an outcome, in percent; needs
+    /// `--slo`.
+    GoodShare,
 }
 
 /// A statistic goals can name. `std` and `count` are reported but are not goal statistics.
@@ -158,6 +164,13 @@ pub trait GoalValues {
     /// measured window, no answered request) or when this side does not know it (a baseline
     /// saved without its request counters).
     fn value(&self, quantity: Quantity) -> Option<f64>;
+
+    /// Why `quantity` has no value when the reason is not "no samples" (a goodput goal in a
+    /// run without `--slo`); `None` for the general note.
+    fn missing_note(&self, quantity: Quantity) -> Option<String> {
+        let _ = quantity;
+        None
+    }
 }
 
 impl Stat {
@@ -256,8 +269,39 @@ impl Quantity {
             Quantity::CachedInputShare,
             Quantity::RequestsTotal,
             Quantity::RequestsFailed,
+            Quantity::Goodput,
+            Quantity::GoodShare,
         ]);
         all
+    }
+
+    /// True for the quantities only `--slo` gives a value (`llm.goodput`, `llm.good-share`):
+    /// a run refuses such a goal without SLOs before it sends any load.
+    pub fn needs_slos(self) -> bool {
+        matches!(self, Quantity::Goodput | Quantity::GoodShare)
+    }
+
+    /// The display unit of the value (`ms`, `tokens/s`, `%`), empty for counts.
+    pub fn unit(self) -> &'static str {
+        match self {
+            Quantity::Stat { metric, .. } => match metric.unit() {
+                Unit::Milliseconds => "ms",
+                Unit::Tokens => "tokens",
+                Unit::TokensPerSecond => "tokens/s",
+            },
+            Quantity::OutputThroughput | Quantity::OutputThroughputSteady => "tokens/s",
+            Quantity::RequestThroughput | Quantity::RequestThroughputSteady | Quantity::Goodput => {
+                "requests/s"
+            }
+            Quantity::ErrorRate
+            | Quantity::EstimatedShare
+            | Quantity::CachedInputShare
+            | Quantity::GoodShare => "%",
+            Quantity::StreamsEndedEarly
+            | Quantity::Errors
+            | Quantity::RequestsTotal
+            | Quantity::RequestsFailed => "",
+        }
     }
 
     /// The goal-expression name (`llm.ttft-p95`).
@@ -277,11 +321,31 @@ impl Quantity {
             Quantity::CachedInputShare => "llm.cached-input-share".into(),
             Quantity::RequestsTotal => "requests.total".into(),
             Quantity::RequestsFailed => "requests.failed".into(),
+            Quantity::Goodput => "llm.goodput".into(),
+            Quantity::GoodShare => "llm.good-share".into(),
         }
     }
 }
 
+impl Goal {
+    /// True when the goal names a quantity only `--slo` gives a value (`llm.goodput`,
+    /// `llm.good-share`, or their `.change`): without SLOs it can only fail, so a run refuses
+    /// it up front (exit 2).
+    pub fn needs_slos(&self) -> bool {
+        self.metric.quantity.needs_slos()
+    }
+}
+
 impl GoalMetric {
+    /// The display unit of the value: the quantity's (`ms`), `%` for a `.change`.
+    pub fn unit(self) -> &'static str {
+        if self.change {
+            "%"
+        } else {
+            self.quantity.unit()
+        }
+    }
+
     /// The canonical name (`llm.ttft-p95`, `llm.ttft-p95.change`).
     pub fn name(self) -> String {
         let base = self.quantity.name();
@@ -408,7 +472,13 @@ fn goal_value(
     baseline: Option<&dyn GoalValues>,
 ) -> (Option<f64>, Option<String>) {
     let quantity = metric.quantity;
+    let replayed_values = replayed;
     let replayed = replayed.value(quantity);
+    if replayed.is_none()
+        && let Some(note) = replayed_values.missing_note(quantity)
+    {
+        return (None, Some(note));
+    }
     if !metric.change {
         let note = replayed
             .is_none()
@@ -503,6 +573,15 @@ fn valid_names_listing() -> String {
         "  and each of them with the suffix `{CHANGE_SUFFIX}` (percent change against the baseline, \
          e.g. llm.ttft-p95{CHANGE_SUFFIX})"
     ));
+    let needs_slos: Vec<String> = Quantity::all()
+        .into_iter()
+        .filter(|q| q.needs_slos())
+        .map(Quantity::name)
+        .collect();
+    lines.push(format!(
+        "  ({} need --slo NAME:LIMIT: good requests are those within every SLO)",
+        needs_slos.join(" and ")
+    ));
     lines.join("\n")
 }
 
@@ -527,6 +606,8 @@ mod tests {
     use common::metrics::RunMetrics;
 
     use super::*;
+    use common::slo::{Slo, Slos};
+
     use crate::report::{Baseline, Report, ReportInput, RequestTotals, RunInfo};
 
     fn goal(expr: &str) -> Goal {
@@ -599,7 +680,7 @@ mod tests {
     #[test]
     fn every_contract_name_is_valid() {
         let names = valid_metric_names();
-        assert_eq!(names.len(), 11 * 7 + 11);
+        assert_eq!(names.len(), 11 * 7 + 13);
         for family in [
             "ttft",
             "ttst",
@@ -634,6 +715,8 @@ mod tests {
             "llm.cached-input-share",
             "requests.total",
             "requests.failed",
+            "llm.goodput",
+            "llm.good-share",
         ] {
             assert!(names.contains(&name.to_string()), "{name}");
             assert!(goal(&format!("{name}.change>0")).metric.change);
@@ -730,9 +813,19 @@ mod tests {
     /// 3 successes with TTFT 1, 2 and 2.04 ms (below 2048 µs, so stored exactly by the
     /// histograms) and one status failure; baseline TTFT 1 ms.
     fn report(with_baseline: bool) -> Report {
+        report_with_slos(with_baseline, &Slos::default())
+    }
+
+    /// [`report`] with `slos`: the requests with TTFT of at most 2 ms are the good ones
+    /// (what `ttft:2ms` makes of them; the workers count them, the report adds them up).
+    fn report_with_slos(with_baseline: bool, slos: &Slos) -> Report {
         let mut m = RunMetrics::new();
         for (i, ttft) in [1_000, 2_000, 2_040].into_iter().enumerate() {
-            m.record(&outcome(ttft, i as u64));
+            let outcome = outcome(ttft, i as u64);
+            m.record(&outcome);
+            if slos.is_good(&outcome) == Some(true) {
+                m.record_good(&outcome);
+            }
         }
         m.record(&RequestOutcome::failed(FailureKind::Status));
         // Two plain-HTTP connections: 300 µs and 1.5 ms of setup, no TLS.
@@ -757,6 +850,7 @@ mod tests {
             sweep: Vec::new(),
             warnings: Vec::new(),
             timeline: Vec::new(),
+            slos,
         })
     }
 
@@ -858,5 +952,67 @@ mod tests {
         assert!(serialized["value"].is_null());
         assert_eq!(serialized["op"], ">");
         assert_eq!(serialized["failed"], true);
+    }
+
+    #[test]
+    fn goodput_goals_read_the_goodput_section() {
+        let slos = Slos(vec![Slo::parse("ttft:2ms").expect("slo")]);
+        let report = report_with_slos(false, &slos);
+        // TTFT 1 and 2 ms are within the limit, 2.04 ms is not: 2 good of 4 answered (the
+        // lost request never got an outcome).
+        let goodput = report.goodput.as_ref().expect("goodput with --slo");
+        assert_eq!(goodput.good, 2);
+        let share = result("llm.good-share < 60", &report);
+        assert_eq!(share.value, Some(50.0));
+        assert!(share.failed);
+        assert_eq!(share.metric, "llm.good-share");
+        // Over the window of llm.request-throughput: 0 s .. 2 s + 11.04 ms.
+        let rate = result("llm.goodput < 0.5", &report);
+        assert!((rate.value.expect("goodput") - 2.0 / 2.01104).abs() < 1e-9);
+        assert!(!rate.failed);
+        assert!(rate.note.is_none());
+    }
+
+    #[test]
+    fn goodput_goals_without_slos_fail_saying_they_need_slo() {
+        let report = report(true);
+        assert!(report.goodput.is_none());
+        for expr in [
+            "llm.goodput < 1",
+            "llm.good-share < 90",
+            "llm.goodput.change < -10",
+        ] {
+            let goal = result(expr, &report);
+            assert_eq!(goal.value, None, "{expr}");
+            assert!(goal.failed, "{expr}: a gate must not pass on missing data");
+            let note = goal.note.expect("a note");
+            assert!(note.contains("needs --slo"), "{expr}: {note}");
+        }
+    }
+
+    #[test]
+    fn goodput_goals_are_known_to_need_slos() {
+        for (expr, needs) in [
+            ("llm.goodput < 1", true),
+            ("llm.good-share < 90", true),
+            ("llm.good-share.change < -5", true),
+            ("llm.request-throughput < 1", false),
+            ("llm.ttft-p95 > 800", false),
+        ] {
+            assert_eq!(goal(expr).needs_slos(), needs, "{expr}");
+        }
+        assert_eq!(goal("llm.goodput < 1").metric.unit(), "requests/s");
+        assert_eq!(goal("llm.good-share < 1").metric.unit(), "%");
+        assert_eq!(goal("llm.ttft-p95 > 1").metric.unit(), "ms");
+        assert_eq!(goal("llm.ttft-p95.change > 1").metric.unit(), "%");
+        // The usage error lists them, and says what they need.
+        let message = parse_goal("llm.goodputt < 1")
+            .expect_err("unknown")
+            .to_string();
+        assert!(message.contains("did you mean `llm.goodput`"), "{message}");
+        assert!(
+            message.contains("llm.goodput and llm.good-share need --slo"),
+            "{message}"
+        );
     }
 }

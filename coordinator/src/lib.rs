@@ -6,6 +6,7 @@
 //! Only this crate renders reports; the `llm-replay` CLI (`cli`) prints them and
 //! picks the exit code.
 
+pub mod capacity;
 pub mod config;
 pub mod embedded;
 pub mod faithful;

@@ -71,4 +71,9 @@ pub struct ReplayResult {
     pub timeline: Vec<crate::report::TimelinePoint>,
     /// The steady-state window and what completed in it, when the load reached its target.
     pub steady: Option<crate::faithful::SteadyWindow>,
+    /// The workers' steady metrics merged (each worker's latest report's, a lost worker's
+    /// last one included): the requests each worker sent once its load reached its target,
+    /// a closed loop's first wave left out. `Some` when any worker sent them (the assignment
+    /// asked: `RequestOptions::steady_metrics`).
+    pub steady_metrics: Option<RunMetrics>,
 }

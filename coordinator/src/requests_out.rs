@@ -85,10 +85,11 @@ fn ms(us: Option<u64>) -> Option<f64> {
     us.map(|us| us as f64 / 1000.0)
 }
 
-/// The JSON line of one request (the keys are the contract's).
+/// The JSON line of one request (the keys are the contract's), with `"good"` when the run
+/// had `--slo` objectives (whether the request succeeded and met every one).
 pub fn record_line(worker: &str, record: &RequestRecord) -> serde_json::Value {
     let o = &record.outcome;
-    json!({
+    let mut line = json!({
         "exchange": record.meta.id.clone().unwrap_or_else(|| record.meta.index.to_string()),
         "index": record.meta.index,
         "worker": worker,
@@ -107,7 +108,11 @@ pub fn record_line(worker: &str, record: &RequestRecord) -> serde_json::Value {
         "token_source": if o.usage_output_tokens.is_some() { "usage" } else { "estimated" },
         "cached_input_tokens": o.cached_input_tokens,
         "message": record.message,
-    })
+    });
+    if let (Some(good), Some(fields)) = (record.good, line.as_object_mut()) {
+        fields.insert("good".to_owned(), good.into());
+    }
+    line
 }
 
 #[cfg(test)]
@@ -127,6 +132,24 @@ mod tests {
             outcome: RequestOutcome::failed(FailureKind::Status),
             status: Some(500),
             message: Some("overloaded".into()),
+            good: None,
+        }
+    }
+
+    /// A line says whether its request was good only when the run judged it (`--slo`).
+    #[test]
+    fn a_line_says_good_when_the_request_was_judged() {
+        let unjudged = super::record_line("w", &one_record());
+        assert!(unjudged.get("good").is_none(), "{unjudged}");
+        for good in [true, false] {
+            let record = RequestRecord {
+                good: Some(good),
+                ..one_record()
+            };
+            let line = super::record_line("w", &record);
+            assert_eq!(line["good"], serde_json::Value::Bool(good), "{line}");
+            // The rest of the line is unchanged.
+            assert_eq!(line["outcome"], unjudged["outcome"]);
         }
     }
 

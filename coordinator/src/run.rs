@@ -16,13 +16,14 @@ use std::sync::Arc;
 use common::load::Schedule;
 use tokio::sync::watch;
 
+use crate::capacity::{Dimension, FindMax, Search, Step};
 use crate::config::{BaselineSource, GlobalLoad, RunArgs, RunConfig, WorkerSource};
 use crate::goals::{Goal, parse_goals};
 use crate::outcome::{ReplayResult, RunError};
 use crate::replay::{ReplaySetup, replay};
 use crate::report::{
-    Baseline, Report, ReportInput, RequestTotals, RunInfo, SweepLevel, TimelinePoint, WorkerInfo,
-    compare_reports, rfc3339_utc,
+    Baseline, CapacitySection, GoodputSection, ProbeSection, Report, ReportInput, RequestTotals,
+    RequestsSection, RunInfo, SweepLevel, TimelinePoint, WorkerInfo, compare_reports, rfc3339_utc,
 };
 use crate::requests_out::RequestsOut;
 use crate::scan::{RecordingScan, scan, scan_sampled};
@@ -127,6 +128,14 @@ impl RunPlan {
         };
         let goals =
             parse_goals(&config.goals).map_err(|error| RunError::Input(error.to_string()))?;
+        if config.slos.is_empty()
+            && let Some(goal) = goals.iter().find(|goal| goal.needs_slos())
+        {
+            return Err(RunError::Input(format!(
+                "goal {:?}: goodput counts the requests that meet every --slo; give at least one, e.g. --slo ttft:500ms",
+                goal.expr
+            )));
+        }
         let saved_baseline = match &config.baseline {
             BaselineSource::Report(path) => Some((path.clone(), read_saved_report(path)?)),
             _ => None,
@@ -195,19 +204,26 @@ impl RunPlan {
             }
         };
         let levels = Levels::of(&config);
-        let replayed = levels
-            .replay_all(
-                &config,
-                LevelInputs {
-                    target: &target,
-                    tag_requests: embedded.is_some() || config.tag_requests,
-                    exchanges: scanned.exchanges,
-                    pass_span_ms: pass_span_ms(&scanned),
-                    requests_out: requests_out.clone(),
-                    hooks: &hooks,
-                },
-            )
-            .await;
+        let inputs = LevelInputs {
+            target: &target,
+            tag_requests: embedded.is_some() || config.tag_requests,
+            exchanges: scanned.exchanges,
+            pass_span_ms: pass_span_ms(&scanned),
+            requests_out: requests_out.clone(),
+            hooks: &hooks,
+        };
+        let replayed = match &levels {
+            Levels::Search(find_max) => {
+                let judge = ProbeJudge {
+                    config: &config,
+                    scanned: &scanned,
+                    saved_baseline: saved_baseline.as_ref(),
+                    goals: &goals,
+                };
+                search(*find_max, &config, inputs, &judge).await
+            }
+            _ => levels.replay_all(&config, inputs).await,
+        };
         // The progress line is complete before the report is built: nothing more is sent.
         drop(hooks);
         if let Some(mock) = embedded {
@@ -216,15 +232,30 @@ impl RunPlan {
         let Replayed {
             levels: results,
             failed: level_failed,
+            capacity,
+            main: main_index,
         } = replayed?;
         if let Some(error) = &level_failed {
-            warnings.push(format!(
-                "the sweep stopped: a level{} could not run: {}; the levels before it are reported",
-                error
-                    .level
-                    .map_or_else(String::new, |c| format!(" (concurrency {c})")),
-                error.error
-            ));
+            warnings.push(match &capacity {
+                Some(capacity) => format!(
+                    "the search stopped: a probe could not run: {}; the probes before it are reported{}",
+                    error.error,
+                    match capacity.max {
+                        Some(max) => format!(
+                            " (the highest load that held so far: {})",
+                            capacity_value(capacity, max)
+                        ),
+                        None => String::new(),
+                    }
+                ),
+                None => format!(
+                    "the sweep stopped: a level{} could not run: {}; the levels before it are reported",
+                    error
+                        .level
+                        .map_or_else(String::new, |c| format!(" (concurrency {c})")),
+                    error.error
+                ),
+            });
         }
         // A failure writing --requests-out is a failed run like a report that cannot be
         // written: said in the report, and by the CLI after the other outputs.
@@ -243,32 +274,39 @@ impl RunPlan {
             config: &config,
             scanned: &scanned,
             levels: &results,
+            main: main_index,
             warnings,
         }
         .build();
-        let report = match saved_baseline {
-            Some((path, saved)) => compare_reports(&report, &saved, &path.display().to_string()),
+        let report = match &saved_baseline {
+            Some((path, saved)) => compare_reports(&report, saved, &path.display().to_string()),
             None => report,
         };
-        let (_, main) = results
-            .last()
-            .expect("replay_all returns at least one level");
+        let (_, main) = &results[main_index];
         let mut report = report;
         crate::faithful::apply_to_report(
             &mut report,
             crate::faithful::FaithfulInput {
                 options: &config.faithful,
-                recorded_speed: match config.load.schedule {
-                    Schedule::Recorded { speed } if config.sweep.is_empty() => Some(speed),
-                    _ => None,
+                recorded_speed: match (&capacity, config.load.schedule) {
+                    (Some(capacity), _) if capacity.dimension == Dimension::Speed.name() => {
+                        capacity.max
+                    }
+                    (Some(_), _) => None,
+                    (None, Schedule::Recorded { speed }) if config.sweep.is_empty() => Some(speed),
+                    (None, _) => None,
                 },
                 scan: &scanned,
                 unsampled,
                 steady: main.steady,
             },
         );
-        let report = report.with_goals(&goals);
-        let verdict = verdict(&report, &target, main, level_failed.as_ref());
+        let mut report = report.with_goals(&goals);
+        let verdict = match &capacity {
+            Some(capacity) => search_verdict(capacity, &target, &results, level_failed.as_ref()),
+            None => verdict(&report, &target, main, level_failed.as_ref()),
+        };
+        report.capacity = capacity;
         Ok(RunOutcome {
             report,
             requests_out_failed,
@@ -277,10 +315,12 @@ impl RunPlan {
     }
 }
 
-/// The levels a run replays: one, or each concurrency of `--sweep-concurrency` in turn.
+/// The levels a run replays: one, each concurrency of `--sweep-concurrency` in turn, or the
+/// probes of a `--find-max` search.
 enum Levels {
     Single,
     Sweep(Vec<usize>),
+    Search(FindMax),
 }
 
 /// What every level of a run shares.
@@ -297,6 +337,10 @@ struct LevelInputs<'a> {
 struct Replayed {
     levels: Vec<(Option<usize>, ReplayResult)>,
     failed: Option<LevelFailed>,
+    /// `--find-max`: the probes (one per level, in order) and the answer.
+    capacity: Option<CapacitySection>,
+    /// The level the report's main sections show: the last one, or the search's answer.
+    main: usize,
 }
 
 /// A sweep level that could not run after earlier levels were measured.
@@ -307,17 +351,19 @@ struct LevelFailed {
 
 impl Levels {
     fn of(config: &RunConfig) -> Levels {
-        if config.sweep.is_empty() {
+        if let Some(find_max) = config.find_max {
+            Levels::Search(find_max)
+        } else if config.sweep.is_empty() {
             Levels::Single
         } else {
             Levels::Sweep(config.sweep.clone())
         }
     }
 
-    /// Each level's concurrency (`None`: the run's own load).
+    /// Each level's concurrency (`None`: the run's own load); a search decides its own.
     fn concurrencies(&self) -> Vec<Option<usize>> {
         match self {
-            Levels::Single => vec![None],
+            Levels::Single | Levels::Search(_) => vec![None],
             Levels::Sweep(levels) => levels.iter().copied().map(Some).collect(),
         }
     }
@@ -355,17 +401,236 @@ impl Levels {
                 }
                 Err(error) if !results.is_empty() => {
                     return Ok(Replayed {
+                        main: results.len() - 1,
                         levels: results,
                         failed: Some(LevelFailed { level, error }),
+                        capacity: None,
                     });
                 }
                 Err(error) => return Err(error),
             }
         }
         Ok(Replayed {
+            main: results.len() - 1,
             levels: results,
             failed: None,
+            capacity: None,
         })
+    }
+}
+
+/// Run a `--find-max` search: probe after probe, each a full replay at one load with the
+/// run's budget, judged on its goals, until the search stops or a probe cannot complete.
+async fn search(
+    find_max: FindMax,
+    config: &RunConfig,
+    inputs: LevelInputs<'_>,
+    judge: &ProbeJudge<'_>,
+) -> Result<Replayed, RunError> {
+    let mut search = Search::new(find_max);
+    let mut results: Vec<(Option<usize>, ReplayResult)> = Vec::new();
+    let mut probes: Vec<ProbeSection> = Vec::new();
+    let mut failed = None;
+    while let Step::Probe(value) = search.next() {
+        let (probe_config, load) = probe_config(config, find_max.dimension, value);
+        let setup = ReplaySetup {
+            config: &probe_config,
+            load,
+            target: inputs.target.to_owned(),
+            tag_requests: inputs.tag_requests,
+            exchanges: inputs.exchanges,
+            pass_span_ms: inputs.pass_span_ms,
+            requests_out: inputs.requests_out.clone(),
+            interrupt: inputs.hooks.interrupt.clone(),
+            progress: inputs.hooks.snapshots.clone(),
+            waiting_for_workers: inputs.hooks.waiting_for_workers,
+            worker_program: &inputs.hooks.worker_program,
+        };
+        let level = (find_max.dimension == Dimension::Concurrency).then_some(value as usize);
+        let result = match replay(setup).await {
+            Ok(result) => result,
+            Err(error) if !results.is_empty() => {
+                failed = Some(LevelFailed { level, error });
+                break;
+            }
+            Err(error) => return Err(error),
+        };
+        let mut probe = judge.judge(value, search.attempt(), &result);
+        let incomplete = result.aborted || result.interrupted || unusable(&result, &probes);
+        results.push((level, result));
+        if incomplete {
+            probes.push(probe);
+            break;
+        }
+        let near = crate::capacity::near_limit(&probe.goals);
+        probe.decided = search.record(probe.passed, near);
+        probes.push(probe);
+    }
+    let answer = search.answer();
+    let main = match answer.max {
+        Some(max) => probes.iter().rposition(|p| p.value == max && p.passed),
+        None => None,
+    }
+    .unwrap_or(results.len() - 1);
+    Ok(Replayed {
+        levels: results,
+        failed,
+        main,
+        capacity: Some(CapacitySection {
+            dimension: find_max.dimension.name().to_owned(),
+            max: answer.max,
+            min_failing: answer.min_failing,
+            precision_pct: find_max.precision_pct,
+            low: find_max.low,
+            high: find_max.high,
+            stopped: answer.stopped,
+            probes,
+        }),
+    })
+}
+
+/// A probe that cannot say anything about the load: nothing reached the target, or (before
+/// any load held) nothing succeeded — the target does not work at all, which no load
+/// answers. At a higher load, a probe where nothing succeeded is a failing probe.
+fn unusable(result: &ReplayResult, earlier: &[ProbeSection]) -> bool {
+    no_response("", result).is_some()
+        || (none_succeeded("", result).is_some() && !earlier.iter().any(|p| p.passed))
+}
+
+/// The options of one probe: the run's, at `value` along `dimension`.
+fn probe_config(config: &RunConfig, dimension: Dimension, value: f64) -> (RunConfig, GlobalLoad) {
+    match dimension {
+        Dimension::Concurrency => level_config(config, Some(value as usize)),
+        Dimension::Rate => {
+            let mut load = config.load.clone();
+            load.schedule = Schedule::Asap;
+            load.rate = Some(value);
+            (config.clone(), load)
+        }
+        Dimension::Speed => {
+            let mut load = config.load.clone();
+            load.schedule = Schedule::Recorded { speed: value };
+            (config.clone(), load)
+        }
+    }
+}
+
+/// What judges a probe: the run's goals, against its baselines.
+struct ProbeJudge<'a> {
+    config: &'a RunConfig,
+    scanned: &'a RecordingScan,
+    saved_baseline: Option<&'a (PathBuf, Report)>,
+    goals: &'a [Goal],
+}
+
+impl ProbeJudge<'_> {
+    /// A probe's section: its goals judged on its steady window when it has one (requests
+    /// sent once the load reached its target, the closed loop's first wave left out), else
+    /// on the whole probe. The counters (`requests`) are the whole probe's either way.
+    fn judge(&self, value: f64, attempt: u32, result: &ReplayResult) -> ProbeSection {
+        let (metrics, judged_on) = match &result.steady_metrics {
+            Some(steady) if steady.counters.completed() > 0 => (steady, "steady window"),
+            _ => (&result.metrics, "whole run"),
+        };
+        let mut report = Report::build(ReportInput {
+            run: run_info(self.config, result),
+            metrics,
+            requests: request_totals(result),
+            baseline: recorded_baseline(self.config, self.scanned),
+            sweep: Vec::new(),
+            warnings: Vec::new(),
+            timeline: Vec::new(),
+            slos: &self.config.slos,
+        });
+        report.requests = RequestsSection::new(&result.metrics.counters, &request_totals(result))
+            .with_errors(&result.metrics.errors);
+        if let Some((path, saved)) = self.saved_baseline {
+            report = compare_reports(&report, saved, &path.display().to_string());
+        }
+        if let Some(steady) = result.steady {
+            let seconds = steady.seconds();
+            report.llm.steady_window_s = Some(seconds);
+            report.llm.output_tokens_per_second_steady = Some(steady.output_tokens / seconds);
+            report.llm.requests_per_second_steady = Some(steady.requests / seconds);
+        }
+        let goals = report.evaluate_goals(self.goals);
+        let failed_goals: Vec<String> = goals
+            .iter()
+            .filter(|g| g.failed)
+            .map(|g| g.expr.clone())
+            .collect();
+        let mut llm = report.llm;
+        llm.cdf = None;
+        ProbeSection {
+            value,
+            passed: failed_goals.is_empty(),
+            failed_goals,
+            goals,
+            judged_on: judged_on.to_owned(),
+            llm,
+            requests: report.requests,
+            goodput: GoodputSection::from_metrics(&self.config.slos, metrics),
+            duration_s: result.duration.as_secs_f64(),
+            attempt,
+            decided: None,
+        }
+    }
+}
+
+/// A capacity value as the report's dimension reads it.
+fn capacity_value(capacity: &CapacitySection, value: f64) -> String {
+    match capacity.dimension.as_str() {
+        "concurrency" => Dimension::Concurrency.show(value),
+        "rate" => Dimension::Rate.show(value),
+        _ => Dimension::Speed.show(value),
+    }
+}
+
+/// A search's verdict (PRODUCT.md, exit codes with `--find-max`): a probe that could not
+/// complete is a failed run (3); no load that holds is a failed goal (1); else a maximum was
+/// found (0).
+fn search_verdict(
+    capacity: &CapacitySection,
+    target: &str,
+    results: &[(Option<usize>, ReplayResult)],
+    level_failed: Option<&LevelFailed>,
+) -> Verdict {
+    let shown = common::recording::redact_url(target);
+    if let Some(failed) = level_failed {
+        return Verdict::RunFailed(format!(
+            "a probe could not run: {} (the probes before it are above)",
+            failed.error
+        ));
+    }
+    if let Some((_, last)) = results.last() {
+        let probe = capacity
+            .probes
+            .last()
+            .map(|p| capacity_value(capacity, p.value))
+            .unwrap_or_default();
+        if last.interrupted {
+            return Verdict::RunFailed(format!(
+                "the search was interrupted during the probe at {probe} (the probes so far are above)"
+            ));
+        }
+        if last.aborted {
+            return Verdict::RunFailed(format!(
+                "the probe at {probe} was aborted: a worker was lost (the probes so far are above)"
+            ));
+        }
+        let earlier = &capacity.probes[..capacity.probes.len().saturating_sub(1)];
+        if let Some(message) = no_response(&shown, last) {
+            return Verdict::RunFailed(format!("the probe at {probe}: {message}"));
+        }
+        if !earlier.iter().any(|p| p.passed)
+            && let Some(message) = none_succeeded(&shown, last)
+        {
+            return Verdict::RunFailed(format!("the probe at {probe}: {message}"));
+        }
+    }
+    match capacity.max {
+        Some(_) => Verdict::Passed,
+        None => Verdict::GoalFailed,
     }
 }
 
@@ -456,17 +721,19 @@ fn input_warnings(config: &RunConfig, scanned: &RecordingScan) -> Vec<String> {
 struct ReportParts<'a> {
     config: &'a RunConfig,
     scanned: &'a RecordingScan,
-    /// Each level and its result, in order; the last is the run's main result.
+    /// Each level and its result, in order.
     levels: &'a [(Option<usize>, ReplayResult)],
+    /// The level whose numbers the report's main sections show.
+    main: usize,
     warnings: Vec<String>,
 }
 
 impl ReportParts<'_> {
     fn build(self) -> Report {
         let config = self.config;
-        let (_, result) = self.levels.last().expect("at least one level ran");
+        let (_, result) = &self.levels[self.main];
         let sweep: Vec<SweepLevel> = match Levels::of(config) {
-            Levels::Single => Vec::new(),
+            Levels::Single | Levels::Search(_) => Vec::new(),
             Levels::Sweep(_) => self
                 .levels
                 .iter()
@@ -492,6 +759,7 @@ impl ReportParts<'_> {
             sweep,
             warnings,
             timeline,
+            slos: &config.slos,
         })
     }
 }

@@ -1074,6 +1074,7 @@ impl Supervisor {
             ..
         } = self;
         let mut merged = RunMetrics::new();
+        let mut steady_metrics: Option<RunMetrics> = None;
         let mut status_codes = BTreeMap::new();
         let mut tls_problems: BTreeMap<String, u64> = BTreeMap::new();
         let mut outcomes = Vec::new();
@@ -1091,6 +1092,11 @@ impl Supervisor {
         for slot in slots {
             let report = slot.latest.map(|r| *r).unwrap_or_default();
             merged.merge_sparse(&report.metrics);
+            if let Some(steady) = &report.steady {
+                steady_metrics
+                    .get_or_insert_with(RunMetrics::new)
+                    .merge_sparse(steady);
+            }
             for (code, n) in &report.status_codes {
                 *status_codes.entry(*code).or_default() += n;
             }
@@ -1215,6 +1221,7 @@ impl Supervisor {
             interrupted,
             timeline: Vec::new(),
             steady,
+            steady_metrics,
         })
     }
 }

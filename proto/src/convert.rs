@@ -10,8 +10,9 @@ use common::load::{Arrival, LoadModel, Schedule};
 use common::measure::{FailureKind, OutcomeKind, RequestOutcome};
 use common::metrics::{
     ConnectionCounts, Counters, ErrorSample, ErrorSummary, HistogramEncoding, MetricsDecodeError,
-    RecordMeta, RequestRecord, SliceTotals, SparseMetrics, TransportCounters, Window,
+    RecordMeta, RequestRecord, RunMetrics, SliceTotals, SparseMetrics, TransportCounters, Window,
 };
+use common::slo::{Slo, Slos};
 
 use common::timeline::{CompletionTimeline, TimelineError};
 use common::worker_report::{ReceivedReport, WorkerReport};
@@ -25,71 +26,27 @@ pub fn report_to_proto(report: &WorkerReport) -> v1::Report {
 
 /// [`report_to_proto`] with the histograms in `encoding` (what the assignment asked for).
 pub fn report_to_proto_as(report: &WorkerReport, encoding: HistogramEncoding) -> v1::Report {
-    let metrics = &report.metrics;
-    let totals = &report.totals;
-    let c = &metrics.counters;
-    let (histograms, connection_histograms) = metrics.encode_all(encoding);
+    // The main metrics travel in the report's own fields, the steady ones (when asked for)
+    // in a `Metrics` message: one encoder for both.
+    let v1::Metrics {
+        histograms,
+        counters,
+        window_start_unix_us,
+        window_end_unix_us,
+        connection_histograms,
+        failure_histograms,
+        errors,
+    } = metrics_to_proto(&report.metrics, &report.totals, encoding);
     let mut message = v1::Report {
         seq: report.seq,
         r#final: report.is_final,
         histograms,
         connection_histograms,
-        failure_histograms: metrics.encode_failure(encoding),
-        errors: metrics
-            .errors
-            .samples()
-            .into_iter()
-            .map(|s| v1::ErrorSample {
-                kind: s.kind.name().to_owned(),
-                status: s.status.map(u32::from),
-                message: s.message.clone(),
-                count: s.count,
-            })
-            .collect(),
-        counters: Some(v1::Counters {
-            succeeded: c.succeeded,
-            ended_early: c.ended_early,
-            failed_status: c.failed_status,
-            failed_error_frame: c.failed_error_frame,
-            failed_transport: c.failed_transport,
-            failed_timeout: c.failed_timeout,
-            failed_empty: c.failed_empty,
-            usage_reported: c.usage_reported,
-            estimated: c.estimated,
-            output_tokens: c.output_tokens,
-            warmup: c.warmup,
-            not_started: totals.not_started,
-            lost: totals.lost,
-            issued: totals.issued,
-            transport_refused: c.transport.refused,
-            transport_reset: c.transport.reset,
-            transport_closed_before_response: c.transport.closed_before_response,
-            transport_tls: c.transport.tls,
-            transport_dns: c.transport.dns,
-            transport_other: c.transport.other,
-            transport_closed_after_head: c.transport.closed_after_head,
-            transport_http2_only: c.transport.http2_only,
-            coalesce_checked: c.coalesce_checked,
-            coalesced: c.coalesced,
-            connections_http1: c.connections.http1,
-            connections_http1_tls12: c.connections.http1_tls12,
-            connections_http1_tls13: c.connections.http1_tls13,
-            connections_http1_tls: c.connections.http1_tls,
-            connections_h2_tls12: c.connections.h2_tls12,
-            connections_h2_tls13: c.connections.h2_tls13,
-            connections_h2_tls: c.connections.h2_tls,
-            connections_h2c: c.connections.h2c,
-            resent: c.resent,
-            unstreamed: c.unstreamed,
-            cache_reported: c.cache_reported,
-            cached_input_tokens: c.cached_input_tokens,
-            cache_reported_input_tokens: c.cache_reported_input_tokens,
-            sent_out_of_order: totals.sent_out_of_order,
-            pinned: c.pinned,
-            pinned_matched: c.pinned_matched,
-        }),
-        window_start_unix_us: metrics.window.map(|w| w.start_unix_us).unwrap_or(0),
-        window_end_unix_us: metrics.window.map(|w| w.end_unix_us).unwrap_or(0),
+        failure_histograms,
+        errors,
+        counters,
+        window_start_unix_us,
+        window_end_unix_us,
         status_codes: report
             .status_codes
             .iter()
@@ -103,6 +60,10 @@ pub fn report_to_proto_as(report: &WorkerReport, encoding: HistogramEncoding) ->
             .iter()
             .map(|(problem, n)| (problem.clone(), *n))
             .collect(),
+        steady: report
+            .steady
+            .as_ref()
+            .map(|steady| metrics_to_proto(steady, &SliceTotals::default(), encoding)),
         ..Default::default()
     };
     timeline_to_report(&report.timeline, &mut message);
@@ -117,59 +78,85 @@ pub fn report_to_proto_as(report: &WorkerReport, encoding: HistogramEncoding) ->
     message
 }
 
-/// Every this many reports (the first, the 11th, ...), and in the final one, a report
-/// carries the worker's whole timeline; the others carry only its edges, and the coordinator
-/// keeps the buckets it has (a cumulative timeline never loses buckets, so empty buckets after
-/// non-empty ones mean "left out").
-pub const TIMELINE_EVERY_REPORTS: u64 = 10;
-
-/// Why a report from a worker cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum ReportDecodeError {
-    #[error(transparent)]
-    Metrics(#[from] MetricsDecodeError),
-    #[error("timeline: {0}")]
-    Timeline(#[from] TimelineError),
-    #[error("errors: {0}")]
-    Errors(String),
-}
-
-/// Decode a report message into the coordinator's domain form.
-pub fn report_from_proto(report: &v1::Report) -> Result<ReceivedReport, ReportDecodeError> {
-    let (mut metrics, totals, status_codes) = metrics_from_report(report)?;
-    metrics.decode_failure(&report.failure_histograms)?;
-    metrics.errors = errors_from_report(report).map_err(ReportDecodeError::Errors)?;
-    let timeline = timeline_from_report(report)?;
-    Ok(ReceivedReport {
-        seq: report.seq,
-        is_final: report.r#final,
-        metrics,
-        totals,
-        status_codes,
-        tls_problems: report
-            .tls_problems
-            .iter()
-            .map(|(problem, n)| (problem.clone(), *n))
+/// One set of metrics in the protocol's form, its histograms in `encoding`; `totals` fill
+/// the counters' slice totals (the main metrics'; unset for the steady ones).
+fn metrics_to_proto(
+    metrics: &RunMetrics,
+    totals: &SliceTotals,
+    encoding: HistogramEncoding,
+) -> v1::Metrics {
+    let (histograms, connection_histograms) = metrics.encode_all(encoding);
+    v1::Metrics {
+        histograms,
+        counters: Some(counters_to_proto(&metrics.counters, totals)),
+        window_start_unix_us: metrics.window.map(|w| w.start_unix_us).unwrap_or(0),
+        window_end_unix_us: metrics.window.map(|w| w.end_unix_us).unwrap_or(0),
+        connection_histograms,
+        failure_histograms: metrics.encode_failure(encoding),
+        errors: metrics
+            .errors
+            .samples()
+            .into_iter()
+            .map(|s| v1::ErrorSample {
+                kind: s.kind.name().to_owned(),
+                status: s.status.map(u32::from),
+                message: s.message.clone(),
+                count: s.count,
+            })
             .collect(),
-        cpu_seconds: report.cpu_seconds,
-        peak_rss_bytes: report.peak_rss_bytes,
-        cores: report.cores,
-        timeline,
-    })
+    }
 }
 
-/// Decode a report message into metrics (sparse histograms), slice totals and status codes.
-pub fn metrics_from_report(
-    report: &v1::Report,
-) -> Result<
-    (
-        SparseMetrics,
-        SliceTotals,
-        std::collections::BTreeMap<u16, u64>,
-    ),
-    MetricsDecodeError,
-> {
-    let c = report.counters.unwrap_or_default();
+/// The counters message: a worker's counters and its slice totals.
+fn counters_to_proto(c: &Counters, totals: &SliceTotals) -> v1::Counters {
+    v1::Counters {
+        succeeded: c.succeeded,
+        ended_early: c.ended_early,
+        failed_status: c.failed_status,
+        failed_error_frame: c.failed_error_frame,
+        failed_transport: c.failed_transport,
+        failed_timeout: c.failed_timeout,
+        failed_empty: c.failed_empty,
+        usage_reported: c.usage_reported,
+        estimated: c.estimated,
+        output_tokens: c.output_tokens,
+        warmup: c.warmup,
+        not_started: totals.not_started,
+        lost: totals.lost,
+        issued: totals.issued,
+        transport_refused: c.transport.refused,
+        transport_reset: c.transport.reset,
+        transport_closed_before_response: c.transport.closed_before_response,
+        transport_tls: c.transport.tls,
+        transport_dns: c.transport.dns,
+        transport_other: c.transport.other,
+        transport_closed_after_head: c.transport.closed_after_head,
+        transport_http2_only: c.transport.http2_only,
+        coalesce_checked: c.coalesce_checked,
+        coalesced: c.coalesced,
+        connections_http1: c.connections.http1,
+        connections_http1_tls12: c.connections.http1_tls12,
+        connections_http1_tls13: c.connections.http1_tls13,
+        connections_http1_tls: c.connections.http1_tls,
+        connections_h2_tls12: c.connections.h2_tls12,
+        connections_h2_tls13: c.connections.h2_tls13,
+        connections_h2_tls: c.connections.h2_tls,
+        connections_h2c: c.connections.h2c,
+        resent: c.resent,
+        unstreamed: c.unstreamed,
+        cache_reported: c.cache_reported,
+        cached_input_tokens: c.cached_input_tokens,
+        cache_reported_input_tokens: c.cache_reported_input_tokens,
+        sent_out_of_order: totals.sent_out_of_order,
+        pinned: c.pinned,
+        pinned_matched: c.pinned_matched,
+        good: c.good,
+        good_output_tokens: c.good_output_tokens,
+    }
+}
+
+/// A counters message as the worker's counters and its slice totals.
+fn counters_from_proto(c: &v1::Counters) -> (Counters, SliceTotals) {
     let counters = Counters {
         succeeded: c.succeeded,
         ended_early: c.ended_early,
@@ -211,7 +198,100 @@ pub fn metrics_from_report(
         cache_reported_input_tokens: c.cache_reported_input_tokens,
         pinned: c.pinned,
         pinned_matched: c.pinned_matched,
+        good: c.good,
+        good_output_tokens: c.good_output_tokens,
     };
+    let totals = SliceTotals {
+        issued: c.issued,
+        not_started: c.not_started,
+        lost: c.lost,
+        sent_out_of_order: c.sent_out_of_order,
+    };
+    (counters, totals)
+}
+
+/// Every this many reports (the first, the 11th, ...), and in the final one, a report
+/// carries the worker's whole timeline; the others carry only its edges, and the coordinator
+/// keeps the buckets it has (a cumulative timeline never loses buckets, so empty buckets after
+/// non-empty ones mean "left out").
+pub const TIMELINE_EVERY_REPORTS: u64 = 10;
+
+/// Why a report from a worker cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportDecodeError {
+    #[error(transparent)]
+    Metrics(#[from] MetricsDecodeError),
+    #[error("timeline: {0}")]
+    Timeline(#[from] TimelineError),
+    #[error("errors: {0}")]
+    Errors(String),
+    /// The steady window's metrics (`Report.steady`) do not decode.
+    #[error("steady metrics: {0}")]
+    Steady(#[source] Box<ReportDecodeError>),
+}
+
+/// Decode a report message into the coordinator's domain form.
+pub fn report_from_proto(report: &v1::Report) -> Result<ReceivedReport, ReportDecodeError> {
+    let (mut metrics, totals, status_codes) = metrics_from_report(report)?;
+    metrics.decode_failure(&report.failure_histograms)?;
+    metrics.errors = errors_from_report(report).map_err(ReportDecodeError::Errors)?;
+    let timeline = timeline_from_report(report)?;
+    let steady = report
+        .steady
+        .as_ref()
+        .map(steady_from_proto)
+        .transpose()
+        .map_err(|error| ReportDecodeError::Steady(Box::new(error)))?;
+    Ok(ReceivedReport {
+        seq: report.seq,
+        is_final: report.r#final,
+        metrics,
+        totals,
+        status_codes,
+        tls_problems: report
+            .tls_problems
+            .iter()
+            .map(|(problem, n)| (problem.clone(), *n))
+            .collect(),
+        cpu_seconds: report.cpu_seconds,
+        peak_rss_bytes: report.peak_rss_bytes,
+        cores: report.cores,
+        timeline,
+        steady,
+    })
+}
+
+/// The steady window's metrics of a report, decoded and checked as the main ones are (its
+/// slice totals, unset on the wire, are ignored).
+fn steady_from_proto(steady: &v1::Metrics) -> Result<SparseMetrics, ReportDecodeError> {
+    let (counters, _) = counters_from_proto(&steady.counters.unwrap_or_default());
+    let window = (steady.window_end_unix_us > 0).then_some(Window {
+        start_unix_us: steady.window_start_unix_us,
+        end_unix_us: steady.window_end_unix_us,
+    });
+    let mut metrics = SparseMetrics::decode_with_connections(
+        &steady.histograms,
+        &steady.connection_histograms,
+        counters,
+        window,
+    )?;
+    metrics.decode_failure(&steady.failure_histograms)?;
+    metrics.errors = errors_from_proto(&steady.errors).map_err(ReportDecodeError::Errors)?;
+    Ok(metrics)
+}
+
+/// Decode a report message into metrics (sparse histograms), slice totals and status codes.
+pub fn metrics_from_report(
+    report: &v1::Report,
+) -> Result<
+    (
+        SparseMetrics,
+        SliceTotals,
+        std::collections::BTreeMap<u16, u64>,
+    ),
+    MetricsDecodeError,
+> {
+    let (counters, totals) = counters_from_proto(&report.counters.unwrap_or_default());
     let window = (report.window_end_unix_us > 0).then_some(Window {
         start_unix_us: report.window_start_unix_us,
         end_unix_us: report.window_end_unix_us,
@@ -222,12 +302,6 @@ pub fn metrics_from_report(
         counters,
         window,
     )?;
-    let totals = SliceTotals {
-        issued: c.issued,
-        not_started: c.not_started,
-        lost: c.lost,
-        sent_out_of_order: c.sent_out_of_order,
-    };
     let codes = report
         .status_codes
         .iter()
@@ -239,11 +313,15 @@ pub fn metrics_from_report(
 /// The error summary of a report, checked: known kinds, statuses that fit HTTP's, at most
 /// `MAX_ERROR_SAMPLES` entries, each message cleaned again (a peer's text reaches a user).
 pub fn errors_from_report(report: &v1::Report) -> Result<ErrorSummary, String> {
-    if report.errors.len() > common::metrics::MAX_ERROR_SAMPLES {
-        return Err(format!("{} error samples", report.errors.len()));
+    errors_from_proto(&report.errors)
+}
+
+/// [`errors_from_report`] of a list of samples (a report's, or its steady metrics').
+fn errors_from_proto(errors: &[v1::ErrorSample]) -> Result<ErrorSummary, String> {
+    if errors.len() > common::metrics::MAX_ERROR_SAMPLES {
+        return Err(format!("{} error samples", errors.len()));
     }
-    let samples = report
-        .errors
+    let samples = errors
         .iter()
         .map(|s| {
             let kind = FailureKind::from_name(&s.kind)
@@ -308,6 +386,7 @@ pub fn record_to_proto(record: RequestRecord) -> v1::RequestRecord {
         cached_input_tokens: o.cached_input_tokens,
         unstreamed: o.unstreamed,
         message: record.message,
+        good: record.good,
     }
 }
 
@@ -349,6 +428,7 @@ pub fn record_from_proto(record: &v1::RequestRecord) -> Option<RequestRecord> {
             .as_deref()
             .map(common::metrics::clean_message)
             .filter(|m| !m.is_empty()),
+        good: record.good,
     })
 }
 
@@ -363,6 +443,9 @@ pub enum AssignmentError {
     Seconds { field: &'static str, seconds: f64 },
     #[error("assignment pin_output_length = {name:?}: expected \"max\" or \"strict\"")]
     PinMode { name: String },
+    /// One of the assignment's `slos` is not an objective the worker can judge.
+    #[error("assignment slos = {text:?}: {reason}")]
+    Slo { text: String, reason: String },
 }
 
 impl AssignmentError {
@@ -372,6 +455,7 @@ impl AssignmentError {
             AssignmentError::MissingLoad => "load",
             AssignmentError::Missing { field } | AssignmentError::Seconds { field, .. } => field,
             AssignmentError::PinMode { .. } => "pin_output_length",
+            AssignmentError::Slo { .. } => "slos",
         }
     }
 }
@@ -450,6 +534,8 @@ pub fn assignment_to_proto(assignment: &Assignment) -> v1::Assignment {
         report_interval_s: assignment.report_interval.map(|d| d.as_secs_f64()),
         plain_histograms: assignment.histograms == HistogramEncoding::Plain,
         heartbeat_timeout_s: assignment.heartbeat_timeout.map(|d| d.as_secs_f64()),
+        slos: assignment.options.slos.names(),
+        steady_metrics: assignment.options.steady_metrics,
     }
 }
 
@@ -496,6 +582,16 @@ pub fn assignment_from_proto(assignment: &v1::Assignment) -> Result<Assignment, 
             })?,
         ),
     };
+    let slos = assignment
+        .slos
+        .iter()
+        .map(|text| {
+            Slo::parse(text).map_err(|reason| AssignmentError::Slo {
+                text: text.clone(),
+                reason,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(Assignment {
         run_id: assignment.run_id.clone(),
         target: assignment.target.clone(),
@@ -522,6 +618,8 @@ pub fn assignment_from_proto(assignment: &v1::Assignment) -> Result<Assignment, 
                 pin,
                 closed_sessions: assignment.closed_sessions,
             },
+            slos: Slos(slos),
+            steady_metrics: assignment.steady_metrics,
         },
         tag_requests: assignment.tag_requests,
         worker_index: assignment.worker_index,
@@ -598,6 +696,17 @@ mod tests {
                     pin: Some(PinMode::Strict),
                     closed_sessions: true,
                 },
+                slos: Slos(
+                    [
+                        "ttft:500ms",
+                        "itl:40ms",
+                        "latency:1500us",
+                        "tokens-per-second:20.5",
+                    ]
+                    .map(|text| Slo::parse(text).expect("a valid slo"))
+                    .to_vec(),
+                ),
+                steady_metrics: true,
             },
             tag_requests: true,
             worker_index: 2,
@@ -640,6 +749,9 @@ mod tests {
             transport: TargetTransport::default(),
             options: RequestOptions {
                 faithful: Faithful::default(),
+                // Without objectives or steady metrics (the fields unset on the wire).
+                slos: Slos::default(),
+                steady_metrics: false,
                 ..domain.options.clone()
             },
             report_interval: None,
@@ -721,6 +833,18 @@ mod tests {
             assert_eq!(error.field(), "heartbeat_timeout_s", "{seconds}");
         }
 
+        let mut wire = valid.clone();
+        wire.slos.push("tpot:5ms".into());
+        let error = assignment_from_proto(&wire).expect_err("an unknown objective");
+        assert_eq!(error.field(), "slos");
+        assert!(
+            error
+                .to_string()
+                .starts_with("assignment slos = \"tpot:5ms\": "),
+            "{error}"
+        );
+        assert!(error.to_string().contains("unknown name"), "{error}");
+
         let mut wire = valid;
         wire.pin_output_length = "loose".into();
         let error = assignment_from_proto(&wire).expect_err("unknown pin mode");
@@ -770,6 +894,24 @@ mod tests {
         metrics.counters.connections.http1_tls12 = 2;
         metrics.counters.connections.h2_tls13 = 1;
         metrics.counters.connections.h2c = 3;
+        // Goodput (issue 21).
+        metrics.counters.good = 4;
+        metrics.counters.good_output_tokens = 40;
+        // The steady window's metrics: a part of the main ones, with their own errors.
+        let mut steady = RunMetrics::default();
+        for value in [5, 1_500, 90_000] {
+            steady.record_value(Metric::Ttft, value);
+            steady.record_value(Metric::ErrorLatency, value * 2);
+        }
+        steady.record_error(FailureKind::Status, Some(503), Some("upstream died"));
+        steady.counters.succeeded = 3;
+        steady.counters.good = 2;
+        steady.counters.good_output_tokens = 20;
+        steady.counters.output_tokens = 30;
+        steady.window = Some(Window {
+            start_unix_us: 1_000,
+            end_unix_us: 9_000,
+        });
         let report = WorkerReport {
             seq: 7,
             is_final: true,
@@ -786,6 +928,7 @@ mod tests {
             peak_rss_bytes: 1 << 20,
             cores: 4,
             timeline: CompletionTimeline::default(),
+            steady: Some(steady),
         };
         // Both encodings: V2+DEFLATE (older coordinators) and plain V2 (this one asks).
         let deflated = report_to_proto(&report);
@@ -808,6 +951,20 @@ mod tests {
                 assert_eq!(back.metrics.stats(metric), report.metrics.stats(metric));
             }
             assert_eq!(back.metrics.errors, report.metrics.errors);
+            // The steady metrics travel as the main ones do, every bucket in place.
+            let sent_steady = report.steady.as_ref().expect("steady metrics sent");
+            let got_steady = back.steady.as_ref().expect("steady metrics decoded");
+            assert_eq!(got_steady.counters, sent_steady.counters);
+            assert_eq!(got_steady.window, sent_steady.window);
+            assert_eq!(got_steady.errors, sent_steady.errors);
+            let sparse_steady = SparseMetrics::from(sent_steady);
+            for metric in Metric::every() {
+                assert_eq!(
+                    got_steady.histogram(metric),
+                    sparse_steady.histogram(metric),
+                    "steady {metric:?}"
+                );
+            }
             // The dense decoder (baselines, `report`) reads both as well.
             let dense = RunMetrics::decode_with_connections(
                 &wire.histograms,
@@ -858,5 +1015,73 @@ mod tests {
         assert!(report_from_proto(&wire).is_err());
         wire.errors = (0..300).map(|i| sample("status", &i.to_string())).collect();
         assert!(report_from_proto(&wire).is_err());
+    }
+
+    /// A report without steady metrics (a worker not asked for them, or an older one)
+    /// decodes with none; steady metrics that do not decode refuse the report, naming them.
+    #[test]
+    fn steady_metrics_are_optional_and_checked() {
+        let wire = report_to_proto(&WorkerReport::default());
+        assert!(wire.steady.is_none());
+        assert!(
+            report_from_proto(&wire)
+                .expect("no steady metrics")
+                .steady
+                .is_none()
+        );
+
+        let with_steady = WorkerReport {
+            steady: Some(RunMetrics::default()),
+            ..WorkerReport::default()
+        };
+        let mut wire = report_to_proto(&with_steady);
+        let steady = wire.steady.as_mut().expect("steady metrics sent");
+        assert_eq!(steady.counters.expect("counters").issued, 0);
+        steady.histograms.pop();
+        let error = report_from_proto(&wire).expect_err("a histogram short");
+        assert!(matches!(error, ReportDecodeError::Steady(_)), "{error}");
+        assert!(error.to_string().starts_with("steady metrics: "), "{error}");
+
+        let mut wire = report_to_proto(&with_steady);
+        wire.steady.as_mut().expect("steady").errors = vec![v1::ErrorSample {
+            kind: "nonsense".into(),
+            status: None,
+            message: None,
+            count: 1,
+        }];
+        assert!(matches!(
+            report_from_proto(&wire),
+            Err(ReportDecodeError::Steady(_))
+        ));
+    }
+
+    /// A request record keeps its verdict against the objectives, and its absence.
+    #[test]
+    fn a_request_record_keeps_whether_it_was_good() {
+        let mut outcome = RequestOutcome::failed(FailureKind::Empty);
+        outcome.kind = OutcomeKind::Succeeded;
+        outcome.ttft_us = Some(1_000);
+        outcome.latency_us = Some(5_000);
+        outcome.content_frames = 3;
+        outcome.sent_unix_us = Some(77);
+        for good in [Some(true), Some(false), None] {
+            let record = RequestRecord {
+                meta: RecordMeta {
+                    index: 4,
+                    id: Some("ex-4".into()),
+                    session: None,
+                },
+                outcome,
+                status: Some(200),
+                message: None,
+                good,
+            };
+            let wire = record_to_proto(record.clone());
+            assert_eq!(wire.good, good);
+            let back = record_from_proto(&wire).expect("a known outcome");
+            assert_eq!(back.good, good);
+            assert_eq!(back.meta, record.meta);
+            assert_eq!(back.outcome.ttft_us, Some(1_000));
+        }
     }
 }

@@ -31,6 +31,10 @@ enum Lie {
     /// Output tokens of 2^64 - 50 for a few requests: added to the others, the total wraps
     /// to a small number (issue 18, item 13).
     TokenWrap,
+    /// More good requests (met every `--slo`) than succeeded ones (issue 21).
+    GoodPastSucceeded,
+    /// Steady-window metrics counting more successes than the report itself (issue 21).
+    SteadyPastReport,
 }
 
 /// The run's token: the hostile peers know it (they are workers of the run gone bad).
@@ -74,13 +78,31 @@ fn lying_report(lie: Lie) -> v1::Report {
             counters.issued = 2;
             counters.output_tokens = u64::MAX - 49;
         }
+        Lie::GoodPastSucceeded => {
+            counters.succeeded = 1;
+            counters.issued = 1;
+            counters.good = 2;
+        }
+        Lie::SteadyPastReport => {
+            counters.succeeded = 1;
+            counters.issued = 1;
+        }
         Lie::DoublePong | Lie::NoPong | Lie::RecordFlood => {}
     }
+    let steady = matches!(lie, Lie::SteadyPastReport).then(|| v1::Metrics {
+        histograms: RunMetrics::new().encode_histograms(),
+        counters: Some(v1::Counters {
+            succeeded: 3,
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
     v1::Report {
         seq: 1,
         r#final: false,
         histograms,
         counters: Some(counters),
+        steady,
         ..Default::default()
     }
 }
@@ -238,6 +260,15 @@ fn run_with_a_liar(lie: Lie) {
         output.contains("liar") && output.contains("invalid report"),
         "the liar is not named: {output}"
     );
+    // The reason a user reads names the counts that cannot hold together.
+    let reason = match lie {
+        Lie::GoodPastSucceeded => Some("good 2 of 1 succeeded"),
+        Lie::SteadyPastReport => Some("steady metrics: succeeded 3 of 1 in the whole report"),
+        _ => None,
+    };
+    if let Some(reason) = reason {
+        assert!(output.contains(reason), "{lie:?}: {output}");
+    }
     let workers = report["run"]["workers"].as_array().expect("workers");
     let liar_row = workers
         .iter()
@@ -284,6 +315,18 @@ fn output_tokens_that_would_wrap_the_total_are_refused() {
 fn counters_that_wrap_are_refused() {
     let _parallel = fixtures::parallel_lock();
     run_with_a_liar(Lie::Overflow);
+}
+
+#[test]
+fn more_good_requests_than_succeeded_ones_are_refused() {
+    let _parallel = fixtures::parallel_lock();
+    run_with_a_liar(Lie::GoodPastSucceeded);
+}
+
+#[test]
+fn steady_metrics_past_the_reports_own_counts_are_refused() {
+    let _parallel = fixtures::parallel_lock();
+    run_with_a_liar(Lie::SteadyPastReport);
 }
 
 /// A peer that accepts workers like a coordinator but does not know their token: it either

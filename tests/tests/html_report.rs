@@ -124,6 +124,43 @@ fn path_str(path: &Path) -> &str {
     path.to_str().expect("utf-8 path")
 }
 
+/// Load a copy of `page` with the probe injected (written to `probed`) in headless
+/// Chromium and return what the probe measured: problems, and each of `plots`' size and
+/// marks.
+fn measure_in_browser(
+    chromium: &Path,
+    profile: &Path,
+    probed: &Path,
+    page: &str,
+    plots: &[&str],
+) -> serde_json::Value {
+    let ids = serde_json::to_string(plots).expect("ids");
+    let probe = PROBE.replace("PLOT_IDS", &ids);
+    std::fs::write(
+        probed,
+        page.replacen("<head>", &format!("<head>{probe}"), 1),
+    )
+    .expect("write probed copy");
+    let (dom, stderr) = headless(
+        chromium,
+        profile,
+        probed,
+        &["--window-size=1280,6000", "--dump-dom"],
+    );
+    let start = dom.find("<pre id=\"probe\">").unwrap_or_else(|| {
+        panic!(
+            "the probe did not run:\n{stderr}\n{}",
+            &dom[..dom.len().min(2000)]
+        )
+    }) + "<pre id=\"probe\">".len();
+    let end = start + dom[start..].find("</pre>").expect("probe closed");
+    let text = dom[start..end]
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&amp;", "&");
+    serde_json::from_str(&text).expect("probe JSON")
+}
+
 #[test]
 fn html_report_of_a_sweep_with_a_baseline_renders_in_chromium() {
     let _parallel = fixtures::parallel_lock();
@@ -281,32 +318,7 @@ fn html_report_of_a_sweep_with_a_baseline_renders_in_chromium() {
     assert!(std::fs::metadata(&pdf).expect("PDF written").len() > 10_000);
 
     // Measured in the browser: the probe's copy of the page.
-    let ids = serde_json::to_string(&PLOTS).expect("ids");
-    let probe = PROBE.replace("PLOT_IDS", &ids);
-    let probed = dir.join("probed.html");
-    std::fs::write(
-        &probed,
-        page.replacen("<head>", &format!("<head>{probe}"), 1),
-    )
-    .expect("write probed copy");
-    let (dom, stderr) = headless(
-        &chromium,
-        &profile,
-        &probed,
-        &["--window-size=1280,6000", "--dump-dom"],
-    );
-    let start = dom.find("<pre id=\"probe\">").unwrap_or_else(|| {
-        panic!(
-            "the probe did not run:\n{stderr}\n{}",
-            &dom[..dom.len().min(2000)]
-        )
-    }) + "<pre id=\"probe\">".len();
-    let end = start + dom[start..].find("</pre>").expect("probe closed");
-    let text = dom[start..end]
-        .replace("&lt;", "<")
-        .replace("&gt;", ">")
-        .replace("&amp;", "&");
-    let measured: serde_json::Value = serde_json::from_str(&text).expect("probe JSON");
+    let measured = measure_in_browser(&chromium, &profile, &dir.join("probed.html"), &page, &PLOTS);
     assert_eq!(
         measured["problems"],
         serde_json::json!([]),
@@ -330,4 +342,103 @@ fn html_report_of_a_sweep_with_a_baseline_renders_in_chromium() {
         regressions.starts_with("callout bad:") && regressions.contains("Time to first token"),
         "{regressions}"
     );
+}
+
+/// Acceptance (issue 21): the HTML report of a real `--find-max` search draws the knee — the
+/// goal's value at each probe against the load, with the limit and the answer — and renders
+/// in Chromium without a console error.
+#[test]
+fn html_report_of_a_capacity_search_draws_the_knee_in_chromium() {
+    let _parallel = fixtures::parallel_lock();
+    let Some(chromium) = chromium() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must have chromium installed (.ci/run installs it)"
+        );
+        eprintln!("skipped: no chromium installed");
+        return;
+    };
+    let mock = MockServer::start(&[
+        "--ttft",
+        "20ms",
+        "--itl",
+        "5ms",
+        "--tokens",
+        "20",
+        "--max-streams",
+        "2",
+    ]);
+    let dir = TempDir::new("html-capacity");
+    let rec = dir.join("rec.jsonl");
+    write_chat_recording(&rec, 20, 20, None);
+    let html = dir.join("report.html");
+    let out = llm_replay(
+        &[
+            "run",
+            path_str(&rec),
+            "--target",
+            &mock.url,
+            "--find-max",
+            "concurrency",
+            "--find-max-range",
+            "1:8",
+            "--requests",
+            "30",
+            "--fail-if",
+            "llm.ttft-p95 > 60",
+            "--report-html",
+            path_str(&html),
+        ],
+        Some(&dir.join("report.json")),
+    );
+    assert_eq!(
+        out.code, 0,
+        "stdout:\n{}\nstderr:\n{}",
+        out.stdout, out.stderr
+    );
+    let report = out.report.expect("report");
+    let probes = report["capacity"]["probes"]
+        .as_array()
+        .expect("probes")
+        .len();
+    let page = std::fs::read_to_string(&html).expect("html");
+    assert!(
+        !page.contains("<script") && !page.contains("src="),
+        "self-contained"
+    );
+    let kept = artifact_dir().join("capacity.html");
+    std::fs::write(&kept, &page).expect("keep the report");
+    let profile = dir.join("chromium-profile");
+    let screenshot = artifact_dir().join("capacity.png");
+    let (_, stderr) = headless(
+        &chromium,
+        &profile,
+        &kept,
+        &[
+            "--window-size=1280,4000",
+            &format!("--screenshot={}", screenshot.display()),
+        ],
+    );
+    assert!(
+        console_lines(&stderr).is_empty(),
+        "console: {:#?}",
+        console_lines(&stderr)
+    );
+    let measured = measure_in_browser(
+        &chromium,
+        &profile,
+        &dir.join("probed.html"),
+        &page,
+        &["plot-capacity-0"],
+    );
+    assert_eq!(measured["problems"], serde_json::json!([]), "{measured:#}");
+    let plot = &measured["plots"]["plot-capacity-0"];
+    assert!(plot.is_object(), "the knee chart is missing: {measured:#}");
+    assert!(
+        num(plot, &["width"]) > 300.0 && num(plot, &["height"]) > 100.0,
+        "laid out: {plot}"
+    );
+    // The passing probes are discs (1 and 2 pass against two slots), plus the line joining
+    // every probe.
+    assert!(num(plot, &["marks"]) >= 3.0, "{probes} probes: {plot}");
 }

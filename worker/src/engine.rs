@@ -15,6 +15,11 @@
 //! ([`connections_needed`], [`TargetClient::preconnect`]) and timed apart, each request is
 //! built when its item arrives ([`prepare`]), and send times come from the pacer thread
 //! ([`common::pacer`], sub-millisecond) rather than tokio's millisecond timer.
+//!
+//! Asked for steady metrics, it marks each request *steady* ([`is_steady`]) for the metrics
+//! actor: sent at or after the instant the load reached its target, and, in an unpaced
+//! closed loop, not one of the first `concurrency` requests (the first wave, sent together
+//! at the start).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -35,7 +40,7 @@ use tokio::task::JoinSet;
 
 use crate::client::{SendFailure, TargetClient};
 use crate::config::{Arrival, ReplayConfig, Schedule, WorkItem};
-use crate::metrics_actor::{MetricsHandle, RecordMeta};
+use crate::metrics_actor::{Finished, MetricsHandle, RecordMeta};
 use crate::request::{PreparedRequest, prepare};
 
 /// The instant the run starts, in both clocks.
@@ -548,6 +553,13 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
     let mut aborted = false;
     let mut seq: u64 = 0;
     let recorded_speed = pacing.recorded_speed();
+    // An unpaced closed loop sends its first `concurrency` requests together at the start:
+    // that first wave is left out of the steady metrics (it queues at the target at once).
+    let first_wave = match (load.concurrency, recorded_speed, load.rate) {
+        (Some(concurrency), None, None) => concurrency.max(1) as u64,
+        _ => 0,
+    };
+    let steady_metrics = config.options.steady_metrics;
     let mut feed = Feed {
         items,
         pending: BinaryHeap::new(),
@@ -708,6 +720,8 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
             None => None,
         };
         let warmup = seq < load.warmup;
+        // Whether it can be steady is known once it is sent: see `is_steady`.
+        let steady_after = (steady_metrics && seq >= first_wave).then(|| counters.clone());
         seq += 1;
         totals.issued += 1;
         counters.issued.store(totals.issued, Ordering::Relaxed);
@@ -750,8 +764,22 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
                 session: item.session,
             });
             let pinned = config.options.faithful.pin.and(item.pin_output_tokens);
+            let steady = steady_after.is_some_and(|counters| {
+                is_steady(
+                    counters.target_reached_unix_us.load(Ordering::Relaxed),
+                    outcome.sent_unix_us,
+                )
+            });
             metrics
-                .record(outcome, warmup, status, message, meta, pinned)
+                .record(Finished {
+                    outcome,
+                    warmup,
+                    status,
+                    message,
+                    meta,
+                    pinned,
+                    steady,
+                })
                 .await;
         });
 
@@ -885,6 +913,14 @@ fn unix_nanos(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0)
+}
+
+/// Whether a request past the closed loop's first wave belongs to the steady window: it was
+/// sent (`sent_unix_us`, the worker's clock) at or after the instant this worker's load
+/// reached its target (`LiveCounters::target_reached_unix_us`, 0 = not yet, read once the
+/// request is answered: a closed loop may reach it while the request is in flight).
+pub fn is_steady(target_reached_unix_us: u64, sent_unix_us: Option<u64>) -> bool {
+    target_reached_unix_us > 0 && sent_unix_us.is_some_and(|sent| sent >= target_reached_unix_us)
 }
 
 /// Send one request and measure its response. Returns the outcome, the response's HTTP
@@ -1189,7 +1225,7 @@ mod tests {
             start: StartAt {
                 instant: Instant::now(),
             },
-            metrics: MetricsHandle::spawn(),
+            metrics: MetricsHandle::spawn(Default::default()),
             abort,
             open_ended: false,
             counters: Arc::default(),
@@ -1229,5 +1265,183 @@ mod tests {
             2
         );
         assert_eq!(connections_needed(&load(recorded, None, None), &[]), 1);
+    }
+
+    #[test]
+    fn a_request_is_steady_when_sent_once_the_load_reached_its_target() {
+        assert!(!is_steady(0, Some(5)), "the target not reached yet");
+        assert!(!is_steady(10, Some(9)), "sent before it");
+        assert!(is_steady(10, Some(10)), "sent at it");
+        assert!(is_steady(10, Some(11)));
+        assert!(!is_steady(10, None), "never sent");
+    }
+
+    /// A plain HTTP/1.1 target answering every request with one OpenAI chat body; it holds
+    /// the answers to the first `hold` requests until that many have arrived, so a closed
+    /// loop of `hold` slots fills all of them before any request ends.
+    async fn gated_target(hold: usize) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("address"));
+        let (arrived_tx, arrived) = watch::channel(0usize);
+        let arrived_tx = Arc::new(arrived_tx);
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let arrived_tx = Arc::clone(&arrived_tx);
+                let mut arrived = arrived.clone();
+                tokio::spawn(async move {
+                    let mut buffer = Vec::new();
+                    loop {
+                        // One request: its head, then its content-length body.
+                        let head_end = loop {
+                            if let Some(at) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                                break at + 4;
+                            }
+                            let mut chunk = [0u8; 4096];
+                            match stream.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+                            }
+                        };
+                        let head =
+                            String::from_utf8_lossy(&buffer[..head_end]).to_ascii_lowercase();
+                        let length: usize = head
+                            .lines()
+                            .find_map(|line| line.strip_prefix("content-length:"))
+                            .and_then(|value| value.trim().parse().ok())
+                            .unwrap_or(0);
+                        while buffer.len() < head_end + length {
+                            let mut chunk = [0u8; 4096];
+                            match stream.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+                            }
+                        }
+                        buffer.drain(..head_end + length);
+                        let mut seen = 0;
+                        arrived_tx.send_modify(|n| {
+                            *n += 1;
+                            seen = *n;
+                        });
+                        if seen <= hold {
+                            let _ = arrived.wait_for(|n| *n >= hold).await;
+                        }
+                        let body = r#"{"choices":[{"message":{"role":"assistant","content":"hi there"}}],"usage":{"prompt_tokens":3,"completion_tokens":2}}"#;
+                        let response = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                            body.len()
+                        );
+                        if stream.write_all(response.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        url
+    }
+
+    /// Replays `count` chat exchanges with `concurrency` on the gated target, steady
+    /// metrics asked for; returns the main and the steady metrics.
+    async fn replay_for_steady(
+        concurrency: Option<usize>,
+        count: u64,
+        warmup: u64,
+    ) -> (common::metrics::RunMetrics, common::metrics::RunMetrics) {
+        let target = gated_target(concurrency.unwrap_or(count as usize)).await;
+        let mut model = load(Schedule::Asap, concurrency, None);
+        model.warmup = warmup;
+        let config = ReplayConfig {
+            target,
+            load: model,
+            headers: vec![],
+            sets: vec![],
+            tag_requests: false,
+            transport: crate::config::TransportConfig::default(),
+            options: common::assignment::RequestOptions {
+                timeout: Duration::from_secs(30),
+                steady_metrics: true,
+                ..Default::default()
+            },
+        };
+        let (items_tx, items) = mpsc::channel(64);
+        for index in 0..count {
+            let exchange = serde_json::from_str(
+                r#"{"request":{"method":"POST","path":"/v1/chat/completions","body":"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"}}"#,
+            )
+            .expect("a valid exchange");
+            let item = WorkItem {
+                index,
+                exchange,
+                pin_output_tokens: None,
+                think: None,
+                reassigned: false,
+            };
+            items_tx.send(item).await.expect("open");
+        }
+        drop(items_tx);
+        let metrics =
+            MetricsHandle::spawn(crate::metrics_actor::Judging::from_options(&config.options));
+        let (_abort_tx, abort) = watch::channel(false);
+        let run = EngineRun {
+            config: Arc::new(config),
+            client: TargetClient::new(&crate::config::TransportConfig::default())
+                .expect("a plain client"),
+            items,
+            start: StartAt {
+                instant: Instant::now(),
+            },
+            metrics: metrics.clone(),
+            abort,
+            open_ended: false,
+            counters: Arc::default(),
+        };
+        let totals = tokio::time::timeout(Duration::from_secs(60), replay(run))
+            .await
+            .expect("the replay ends");
+        assert_eq!(totals.issued, count);
+        let snapshot = metrics.snapshot().await;
+        let steady = snapshot.steady.expect("steady metrics asked for");
+        (snapshot.metrics, steady)
+    }
+
+    /// A closed loop's first wave (its first `concurrency` requests, started together) is
+    /// left out of the steady metrics; every later request is in them, with the same
+    /// numbers the main metrics give it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_steady_metrics_leave_the_closed_loops_first_wave_out() {
+        let (main, steady) = replay_for_steady(Some(3), 10, 0).await;
+        assert_eq!(main.counters.succeeded, 10, "{:?}", main.counters);
+        assert_eq!(steady.counters.succeeded, 7, "{:?}", steady.counters);
+        assert_eq!(steady.counters.output_tokens, 7 * 2);
+        assert_eq!(steady.histogram(common::metrics::Metric::Latency).len(), 7);
+        assert!(steady.window.is_some());
+
+        // Warm-up requests are out of both; the first wave counts every request sent.
+        let (main, steady) = replay_for_steady(Some(3), 10, 4).await;
+        assert_eq!(
+            (main.counters.warmup, main.counters.succeeded),
+            (4, 6),
+            "{:?}",
+            main.counters
+        );
+        assert_eq!(steady.counters.succeeded, 6);
+        assert_eq!(steady.counters.warmup, 0);
+    }
+
+    /// Without a closed loop the load is at its target from the start: every request is
+    /// steady.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn without_a_closed_loop_every_request_is_steady() {
+        let (main, steady) = replay_for_steady(None, 5, 0).await;
+        assert_eq!(main.counters.succeeded, 5, "{:?}", main.counters);
+        // Connections are the run's, not any request's: the steady metrics have none.
+        let requests_only = common::metrics::Counters {
+            connections: Default::default(),
+            ..main.counters
+        };
+        assert_eq!(steady.counters, requests_only);
     }
 }

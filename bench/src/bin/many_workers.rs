@@ -260,6 +260,7 @@ impl Load {
                 peak_rss_bytes: 0,
                 cores: 1,
                 timeline: self.timeline.clone(),
+                steady: None,
             },
             self.encoding,
         )

@@ -3,7 +3,9 @@
 
 use common::metrics::{Metric, Stats, Unit};
 
-use super::{COMPARED_METRICS, Change, Report, change_key};
+use super::{
+    COMPARED_METRICS, CapacitySection, Change, GoodputSection, ProbeSection, Report, change_key,
+};
 use crate::goals::Stat;
 
 /// The statistic columns of the metrics table, in order.
@@ -146,6 +148,187 @@ pub(super) fn goal_number(value: Option<f64>) -> String {
         Some(v) if v.fract() == 0.0 && v.abs() < 1e15 => format!("{v:.0}"),
         Some(v) => format!("{v:.2}"),
     }
+}
+
+/// `(label, value)` rows of a goodput section, the same in every rendering: the SLOs, the
+/// good requests of those that got an outcome (`answered`) with their share, and the two
+/// rates.
+pub(super) fn goodput_rows(goodput: &GoodputSection, answered: u64) -> Vec<(&'static str, String)> {
+    vec![
+        ("SLOs", goodput.slos.join(" · ")),
+        (
+            "Good requests",
+            format!(
+                "{} of {answered} with an outcome ({})",
+                goodput.good,
+                pct(goodput.good_share_pct)
+            ),
+        ),
+        (GOODPUT_LABEL, format!("{:.2}", goodput.requests_per_second)),
+        (
+            GOOD_TOKENS_LABEL,
+            format!("{:.2}", goodput.output_tokens_per_second),
+        ),
+    ]
+}
+
+/// Label of the goodput rate.
+pub(super) const GOODPUT_LABEL: &str = "Goodput, whole run (good requests/s)";
+/// Label of the good requests' output-token rate.
+pub(super) const GOOD_TOKENS_LABEL: &str = "Good output tokens/s, whole run";
+
+/// The goodput rows of `report`, empty without `--slo`.
+pub(super) fn report_goodput_rows(report: &Report) -> Vec<(&'static str, String)> {
+    let r = &report.requests;
+    report.goodput.as_ref().map_or_else(Vec::new, |g| {
+        goodput_rows(g, r.succeeded + r.failed + r.ended_early)
+    })
+}
+
+/// A percentage with 1 decimal (`54.5 %`), or `-`.
+pub(super) fn pct(value: Option<f64>) -> String {
+    value.map_or_else(|| NO_VALUE.to_string(), |v| format!("{v:.1} %"))
+}
+
+/// A goodput rate cell (`1.33`), `-` without SLOs.
+pub(super) fn goodput_cell(goodput: Option<&GoodputSection>) -> String {
+    goodput.map_or_else(
+        || NO_VALUE.to_string(),
+        |g| format!("{:.2}", g.requests_per_second),
+    )
+}
+
+/// A load of the capacity search: whole numbers without decimals (`16`), others with up
+/// to three (`0.125`, `12.5`).
+pub(super) fn load_value(value: f64) -> String {
+    if value.fract() == 0.0 && value.abs() < 1e15 {
+        return format!("{value:.0}");
+    }
+    let text = format!("{value:.3}");
+    let text = text.trim_end_matches('0').trim_end_matches('.');
+    if text.is_empty() || text == "-0" || text == "0" {
+        // Below the third decimal: keep what makes it non-zero.
+        return format!("{value}");
+    }
+    text.to_string()
+}
+
+/// `concurrency`, `rate (requests/s)`, `speed (× the recorded schedule)`: the dimension of
+/// the capacity search with its unit.
+pub(super) fn dimension_label(dimension: &str) -> String {
+    match dimension {
+        "rate" => "rate (requests/s)".to_string(),
+        "speed" => "speed (× the recorded schedule)".to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// `text` with its first letter in upper case (a table header).
+pub(super) fn capitalized(text: &str) -> String {
+    let mut chars = text.chars();
+    chars.next().map_or_else(String::new, |first| {
+        first.to_uppercase().chain(chars).collect()
+    })
+}
+
+/// `passed`, `FAILED`, `passed (run 2)`: a probe's own result.
+pub(super) fn probe_result(probe: &ProbeSection) -> String {
+    let result = if probe.passed { "passed" } else { "FAILED" };
+    if probe.attempt > 1 {
+        format!("{result} (run {})", probe.attempt)
+    } else {
+        result.to_string()
+    }
+}
+
+/// True when two loads of the search are the same load (a load is probed again as it was).
+fn same_load(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
+}
+
+/// The goals that failed at `value` (the last failing probe at that load), in order.
+fn failed_goals_at(capacity: &CapacitySection, value: f64) -> Vec<String> {
+    capacity
+        .probes
+        .iter()
+        .rev()
+        .find(|p| !p.passed && same_load(p.value, value))
+        .map_or_else(Vec::new, |p| p.failed_goals.clone())
+}
+
+/// ` (llm.ttft-p95 > 60; llm.error-rate > 1)`, or empty when none is known.
+fn failed_goals_text(goals: &[String]) -> String {
+    if goals.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", goals.join("; "))
+    }
+}
+
+/// The answer of the capacity search in one line, the same in every rendering:
+/// `Capacity (concurrency): 16 holds every goal; 17 fails (llm.ttft-p95 > 60) — within 5 %`,
+/// `... even the lowest load (1) fails: ...`, or that the range's top held.
+pub(super) fn capacity_answer(capacity: &CapacitySection) -> String {
+    let head = format!("Capacity ({})", dimension_label(&capacity.dimension));
+    match (capacity.max, capacity.min_failing) {
+        (Some(max), Some(min_failing)) => {
+            let gap_pct = if max > 0.0 {
+                (min_failing - max) / max * 100.0
+            } else {
+                f64::INFINITY
+            };
+            let closeness = if gap_pct <= capacity.precision_pct + 1e-9 {
+                format!("within {} %", load_value(capacity.precision_pct))
+            } else if capacity.dimension == "concurrency" && min_failing - max <= 1.0 {
+                // Whole users: nothing lies between, whatever the precision asked.
+                format!(
+                    "the next concurrency up ({} % asked)",
+                    load_value(capacity.precision_pct)
+                )
+            } else {
+                format!(
+                    "{gap_pct:.0} % apart, wider than the {} % asked",
+                    load_value(capacity.precision_pct)
+                )
+            };
+            format!(
+                "{head}: {} holds every goal; {} fails{} — {closeness}",
+                load_value(max),
+                load_value(min_failing),
+                failed_goals_text(&failed_goals_at(capacity, min_failing))
+            )
+        }
+        (None, Some(lowest)) => {
+            let goals = failed_goals_at(capacity, lowest);
+            let why = if goals.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", goals.join("; "))
+            };
+            format!(
+                "{head}: even the lowest load ({}) fails{why}",
+                load_value(lowest)
+            )
+        }
+        (Some(max), None) => format!(
+            "{head}: {} holds every goal — the top of the range ({}–{}) held, so the capacity \
+             is at least that",
+            load_value(max),
+            load_value(capacity.low),
+            load_value(capacity.high)
+        ),
+        (None, None) => format!("{head}: no probe finished, so there is no answer"),
+    }
+}
+
+/// `llm.ttft-p95 58.20 · llm.error-rate 0`: each goal's value at a probe.
+pub(super) fn probe_values(probe: &ProbeSection) -> String {
+    probe
+        .goals
+        .iter()
+        .map(|g| format!("{} {}", g.metric, goal_number(g.value)))
+        .collect::<Vec<_>>()
+        .join(" · ")
 }
 
 /// One row of the baseline comparison.

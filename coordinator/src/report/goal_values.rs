@@ -4,14 +4,15 @@
 
 use crate::goals::{GoalValues, Quantity};
 
-use super::{LlmSection, RequestsSection};
+use super::{GoodputSection, LlmSection, RequestsSection};
 
-/// One side of a report as goals read it: its `llm` section and, when known, its `requests`
+/// One side of a report as goals read it: its `llm` section, when known its `requests`
 /// counters (a baseline saved by an older version has only `llm`, and its counters are then
-/// unknown, never zero).
+/// unknown, never zero), and its goodput when the run had `--slo`.
 pub(super) struct SectionValues<'a> {
     pub(super) llm: &'a LlmSection,
     pub(super) requests: Option<&'a RequestsSection>,
+    pub(super) goodput: Option<&'a GoodputSection>,
 }
 
 impl GoalValues for SectionValues<'_> {
@@ -30,6 +31,22 @@ impl GoalValues for SectionValues<'_> {
             Quantity::Errors | Quantity::RequestsFailed => requests().map(|r| r.failed as f64),
             Quantity::ErrorRate => requests().and_then(RequestsSection::error_rate_pct),
             Quantity::RequestsTotal => requests().map(|r| r.total as f64),
+            // Over the same window as `llm.request-throughput`: none measured, no rate (a
+            // gate must not pass on a 0 that measured nothing).
+            Quantity::Goodput => self
+                .goodput
+                .filter(|_| llm.measured_window_s.is_some())
+                .map(|g| g.requests_per_second),
+            Quantity::GoodShare => self.goodput.and_then(|g| g.good_share_pct),
         }
+    }
+
+    fn missing_note(&self, quantity: Quantity) -> Option<String> {
+        (quantity.needs_slos() && self.goodput.is_none()).then(|| {
+            format!(
+                "no value: {} needs --slo (this run set no SLOs, so no request was judged good)",
+                quantity.name()
+            )
+        })
     }
 }

@@ -2,9 +2,11 @@
 //! and inline SVG charts and no script, so it opens from a CI artifact store or an e-mail as
 //! it is, follows the reader's light or dark scheme, and prints on white.
 //!
-//! Order: headline numbers, regressions against the baseline, goals, warnings, the TTFT and
-//! ITL distributions (baseline overlaid), the run over time, the concurrency sweep's knee
-//! plots, then the full tables (metrics, requests, comparison, workers).
+//! Order: headline numbers (goodput among them with `--slo`), the capacity search (its
+//! answer, each goal's knee against the load, the probes), regressions against the
+//! baseline, goals, warnings, the TTFT and ITL distributions (baseline overlaid), the run
+//! over time, the concurrency sweep's knee plots, then the full tables (metrics, requests,
+//! throughput, goodput, comparison, workers).
 
 use std::fmt::Write as _;
 
@@ -12,8 +14,8 @@ use common::metrics::{Metric, Stats};
 
 use super::escape::esc;
 use super::format::{self, HIGHLIGHT_NOTE, STAT_COLUMNS};
-use super::svg::{BASELINE_COLOR, Band, Chart, Series, SeriesKind};
-use super::{Change, Report, TimelinePoint};
+use super::svg::{BASELINE_COLOR, Band, Chart, Marker, Rule, RuleAt, Series, SeriesKind};
+use super::{CapacitySection, Change, Report, TimelinePoint};
 
 /// Colours of the light scheme (also used when printing).
 const LIGHT: &str = "--bg:#ffffff;--fg:#1f2328;--muted:#59636e;--border:#d0d7de;--head:#f6f8fa;\
@@ -58,6 +60,7 @@ svg text{fill:var(--fg);font-size:11px;font-family:inherit}\
 svg .tick,svg .band-label{fill:var(--muted)}svg .axis-label{font-size:12px}svg .legend{font-size:11.5px}\
 svg .grid{stroke:var(--grid);stroke-width:1}svg .frame{fill:none;stroke:var(--border)}\
 svg .band{fill:var(--band)}svg .empty{fill:var(--muted);font-size:14px}\
+svg .rule{stroke-width:1.5}svg .rule-label{font-size:11.5px;font-weight:600}\
 svg .line{fill:none;stroke-width:2;stroke-linejoin:round;stroke-linecap:round}svg .dashed{stroke-dasharray:6 4}\
 .s0{stroke:var(--c0)}.s1{stroke:var(--c1)}.s2{stroke:var(--c2)}.s3{stroke:var(--c3)}.s4{stroke:var(--c4)}.s9{stroke:var(--c9)}\
 .f0{fill:var(--c0)}.f1{fill:var(--c1)}.f2{fill:var(--c2)}.f3{fill:var(--c3)}.f4{fill:var(--c4)}.f9{fill:var(--c9)}\
@@ -82,6 +85,7 @@ pub fn render_html(report: &Report) -> String {
     );
     run_table(&mut out, report);
     headline(&mut out, report);
+    capacity(&mut out, report);
     regressions(&mut out, report);
     goals(&mut out, report);
     warnings(&mut out, report);
@@ -184,6 +188,15 @@ fn headline(out: &mut String, report: &Report) {
             out,
             "<div class=\"card{}\"><div class=\"label\">{label}</div><div class=\"value\">{value}</div>{change_text}</div>",
             if worse { " worse" } else { "" }
+        );
+    }
+    if let Some(goodput) = &report.goodput {
+        let _ = writeln!(
+            out,
+            "<div class=\"card\" id=\"goodput-card\"><div class=\"label\">Goodput</div>\
+             <div class=\"value\">{:.2} requests/s</div><div class=\"change\">{} good, within every SLO</div></div>",
+            goodput.requests_per_second,
+            format::pct(goodput.good_share_pct)
         );
     }
     if !report.goals.is_empty() {
@@ -339,7 +352,7 @@ fn cdf_chart(report: &Report, metric: Metric, id: &'static str, what: &str) -> C
         }
     }
     Chart {
-        id,
+        id: id.to_string(),
         title: format!("{what}: cumulative distribution (x axis to p99.9)"),
         x_label: format!("{what} (ms)"),
         y_label: "requests at or below (%)".into(),
@@ -348,6 +361,8 @@ fn cdf_chart(report: &Report, metric: Metric, id: &'static str, what: &str) -> C
         y_range: Some((0.0, 100.0)),
         x_max: x_max.map(|v| v * 1.02),
         height: 300.0,
+        x_log: false,
+        rules: Vec::new(),
     }
 }
 
@@ -434,7 +449,7 @@ fn time_chart(
     series: Vec<Series>,
 ) -> Chart {
     Chart {
-        id,
+        id: id.to_string(),
         title: title.into(),
         x_label: "time since the load started (s)".into(),
         y_label: y_label.into(),
@@ -443,6 +458,8 @@ fn time_chart(
         y_range: None,
         x_max: None,
         height: 230.0,
+        x_log: false,
+        rules: Vec::new(),
     }
 }
 
@@ -534,7 +551,7 @@ fn knee_chart(report: &Report, metric: Metric, id: &'static str, what: &str) -> 
         }
     }
     Chart {
-        id,
+        id: id.to_string(),
         title: format!("Output throughput vs {what} p95, per concurrency level"),
         x_label: "output throughput (tokens/s)".into(),
         y_label: format!("{what} p95 (ms)"),
@@ -549,6 +566,8 @@ fn knee_chart(report: &Report, metric: Metric, id: &'static str, what: &str) -> 
         y_range: None,
         x_max: None,
         height: 300.0,
+        x_log: false,
+        rules: Vec::new(),
     }
 }
 
@@ -563,11 +582,17 @@ fn sweep(out: &mut String, report: &Report) {
     );
     out.push_str(&knee_chart(report, Metric::Ttft, "plot-knee-ttft", "TTFT").render());
     out.push_str(&knee_chart(report, Metric::Itl, "plot-knee-itl", "ITL").render());
+    let with_goodput = report.sweep.iter().any(|level| level.goodput.is_some());
     let _ = writeln!(
         out,
         "</div>\n<table>\n<tr><th>Concurrency</th><th>Requests</th>\
          <th>Failed</th><th>TTFT p50 (ms)</th><th>TTFT p95 (ms)</th><th>ITL p50 (ms)</th>\
-         <th>ITL p95 (ms)</th><th>Latency p95 (ms)</th><th>Output tokens/s</th><th>Requests/s</th></tr>"
+         <th>ITL p95 (ms)</th><th>Latency p95 (ms)</th><th>Output tokens/s</th><th>Requests/s</th>{}</tr>",
+        if with_goodput {
+            "<th>Goodput (requests/s)</th>"
+        } else {
+            ""
+        }
     );
     for level in &report.sweep {
         let stat = |metric: Metric, pick: fn(&Stats) -> f64| {
@@ -576,7 +601,7 @@ fn sweep(out: &mut String, report: &Report) {
                 |s| format!("{:.2}", pick(&s)),
             )
         };
-        let cells = [
+        let mut cells = vec![
             level.concurrency.to_string(),
             level.requests.total.to_string(),
             level.requests.failed.to_string(),
@@ -588,6 +613,9 @@ fn sweep(out: &mut String, report: &Report) {
             format::rate(level.llm.output_tokens_per_second),
             format::rate(level.llm.requests_per_second),
         ];
+        if with_goodput {
+            cells.push(format::goodput_cell(level.goodput.as_ref()));
+        }
         let _ = write!(out, "<tr>");
         for value in cells {
             let _ = write!(out, "<td class=\"n\">{value}</td>");
@@ -595,6 +623,288 @@ fn sweep(out: &mut String, report: &Report) {
         let _ = writeln!(out, "</tr>");
     }
     let _ = writeln!(out, "</table>");
+}
+
+/// The capacity search: its answer, one knee chart per goal, and the probes in the order
+/// they ran.
+fn capacity(out: &mut String, report: &Report) {
+    let Some(capacity) = &report.capacity else {
+        return;
+    };
+    let class = if capacity.max.is_some() {
+        "good"
+    } else {
+        "bad"
+    };
+    let _ = writeln!(
+        out,
+        "<h2>Capacity</h2>\n<div class=\"callout {class}\" id=\"capacity-answer\"><strong>{}</strong>\
+         <br><span class=\"note\">Search: {} · range {}–{} · precision {} % · {} probes</span></div>",
+        esc(&format::capacity_answer(capacity)),
+        esc(&capacity.stopped),
+        format::load_value(capacity.low),
+        format::load_value(capacity.high),
+        format::load_value(capacity.precision_pct),
+        capacity.probes.len()
+    );
+    let charts = capacity_charts(capacity);
+    if !charts.is_empty() {
+        let _ = writeln!(
+            out,
+            "<p class=\"note\">The knee: each goal's value at every probe against the load; \
+             discs held every goal, crosses failed one; the dashed line across is the goal's \
+             limit, the one up the plot the largest load that held.</p>\n\
+             <div class=\"plots\" id=\"capacity\">"
+        );
+        for chart in charts {
+            out.push_str(&chart.render());
+        }
+        let _ = writeln!(out, "</div>");
+    }
+    let goal_columns: Vec<&str> = capacity.probes.first().map_or_else(Vec::new, |p| {
+        p.goals.iter().map(|g| g.metric.as_str()).collect()
+    });
+    let with_goodput = capacity.probes.iter().any(|p| p.goodput.is_some());
+    let _ = write!(
+        out,
+        "<table id=\"probes\">\n<tr><th>#</th><th>{}</th><th>Result</th><th>Judged on</th>",
+        esc(&format::capitalized(&format::dimension_label(
+            &capacity.dimension
+        )))
+    );
+    for metric in &goal_columns {
+        let _ = write!(out, "<th><code>{}</code></th>", esc(metric));
+    }
+    if with_goodput {
+        let _ = write!(out, "<th>Goodput (requests/s)</th>");
+    }
+    let _ = writeln!(
+        out,
+        "<th>Requests</th><th>Failed</th><th>Duration (s)</th><th>Failed goals</th></tr>"
+    );
+    for (i, probe) in capacity.probes.iter().enumerate() {
+        let class = if probe.passed { "pass" } else { "fail" };
+        let _ = write!(
+            out,
+            "<tr class=\"{class}\"><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td><td>{}</td>",
+            i + 1,
+            format::load_value(probe.value),
+            esc(&format::probe_result(probe)),
+            esc(&probe.judged_on)
+        );
+        for column in 0..goal_columns.len() {
+            let value = probe.goals.get(column).and_then(|g| g.value);
+            let _ = write!(out, "<td class=\"n\">{}</td>", format::goal_number(value));
+        }
+        if with_goodput {
+            let _ = write!(
+                out,
+                "<td class=\"n\">{}</td>",
+                format::goodput_cell(probe.goodput.as_ref())
+            );
+        }
+        let failed: Vec<String> = probe
+            .failed_goals
+            .iter()
+            .map(|g| format!("<code>{}</code>", esc(g)))
+            .collect();
+        let _ = writeln!(
+            out,
+            "<td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{:.1}</td><td>{}</td></tr>",
+            probe.requests.total,
+            probe.requests.failed,
+            probe.duration_s,
+            failed.join("<br>")
+        );
+    }
+    let _ = writeln!(out, "</table>");
+}
+
+/// The load axis is logarithmic once the probed loads span this ratio (high ÷ low) or more.
+const LOG_AXIS_RATIO: f64 = 20.0;
+
+/// One knee chart per goal of the capacity search: the goal's value at each probe (y)
+/// against the load (x, logarithmic when the loads span [`LOG_AXIS_RATIO`] or more), probes
+/// that held every goal as discs and failing ones as crosses, a line through the loads in
+/// order (the mean where a load ran more than once), the goal's limit as a dashed line
+/// across and the answer (`max`) as a dashed line up the plot.
+fn capacity_charts(capacity: &CapacitySection) -> Vec<Chart> {
+    let Some(first) = capacity.probes.first() else {
+        return Vec::new();
+    };
+    let loads = capacity.probes.iter().map(|p| p.value).filter(|v| *v > 0.0);
+    let (low, high) = loads.fold((f64::INFINITY, 0.0f64), |(lo, hi), v| {
+        (lo.min(v), hi.max(v))
+    });
+    let x_log = low.is_finite() && high / low >= LOG_AXIS_RATIO;
+    let dimension = format::dimension_label(&capacity.dimension);
+    first
+        .goals
+        .iter()
+        .enumerate()
+        .map(|(index, goal)| {
+            let value_at = |probe: &super::ProbeSection| {
+                probe
+                    .goals
+                    .get(index)
+                    .and_then(|g| g.value)
+                    .filter(|v| v.is_finite())
+                    .map(|v| (probe.value, v))
+            };
+            let passed: Vec<(f64, f64)> = capacity
+                .probes
+                .iter()
+                .filter(|p| p.passed)
+                .filter_map(value_at)
+                .collect();
+            let failed: Vec<(f64, f64)> = capacity
+                .probes
+                .iter()
+                .filter(|p| !p.passed)
+                .filter_map(value_at)
+                .collect();
+            let cap = knee_y_cap(goal.threshold, &passed, &failed);
+            // Values far past the limit (TTFT at a load ten times too high) would squash
+            // the knee into the floor: they are drawn at the top edge, labelled.
+            let clamp = |points: &[(f64, f64)]| -> (Vec<(f64, f64)>, Vec<String>) {
+                points
+                    .iter()
+                    .map(|&(x, y)| match cap {
+                        Some(cap) if y > cap => {
+                            ((x, cap), format!("↑ {}", format::goal_number(Some(y))))
+                        }
+                        _ => ((x, y), String::new()),
+                    })
+                    .unzip()
+            };
+            let (passed, passed_labels) = clamp(&passed);
+            let (failed, failed_labels) = clamp(&failed);
+            // The curve: one point per load, in load order.
+            let mut by_load: Vec<(f64, f64, u32)> = Vec::new();
+            for (x, y) in capacity.probes.iter().filter_map(value_at) {
+                match by_load.iter_mut().find(|(load, _, _)| *load == x) {
+                    Some((_, sum, n)) => {
+                        *sum += y;
+                        *n += 1;
+                    }
+                    None => by_load.push((x, y, 1)),
+                }
+            }
+            by_load.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let curve = knee_curve(
+                by_load.iter().map(|&(x, sum, n)| (x, sum / f64::from(n))),
+                cap,
+            );
+            let unit = crate::goals::parse_goal(&goal.expr)
+                .map(|g| g.metric.unit())
+                .unwrap_or("");
+            let y_label = if unit.is_empty() {
+                goal.metric.clone()
+            } else {
+                format!("{} ({unit})", goal.metric)
+            };
+            let mut rules = vec![Rule {
+                at: RuleAt::Horizontal(goal.threshold),
+                label: format!(
+                    "limit: fails if {} {}",
+                    goal.op,
+                    format::goal_number(Some(goal.threshold))
+                ),
+                color: 4,
+            }];
+            if let Some(max) = capacity.max {
+                rules.push(Rule {
+                    at: RuleAt::Vertical(max),
+                    label: format!("max {}", format::load_value(max)),
+                    color: 2,
+                });
+            }
+            Chart {
+                id: format!("plot-capacity-{index}"),
+                title: format!("{}: the knee against {dimension}", goal.expr),
+                x_label: if x_log {
+                    format!("{dimension}, log scale")
+                } else {
+                    dimension.clone()
+                },
+                y_label,
+                series: vec![
+                    Series::line(goal.metric.clone(), 0, curve),
+                    Series {
+                        name: "held every goal".into(),
+                        color: 2,
+                        dashed: false,
+                        kind: SeriesKind::Markers(Marker::Circle, passed_labels),
+                        segments: vec![passed],
+                    },
+                    Series {
+                        name: "a goal failed".into(),
+                        color: 4,
+                        dashed: false,
+                        kind: SeriesKind::Markers(Marker::Cross, failed_labels),
+                        segments: vec![failed],
+                    },
+                ],
+                bands: Vec::new(),
+                y_range: None,
+                x_max: None,
+                height: 300.0,
+                x_log,
+                rules,
+            }
+        })
+        .collect()
+}
+
+/// The line through a knee chart's loads, in load order: a value above `cap` ends the
+/// line at the top edge (it climbs off the scale) and the next in range starts it again
+/// there, so no stretch is drawn along the edge as if the values stayed at the cap.
+fn knee_curve(points: impl Iterator<Item = (f64, f64)>, cap: Option<f64>) -> Vec<Vec<(f64, f64)>> {
+    let mut segments: Vec<Vec<(f64, f64)>> = vec![Vec::new()];
+    for (x, y) in points {
+        let off_scale = cap.filter(|cap| y > *cap);
+        let point = (x, off_scale.unwrap_or(y));
+        if let Some(segment) = segments.last_mut() {
+            segment.push(point);
+        }
+        if off_scale.is_some() {
+            segments.push(vec![point]);
+        }
+    }
+    // A segment of one point, or between two points off the scale, draws nothing true.
+    segments.retain(|segment| {
+        segment.len() > 1 && segment.iter().any(|&(_, y)| cap.is_none_or(|cap| y < cap))
+    });
+    segments
+}
+
+/// The top of a knee chart's y axis when some values are far above the rest: three times
+/// the limit, or a quarter above the highest passing value or the lowest failing one,
+/// whichever is highest; `None` when every value fits under it (nothing to cut).
+fn knee_y_cap(threshold: f64, passed: &[(f64, f64)], failed: &[(f64, f64)]) -> Option<f64> {
+    let highest_passing = passed.iter().map(|p| p.1).fold(f64::NEG_INFINITY, f64::max);
+    let lowest_failing = failed
+        .iter()
+        .map(|p| p.1)
+        .filter(|y| *y > threshold)
+        .fold(f64::INFINITY, f64::min);
+    let cap = [
+        3.0 * threshold.abs(),
+        1.25 * highest_passing,
+        if lowest_failing.is_finite() {
+            1.25 * lowest_failing
+        } else {
+            f64::NEG_INFINITY
+        },
+    ]
+    .into_iter()
+    .fold(f64::NEG_INFINITY, f64::max);
+    let highest = passed
+        .iter()
+        .chain(failed)
+        .map(|p| p.1)
+        .fold(f64::NEG_INFINITY, f64::max);
+    (cap > 0.0 && cap.is_finite() && highest > cap).then_some(cap)
 }
 
 fn metrics_tables(out: &mut String, report: &Report) {
@@ -699,6 +1009,22 @@ fn metrics_tables(out: &mut String, report: &Report) {
         );
     }
     let _ = writeln!(out, "</table>");
+    let goodput = format::report_goodput_rows(report);
+    if !goodput.is_empty() {
+        let _ = writeln!(
+            out,
+            "<h2>Goodput</h2>\n<p class=\"note\">Requests that succeeded within every SLO \
+             (each worker judged its own as they completed).</p>\n<table id=\"goodput\">"
+        );
+        for (name, value) in goodput {
+            let _ = writeln!(
+                out,
+                "<tr><th>{name}</th><td class=\"n\">{}</td></tr>",
+                esc(&value)
+            );
+        }
+        let _ = writeln!(out, "</table>");
+    }
     let faithful = windows::faithful_lines(report);
     if !faithful.is_empty() {
         let _ = writeln!(out, "<h2>Faithful replay</h2>\n<ul>");

@@ -49,14 +49,26 @@ pub fn render_junit(report: &Report) -> String {
             r.total, r.failed, r.ended_early, r.lost, r.not_started
         );
     }
-    let _ = writeln!(
-        out,
-        "      <system-out>requests {}; failed by kind: {}; output tokens/s {}; requests/s {}</system-out>",
-        xml(&format::total_line(report)),
-        xml(&format::failed_by_kind(report)),
+    let mut summary = format!(
+        "requests {}; failed by kind: {}; output tokens/s {}; requests/s {}",
+        format::total_line(report),
+        format::failed_by_kind(report),
         format::rate(report.llm.output_tokens_per_second),
         format::rate(report.llm.requests_per_second)
     );
+    if let Some(goodput) = &report.goodput {
+        let _ = write!(
+            summary,
+            "; goodput {:.2} requests/s ({} good within {})",
+            goodput.requests_per_second,
+            format::pct(goodput.good_share_pct),
+            goodput.slos.join(", ")
+        );
+    }
+    if let Some(capacity) = &report.capacity {
+        let _ = write!(summary, "; {}", format::capacity_answer(capacity));
+    }
+    let _ = writeln!(out, "      <system-out>{}</system-out>", xml(&summary));
     let _ = writeln!(out, "    </testcase>");
 
     for goal in &report.goals {

@@ -1,6 +1,7 @@
 //! The Markdown rendering of a report (`--report-md`), for pull-request comments and CI job
-//! summaries: a verdict line, the headline table with the baseline, a throughput sparkline,
-//! the regressions, the goals, the sweep and the warnings, always under [`MAX_LINES`] lines
+//! summaries: a verdict line, the headline table with the baseline, the goodput (`--slo`),
+//! the capacity search's answer and probes (`--find-max`), a throughput sparkline, the
+//! regressions, the goals, the sweep and the warnings, always under [`MAX_LINES`] lines
 //! and without links (long lists are cut with a count of what was left out; the JSON and HTML
 //! reports hold everything).
 
@@ -19,6 +20,8 @@ const MAX_REGRESSIONS: usize = 5;
 const MAX_GOALS: usize = 8;
 const MAX_LEVELS: usize = 8;
 const MAX_WARNINGS: usize = 3;
+/// Capacity probes shown (the JSON and HTML reports have them all).
+const MAX_PROBES: usize = 10;
 /// Width of the throughput sparkline, characters.
 const SPARKLINE_WIDTH: usize = 40;
 
@@ -37,6 +40,8 @@ pub fn render_markdown(report: &Report) -> String {
     let mut out = String::new();
     verdict(&mut out, report);
     headline(&mut out, report);
+    goodput(&mut out, report);
+    capacity(&mut out, report);
     sparkline_line(&mut out, report);
     transients(&mut out, report);
     regressions(&mut out, report);
@@ -45,8 +50,27 @@ pub fn render_markdown(report: &Report) -> String {
     goals(&mut out, report);
     sweep(&mut out, report);
     warnings(&mut out, report);
-    debug_assert!(out.lines().count() < MAX_LINES, "{out}");
-    out
+    fit(out)
+}
+
+/// The note that ends a rendering cut to fit [`MAX_LINES`].
+const CUT_NOTE: &str = "*… cut to fit a comment; the JSON and HTML reports hold everything*";
+
+/// `out`, or when every section at its cap still adds up to [`MAX_LINES`] lines or more, its
+/// first lines and [`CUT_NOTE`]: the promise to stay under the limit holds whatever the
+/// report holds.
+fn fit(out: String) -> String {
+    if out.lines().count() < MAX_LINES {
+        return out;
+    }
+    let mut cut: String = out
+        .lines()
+        .take(MAX_LINES - 3)
+        .flat_map(|line| [line, "\n"])
+        .collect();
+    // A blank line first, so the note never becomes a row of the table it follows.
+    let _ = writeln!(cut, "\n{CUT_NOTE}");
+    cut
 }
 
 /// Error-summary rows shown at most (the JSON has them all), on one line to keep the
@@ -119,7 +143,15 @@ fn verdict(out: &mut String, report: &Report) {
             1 => "⚠️ 1 regression".to_string(),
             n => format!("⚠️ {n} regressions"),
         });
-    let parts: Vec<String> = goals.into_iter().chain(regressions).collect();
+    let capacity = report.capacity.as_ref().map(|c| match c.max {
+        Some(max) => format!("max {} {}", plain(&c.dimension), format::load_value(max)),
+        None => format!("❌ even the lowest {} fails", plain(&c.dimension)),
+    });
+    let parts: Vec<String> = capacity
+        .into_iter()
+        .chain(goals)
+        .chain(regressions)
+        .collect();
     let summary = if parts.is_empty() {
         "run finished".to_string()
     } else {
@@ -456,13 +488,95 @@ fn goals(out: &mut String, report: &Report) {
     });
 }
 
+/// The goodput with `--slo`: one line.
+fn goodput(out: &mut String, report: &Report) {
+    let Some(goodput) = &report.goodput else {
+        return;
+    };
+    let r = &report.requests;
+    let _ = writeln!(
+        out,
+        "\n**Goodput** (within every SLO: {}): {} of {} requests with an outcome good ({}) · \
+         {:.2} good requests/s · {:.2} good output tokens/s (whole run)",
+        plain(&goodput.slos.join(" · ")),
+        goodput.good,
+        r.succeeded + r.failed + r.ended_early,
+        format::pct(goodput.good_share_pct),
+        goodput.requests_per_second,
+        goodput.output_tokens_per_second
+    );
+}
+
+/// The capacity search: its answer, then the probes in the order they ran.
+fn capacity(out: &mut String, report: &Report) {
+    let Some(capacity) = &report.capacity else {
+        return;
+    };
+    let _ = writeln!(out, "\n### {}\n", plain(&format::capacity_answer(capacity)));
+    let with_goodput = capacity.probes.iter().any(|p| p.goodput.is_some());
+    let (goodput_head, goodput_rule) = if with_goodput {
+        (" Goodput req/s |", "--:|")
+    } else {
+        ("", "")
+    };
+    let _ = writeln!(
+        out,
+        "| # | {} | Result | Judged on | Goal values |{goodput_head} Failed goals |\n\
+         |--:|--:|---|---|---|{goodput_rule}---|",
+        plain(&format::capitalized(&format::dimension_label(
+            &capacity.dimension
+        )))
+    );
+    let rows: Vec<String> = capacity
+        .probes
+        .iter()
+        .enumerate()
+        .map(|(i, probe)| {
+            let goodput = if with_goodput {
+                format!(" {} |", format::goodput_cell(probe.goodput.as_ref()))
+            } else {
+                String::new()
+            };
+            let failed = if probe.failed_goals.is_empty() {
+                String::new()
+            } else {
+                format!("`{}`", code(&probe.failed_goals.join("; ")))
+            };
+            format!(
+                "| {} | {} | {} {} | {} | {} |{goodput} {failed} |",
+                i + 1,
+                format::load_value(probe.value),
+                if probe.passed { "✅" } else { "❌" },
+                format::probe_result(probe),
+                plain(&probe.judged_on),
+                plain(&format::probe_values(probe)),
+            )
+        })
+        .collect();
+    let columns = if with_goodput { 7 } else { 6 };
+    capped(out, &rows, MAX_PROBES, |n| {
+        format!(
+            "| | {} |{}",
+            more_text(n, "probe", "probes"),
+            " |".repeat(columns - 2)
+        )
+    });
+    let _ = writeln!(out, "\nSearch: {}.", plain(&capacity.stopped));
+}
+
 fn sweep(out: &mut String, report: &Report) {
     if report.sweep.is_empty() {
         return;
     }
+    let with_goodput = report.sweep.iter().any(|level| level.goodput.is_some());
+    let (goodput_head, goodput_rule) = if with_goodput {
+        (" Goodput req/s |", "--:|")
+    } else {
+        ("", "")
+    };
     let _ = writeln!(
         out,
-        "\n### Concurrency sweep\n| Concurrency | Output tokens/s | TTFT p95 (ms) | ITL p95 (ms) | Requests/s | Failed |\n|--:|--:|--:|--:|--:|--:|"
+        "\n### Concurrency sweep\n| Concurrency | Output tokens/s | TTFT p95 (ms) | ITL p95 (ms) | Requests/s | Failed |{goodput_head}\n|--:|--:|--:|--:|--:|--:|{goodput_rule}"
     );
     let rows: Vec<String> = report
         .sweep
@@ -474,8 +588,13 @@ fn sweep(out: &mut String, report: &Report) {
                     .stats(metric)
                     .map_or_else(|| format::NO_VALUE.to_string(), |s| format!("{:.2}", s.p95))
             };
+            let goodput = if with_goodput {
+                format!(" {} |", format::goodput_cell(level.goodput.as_ref()))
+            } else {
+                String::new()
+            };
             format!(
-                "| {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} |{goodput}",
                 level.concurrency,
                 format::rate(level.llm.output_tokens_per_second),
                 p95(Metric::Ttft),
@@ -485,8 +604,9 @@ fn sweep(out: &mut String, report: &Report) {
             )
         })
         .collect();
+    let tail = if with_goodput { " |" } else { "" };
     capped(out, &rows, MAX_LEVELS, |n| {
-        format!("| | {} | | | | |", more_text(n, "level", "levels"))
+        format!("| | {} | | | | |{tail}", more_text(n, "level", "levels"))
     });
 }
 

@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 
 use common::metrics::{Counters, Metric, RunMetrics, Stats, TransportCounters, Unit};
+use common::slo::Slos;
 use serde::{Deserialize, Serialize};
 
 use crate::goals::{self, Goal, GoalResult, GoalValues, Stat};
@@ -85,6 +86,109 @@ pub struct Report {
     /// arrived in one piece. Absent in reports saved before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transport: Option<TransportSection>,
+    /// Requests that succeeded within every `--slo`; absent without SLOs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub goodput: Option<GoodputSection>,
+    /// `--find-max`: every probe of the capacity search and its answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<CapacitySection>,
+}
+
+/// The `goodput` section: requests that succeeded within every `--slo`. `good` is the exact
+/// sum of the workers' counts (each judged its own requests as they completed).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GoodputSection {
+    /// The objectives, as `--slo` reads them (`ttft:500ms`).
+    pub slos: Vec<String>,
+    /// Requests that succeeded and met every objective.
+    pub good: u64,
+    /// `good` ÷ requests that got an outcome (succeeded + failed + ended early) × 100;
+    /// `null` when none did.
+    pub good_share_pct: Option<f64>,
+    /// Good requests per second over the measured window.
+    pub requests_per_second: f64,
+    /// Output tokens of good requests per second over the measured window.
+    pub output_tokens_per_second: f64,
+}
+
+impl GoodputSection {
+    /// The goodput of merged metrics under `slos`; `None` without SLOs. The share is of the
+    /// requests that got an outcome (succeeded + failed + ended early), the rates over the
+    /// measured window (the one `llm.requests_per_second` uses; 0 when nothing was measured).
+    pub fn from_metrics(slos: &Slos, metrics: &RunMetrics) -> Option<GoodputSection> {
+        if slos.is_empty() {
+            return None;
+        }
+        let counters = &metrics.counters;
+        let answered = counters.completed();
+        let seconds = metrics.window_seconds();
+        let per_second = |count: u64| {
+            if seconds > 0.0 {
+                count as f64 / seconds
+            } else {
+                0.0
+            }
+        };
+        Some(GoodputSection {
+            slos: slos.names(),
+            good: counters.good,
+            good_share_pct: (answered > 0).then(|| 100.0 * counters.good as f64 / answered as f64),
+            requests_per_second: per_second(counters.good),
+            output_tokens_per_second: per_second(counters.good_output_tokens),
+        })
+    }
+}
+
+/// The `capacity` section: the probes of `--find-max` in the order they ran, and the answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CapacitySection {
+    /// `concurrency`, `rate` (requests/s) or `speed` (× the recorded schedule).
+    pub dimension: String,
+    /// The largest load at which every goal held; `null` when even the lowest failed.
+    pub max: Option<f64>,
+    /// The smallest load at which a goal failed; `null` when the range's top held.
+    pub min_failing: Option<f64>,
+    /// `--find-max-precision`, percent.
+    pub precision_pct: f64,
+    /// `--find-max-range` LOW.
+    pub low: f64,
+    /// `--find-max-range` HIGH.
+    pub high: f64,
+    /// How the search stopped, in words (precision reached, the range's top held, ...).
+    pub stopped: String,
+    /// Every probe, in the order it ran (a confirmation is a probe of its own).
+    pub probes: Vec<ProbeSection>,
+}
+
+/// One probe of the capacity search: a full replay at one load.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProbeSection {
+    /// The load: concurrency, requests/s or speed.
+    pub value: f64,
+    /// Whether every goal held at this load (for a repeated load, this run's own result;
+    /// `decided` says what the search concluded).
+    pub passed: bool,
+    /// The goals that failed (their expressions).
+    pub failed_goals: Vec<String>,
+    /// Every goal with its value at this probe, as the report's `goals`.
+    pub goals: Vec<GoalResult>,
+    /// `steady window` (requests sent once the load reached its target, the closed loop's
+    /// first wave left out) or `whole run`: what the goals were judged on.
+    pub judged_on: String,
+    /// The probe's numbers, over what the goals were judged on.
+    pub llm: LlmSection,
+    /// The probe's request counters, over what the goals were judged on.
+    pub requests: RequestsSection,
+    /// The probe's goodput, with `--slo`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub goodput: Option<GoodputSection>,
+    /// Seconds the probe ran.
+    pub duration_s: f64,
+    /// A value near a goal's limit is run again: the 1-based index of this run at its load.
+    pub attempt: u32,
+    /// What the search concluded for this load once its runs were in (majority of up to 3
+    /// runs when the first was near a limit); `null` while undecided.
+    pub decided: Option<bool>,
 }
 
 /// The `transport` section: how the workers reached the target. A buffering proxy and the
@@ -554,6 +658,9 @@ pub struct SweepSection {
     pub llm: LlmSection,
     /// This level's counters.
     pub requests: RequestsSection,
+    /// This level's goodput, with `--slo`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub goodput: Option<GoodputSection>,
 }
 
 /// The report's `faithful` section: how faithfully the recording's users were replayed.
@@ -612,6 +719,8 @@ pub struct ReportInput<'a> {
     pub warnings: Vec<String>,
     /// The run's time series (built by the `timeline` module's `RunTimeline`).
     pub timeline: Vec<TimelinePoint>,
+    /// `--slo`: the report (and each sweep level) gets a goodput section when not empty.
+    pub slos: &'a Slos,
 }
 
 /// The baseline as metrics: the recording measured by the same meter, or a previous run.
@@ -711,6 +820,7 @@ impl Report {
                 },
                 requests: RequestsSection::new(&level.metrics.counters, &level.requests)
                     .with_errors(&level.metrics.errors),
+                goodput: GoodputSection::from_metrics(input.slos, &level.metrics),
             })
             .collect();
         Report {
@@ -725,6 +835,8 @@ impl Report {
             timeline: input.timeline,
             faithful: None,
             transport,
+            goodput: GoodputSection::from_metrics(input.slos, input.metrics),
+            capacity: None,
         }
     }
 
@@ -737,21 +849,12 @@ impl Report {
     /// The outcome of each of `goals` on this report's merged numbers (`.change` goals
     /// against its baseline).
     pub fn evaluate_goals(&self, goals: &[Goal]) -> Vec<GoalResult> {
-        let replayed = goal_values::SectionValues {
-            llm: &self.llm,
-            requests: Some(&self.requests),
-        };
-        let baseline = self
-            .baseline
-            .as_ref()
-            .map(|baseline| goal_values::SectionValues {
-                llm: &baseline.llm,
-                requests: baseline.requests.as_ref(),
-            });
-        goals::evaluate(
+        evaluate_goals_on(
             goals,
-            &replayed,
-            baseline.as_ref().map(|b| b as &dyn GoalValues),
+            &self.llm,
+            &self.requests,
+            self.goodput.as_ref(),
+            self.baseline.as_ref(),
         )
     }
 
@@ -784,6 +887,35 @@ impl Report {
         }
         Ok(report)
     }
+}
+
+/// The outcome of each of `goals` on one set of numbers: a report's, a sweep level's or a
+/// capacity probe's (`llm`, `requests`, and `goodput` with `--slo`; the goodput goals fail
+/// with a note without it), `.change` goals against `baseline` when there is one.
+pub fn evaluate_goals_on(
+    goals: &[Goal],
+    llm: &LlmSection,
+    requests: &RequestsSection,
+    goodput: Option<&GoodputSection>,
+    baseline: Option<&BaselineSection>,
+) -> Vec<GoalResult> {
+    let replayed = goal_values::SectionValues {
+        llm,
+        requests: Some(requests),
+        goodput,
+    };
+    // A baseline (the recording, or a saved report's numbers) has no goodput: SLOs judge
+    // this run's requests only.
+    let baseline = baseline.map(|baseline| goal_values::SectionValues {
+        llm: &baseline.llm,
+        requests: baseline.requests.as_ref(),
+        goodput: None,
+    });
+    goals::evaluate(
+        goals,
+        &replayed,
+        baseline.as_ref().map(|b| b as &dyn GoalValues),
+    )
 }
 
 /// Re-render `current` against `baseline` (`llm-replay report FILE --baseline FILE2`): the

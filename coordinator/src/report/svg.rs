@@ -1,6 +1,8 @@
 //! Inline SVG charts for the HTML report: line, marker and bar series on linear axes with
-//! "nice" ticks, labelled axes, a legend and shaded bands (sweep levels). No script: the
-//! page's stylesheet colours the classes, so one chart serves light, dark and print.
+//! "nice" ticks (or a logarithmic x axis, for loads spanning decades), labelled axes, a
+//! legend, shaded bands (sweep levels) and labelled reference lines (a goal's limit, the
+//! capacity found). No script: the page's stylesheet colours the classes, so one chart
+//! serves light, dark and print.
 
 use std::fmt::Write as _;
 
@@ -16,7 +18,7 @@ const MARGIN_BOTTOM: f64 = 46.0;
 /// One chart.
 pub(super) struct Chart {
     /// The element id of its `<figure>` (`plot-ttft-cdf`).
-    pub id: &'static str,
+    pub id: String,
     /// Caption and accessible title.
     pub title: String,
     /// X axis label, with its unit.
@@ -34,6 +36,37 @@ pub(super) struct Chart {
     pub x_max: Option<f64>,
     /// Height in SVG user units.
     pub height: f64,
+    /// A logarithmic x axis (every x must then be above 0; others are not drawn).
+    pub x_log: bool,
+    /// Labelled reference lines across the plot.
+    pub rules: Vec<Rule>,
+}
+
+/// A labelled dashed line across the plot: a limit (horizontal) or a load (vertical).
+pub(super) struct Rule {
+    /// Where it is.
+    pub at: RuleAt,
+    /// Text beside it.
+    pub label: String,
+    /// Colour index, as a series'.
+    pub color: usize,
+}
+
+/// Which way a [`Rule`] runs, and where.
+pub(super) enum RuleAt {
+    /// Across the plot at this y.
+    Horizontal(f64),
+    /// Up the plot at this x.
+    Vertical(f64),
+}
+
+/// The shape of a [`SeriesKind::Markers`] point.
+#[derive(Clone, Copy)]
+pub(super) enum Marker {
+    /// A filled disc.
+    Circle,
+    /// An ×.
+    Cross,
 }
 
 /// One series of a chart.
@@ -56,6 +89,10 @@ pub(super) enum SeriesKind {
     Labelled(Vec<String>),
     /// A bar per point, `x` its right edge and the width given per point.
     Bars(Vec<f64>),
+    /// A marker at each point, unconnected, with a label right of it where the label (in
+    /// point order) is not empty (a value drawn at the plot's edge because it is off the
+    /// scale).
+    Markers(Marker, Vec<String>),
 }
 
 /// A shaded x range.
@@ -92,7 +129,7 @@ impl Chart {
     /// The chart as a `<figure>` holding an inline `<svg>`.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let id = self.id;
+        let id = esc(&self.id);
         let (w, h) = (WIDTH, self.height);
         let plot_w = w - MARGIN_LEFT - MARGIN_RIGHT;
         let plot_h = h - MARGIN_TOP - MARGIN_BOTTOM;
@@ -117,13 +154,18 @@ impl Chart {
 
         let (x_lo, x_hi) = self.x_extent();
         let (y_lo, y_hi) = self.y_extent();
-        let x_axis = Axis::nice(x_lo, x_hi);
+        let x_axis = if self.x_log {
+            Axis::log(x_lo, x_hi)
+        } else {
+            Axis::nice(x_lo, x_hi)
+        };
         let y_axis = match self.y_range {
             Some((lo, hi)) => Axis::fixed(lo, hi),
             None => Axis::nice(y_lo, y_hi),
         };
-        let px = |x: f64| MARGIN_LEFT + (x - x_axis.lo) / (x_axis.hi - x_axis.lo) * plot_w;
-        let py = |y: f64| MARGIN_TOP + plot_h - (y - y_axis.lo) / (y_axis.hi - y_axis.lo) * plot_h;
+        let px = |x: f64| MARGIN_LEFT + x_axis.fraction(x) * plot_w;
+        let py = |y: f64| MARGIN_TOP + plot_h - y_axis.fraction(y) * plot_h;
+        let drawable = |x: f64| !self.x_log || x > 0.0;
 
         // The clip reaches a line's half-width past the frame, so a line along an edge
         // (a CDF at 100 %) is drawn whole.
@@ -205,10 +247,12 @@ impl Chart {
                         );
                     }
                 }
+                SeriesKind::Markers(..) => {}
                 SeriesKind::Line | SeriesKind::Labelled(_) => {
                     for segment in series.segments.iter().filter(|s| !s.is_empty()) {
                         let points: Vec<String> = segment
                             .iter()
+                            .filter(|&&(x, _)| drawable(x))
                             .map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y)))
                             .collect();
                         let _ = writeln!(
@@ -220,7 +264,70 @@ impl Chart {
                 }
             }
         }
+        for rule in &self.rules {
+            let color = rule.color;
+            let _ = match rule.at {
+                RuleAt::Horizontal(y) => writeln!(
+                    out,
+                    "<line class=\"line rule s{color} dashed\" x1=\"{MARGIN_LEFT}\" x2=\"{:.1}\" \
+                     y1=\"{:.1}\" y2=\"{:.1}\"/>",
+                    MARGIN_LEFT + plot_w,
+                    py(y),
+                    py(y)
+                ),
+                RuleAt::Vertical(x) if drawable(x) => writeln!(
+                    out,
+                    "<line class=\"line rule s{color} dashed\" x1=\"{:.1}\" x2=\"{:.1}\" \
+                     y1=\"{MARGIN_TOP}\" y2=\"{:.1}\"/>",
+                    px(x),
+                    px(x),
+                    MARGIN_TOP + plot_h
+                ),
+                RuleAt::Vertical(_) => Ok(()),
+            };
+        }
         let _ = writeln!(out, "</g>");
+        // Rule labels, unclipped: a limit's at the right end above its line, a load's at
+        // the top beside its line (on the side with room).
+        for rule in &self.rules {
+            let (x, y, anchor) = match rule.at {
+                RuleAt::Horizontal(y) => (MARGIN_LEFT + plot_w - 4.0, py(y) - 5.0, "end"),
+                RuleAt::Vertical(x) if drawable(x) => {
+                    if px(x) > MARGIN_LEFT + plot_w * 0.75 {
+                        (px(x) - 5.0, MARGIN_TOP + 13.0, "end")
+                    } else {
+                        (px(x) + 5.0, MARGIN_TOP + 13.0, "start")
+                    }
+                }
+                RuleAt::Vertical(_) => continue,
+            };
+            let _ = writeln!(
+                out,
+                "<text class=\"rule-label\" x=\"{x:.1}\" y=\"{y:.1}\" text-anchor=\"{anchor}\">{}</text>",
+                esc(&rule.label)
+            );
+        }
+        // Markers, unclipped.
+        for series in &self.series {
+            if let SeriesKind::Markers(marker, labels) = &series.kind {
+                for (i, &(x, y)) in series.segments.iter().flatten().enumerate() {
+                    if !(drawable(x) && y.is_finite()) {
+                        continue;
+                    }
+                    out.push_str(&marker_svg(*marker, series.color, px(x), py(y)));
+                    if let Some(label) = labels.get(i).filter(|l| !l.is_empty()) {
+                        let _ = write!(
+                            out,
+                            "<text class=\"point-label\" x=\"{:.1}\" y=\"{:.1}\">{}</text>",
+                            px(x) + 7.0,
+                            py(y) + 4.0,
+                            esc(label)
+                        );
+                    }
+                    out.push('\n');
+                }
+            }
+        }
         // Point labels, unclipped.
         for series in &self.series {
             let color = series.color;
@@ -249,6 +356,7 @@ impl Chart {
                 SeriesKind::Bars(_) => format!(
                     "<rect class=\"f{color}\" x=\"{x:.1}\" y=\"12\" width=\"18\" height=\"10\"/>"
                 ),
+                SeriesKind::Markers(marker, _) => marker_svg(marker, color, x + 9.0, 17.0),
                 _ => format!(
                     "<line class=\"line s{color}{dash}\" x1=\"{x:.1}\" x2=\"{:.1}\" y1=\"17\" y2=\"17\"/>",
                     x + 18.0
@@ -286,6 +394,9 @@ impl Chart {
                 _ => None,
             };
             for (i, &(x, _)) in series.segments.iter().flatten().enumerate() {
+                if self.x_log && x <= 0.0 {
+                    continue;
+                }
                 let left = widths.and_then(|w| w.get(i)).map_or(x, |w| x - w);
                 lo = lo.min(left);
                 hi = hi.max(x);
@@ -294,6 +405,19 @@ impl Chart {
         for band in &self.bands {
             lo = lo.min(band.from);
             hi = hi.max(band.to);
+        }
+        for rule in &self.rules {
+            if let RuleAt::Vertical(x) = rule.at
+                && x.is_finite()
+                && (!self.x_log || x > 0.0)
+            {
+                lo = lo.min(x);
+                hi = hi.max(x);
+            }
+        }
+        if self.x_log {
+            // The log axis rounds out to whole decades itself.
+            return (lo, hi);
         }
         // Times, throughputs and latencies start at zero.
         lo = lo.min(0.0);
@@ -313,10 +437,16 @@ impl Chart {
 
     fn y_extent(&self) -> (f64, f64) {
         let x_max = self.x_max.unwrap_or(f64::INFINITY);
+        let limits = self.rules.iter().filter_map(|rule| match rule.at {
+            RuleAt::Horizontal(y) if y.is_finite() => Some(y),
+            _ => None,
+        });
         let (lo, hi) = self
             .points()
             .filter(|&(x, _)| x <= x_max)
-            .fold((0.0f64, f64::NEG_INFINITY), |(lo, hi), (_, y)| {
+            .map(|(_, y)| y)
+            .chain(limits)
+            .fold((0.0f64, f64::NEG_INFINITY), |(lo, hi), y| {
                 (lo.min(y), hi.max(y))
             });
         // A little headroom, so the highest point does not sit on the frame.
@@ -324,12 +454,35 @@ impl Chart {
     }
 }
 
-/// A linear axis from `lo` to `hi` with ticks every `step`.
+/// A marker centred at `(x, y)` (SVG units).
+fn marker_svg(marker: Marker, color: usize, x: f64, y: f64) -> String {
+    match marker {
+        Marker::Circle => {
+            format!("<circle class=\"marker f{color}\" cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"4.5\"/>")
+        }
+        Marker::Cross => format!(
+            "<path class=\"marker line s{color}\" d=\"M{:.1} {:.1}L{:.1} {:.1}M{:.1} {:.1}L{:.1} {:.1}\"/>",
+            x - 4.5,
+            y - 4.5,
+            x + 4.5,
+            y + 4.5,
+            x - 4.5,
+            y + 4.5,
+            x + 4.5,
+            y - 4.5
+        ),
+    }
+}
+
+/// An axis from `lo` to `hi`: linear with ticks every `step`, or logarithmic (`log`) from
+/// one whole decade to another with ticks at 1, 2 and 5 × 10ⁿ (at 10ⁿ alone past three
+/// decades).
 struct Axis {
     lo: f64,
     hi: f64,
     step: f64,
     decimals: usize,
+    log: bool,
 }
 
 impl Axis {
@@ -354,6 +507,7 @@ impl Axis {
             hi: (hi / step).ceil() * step,
             step,
             decimals: decimals_of(step),
+            log: false,
         }
     }
 
@@ -364,15 +518,71 @@ impl Axis {
             hi,
             step,
             decimals: decimals_of(step),
+            log: false,
         }
     }
 
-    fn ticks(&self) -> impl Iterator<Item = f64> + '_ {
+    /// A logarithmic axis over whole decades around `lo`..`hi` (both above 0; anything else
+    /// gets 1..10).
+    fn log(lo: f64, hi: f64) -> Axis {
+        let (lo, hi) = if lo > 0.0 && hi >= lo && hi.is_finite() {
+            (lo, hi)
+        } else {
+            (1.0, 10.0)
+        };
+        let lo_exp = lo.log10().floor();
+        let hi_exp = hi.log10().ceil().max(lo_exp + 1.0);
+        Axis {
+            lo: 10f64.powf(lo_exp),
+            hi: 10f64.powf(hi_exp),
+            step: 1.0,
+            decimals: 0,
+            log: true,
+        }
+    }
+
+    /// Where `value` falls between `lo` (0) and `hi` (1).
+    fn fraction(&self, value: f64) -> f64 {
+        if self.log {
+            (value.log10() - self.lo.log10()) / (self.hi.log10() - self.lo.log10())
+        } else {
+            (value - self.lo) / (self.hi - self.lo)
+        }
+    }
+
+    fn ticks(&self) -> Vec<f64> {
+        if self.log {
+            let (lo_exp, hi_exp) = (self.lo.log10().round(), self.hi.log10().round());
+            let multiples: &[f64] = if hi_exp - lo_exp <= 3.0 {
+                &[1.0, 2.0, 5.0]
+            } else {
+                &[1.0]
+            };
+            let mut ticks = Vec::new();
+            let mut exp = lo_exp;
+            while exp <= hi_exp {
+                for m in multiples {
+                    let tick = m * 10f64.powf(exp);
+                    if tick <= self.hi * (1.0 + 1e-9) {
+                        ticks.push(tick);
+                    }
+                }
+                exp += 1.0;
+            }
+            return ticks;
+        }
         let count = ((self.hi - self.lo) / self.step).round() as usize;
-        (0..=count.min(50)).map(move |i| self.lo + i as f64 * self.step)
+        (0..=count.min(50))
+            .map(|i| self.lo + i as f64 * self.step)
+            .collect()
     }
 
     fn label(&self, value: f64) -> String {
+        if self.log {
+            // Decimals enough for 0.01, none from 1 up.
+            let decimals = (-value.log10().floor()).max(0.0) as usize;
+            return format!("{value:.decimals$}");
+        }
         format!("{value:.*}", self.decimals)
     }
 }
@@ -396,7 +606,7 @@ mod tests {
     fn nice_axes_round_out_to_readable_steps() {
         let axis = Axis::nice(0.0, 173.0);
         assert_eq!((axis.lo, axis.hi, axis.step), (0.0, 200.0, 50.0));
-        assert_eq!(axis.ticks().count(), 5);
+        assert_eq!(axis.ticks().len(), 5);
         let axis = Axis::nice(0.0, 0.9);
         assert_eq!((axis.step, axis.decimals), (0.2, 1));
         assert_eq!(axis.label(0.4), "0.4");
@@ -410,7 +620,7 @@ mod tests {
     #[test]
     fn a_chart_escapes_its_text_and_clips_its_series() {
         let chart = Chart {
-            id: "plot-test",
+            id: "plot-test".into(),
             title: "TTFT <b>".into(),
             x_label: "ms".into(),
             y_label: "%".into(),
@@ -427,6 +637,8 @@ mod tests {
             y_range: Some((0.0, 100.0)),
             x_max: Some(20.0),
             height: 300.0,
+            x_log: false,
+            rules: Vec::new(),
         };
         let svg = chart.render();
         assert!(svg.contains("TTFT &lt;b&gt;") && !svg.contains("<b>"));
@@ -443,7 +655,7 @@ mod tests {
     #[test]
     fn an_empty_chart_says_so() {
         let chart = Chart {
-            id: "plot-empty",
+            id: "plot-empty".into(),
             title: "nothing".into(),
             x_label: String::new(),
             y_label: String::new(),
@@ -452,8 +664,87 @@ mod tests {
             y_range: None,
             x_max: None,
             height: 200.0,
+            x_log: false,
+            rules: Vec::new(),
         };
         assert!(chart.is_empty());
         assert!(chart.render().contains("no data"));
+    }
+
+    #[test]
+    fn a_log_axis_spans_whole_decades_with_readable_ticks() {
+        let axis = Axis::log(1.0, 4096.0);
+        assert_eq!((axis.lo, axis.hi), (1.0, 10_000.0));
+        // Four decades: powers of ten only.
+        assert_eq!(axis.ticks(), vec![1.0, 10.0, 100.0, 1_000.0, 10_000.0]);
+        assert!((axis.fraction(100.0) - 0.5).abs() < 1e-12);
+        let axis = Axis::log(0.1, 30.0);
+        assert_eq!((axis.lo, axis.hi), (0.1, 100.0));
+        assert_eq!(axis.ticks()[..4], [0.1, 0.2, 0.5, 1.0]);
+        assert_eq!(axis.label(0.2), "0.2");
+        assert_eq!(axis.label(50.0), "50");
+        // Nothing usable still gives an axis.
+        let axis = Axis::log(0.0, 0.0);
+        assert!(axis.hi > axis.lo && axis.lo > 0.0);
+    }
+
+    #[test]
+    fn markers_and_rules_are_drawn_and_fit_the_axes() {
+        let chart = Chart {
+            id: "plot-knee".into(),
+            title: "knee".into(),
+            x_label: "concurrency".into(),
+            y_label: "ms".into(),
+            series: vec![
+                Series {
+                    name: "passed".into(),
+                    color: 2,
+                    dashed: false,
+                    kind: SeriesKind::Markers(Marker::Circle, Vec::new()),
+                    segments: vec![vec![(1.0, 10.0), (16.0, 50.0)]],
+                },
+                Series {
+                    name: "failed".into(),
+                    color: 4,
+                    dashed: false,
+                    kind: SeriesKind::Markers(Marker::Cross, vec!["↑ 4096".into()]),
+                    segments: vec![vec![(4096.0, 900.0)]],
+                },
+            ],
+            bands: Vec::new(),
+            y_range: None,
+            x_max: None,
+            height: 300.0,
+            x_log: true,
+            rules: vec![
+                Rule {
+                    at: RuleAt::Horizontal(1200.0),
+                    label: "limit <1200>".into(),
+                    color: 4,
+                },
+                Rule {
+                    at: RuleAt::Vertical(16.0),
+                    label: "max 16".into(),
+                    color: 2,
+                },
+            ],
+        };
+        let svg = chart.render();
+        // Two discs and a cross on the plot, one of each in the legend.
+        assert_eq!(
+            svg.matches("<circle class=\"marker f2\"").count(),
+            3,
+            "{svg}"
+        );
+        assert_eq!(svg.matches("<path class=\"marker line s4\"").count(), 2);
+        assert_eq!(svg.matches("class=\"line rule").count(), 2);
+        assert!(svg.contains("limit &lt;1200&gt;") && svg.contains(">max 16</text>"));
+        assert!(svg.contains(">↑ 4096</text>"), "{svg}");
+        // The limit above every point still fits the y axis; the log x axis reaches 10⁴.
+        assert!(
+            svg.contains(">1250</text>") || svg.contains(">1500</text>"),
+            "{svg}"
+        );
+        assert!(svg.contains(">10000</text>"), "{svg}");
     }
 }

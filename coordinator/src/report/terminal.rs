@@ -5,11 +5,11 @@ use std::fmt::Write as _;
 
 use common::metrics::Metric;
 
-use super::Report;
 use super::format::{
     self, ANSI_BOLD, ANSI_GREEN, ANSI_RED, ANSI_RESET, HIGHLIGHT_NOTE, STAT_COLUMNS, TextTable,
 };
 use super::windows;
+use super::{CapacitySection, Report};
 
 /// Render `report` for a terminal; `color` adds ANSI colors (red for highlighted comparisons
 /// and failed goals, green for passed goals, bold titles).
@@ -152,6 +152,22 @@ pub fn render_terminal(report: &Report, color: bool) -> String {
     for (label, value) in windows::steady_rows(report) {
         let _ = writeln!(out, "  {label}   {value}");
     }
+    let goodput = format::report_goodput_rows(report);
+    if !goodput.is_empty() {
+        out.push('\n');
+        title(
+            &mut out,
+            "Goodput (requests that succeeded within every SLO)",
+        );
+        let width = goodput
+            .iter()
+            .map(|(label, _)| label.chars().count())
+            .max()
+            .unwrap_or(0);
+        for (label, value) in goodput {
+            let _ = writeln!(out, "  {label:<width$}  {value}");
+        }
+    }
     let transients = super::transients::transient_lines(report);
     if !transients.is_empty() {
         out.push('\n');
@@ -207,20 +223,22 @@ pub fn render_terminal(report: &Report, color: bool) -> String {
     if !report.sweep.is_empty() {
         out.push('\n');
         title(&mut out, "Concurrency sweep");
-        let mut table = TextTable::new(
-            &[
-                "concurrency",
-                "requests",
-                "failed",
-                "ttft p50 ms",
-                "ttft p95 ms",
-                "itl p50 ms",
-                "latency p95 ms",
-                "output tok/s",
-                "req/s",
-            ],
-            &[],
-        );
+        let with_goodput = report.sweep.iter().any(|level| level.goodput.is_some());
+        let mut header = vec![
+            "concurrency",
+            "requests",
+            "failed",
+            "ttft p50 ms",
+            "ttft p95 ms",
+            "itl p50 ms",
+            "latency p95 ms",
+            "output tok/s",
+            "req/s",
+        ];
+        if with_goodput {
+            header.push("goodput req/s");
+        }
+        let mut table = TextTable::new(&header, &[]);
         for level in &report.sweep {
             let stat = |metric: Metric, pick: fn(&common::metrics::Stats) -> f64| {
                 level.llm.stats(metric).map_or_else(
@@ -228,22 +246,50 @@ pub fn render_terminal(report: &Report, color: bool) -> String {
                     |s| format!("{:.2}", pick(&s)),
                 )
             };
-            table.row(
-                vec![
-                    level.concurrency.to_string(),
-                    level.requests.total.to_string(),
-                    level.requests.failed.to_string(),
-                    stat(Metric::Ttft, |s| s.p50),
-                    stat(Metric::Ttft, |s| s.p95),
-                    stat(Metric::Itl, |s| s.p50),
-                    stat(Metric::Latency, |s| s.p95),
-                    format::rate(level.llm.output_tokens_per_second),
-                    format::rate(level.llm.requests_per_second),
-                ],
-                None,
-            );
+            let mut cells = vec![
+                level.concurrency.to_string(),
+                level.requests.total.to_string(),
+                level.requests.failed.to_string(),
+                stat(Metric::Ttft, |s| s.p50),
+                stat(Metric::Ttft, |s| s.p95),
+                stat(Metric::Itl, |s| s.p50),
+                stat(Metric::Latency, |s| s.p95),
+                format::rate(level.llm.output_tokens_per_second),
+                format::rate(level.llm.requests_per_second),
+            ];
+            if with_goodput {
+                cells.push(format::goodput_cell(level.goodput.as_ref()));
+            }
+            table.row(cells, None);
         }
         out.push_str(&table.render(color));
+    }
+
+    if let Some(capacity) = &report.capacity {
+        out.push('\n');
+        title(
+            &mut out,
+            &format!(
+                "Capacity search ({}, range {}–{}, precision {} %): probes in the order they ran",
+                format::dimension_label(&capacity.dimension),
+                format::load_value(capacity.low),
+                format::load_value(capacity.high),
+                format::load_value(capacity.precision_pct)
+            ),
+        );
+        out.push_str(&capacity_table(capacity).render(color));
+        let _ = writeln!(out, "  search: {}", capacity.stopped);
+        let answer = format::capacity_answer(capacity);
+        let code = if capacity.max.is_some() {
+            ANSI_GREEN
+        } else {
+            ANSI_RED
+        };
+        if color {
+            let _ = writeln!(out, "{ANSI_BOLD}{code}{answer}{ANSI_RESET}");
+        } else {
+            let _ = writeln!(out, "{answer}");
+        }
     }
 
     if !report.goals.is_empty() {
@@ -283,4 +329,44 @@ pub fn render_terminal(report: &Report, color: bool) -> String {
         }
     }
     out
+}
+
+/// The probes of a capacity search, one row each in the order they ran: the load, its
+/// result (and which run at that load), what the goals were judged on, each goal's value
+/// (one column per goal), the goodput with `--slo`, and the goals that failed.
+fn capacity_table(capacity: &CapacitySection) -> TextTable {
+    // Every probe is judged on the same goals; the columns follow the first probe's.
+    let goal_columns: Vec<String> = capacity.probes.first().map_or_else(Vec::new, |p| {
+        p.goals.iter().map(|g| g.metric.clone()).collect()
+    });
+    let with_goodput = capacity.probes.iter().any(|p| p.goodput.is_some());
+    let dimension = capacity.dimension.clone();
+    let mut header: Vec<&str> = vec!["#", &dimension, "result", "judged on"];
+    header.extend(goal_columns.iter().map(String::as_str));
+    if with_goodput {
+        header.push("goodput req/s");
+    }
+    header.push("failed goals");
+    let failed_column = header.len() - 1;
+    let mut table = TextTable::new(&header, &[2, 3, failed_column]);
+    for (i, probe) in capacity.probes.iter().enumerate() {
+        let mut cells = vec![
+            (i + 1).to_string(),
+            format::load_value(probe.value),
+            format::probe_result(probe),
+            probe.judged_on.clone(),
+        ];
+        cells.extend((0..goal_columns.len()).map(|column| {
+            probe.goals.get(column).map_or_else(
+                || format::NO_VALUE.to_string(),
+                |g| format::goal_number(g.value),
+            )
+        }));
+        if with_goodput {
+            cells.push(format::goodput_cell(probe.goodput.as_ref()));
+        }
+        cells.push(probe.failed_goals.join("; "));
+        table.row(cells, (!probe.passed).then_some(ANSI_RED));
+    }
+    table
 }

@@ -12,6 +12,9 @@ use serde_json::Value;
 use super::*;
 use crate::goals::{Goal, parse_goal};
 
+/// No `--slo`: no goodput.
+static NO_SLOS: Slos = Slos(Vec::new());
+
 /// 2026-11-30T10:00:00Z in microseconds since the Unix epoch.
 const T0_US: u64 = 1_796_032_800_000_000;
 
@@ -225,6 +228,7 @@ pub(super) fn sample_report() -> Report {
             .collect(),
         warnings: vec!["target answered 429 once".to_string()],
         timeline: sample_timeline(),
+        slos: &NO_SLOS,
     })
     .with_goals(&goals())
 }
@@ -395,6 +399,7 @@ fn metric_without_samples_serializes_as_null() {
         sweep: Vec::new(),
         warnings: Vec::new(),
         timeline: Vec::new(),
+        slos: &NO_SLOS,
     });
     let json: Value = serde_json::from_str(&report.to_json_pretty()).expect("valid JSON");
     for key in [
@@ -590,6 +595,7 @@ fn junit_run_case_fails_when_nothing_succeeded() {
         sweep: Vec::new(),
         warnings: Vec::new(),
         timeline: Vec::new(),
+        slos: &NO_SLOS,
     });
     let junit = render_junit(&report);
     assert!(junit.contains("<failure type=\"run\""), "{junit}");
@@ -894,6 +900,7 @@ fn compare_reports_uses_the_other_report_as_baseline() {
         sweep: Vec::new(),
         warnings: Vec::new(),
         timeline: Vec::new(),
+        slos: &NO_SLOS,
     })
     .with_goals(&[parse_goal("llm.ttft-p50.change > 5").expect("goal")]);
     assert_eq!(no_baseline.goals[0].value, None);
@@ -908,6 +915,7 @@ fn compare_reports_uses_the_other_report_as_baseline() {
         sweep: Vec::new(),
         warnings: Vec::new(),
         timeline: Vec::new(),
+        slos: &NO_SLOS,
     });
     let compared = compare_reports(&no_baseline, &older, "yesterday.json");
     let baseline = compared.baseline.as_ref().expect("baseline");
@@ -969,6 +977,7 @@ fn transport_failures_show_their_causes_and_resends_their_count() {
         sweep: Vec::new(),
         warnings: Vec::new(),
         timeline: Vec::new(),
+        slos: &NO_SLOS,
     });
     let json: Value = serde_json::from_str(&report.to_json_pretty()).expect("json");
     assert_eq!(get(&json, "requests/resent"), 1);
@@ -1211,6 +1220,7 @@ fn coalesced_streams_are_warned_and_mark_the_itl_changes() {
         sweep: Vec::new(),
         warnings: Vec::new(),
         timeline: Vec::new(),
+        slos: &NO_SLOS,
     });
     let transport = report.transport.as_ref().expect("transport section");
     assert_eq!(
@@ -1247,4 +1257,609 @@ fn coalesced_streams_are_warned_and_mark_the_itl_changes() {
     // Saved and compared again (`llm-replay report A --baseline B`): still marked.
     let again = compare_reports(&report, &report, "itself");
     assert!(again.baseline.expect("baseline").changes["itl_ms.p50"].coalesced);
+}
+
+/// `ttft:200ms` and `itl:30ms` judge each request of `outcomes` the way a worker does, and
+/// the good ones are counted.
+fn judged(outcomes: &[RequestOutcome], slos: &Slos) -> RunMetrics {
+    let mut m = RunMetrics::new();
+    for outcome in outcomes {
+        m.record(outcome);
+        if slos.is_good(outcome) == Some(true) {
+            m.record_good(outcome);
+        }
+    }
+    m
+}
+
+fn slos() -> Slos {
+    Slos(vec![
+        common::slo::Slo::parse("ttft:200ms").expect("slo"),
+        common::slo::Slo::parse("itl:30ms").expect("slo"),
+    ])
+}
+
+#[test]
+fn goodput_counts_the_good_requests_exactly() {
+    let slos = slos();
+    // TTFT 120..190 ms with ITL 25 ms: good; TTFT 250 ms: too slow; ITL 40 ms: too slow;
+    // an ended-early stream and a failure are never good.
+    let mut outcomes: Vec<RequestOutcome> = (0..8)
+        .map(|i| succeeded(i, 120 + 10 * i, 25, 41, true))
+        .collect();
+    outcomes.push(succeeded(8, 250, 25, 41, true));
+    outcomes.push(succeeded(9, 100, 40, 41, true));
+    outcomes.push(RequestOutcome {
+        kind: OutcomeKind::EndedEarly,
+        ..succeeded(10, 100, 25, 41, true)
+    });
+    outcomes.push(RequestOutcome::failed(FailureKind::Status));
+    let m = judged(&outcomes, &slos);
+    let goodput = GoodputSection::from_metrics(&slos, &m).expect("SLOs set");
+    assert_eq!(goodput.slos, ["ttft:200ms", "itl:30ms"]);
+    assert_eq!(goodput.good, 8);
+    // 8 good of 12 with an outcome.
+    assert_eq!(goodput.good_share_pct, Some(100.0 * 8.0 / 12.0));
+    // Over the window llm.requests_per_second uses.
+    let seconds = m.window_seconds();
+    assert!(seconds > 0.0);
+    assert!((goodput.requests_per_second - 8.0 / seconds).abs() < 1e-9);
+    assert!((goodput.output_tokens_per_second - 8.0 * 41.0 / seconds).abs() < 1e-9);
+    let llm = LlmSection::from_metrics(&m);
+    assert!(goodput.requests_per_second <= llm.requests_per_second.expect("rps"));
+
+    assert_eq!(GoodputSection::from_metrics(&NO_SLOS, &m), None);
+    // Nothing answered: no share, and no rate over a window that never opened.
+    let empty = GoodputSection::from_metrics(&slos, &RunMetrics::new()).expect("SLOs set");
+    assert_eq!(
+        (empty.good, empty.good_share_pct, empty.requests_per_second),
+        (0, None, 0.0)
+    );
+
+    // The report and each sweep level carry their own.
+    let level = judged(&outcomes[..4], &slos);
+    let report = Report::build(ReportInput {
+        run: run_info(),
+        metrics: &m,
+        requests: RequestTotals::default(),
+        baseline: None,
+        sweep: vec![SweepLevel {
+            concurrency: 2,
+            metrics: level,
+            requests: RequestTotals::default(),
+        }],
+        warnings: Vec::new(),
+        timeline: Vec::new(),
+        slos: &slos,
+    });
+    assert_eq!(report.goodput.as_ref(), Some(&goodput));
+    assert_eq!(report.sweep[0].goodput.as_ref().map(|g| g.good), Some(4));
+    let json: Value = serde_json::from_str(&report.to_json_pretty()).expect("json");
+    for key in [
+        "slos",
+        "good",
+        "good_share_pct",
+        "requests_per_second",
+        "output_tokens_per_second",
+    ] {
+        get(&json, &format!("goodput/{key}"));
+        get(&json, &format!("sweep/0/goodput/{key}"));
+    }
+    // Without SLOs the keys are absent, not null.
+    let plain: Value = serde_json::from_str(&sample_report().to_json_pretty()).expect("json");
+    assert!(plain.get("goodput").is_none() && plain.get("capacity").is_none());
+    assert!(plain["sweep"][0].get("goodput").is_none());
+}
+
+#[test]
+fn sweep_tables_gain_a_goodput_column_with_slos() {
+    let slos = slos();
+    let outcomes: Vec<RequestOutcome> = (0..6)
+        .map(|i| succeeded(i, 120 + 40 * i, 25, 41, true))
+        .collect();
+    let m = judged(&outcomes, &slos);
+    let report = Report::build(ReportInput {
+        run: run_info(),
+        metrics: &m,
+        requests: RequestTotals::default(),
+        baseline: None,
+        sweep: [2u32, 3, 6]
+            .into_iter()
+            .map(|n| SweepLevel {
+                concurrency: n,
+                metrics: judged(&outcomes[..n as usize], &slos),
+                requests: RequestTotals::default(),
+            })
+            .collect(),
+        warnings: Vec::new(),
+        timeline: Vec::new(),
+        slos: &slos,
+    });
+    let terminal = render_terminal(&report, false);
+    assert!(terminal.contains("goodput req/s"), "{terminal}");
+    assert!(terminal.contains("Goodput (requests that succeeded within every SLO)"));
+    assert!(terminal.contains("ttft:200ms · itl:30ms"), "{terminal}");
+    // TTFT 120, 160, 200 ms are within 200 ms: 3 of 6.
+    assert!(
+        terminal.contains("3 of 6 with an outcome (50.0 %)"),
+        "{terminal}"
+    );
+    let md = render_markdown(&report);
+    assert!(
+        md.contains("| Requests/s | Failed | Goodput req/s |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("**Goodput** (within every SLO: ttft:200ms · itl:30ms): 3 of 6"),
+        "{md}"
+    );
+    let html = render_html(&report);
+    assert!(html.contains("<th>Goodput (requests/s)</th>"), "{html}");
+    assert!(html.contains("id=\"goodput\"") && html.contains("id=\"goodput-card\""));
+    // Without SLOs, no column.
+    let plain = render_terminal(&sample_report(), false);
+    assert!(!plain.contains("goodput"), "{plain}");
+}
+
+/// The goals of the capacity fixture.
+fn capacity_goals() -> Vec<Goal> {
+    [
+        "llm.ttft-p95 > 60",
+        "llm.error-rate > 1",
+        "llm.good-share < 90",
+    ]
+    .iter()
+    .map(|expr| parse_goal(expr).expect("valid goal"))
+    .collect()
+}
+
+/// One probe of the capacity fixture: its numbers, and the goals judged on them through
+/// [`evaluate_goals_on`] (as the search judges them).
+fn probe(value: f64, attempt: u32, ttft_p95: f64, failed: u64, good: u64) -> ProbeSection {
+    let total = 100;
+    let ttft = Stats {
+        avg: ttft_p95 * 0.7,
+        min: ttft_p95 * 0.4,
+        max: ttft_p95 * 1.3,
+        std: ttft_p95 * 0.1,
+        p50: ttft_p95 * 0.65,
+        p90: ttft_p95 * 0.9,
+        p95: ttft_p95,
+        p99: ttft_p95 * 1.1,
+        count: total - failed,
+    };
+    let llm = LlmSection {
+        ttft_ms: Some(ttft),
+        requests_per_second: Some(value * 0.5),
+        output_tokens_per_second: Some(value * 20.0),
+        measured_window_s: Some(30.0),
+        ..LlmSection::default()
+    };
+    let requests = RequestsSection {
+        total,
+        succeeded: total - failed,
+        failed,
+        ..RequestsSection::default()
+    };
+    let goodput = GoodputSection {
+        slos: vec!["ttft:80ms".to_string()],
+        good,
+        good_share_pct: Some(good as f64),
+        requests_per_second: good as f64 / 30.0,
+        output_tokens_per_second: good as f64 * 40.0 / 30.0,
+    };
+    let goals = evaluate_goals_on(&capacity_goals(), &llm, &requests, Some(&goodput), None);
+    ProbeSection {
+        value,
+        passed: goals.iter().all(|g| !g.failed),
+        failed_goals: goals
+            .iter()
+            .filter(|g| g.failed)
+            .map(|g| g.expr.clone())
+            .collect(),
+        goals,
+        judged_on: "steady window".to_string(),
+        llm,
+        requests,
+        goodput: Some(goodput),
+        duration_s: 31.5,
+        attempt,
+        decided: None,
+    }
+}
+
+/// A concurrency search over 1–4096 at 5 %: geometric bisection, 16 near the TTFT limit
+/// run twice, 17 failing: the answer is 16.
+fn capacity_section() -> CapacitySection {
+    let mut probes = vec![
+        probe(1.0, 1, 21.0, 0, 100),
+        probe(4096.0, 1, 2400.0, 38, 4),
+        probe(64.0, 1, 310.0, 0, 41),
+        probe(8.0, 1, 33.5, 0, 99),
+        probe(23.0, 1, 95.0, 0, 80),
+        probe(14.0, 1, 51.0, 0, 97),
+        probe(18.0, 1, 66.0, 0, 91),
+        probe(16.0, 1, 59.2, 0, 95),
+        probe(16.0, 2, 58.7, 0, 96),
+        probe(17.0, 1, 61.4, 0, 93),
+    ];
+    probes[7].decided = Some(true);
+    probes[8].decided = Some(true);
+    CapacitySection {
+        dimension: "concurrency".to_string(),
+        max: Some(16.0),
+        min_failing: Some(17.0),
+        precision_pct: 5.0,
+        low: 1.0,
+        high: 4096.0,
+        stopped: "no concurrency between the highest passing and the lowest failing".to_string(),
+        probes,
+    }
+}
+
+/// The report of a `--find-max concurrency` run with `--slo`: the numbers of the run at the
+/// answer, its goodput, and the search.
+fn capacity_report() -> Report {
+    let slos = Slos(vec![common::slo::Slo::parse("ttft:150ms").expect("slo")]);
+    let outcomes: Vec<RequestOutcome> = (0..8)
+        .map(|i| succeeded(i, 120 + 10 * i, 25, 41, true))
+        .collect();
+    let m = judged(&outcomes, &slos);
+    let mut report = Report::build(ReportInput {
+        run: run_info(),
+        metrics: &m,
+        requests: RequestTotals::default(),
+        baseline: None,
+        sweep: Vec::new(),
+        warnings: Vec::new(),
+        timeline: Vec::new(),
+        slos: &slos,
+    })
+    .with_goals(&[parse_goal("llm.good-share < 50").expect("goal")]);
+    report.capacity = Some(capacity_section());
+    report
+}
+
+#[test]
+fn capacity_terminal_rendering_matches_golden() {
+    assert_snapshot(
+        "capacity_terminal.txt",
+        &render_terminal(&capacity_report(), false),
+    );
+}
+
+#[test]
+fn capacity_markdown_rendering_matches_golden() {
+    assert_snapshot("capacity_report.md", &render_markdown(&capacity_report()));
+}
+
+#[test]
+fn capacity_html_rendering_matches_golden() {
+    assert_snapshot("capacity_report.html", &render_html(&capacity_report()));
+}
+
+#[test]
+fn probes_are_judged_like_the_report() {
+    let capacity = capacity_section();
+    let passed: Vec<f64> = capacity
+        .probes
+        .iter()
+        .filter(|p| p.passed)
+        .map(|p| p.value)
+        .collect();
+    assert_eq!(passed, [1.0, 8.0, 14.0, 16.0, 16.0]);
+    let at_4096 = &capacity.probes[1];
+    assert_eq!(
+        at_4096.failed_goals,
+        [
+            "llm.ttft-p95 > 60",
+            "llm.error-rate > 1",
+            "llm.good-share < 90"
+        ]
+    );
+    assert_eq!(at_4096.goals[2].value, Some(4.0));
+    // Without a goodput section the good-share goal fails and says why.
+    let no_goodput = evaluate_goals_on(
+        &capacity_goals(),
+        &at_4096.llm,
+        &at_4096.requests,
+        None,
+        None,
+    );
+    assert!(no_goodput[2].failed);
+    assert!(
+        no_goodput[2]
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains("needs --slo"))
+    );
+}
+
+#[test]
+fn the_terminal_lists_probes_in_order_then_the_answer() {
+    let text = render_terminal(&capacity_report(), false);
+    let lines: Vec<&str> = text
+        .lines()
+        .skip_while(|l| {
+            !l.starts_with("Capacity search (concurrency, range 1–4096, precision 5 %)")
+        })
+        .collect();
+    // The header, then one row per probe: its index and its load, in the order they ran.
+    let rows: Vec<(String, String)> = lines[2..]
+        .iter()
+        .take_while(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+        .map(|l| {
+            let mut cells = l.split_whitespace();
+            let index = cells.next().expect("index").to_string();
+            (index, cells.next().expect("load").to_string())
+        })
+        .collect();
+    let expected: Vec<(String, String)> = capacity_section()
+        .probes
+        .iter()
+        .enumerate()
+        .map(|(i, p)| ((i + 1).to_string(), format::load_value(p.value)))
+        .collect();
+    assert_eq!(rows, expected, "{text}");
+    assert!(
+        lines[1].contains("judged on") && lines[1].contains("llm.ttft-p95"),
+        "{text}"
+    );
+    assert!(text.contains("passed (run 2)"), "{text}");
+    assert!(text.contains("FAILED"));
+    // Then how the search stopped and the answer.
+    let after = &lines[2 + rows.len()..];
+    assert!(after[0].starts_with("  search: "), "{text}");
+    assert!(
+        after[1].starts_with(
+            "Capacity (concurrency): 16 holds every goal; 17 fails (llm.ttft-p95 > 60)"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_capacity_answer_reads_each_outcome() {
+    let mut capacity = capacity_section();
+    let answer = format::capacity_answer(&capacity);
+    assert_eq!(
+        answer,
+        "Capacity (concurrency): 16 holds every goal; 17 fails (llm.ttft-p95 > 60) — \
+         the next concurrency up (5 % asked)"
+    );
+    capacity.max = Some(40.0);
+    capacity.min_failing = Some(42.0);
+    capacity.probes.push(probe(42.0, 1, 75.0, 0, 95));
+    assert_eq!(
+        format::capacity_answer(&capacity),
+        "Capacity (concurrency): 40 holds every goal; 42 fails (llm.ttft-p95 > 60) — within 5 %"
+    );
+    capacity.max = None;
+    capacity.min_failing = Some(1.0);
+    capacity.probes.insert(0, probe(1.0, 1, 2400.0, 38, 4));
+    // The failing run at 1, not the passing one.
+    assert_eq!(
+        format::capacity_answer(&capacity),
+        "Capacity (concurrency): even the lowest load (1) fails: llm.ttft-p95 > 60; \
+         llm.error-rate > 1; llm.good-share < 90"
+    );
+    capacity.dimension = "rate".to_string();
+    capacity.max = Some(100_000.0);
+    capacity.min_failing = None;
+    capacity.low = 0.1;
+    capacity.high = 100_000.0;
+    assert_eq!(
+        format::capacity_answer(&capacity),
+        "Capacity (rate (requests/s)): 100000 holds every goal — the top of the range \
+         (0.1–100000) held, so the capacity is at least that"
+    );
+    capacity.dimension = "speed".to_string();
+    capacity.max = Some(2.5);
+    capacity.min_failing = Some(3.75);
+    assert!(
+        format::capacity_answer(&capacity)
+            .starts_with("Capacity (speed (× the recorded schedule)): 2.5 holds every goal; 3.75 fails — 50 % apart"),
+        "{}",
+        format::capacity_answer(&capacity)
+    );
+    assert_eq!(format::load_value(0.125), "0.125");
+    assert_eq!(format::load_value(12.5), "12.5");
+    assert_eq!(format::load_value(0.0001), "0.0001");
+}
+
+#[test]
+fn html_capacity_section_draws_the_knee_of_every_goal() {
+    let mut report = capacity_report();
+    let capacity = report.capacity.as_mut().expect("capacity");
+    capacity.probes[0].judged_on = "<script>alert(1)</script>".to_string();
+    let html = render_html(&report);
+    assert!(!html.contains("<script>"), "escaped");
+    assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+    let section = &html[html.find("<h2>Capacity</h2>").expect("section")..];
+    let section = &section[..section.find("</table>").expect("probe table")];
+    assert!(section.contains("id=\"capacity-answer\""));
+    for (index, goal) in capacity_goals().iter().enumerate() {
+        let start = section
+            .find(&format!("id=\"plot-capacity-{index}\""))
+            .unwrap_or_else(|| panic!("chart of {}", goal.expr));
+        let chart = &section[start..start + section[start..].find("</figure>").expect("end")];
+        // 5 passing probes as discs and 5 failing ones as crosses, plus one of each in the
+        // legend; the limit and the answer as labelled lines.
+        assert_eq!(
+            chart.matches("<circle class=\"marker f2\"").count(),
+            6,
+            "{chart}"
+        );
+        assert_eq!(
+            chart.matches("<path class=\"marker line s4\"").count(),
+            6,
+            "{chart}"
+        );
+        assert!(
+            chart.contains(&format!(
+                "limit: fails if {} {}",
+                goal.op.symbol().replace('<', "&lt;").replace('>', "&gt;"),
+                goal.threshold
+            )),
+            "{chart}"
+        );
+        assert!(chart.contains(">max 16</text>"), "{chart}");
+        // 1 to 4096: a log axis of whole decades.
+        assert!(
+            chart.contains("log scale") && chart.contains(">10000</text>"),
+            "{chart}"
+        );
+    }
+    // Every probe is a row, in order.
+    assert_eq!(section.matches("<tr class=\"pass\">").count(), 5);
+    assert_eq!(section.matches("<tr class=\"fail\">").count(), 5);
+    // Self-contained: nothing fetched.
+    assert!(!html.contains("src=") && !html.contains("href=") && !html.contains("@import"));
+}
+
+#[test]
+fn markdown_with_a_long_capacity_search_stays_short() {
+    let mut report = capacity_report();
+    let goals: Vec<Goal> = (0..30)
+        .map(|i| parse_goal(&format!("llm.ttft-p95 > {}", i * 10)).expect("goal"))
+        .collect();
+    report = report.with_goals(&goals);
+    let capacity = report.capacity.as_mut().expect("capacity");
+    let probes = capacity.probes.clone();
+    capacity.probes = (0..6).flat_map(|_| probes.clone()).collect();
+    report.warnings = (0..12).map(|i| format!("warning {i}")).collect();
+    report.timeline = (0..50).flat_map(|_| sample_timeline()).collect();
+    report.sweep = sample_report().sweep;
+    let md = render_markdown(&report);
+    let lines = md.lines().count();
+    assert!(lines < super::markdown::MAX_LINES, "{lines} lines:\n{md}");
+    assert!(
+        md.starts_with("## llm-replay: max concurrency 16 · ❌"),
+        "{md}"
+    );
+    assert!(md.contains("more probes"), "{md}");
+    assert!(
+        md.contains("### Capacity (concurrency): 16 holds every goal"),
+        "{md}"
+    );
+    // Every section at its cap still adds up to too much: the end is cut, and says so.
+    assert!(
+        md.trim_end()
+            .ends_with("*… cut to fit a comment; the JSON and HTML reports hold everything*"),
+        "{md}"
+    );
+    let shorter = render_markdown(&capacity_report());
+    assert!(!shorter.contains("cut to fit"), "{shorter}");
+}
+
+#[test]
+fn junit_and_terminal_carry_goodput_and_the_capacity_answer() {
+    let report = capacity_report();
+    let junit = render_junit(&report);
+    assert!(
+        junit.contains("goodput 0.85 requests/s (50.0 % good within ttft:150ms)"),
+        "{junit}"
+    );
+    assert!(
+        junit.contains(
+            "Capacity (concurrency): 16 holds every goal; 17 fails (llm.ttft-p95 &gt; 60)"
+        ),
+        "{junit}"
+    );
+    let colored = render_terminal(&report, true);
+    // A failing probe's row is red; the answer is bold and green when a load held.
+    assert!(
+        colored.contains(&format!("{}10 ", format::ANSI_RED)),
+        "{colored}"
+    );
+    assert!(colored.contains(&format!(
+        "{}{}Capacity (concurrency): 16",
+        format::ANSI_BOLD,
+        format::ANSI_GREEN
+    )));
+}
+
+/// Equal goodput sections, rates to within a JSON rounding step.
+fn same_goodput(a: Option<&GoodputSection>, b: Option<&GoodputSection>) -> bool {
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(1.0);
+    match (a, b) {
+        (Some(a), Some(b)) => {
+            (&a.slos, a.good, a.good_share_pct) == (&b.slos, b.good, b.good_share_pct)
+                && close(a.requests_per_second, b.requests_per_second)
+                && close(a.output_tokens_per_second, b.output_tokens_per_second)
+        }
+        (a, b) => a.is_none() && b.is_none(),
+    }
+}
+
+#[test]
+fn goodput_and_capacity_survive_a_json_round_trip() {
+    let report = capacity_report();
+    let read = Report::from_json(&report.to_json_pretty()).expect("reads back");
+    assert!(report.goodput.is_some());
+    assert!(same_goodput(read.goodput.as_ref(), report.goodput.as_ref()));
+    let (read_capacity, capacity) = (
+        read.capacity.as_ref().expect("capacity"),
+        report.capacity.as_ref().expect("capacity"),
+    );
+    assert_eq!(read_capacity.probes.len(), capacity.probes.len());
+    assert_eq!(
+        (
+            read_capacity.max,
+            read_capacity.min_failing,
+            &read_capacity.dimension
+        ),
+        (capacity.max, capacity.min_failing, &capacity.dimension)
+    );
+    for (a, b) in read_capacity.probes.iter().zip(&capacity.probes) {
+        assert_eq!(
+            (a.value, a.passed, a.attempt, a.decided),
+            (b.value, b.passed, b.attempt, b.decided)
+        );
+        assert_eq!((&a.failed_goals, &a.goals), (&b.failed_goals, &b.goals));
+        assert!(same_goodput(a.goodput.as_ref(), b.goodput.as_ref()));
+        assert_eq!(a.requests, b.requests);
+    }
+    assert_eq!(
+        render_terminal(&read, false),
+        render_terminal(&report, false)
+    );
+    assert_eq!(render_markdown(&read), render_markdown(&report));
+    let json: Value = serde_json::from_str(&report.to_json_pretty()).expect("json");
+    for key in ["dimension", "max", "min_failing", "precision_pct", "probes"] {
+        get(&json, &format!("capacity/{key}"));
+    }
+    for key in [
+        "value",
+        "passed",
+        "failed_goals",
+        "llm",
+        "requests",
+        "goodput",
+    ] {
+        get(&json, &format!("capacity/probes/0/{key}"));
+    }
+    // `max` is null, not absent, when even the lowest load failed.
+    let mut none = report.clone();
+    none.capacity.as_mut().expect("capacity").max = None;
+    let json: Value = serde_json::from_str(&none.to_json_pretty()).expect("json");
+    assert!(get(&json, "capacity/max").is_null());
+}
+
+#[test]
+fn a_report_saved_before_goodput_and_capacity_still_reads() {
+    let mut json: Value = serde_json::from_str(&capacity_report().to_json_pretty()).expect("json");
+    let object = json.as_object_mut().expect("object");
+    assert!(object.remove("goodput").is_some() && object.remove("capacity").is_some());
+    let read = Report::from_json(&json.to_string()).expect("an older report reads");
+    assert_eq!((read.goodput, read.capacity), (None, None));
+    // A sweep level saved without goodput too.
+    let mut json: Value = serde_json::from_str(&sample_report().to_json_pretty()).expect("json");
+    json["sweep"][0]
+        .as_object_mut()
+        .expect("level")
+        .remove("goodput");
+    let read = Report::from_json(&json.to_string()).expect("reads");
+    assert!(read.sweep.iter().all(|level| level.goodput.is_none()));
+    render_html(&read);
 }

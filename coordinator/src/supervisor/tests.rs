@@ -206,6 +206,19 @@ impl FakeWorker {
     }
 
     async fn report(&mut self, is_final: bool, succeeded: u64, totals: SliceTotals) {
+        self.report_with_steady(is_final, succeeded, totals, None)
+            .await;
+    }
+
+    /// [`FakeWorker::report`], with steady metrics when `steady` says how many of the
+    /// succeeded requests (the last ones) were steady.
+    async fn report_with_steady(
+        &mut self,
+        is_final: bool,
+        succeeded: u64,
+        totals: SliceTotals,
+        steady: Option<u64>,
+    ) {
         self.seq += 1;
         let mut metrics = RunMetrics::new();
         metrics.counters.succeeded = succeeded;
@@ -214,6 +227,14 @@ impl FakeWorker {
             metrics.record_value(Metric::Ttft, ttft);
             metrics.record_value(Metric::ScheduleLag, lag);
         }
+        let steady = steady.map(|steady| {
+            let mut metrics = RunMetrics::new();
+            metrics.counters.succeeded = steady;
+            for k in succeeded - steady..succeeded {
+                metrics.record_value(Metric::Ttft, fake_samples(self.index, k).0);
+            }
+            SparseMetrics::from(&metrics)
+        });
         self.send(WorkerEvent::Report {
             index: self.index,
             report: Box::new(ReceivedReport {
@@ -221,6 +242,7 @@ impl FakeWorker {
                 is_final,
                 metrics: SparseMetrics::from(&metrics),
                 totals,
+                steady,
                 ..ReceivedReport::default()
             }),
             records: Vec::new(),
@@ -342,6 +364,7 @@ async fn a_run_joins_starts_everyone_in_its_own_clock_and_merges_the_final_repor
         );
     }
     assert_eq!(result.metrics.histogram(Metric::Ttft).len(), 20);
+    assert!(result.steady_metrics.is_none(), "no worker sent any");
 }
 
 #[tokio::test(start_paused = true)]
@@ -623,6 +646,109 @@ async fn fail_mode_aborts_and_keeps_the_survivors_partial_report() {
     let total =
         result.metrics.counters.completed() + result.totals.not_started + result.totals.lost;
     assert_eq!(total, 20, "every planned exchange accounted for");
+}
+
+/// The steady metrics are merged as the main ones are: each worker's latest report's, a
+/// lost worker's last one included.
+#[tokio::test(start_paused = true)]
+async fn the_steady_metrics_of_every_worker_are_merged_a_lost_ones_last_included() {
+    let recording = Recording::new("steady", 20);
+    let harness = start_supervisor(settings(2, false), plan(&recording, 2, 20));
+    let mut w0 = FakeWorker::join(&harness, 0, 0).await;
+    let mut w1 = FakeWorker::join(&harness, 1, 0).await;
+    tokio::join!(w0.sync_until_start(), w1.sync_until_start());
+    tokio::join!(w0.receive(10), w1.receive(10));
+    let issued = |issued| SliceTotals {
+        issued,
+        ..SliceTotals::default()
+    };
+    w0.report_with_steady(false, 5, issued(6), Some(3)).await;
+    w1.report_with_steady(false, 4, issued(4), Some(1)).await;
+    w1.report_with_steady(false, 5, issued(5), Some(2)).await;
+    w1.send(WorkerEvent::Gone {
+        index: 1,
+        reason: "its stream broke: connection reset".into(),
+    })
+    .await;
+    match w0.next_order().await {
+        Control::Abort { reason } => assert!(reason.contains("worker was lost"), "{reason}"),
+        other => panic!("expected an abort, got {other:?}"),
+    }
+    let final_totals = SliceTotals {
+        issued: 7,
+        not_started: 3,
+        lost: 1,
+        ..SliceTotals::default()
+    };
+    w0.report_with_steady(true, 6, final_totals, Some(4)).await;
+    assert_eq!(w0.next_order().await, Control::Finish);
+    let result = harness.run.await.expect("no panic").expect("a result");
+    assert!(result.workers[1].lost);
+    assert_eq!(result.metrics.counters.succeeded, 6 + 5);
+    let steady = result
+        .steady_metrics
+        .expect("the workers sent steady metrics");
+    assert_eq!(steady.counters.succeeded, 4 + 2, "w0's final, w1's last");
+    // Each worker's steady samples, each in its bucket.
+    let mut expected = RunMetrics::new();
+    for (index, succeeded, steady) in [(0, 6, 4), (1, 5, 2)] {
+        for k in succeeded - steady..succeeded {
+            expected.record_value(Metric::Ttft, fake_samples(index, k).0);
+        }
+    }
+    assert!(steady.histogram(Metric::Ttft) == expected.histogram(Metric::Ttft));
+    assert_eq!(steady.histogram(Metric::Ttft).len(), 6);
+}
+
+/// A report whose steady metrics count more than the report itself is invalid: the worker is
+/// lost, its last valid report kept.
+#[tokio::test(start_paused = true)]
+async fn steady_metrics_past_the_reports_own_counts_lose_the_worker() {
+    let recording = Recording::new("steady-invalid", 10);
+    let harness = start_supervisor(settings(1, false), plan(&recording, 1, 10));
+    let mut w0 = FakeWorker::join(&harness, 0, 0).await;
+    w0.sync_until_start().await;
+    w0.receive(10).await;
+    let issued = |issued| SliceTotals {
+        issued,
+        ..SliceTotals::default()
+    };
+    w0.report_with_steady(false, 2, issued(2), Some(1)).await;
+    w0.seq += 1;
+    let mut steady = RunMetrics::new();
+    steady.counters.succeeded = 4;
+    let mut metrics = RunMetrics::new();
+    metrics.counters.succeeded = 3;
+    w0.send(WorkerEvent::Report {
+        index: 0,
+        report: Box::new(ReceivedReport {
+            seq: w0.seq,
+            metrics: SparseMetrics::from(&metrics),
+            totals: issued(3),
+            steady: Some(SparseMetrics::from(&steady)),
+            ..ReceivedReport::default()
+        }),
+        records: Vec::new(),
+    })
+    .await;
+    let result = harness.run.await.expect("no panic").expect("a result");
+    assert!(result.workers[0].lost);
+    assert_eq!(
+        result.metrics.counters.succeeded, 2,
+        "the last valid report"
+    );
+    let steady = result
+        .steady_metrics
+        .expect("its last valid steady metrics");
+    assert_eq!(steady.counters.succeeded, 1);
+    assert!(
+        result
+            .warnings
+            .iter()
+            .any(|w| w.contains("steady metrics: succeeded 4 of 3 in the whole report")),
+        "{:?}",
+        result.warnings
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -22,7 +22,7 @@ use super::{HealthState, LinkError, coordinator_lost, unix_ns};
 use crate::client::TargetClient;
 use crate::config::{ReplayConfig, WorkItem};
 use crate::engine::{self, StartAt};
-use crate::metrics_actor::MetricsHandle;
+use crate::metrics_actor::{Judging, MetricsHandle};
 
 /// What the coordinator (or the worker's slice stream) told the session.
 #[derive(Debug, Clone, PartialEq)]
@@ -182,7 +182,7 @@ impl Session {
         let (abort_tx, abort_rx) = watch::channel(false);
         let metrics = {
             let _guard = load.enter();
-            MetricsHandle::spawn()
+            MetricsHandle::spawn(Judging::from_options(&config.options))
         };
         let counters = Arc::new(engine::LiveCounters::default());
         let mut engine_task = load.spawn(engine::replay(engine::EngineRun {
@@ -240,6 +240,7 @@ impl Session {
                         peak_rss_bytes: common::process::peak_rss_bytes(),
                         cores: common::process::available_cores(),
                         timeline: with_target_reached(snapshot.timeline, &counters),
+                        steady: snapshot.steady,
                     };
                     if out.send(ToCoordinator::Report(Box::new(report))).await.is_err() {
                         failure.get_or_insert(coordinator_lost("its report stream closed"));
@@ -310,6 +311,7 @@ impl Session {
             peak_rss_bytes: common::process::peak_rss_bytes(),
             cores: common::process::available_cores(),
             timeline: with_target_reached(snapshot.timeline, &counters),
+            steady: snapshot.steady,
         }));
         if records_sent.is_err() {
             failure.get_or_insert(coordinator_lost("its report stream closed"));

@@ -22,6 +22,11 @@ struct Harness {
 }
 
 fn spawn_session(target: &str) -> Harness {
+    spawn_session_with(target, false)
+}
+
+/// [`spawn_session`], the assignment asking for steady metrics or not.
+fn spawn_session_with(target: &str, steady_metrics: bool) -> Harness {
     let config = ReplayConfig {
         target: target.to_owned(),
         load: LoadModel {
@@ -41,6 +46,7 @@ fn spawn_session(target: &str) -> Harness {
             timeout: Duration::from_secs(600),
             requests_out: false,
             reorder_window: common::replay::DEFAULT_REORDER_WINDOW,
+            steady_metrics,
             ..Default::default()
         },
     };
@@ -370,6 +376,24 @@ async fn a_finished_run_waits_for_finish() {
         !seen.iter().any(|m| matches!(m, ToCoordinator::Report(_))),
         "nothing after the final report: {seen:?}"
     );
+}
+
+/// The reports carry steady metrics when the assignment asked for them, and only then.
+#[tokio::test(start_paused = true)]
+async fn reports_carry_steady_metrics_only_when_asked() {
+    for asked in [false, true] {
+        let mut h = spawn_session_with("http://127.0.0.1:9", asked);
+        assert!(h.session.send(start_now()).await);
+        let mut seen = Vec::new();
+        let first = next_report(&mut h, &mut seen).await;
+        assert_eq!(first.steady.is_some(), asked, "an interval report");
+        close_slice(&mut h);
+        let last = report_where(&mut h, 20, |r| r.is_final).await;
+        assert_eq!(last.steady.is_some(), asked, "the final report");
+        assert!(h.session.send(CoordinatorEvent::Finish).await);
+        let outcome = h.task.await.expect("the session does not panic");
+        assert!(outcome.is_ok(), "{outcome:?}");
+    }
 }
 
 #[tokio::test(start_paused = true)]
