@@ -190,6 +190,20 @@ def variant_key(send_path):
     return "llm-replay" if send_path == "h1" else f"llm-replay@{send_path}"
 
 
+SCRAPE_ARGS = {
+    "": [],
+    "scrape100ms": ["--server-metrics-interval", "100ms"],
+    "noscrape": ["--no-server-metrics"],
+}
+
+
+def worker_cpu_s(report):
+    """CPU seconds of the run's workers, from the report."""
+    workers = report.get("run", {}).get("workers", [])
+    values = [w.get("cpu_seconds") for w in workers if w.get("cpu_seconds") is not None]
+    return sum(values) if values else None
+
+
 def run_llm_replay(cfg, url, recording, name, extra, timeout=900, send_path="h1"):
     """One `llm-replay run` on core 1: its per-request records, report, CPU and wall time.
     A `send_path` other than `h1` sets the worker's internal switch (LLM_REPLAY_BENCH_SEND_PATH)
@@ -198,8 +212,13 @@ def run_llm_replay(cfg, url, recording, name, extra, timeout=900, send_path="h1"
     env = dict(os.environ)
     env.pop(SEND_PATH_ENV, None)
     if send_path != "h1":
-        env[SEND_PATH_ENV] = send_path
         name = f"{name}@{send_path}"
+    # `PATH+scrape100ms` / `PATH+noscrape`: the same send path with the coordinator scraping
+    # the target's /metrics every 100 ms, or not at all (the default scrapes every second).
+    send_path, _, scrape = send_path.partition("+")
+    extra = list(extra) + SCRAPE_ARGS[scrape]
+    if send_path != "h1":
+        env[SEND_PATH_ENV] = send_path
     requests_path = out / f"{name}.llm-replay.requests.jsonl"
     report_path = out / f"{name}.llm-replay.report.json"
     argv = [
@@ -334,6 +353,7 @@ def row_ttft(cfg, concurrency, requests):
             truth = mock.stop()
         errors = ttft_errors(run["records"], truth, "index", "ttft_ms")
         result[key] = summarize_errors(errors, len(run["records"]), truth)
+        result[key]["worker_cpu_s"] = worker_cpu_s(run["report"])
 
     mock = Mock(cfg.llm_replay, PACED, cfg.out_dir / f"{name}.minimal.truth.jsonl",
                 cfg.out_dir / f"{name}.minimal.mock.log")
@@ -462,6 +482,7 @@ def row_memory(cfg, streams):
         rss = [w.get("peak_rss_mb") for w in workers if w.get("peak_rss_mb") is not None]
         succeeded = sum(1 for r in run["records"] if r.get("outcome") == "succeeded")
         result[key] = {"peak_rss_mb": max(rss) if rss else None,
+                       "worker_cpu_s": worker_cpu_s(run["report"]),
                        "succeeded": succeeded, "requests": len(run["records"])}
     mock = Mock(cfg.llm_replay, SLOW, cfg.out_dir / f"{name}.minimal.truth.jsonl",
                 cfg.out_dir / f"{name}.minimal.mock.log")
@@ -737,9 +758,10 @@ def send_path_lines(cfg, raw):
     others = [p for p in cfg.send_paths if p != "h1"]
     if not others:
         return ""
-    metrics = {"ttft16": ["p50_ms", "p99_ms"], "ttft128": ["p50_ms", "p99_ms"],
+    metrics = {"ttft16": ["p50_ms", "p99_ms", "worker_cpu_s"],
+               "ttft128": ["p50_ms", "p99_ms", "worker_cpu_s"],
                "ttft1024": ["p50_ms", "p99_ms"], "tput": ["tokens_per_cpu_s", "tokens_per_s"],
-               "rss": ["peak_rss_mb"]}
+               "rss": ["peak_rss_mb", "worker_cpu_s"]}
     lines = ["\nsend paths (ratio other ÷ h1 per run; median [min–max]):"]
     for key, names in metrics.items():
         for other in others:
@@ -857,7 +879,9 @@ def main():
     parser.add_argument("--send-paths", default="h1",
                         help="llm-replay's cleartext HTTP/1.1 transports to compare, run "
                              "interleaved in every row: h1 (the default), hyper-conn or "
-                             "hyper-conn:BYTES (hyper's client::conn::http1, read buffer BYTES)")
+                             "hyper-conn:BYTES (hyper's client::conn::http1, read buffer BYTES); "
+                             "a suffix +scrape100ms or +noscrape sets how often the coordinator "
+                             "scrapes the target's /metrics (default: every second)")
     parser.add_argument("--no-stall-probe", action="store_true",
                         help="do not run bench/stall_probe.py on each core beside the rows")
     cfg = parser.parse_args()

@@ -234,6 +234,7 @@ async fn replay_command(args: RunArgs, live: &mut Option<LiveServer>) -> ExitCod
         return code;
     }
     match outcome.verdict {
+        Verdict::BadGoal(message) => fail(exit::USAGE, message),
         Verdict::RunFailed(message) => fail(exit::RUN_FAILED, message),
         Verdict::GoalFailed => ExitCode::from(exit::GOAL_FAILED),
         Verdict::Passed => ExitCode::from(exit::OK),

@@ -178,6 +178,17 @@ pub struct RunArgs {
     /// this many percent (default 5%).
     #[arg(long, value_name = "P%")]
     pub find_max_precision: Option<String>,
+
+    /// Another Prometheus endpoint to scrape during the run (repeatable): a replica, a GPU
+    /// exporter. The target's own `<origin>/metrics` is tried without asking.
+    #[arg(long = "server-metrics", value_name = "URL")]
+    pub server_metrics: Vec<String>,
+    /// How often the server's metrics are scraped during the run (default 1s).
+    #[arg(long, value_name = "DURATION")]
+    pub server_metrics_interval: Option<String>,
+    /// Do not scrape the target's `/metrics` (nor any --server-metrics endpoint).
+    #[arg(long)]
+    pub no_server_metrics: bool,
     /// YAML or TOML file with goals and run options.
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -248,6 +259,10 @@ pub struct FileConfig {
     pub find_max: Option<String>,
     pub find_max_range: Option<String>,
     pub find_max_precision: Option<String>,
+    #[serde(default)]
+    pub server_metrics: Vec<String>,
+    pub server_metrics_interval: Option<String>,
+    pub no_server_metrics: Option<bool>,
 }
 
 /// `pin-output-length:` in a config file: `true`/`false`, or a mode name.
@@ -397,7 +412,23 @@ pub struct RunConfig {
     pub slos: common::slo::Slos,
     /// `--find-max`: the capacity search, when asked for.
     pub find_max: Option<crate::capacity::FindMax>,
+    /// What the coordinator scrapes of the server's own metrics.
+    pub server_metrics: ServerMetricsOptions,
 }
+
+/// `--server-metrics`, `--server-metrics-interval`, `--no-server-metrics`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerMetricsOptions {
+    /// Try the target's `<origin>/metrics` (with `--target`, unless turned off).
+    pub target: bool,
+    /// More endpoints, as given.
+    pub extra: Vec<String>,
+    /// Between scrapes.
+    pub interval: Duration,
+}
+
+/// The shortest `--server-metrics-interval`: a scrape is an HTTP request and a parse.
+pub const MIN_SERVER_METRICS_INTERVAL: Duration = Duration::from_millis(10);
 
 /// Read a `--target-ca` file: it must hold at least one PEM certificate.
 fn read_target_ca(path: &Path) -> anyhow::Result<String> {
@@ -439,6 +470,18 @@ fn check_target(target: &str, h2c: bool) -> anyhow::Result<()> {
     }
     if uri.authority().is_none() {
         bail!("--target {shown:?}: no host");
+    }
+    Ok(())
+}
+
+/// A `--server-metrics` endpoint must be an absolute http:// or https:// URL.
+fn check_metrics_url(url: &str) -> anyhow::Result<()> {
+    let shown = common::recording::redact_url(url);
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--server-metrics {shown:?}: not a URL: {e}"))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
+        bail!("--server-metrics {shown:?}: expected http://HOST[:PORT]/PATH or https://...");
     }
     Ok(())
 }
@@ -752,7 +795,35 @@ impl RunArgs {
                 );
             }
         }
+        let no_server_metrics = self.no_server_metrics || file.no_server_metrics.unwrap_or(false);
+        let mut extra_metrics = file.server_metrics.clone();
+        extra_metrics.extend(self.server_metrics.iter().cloned());
+        if no_server_metrics && !extra_metrics.is_empty() {
+            bail!("--no-server-metrics and --server-metrics are exclusive");
+        }
+        for url in &extra_metrics {
+            check_metrics_url(url)?;
+        }
+        let metrics_interval = match self
+            .server_metrics_interval
+            .or(file.server_metrics_interval)
+        {
+            Some(text) => {
+                let interval = positive_duration_arg("--server-metrics-interval", &text)?;
+                if interval < MIN_SERVER_METRICS_INTERVAL {
+                    bail!("--server-metrics-interval {text:?}: at least 10ms");
+                }
+                interval
+            }
+            None => Duration::from_secs(1),
+        };
+        let server_metrics = ServerMetricsOptions {
+            target: !no_server_metrics,
+            extra: extra_metrics,
+            interval: metrics_interval,
+        };
         let mut config = RunConfig {
+            server_metrics,
             slos: common::slo::Slos(slos),
             find_max,
             transport,

@@ -6,13 +6,25 @@
 //! the user reads in the report. They read it through [`GoalValues`], which the report's
 //! sections answer (`Report::with_goals`): goals know the names and the rules, the report
 //! where each number is.
+//!
+//! Besides the client's numbers (`llm.*`, `requests.*`), a goal can name one statistic of a
+//! metric family the server exposed at `/metrics`: `server.NAME.STAT`, NAME as the report
+//! keys it (`vllm:num_requests_waiting`, or `family{label="value"}` for a family kept per
+//! label) and STAT one of the keys of its type (gauge `avg min max last`, counter `delta
+//! rate`, histogram `count sum p50 p90 p99`). Which names exist is only known once the server
+//! answered: [`unknown_server_metrics`] tells the run which ones it never exposed.
 
 use std::fmt;
 
 use common::metrics::{Metric, Stats, Unit};
 
+use crate::server_metrics::{ServerMetric, ServerSection};
+
 /// Suffix that turns a metric into its percent change against the baseline.
 pub const CHANGE_SUFFIX: &str = ".change";
+
+/// Prefix of the goals on the server's own metrics (`server.NAME.STAT`).
+pub const SERVER_PREFIX: &str = "server.";
 
 /// One parsed goal expression.
 #[derive(Debug, Clone, PartialEq)]
@@ -28,7 +40,7 @@ pub struct Goal {
 }
 
 /// A metric a goal can name: a quantity, optionally as its percent change against the baseline.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GoalMetric {
     /// The measured quantity.
     pub quantity: Quantity,
@@ -36,8 +48,8 @@ pub struct GoalMetric {
     pub change: bool,
 }
 
-/// The quantities goals can test.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The quantities goals can test. Not `Copy`: a server metric carries its family's name.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Quantity {
     /// One statistic of a distribution (`llm.ttft-p95`).
     Stat { metric: Metric, stat: Stat },
@@ -70,6 +82,46 @@ pub enum Quantity {
     /// `llm.good-share`: good requests ÷ requests that got an outcome, in percent; needs
     /// `--slo`.
     GoodShare,
+    /// `server.NAME.STAT`: one statistic of a metric family the server exposed at
+    /// `/metrics` (`server.vllm:num_requests_waiting.max`), in the metric's own unit.
+    Server(ServerQuantity),
+}
+
+/// A statistic of one of the server's metric families (`server.NAME.STAT`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerQuantity {
+    /// The Prometheus family name, as exposed (`vllm:num_requests_waiting`).
+    pub name: String,
+    /// Which statistic of it.
+    pub stat: ServerStat,
+}
+
+/// The statistics of a server metric family: the keys of its entry in the report's
+/// `server.metrics` (each exists for one type of family only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerStat {
+    /// A gauge's mean over the run's scrapes.
+    Avg,
+    /// A gauge's smallest value.
+    Min,
+    /// A gauge's largest value.
+    Max,
+    /// A gauge's value at the last scrape.
+    Last,
+    /// A counter's increase over the run.
+    Delta,
+    /// A counter's increase per second over the run.
+    Rate,
+    /// A histogram's observations during the run.
+    Count,
+    /// The sum of those observations.
+    Sum,
+    /// A histogram's median, from the run's bucket deltas.
+    P50,
+    /// A histogram's 90th percentile.
+    P90,
+    /// A histogram's 99th percentile.
+    P99,
 }
 
 /// A statistic goals can name. `std` and `count` are reported but are not goal statistics.
@@ -163,11 +215,11 @@ pub trait GoalValues {
     /// The value of `quantity`; `None` when there is nothing to measure (no samples, no
     /// measured window, no answered request) or when this side does not know it (a baseline
     /// saved without its request counters).
-    fn value(&self, quantity: Quantity) -> Option<f64>;
+    fn value(&self, quantity: &Quantity) -> Option<f64>;
 
     /// Why `quantity` has no value when the reason is not "no samples" (a goodput goal in a
-    /// run without `--slo`); `None` for the general note.
-    fn missing_note(&self, quantity: Quantity) -> Option<String> {
+    /// run without `--slo`, a server metric nobody exposed); `None` for the general note.
+    fn missing_note(&self, quantity: &Quantity) -> Option<String> {
         let _ = quantity;
         None
     }
@@ -210,6 +262,96 @@ impl Stat {
             Stat::P99 => stats.p99,
         }
     }
+}
+
+impl ServerStat {
+    /// Every server statistic, gauges' first, then counters', then histograms'.
+    pub const ALL: [ServerStat; 11] = [
+        ServerStat::Avg,
+        ServerStat::Min,
+        ServerStat::Max,
+        ServerStat::Last,
+        ServerStat::Delta,
+        ServerStat::Rate,
+        ServerStat::Count,
+        ServerStat::Sum,
+        ServerStat::P50,
+        ServerStat::P90,
+        ServerStat::P99,
+    ];
+
+    /// The name used in goal expressions and as the key in `server.metrics.NAME`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ServerStat::Avg => "avg",
+            ServerStat::Min => "min",
+            ServerStat::Max => "max",
+            ServerStat::Last => "last",
+            ServerStat::Delta => "delta",
+            ServerStat::Rate => "rate",
+            ServerStat::Count => "count",
+            ServerStat::Sum => "sum",
+            ServerStat::P50 => "p50",
+            ServerStat::P90 => "p90",
+            ServerStat::P99 => "p99",
+        }
+    }
+
+    /// The statistic named `name` (`max`), if any.
+    pub fn from_name(name: &str) -> Option<ServerStat> {
+        ServerStat::ALL.into_iter().find(|stat| stat.name() == name)
+    }
+
+    /// This statistic of `metric`; `None` when its type has no such statistic (a gauge has
+    /// no `rate`).
+    pub fn of(self, metric: &ServerMetric) -> Option<f64> {
+        match (metric, self) {
+            (ServerMetric::Gauge { avg, .. }, ServerStat::Avg) => Some(*avg),
+            (ServerMetric::Gauge { min, .. }, ServerStat::Min) => Some(*min),
+            (ServerMetric::Gauge { max, .. }, ServerStat::Max) => Some(*max),
+            (ServerMetric::Gauge { last, .. }, ServerStat::Last) => Some(*last),
+            (ServerMetric::Counter { delta, .. }, ServerStat::Delta) => Some(*delta),
+            (ServerMetric::Counter { rate, .. }, ServerStat::Rate) => Some(*rate),
+            (ServerMetric::Histogram { count, .. }, ServerStat::Count) => Some(*count),
+            (ServerMetric::Histogram { sum, .. }, ServerStat::Sum) => Some(*sum),
+            (ServerMetric::Histogram { p50, .. }, ServerStat::P50) => Some(*p50),
+            (ServerMetric::Histogram { p90, .. }, ServerStat::P90) => Some(*p90),
+            (ServerMetric::Histogram { p99, .. }, ServerStat::P99) => Some(*p99),
+            _ => None,
+        }
+    }
+}
+
+/// The type of a server metric family as the report names it (`gauge`) and the statistics
+/// that type has.
+pub fn server_type_stats(metric: &ServerMetric) -> (&'static str, &'static [ServerStat]) {
+    match metric {
+        ServerMetric::Gauge { .. } => ("gauge", &ServerStat::ALL[0..4]),
+        ServerMetric::Counter { .. } => ("counter", &ServerStat::ALL[4..6]),
+        ServerMetric::Histogram { .. } => ("histogram", &ServerStat::ALL[6..11]),
+    }
+}
+
+/// The expressions of the `server.NAME.STAT` goals whose family the server did not expose,
+/// though at least one endpoint answered (a scrape that did not fail): most likely a typo or
+/// another server's name, which the run reports as a usage error (exit 2) rather than a
+/// failed goal. Empty when there is no server section or when no endpoint answered (then
+/// nothing can be told about the names: the goals just fail with a note).
+pub fn unknown_server_metrics(goals: &[Goal], server: Option<&ServerSection>) -> Vec<String> {
+    let Some(server) = server else {
+        return Vec::new();
+    };
+    if !server.endpoints.iter().any(|e| e.scrapes > e.errors) {
+        return Vec::new();
+    }
+    goals
+        .iter()
+        .filter(|goal| match &goal.metric.quantity {
+            Quantity::Server(q) => !server.metrics.contains_key(&q.name),
+            _ => false,
+        })
+        .map(|goal| goal.expr.clone())
+        .collect()
 }
 
 impl Op {
@@ -277,13 +419,24 @@ impl Quantity {
 
     /// True for the quantities only `--slo` gives a value (`llm.goodput`, `llm.good-share`):
     /// a run refuses such a goal without SLOs before it sends any load.
-    pub fn needs_slos(self) -> bool {
+    pub fn needs_slos(&self) -> bool {
         matches!(self, Quantity::Goodput | Quantity::GoodShare)
     }
 
-    /// The display unit of the value (`ms`, `tokens/s`, `%`), empty for counts.
-    pub fn unit(self) -> &'static str {
+    /// The display unit of the value (`ms`, `tokens/s`, `%`), empty for counts. A server
+    /// metric keeps its own unit: seconds for a `_seconds` histogram's statistics, `/s` for a
+    /// counter's rate, none otherwise.
+    pub fn unit(&self) -> &'static str {
         match self {
+            Quantity::Server(q) => match q.stat {
+                ServerStat::Rate => "/s",
+                ServerStat::Sum | ServerStat::P50 | ServerStat::P90 | ServerStat::P99
+                    if q.name.ends_with("_seconds") =>
+                {
+                    "s"
+                }
+                _ => "",
+            },
             Quantity::Stat { metric, .. } => match metric.unit() {
                 Unit::Milliseconds => "ms",
                 Unit::Tokens => "tokens",
@@ -304,9 +457,10 @@ impl Quantity {
         }
     }
 
-    /// The goal-expression name (`llm.ttft-p95`).
-    pub fn name(self) -> String {
+    /// The goal-expression name (`llm.ttft-p95`, `server.vllm:num_requests_waiting.max`).
+    pub fn name(&self) -> String {
         match self {
+            Quantity::Server(q) => format!("{SERVER_PREFIX}{}.{}", q.name, q.stat.name()),
             Quantity::Stat { metric, stat } => {
                 format!("llm.{}-{}", metric.goal_name(), stat.name())
             }
@@ -338,7 +492,7 @@ impl Goal {
 
 impl GoalMetric {
     /// The display unit of the value: the quantity's (`ms`), `%` for a `.change`.
-    pub fn unit(self) -> &'static str {
+    pub fn unit(&self) -> &'static str {
         if self.change {
             "%"
         } else {
@@ -347,7 +501,7 @@ impl GoalMetric {
     }
 
     /// The canonical name (`llm.ttft-p95`, `llm.ttft-p95.change`).
-    pub fn name(self) -> String {
+    pub fn name(&self) -> String {
         let base = self.quantity.name();
         if self.change {
             base + CHANGE_SUFFIX
@@ -366,7 +520,7 @@ impl fmt::Display for GoalMetric {
 /// Every valid goal metric name without the `.change` suffix, in catalogue order. Each of them
 /// is also valid with [`CHANGE_SUFFIX`].
 pub fn valid_metric_names() -> Vec<String> {
-    Quantity::all().into_iter().map(Quantity::name).collect()
+    Quantity::all().iter().map(Quantity::name).collect()
 }
 
 /// Parse `METRIC OP NUMBER` (spaces optional, the number may be negative or fractional).
@@ -376,9 +530,7 @@ pub fn parse_goal(expr: &str) -> Result<Goal, GoalError> {
         expr: trimmed.to_string(),
         reason: reason.to_string(),
     };
-    let op_start = trimmed
-        .find(['<', '>', '=', '!'])
-        .ok_or_else(|| malformed("no comparison operator"))?;
+    let op_start = operator_start(trimmed).ok_or_else(|| malformed("no comparison operator"))?;
     let rest = &trimmed[op_start..];
     // Two-character operators first, so `>=` is never read as `>` followed by `=5`.
     let (op, op_len) = match rest.get(..2) {
@@ -419,6 +571,34 @@ pub fn parse_goal(expr: &str) -> Result<Goal, GoalError> {
     })
 }
 
+/// Where the comparison operator starts: the first `<`, `>`, `=` or `!` outside a label
+/// set, so a server family split by a label (`server.nv_trt_llm_request_metrics{
+/// request_type="waiting"}.max > 4`) keeps its `=` in the name.
+fn operator_start(text: &str) -> Option<usize> {
+    let mut in_labels = false;
+    let mut in_quotes = false;
+    let mut escaped = false;
+    for (i, c) in text.char_indices() {
+        if in_quotes {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => in_quotes = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '{' => in_labels = true,
+            '}' => in_labels = false,
+            '"' if in_labels => in_quotes = true,
+            '<' | '>' | '=' | '!' if !in_labels => return Some(i),
+            _ => {}
+        }
+    }
+    None
+}
+
 /// Parse several expressions (`--fail-if` repeated, or the config file's `goals:`), stopping at
 /// the first bad one.
 pub fn parse_goals<S: AsRef<str>>(exprs: &[S]) -> Result<Vec<Goal>, GoalError> {
@@ -450,7 +630,7 @@ fn evaluate_one(
     replayed: &dyn GoalValues,
     baseline: Option<&dyn GoalValues>,
 ) -> GoalResult {
-    let (value, note) = goal_value(goal.metric, replayed, baseline);
+    let (value, note) = goal_value(&goal.metric, replayed, baseline);
     let failed = match value {
         Some(v) => goal.op.holds(v, goal.threshold),
         None => true,
@@ -467,11 +647,11 @@ fn evaluate_one(
 }
 
 fn goal_value(
-    metric: GoalMetric,
+    metric: &GoalMetric,
     replayed: &dyn GoalValues,
     baseline: Option<&dyn GoalValues>,
 ) -> (Option<f64>, Option<String>) {
-    let quantity = metric.quantity;
+    let quantity = &metric.quantity;
     let replayed_values = replayed;
     let replayed = replayed.value(quantity);
     if replayed.is_none()
@@ -492,6 +672,11 @@ fn goal_value(
         );
     };
     let baseline_value = baseline.value(quantity);
+    if baseline_value.is_none()
+        && let Some(note) = baseline.missing_note(quantity)
+    {
+        return (None, Some(note));
+    }
     let (Some(b), Some(r)) = (baseline_value, replayed) else {
         let side = if baseline_value.is_none() {
             "the baseline"
@@ -533,6 +718,9 @@ fn parse_metric(text: &str) -> Result<GoalMetric, String> {
         Some(base) => (base, true),
         None => (text, false),
     };
+    if let Some(rest) = base.strip_prefix(SERVER_PREFIX) {
+        return parse_server_quantity(rest, change).map(|quantity| GoalMetric { quantity, change });
+    }
     if let Some(quantity) = Quantity::all().into_iter().find(|q| q.name() == base) {
         return Ok(GoalMetric { quantity, change });
     }
@@ -547,6 +735,59 @@ fn parse_metric(text: &str) -> Result<GoalMetric, String> {
         }
         _ => String::new(),
     })
+}
+
+/// `NAME.STAT` of a `server.NAME.STAT` goal (`.change` already taken off). Prometheus names
+/// never hold a dot (vLLM's hold colons), so the statistic is what follows the last one.
+fn parse_server_quantity(text: &str, change: bool) -> Result<Quantity, String> {
+    let stats: Vec<&str> = ServerStat::ALL.iter().map(|s| s.name()).collect();
+    let Some((name, stat_text)) = text.rsplit_once('.') else {
+        return Err(format!(
+            " (a server metric is `server.NAME.STAT` with STAT one of {})",
+            stats.join(" ")
+        ));
+    };
+    // A family split by a label is keyed `family{label="value"}` in the report.
+    let (family, labels) = match name.find('{') {
+        Some(brace) => (&name[..brace], Some(&name[brace..])),
+        None => (name, None),
+    };
+    let valid_name = !family.is_empty()
+        && !family.starts_with(|c: char| c.is_ascii_digit())
+        && family
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+        && labels.is_none_or(|labels| labels.len() > 2 && labels.ends_with('}'));
+    if !valid_name {
+        return Err(format!(
+            " (`{name}` is not a Prometheus metric name: letters, digits, `_` and `:`, not \
+             starting with a digit)"
+        ));
+    }
+    match ServerStat::from_name(stat_text) {
+        Some(stat) => Ok(Quantity::Server(ServerQuantity {
+            name: name.to_string(),
+            stat,
+        })),
+        None => {
+            let closest = ServerStat::ALL
+                .into_iter()
+                .min_by_key(|s| edit_distance(s.name(), stat_text))
+                .filter(|s| edit_distance(s.name(), stat_text) <= 2);
+            let suffix = if change { CHANGE_SUFFIX } else { "" };
+            Err(match closest {
+                Some(stat) => format!(
+                    " (did you mean `{SERVER_PREFIX}{name}.{}{suffix}`? STAT is one of {})",
+                    stat.name(),
+                    stats.join(" ")
+                ),
+                None => format!(
+                    " (STAT of `server.NAME.STAT` is one of {})",
+                    stats.join(" ")
+                ),
+            })
+        }
+    }
 }
 
 /// Every valid name grouped one family per line, for the unknown-metric message.
@@ -564,7 +805,7 @@ fn valid_names_listing() -> String {
         })
         .collect();
     let scalars: Vec<String> = Quantity::all()
-        .into_iter()
+        .iter()
         .filter(|q| !matches!(q, Quantity::Stat { .. }))
         .map(Quantity::name)
         .collect();
@@ -574,13 +815,18 @@ fn valid_names_listing() -> String {
          e.g. llm.ttft-p95{CHANGE_SUFFIX})"
     ));
     let needs_slos: Vec<String> = Quantity::all()
-        .into_iter()
+        .iter()
         .filter(|q| q.needs_slos())
         .map(Quantity::name)
         .collect();
     lines.push(format!(
         "  ({} need --slo NAME:LIMIT: good requests are those within every SLO)",
         needs_slos.join(" and ")
+    ));
+    lines.push(format!(
+        "  {SERVER_PREFIX}NAME.STAT: a metric family the server exposes at /metrics, in its own \
+         unit (e.g. {SERVER_PREFIX}vllm:num_requests_waiting.max), STAT one of avg min max last \
+         (gauges), delta rate (counters), count sum p50 p90 p99 (histograms)"
     ));
     lines.join("\n")
 }
@@ -1014,5 +1260,270 @@ mod tests {
             message.contains("llm.goodput and llm.good-share need --slo"),
             "{message}"
         );
+    }
+
+    fn server_section(answered: bool) -> ServerSection {
+        use crate::server_metrics::ServerEndpoint;
+        let mut metrics = std::collections::BTreeMap::new();
+        metrics.insert(
+            "vllm:num_requests_waiting".to_string(),
+            ServerMetric::Gauge {
+                avg: 2.5,
+                min: 0.0,
+                max: 12.0,
+                last: 1.0,
+            },
+        );
+        metrics.insert(
+            "vllm:generation_tokens_total".to_string(),
+            ServerMetric::Counter {
+                delta: 900.0,
+                rate: 90.0,
+            },
+        );
+        metrics.insert(
+            "vllm:time_to_first_token_seconds".to_string(),
+            ServerMetric::Histogram {
+                count: 30.0,
+                sum: 3.3,
+                p50: 0.1,
+                p90: 0.2,
+                p99: 0.25,
+            },
+        );
+        metrics.insert(
+            "vllm:e2e_request_latency_seconds".to_string(),
+            ServerMetric::Histogram {
+                count: 0.0,
+                sum: 0.0,
+                p50: 0.0,
+                p90: 0.0,
+                p99: 0.0,
+            },
+        );
+        metrics.insert(
+            "nv_trt_llm_request_metrics{request_type=\"waiting\"}".to_string(),
+            ServerMetric::Gauge {
+                avg: 1.0,
+                min: 1.0,
+                max: 3.0,
+                last: 1.0,
+            },
+        );
+        ServerSection {
+            endpoints: vec![
+                ServerEndpoint {
+                    url: "http://127.0.0.1:8000/metrics".into(),
+                    scrapes: if answered { 10 } else { 0 },
+                    errors: 0,
+                    note: None,
+                },
+                ServerEndpoint {
+                    url: "http://gpu:9400/metrics".into(),
+                    scrapes: 0,
+                    errors: 0,
+                    note: Some("connection refused".into()),
+                },
+            ],
+            metrics: if answered {
+                metrics
+            } else {
+                Default::default()
+            },
+            timeline: Vec::new(),
+        }
+    }
+
+    fn server_report(server: Option<ServerSection>) -> Report {
+        let mut report = report(true);
+        report.server = server;
+        report
+    }
+
+    #[test]
+    fn server_goals_parse_names_with_colons_and_labels() {
+        let g = goal("server.vllm:num_requests_waiting.max > 10");
+        assert_eq!(
+            g.metric.quantity,
+            Quantity::Server(ServerQuantity {
+                name: "vllm:num_requests_waiting".into(),
+                stat: ServerStat::Max,
+            })
+        );
+        assert_eq!(g.metric.name(), "server.vllm:num_requests_waiting.max");
+        assert_eq!(g.threshold, 10.0);
+        assert!(!g.needs_slos());
+        let change = goal("server.vllm:time_to_first_token_seconds.p99.change>5");
+        assert!(change.metric.change);
+        assert_eq!(
+            change.metric.name(),
+            "server.vllm:time_to_first_token_seconds.p99.change"
+        );
+        assert_eq!(change.metric.unit(), "%");
+        assert_eq!(goal("server.tgi_queue_size.avg >= 1").op, Op::Ge);
+        // A family split by a label keeps its `=` in the name.
+        let labelled = goal("server.nv_trt_llm_request_metrics{request_type=\"waiting\"}.max > 4");
+        assert_eq!(labelled.op, Op::Gt);
+        assert_eq!(labelled.threshold, 4.0);
+        assert_eq!(
+            labelled.metric.name(),
+            "server.nv_trt_llm_request_metrics{request_type=\"waiting\"}.max"
+        );
+        for stat in ServerStat::ALL {
+            let expr = format!("server.x_total.{} < 1", stat.name());
+            assert_eq!(
+                goal(&expr).metric.quantity.name(),
+                format!("server.x_total.{}", stat.name())
+            );
+        }
+        assert_eq!(
+            goal("server.vllm:time_to_first_token_seconds.p99 > 1")
+                .metric
+                .unit(),
+            "s"
+        );
+        assert_eq!(
+            goal("server.vllm:generation_tokens_total.rate < 1")
+                .metric
+                .unit(),
+            "/s"
+        );
+        assert_eq!(
+            goal("server.vllm:num_requests_waiting.max > 1")
+                .metric
+                .unit(),
+            ""
+        );
+    }
+
+    #[test]
+    fn bad_server_goals_are_usage_errors_that_say_why() {
+        let error = parse_goal("server.vllm:num_requests_waiting.maxx > 1").expect_err("stat");
+        let message = error.to_string();
+        assert!(
+            message.contains("did you mean `server.vllm:num_requests_waiting.max`"),
+            "{message}"
+        );
+        for expr in [
+            "server.vllm:num_requests_waiting > 1",
+            "server..max > 1",
+            "server.9lives.max > 1",
+            "server.a b.max > 1",
+        ] {
+            let error = parse_goal(expr).expect_err(expr);
+            assert!(
+                matches!(error, GoalError::UnknownMetric { .. }),
+                "{expr}: {error}"
+            );
+        }
+        // The listing of valid names says how to name a server metric.
+        let message = parse_goal("llm.bogus > 1")
+            .expect_err("unknown")
+            .to_string();
+        assert!(message.contains("server.NAME.STAT"), "{message}");
+        assert!(message.contains("avg min max last"), "{message}");
+    }
+
+    #[test]
+    fn server_goals_read_the_server_section() {
+        let report = server_report(Some(server_section(true)));
+        let queue = result("server.vllm:num_requests_waiting.max > 10", &report);
+        assert_eq!(queue.value, Some(12.0));
+        assert!(queue.failed);
+        assert_eq!(queue.metric, "server.vllm:num_requests_waiting.max");
+        let rate = result("server.vllm:generation_tokens_total.rate < 50", &report);
+        assert_eq!(rate.value, Some(90.0));
+        assert!(!rate.failed);
+        let ttft = result("server.vllm:time_to_first_token_seconds.p99 > 0.3", &report);
+        assert_eq!(ttft.value, Some(0.25));
+        assert!(!ttft.failed);
+        let labelled = result(
+            "server.nv_trt_llm_request_metrics{request_type=\"waiting\"}.max > 4",
+            &report,
+        );
+        assert_eq!(labelled.value, Some(3.0));
+        assert!(!labelled.failed);
+    }
+
+    #[test]
+    fn server_goals_without_a_value_fail_saying_why() {
+        let note = |expr: &str, report: &Report| {
+            let goal = result(expr, report);
+            assert_eq!(goal.value, None, "{expr}");
+            assert!(goal.failed, "{expr}: a gate must not pass on missing data");
+            goal.note.expect("a note")
+        };
+        let report = server_report(Some(server_section(true)));
+        // A statistic the family's type lacks: the note names the type's statistics.
+        let wrong = note("server.vllm:num_requests_waiting.rate > 1", &report);
+        assert!(wrong.contains("is a gauge"), "{wrong}");
+        assert!(wrong.contains("avg min max last"), "{wrong}");
+        let wrong = note("server.vllm:generation_tokens_total.max > 1", &report);
+        assert!(
+            wrong.contains("counter") && wrong.contains("delta rate"),
+            "{wrong}"
+        );
+        // A family the server did not expose, while an endpoint answered.
+        let absent = note("server.vllm:num_requests_waitin.max > 1", &report);
+        assert!(
+            absent.contains(
+                "vllm:num_requests_waitin was not exposed by http://127.0.0.1:8000/metrics"
+            ),
+            "{absent}"
+        );
+        // A histogram without observations has no percentiles.
+        let empty = note("server.vllm:e2e_request_latency_seconds.p99 > 1", &report);
+        assert!(empty.contains("no observations"), "{empty}");
+        assert_eq!(
+            result("server.vllm:e2e_request_latency_seconds.count > 1", &report).value,
+            Some(0.0)
+        );
+        // The baseline has no server side: no change.
+        let change = note("server.vllm:num_requests_waiting.max.change > 1", &report);
+        assert!(
+            change.contains("the baseline has no server side"),
+            "{change}"
+        );
+        // No section at all.
+        let none = note(
+            "server.vllm:num_requests_waiting.max > 1",
+            &server_report(None),
+        );
+        assert!(none.contains("no server metrics were scraped"), "{none}");
+        // Endpoints, none of which answered.
+        let silent = note(
+            "server.vllm:num_requests_waiting.max > 1",
+            &server_report(Some(server_section(false))),
+        );
+        assert!(
+            silent.contains("no server metrics were scraped"),
+            "{silent}"
+        );
+        assert!(
+            silent.contains("http://gpu:9400/metrics: connection refused"),
+            "{silent}"
+        );
+    }
+
+    #[test]
+    fn unknown_server_metrics_are_those_an_answering_server_lacks() {
+        let goals = parse_goals(&[
+            "server.vllm:num_requests_waiting.max > 10",
+            "server.vllm:num_requests_waitin.max > 10",
+            "server.sglang:num_queue_reqs.max.change > 10",
+            "llm.ttft-p95 > 800",
+        ])
+        .expect("valid");
+        let section = server_section(true);
+        assert_eq!(
+            unknown_server_metrics(&goals, Some(&section)),
+            vec![
+                "server.vllm:num_requests_waitin.max > 10".to_string(),
+                "server.sglang:num_queue_reqs.max.change > 10".to_string(),
+            ]
+        );
+        // Nothing can be told when no endpoint answered, or nothing was scraped.
+        assert!(unknown_server_metrics(&goals, Some(&server_section(false))).is_empty());
+        assert!(unknown_server_metrics(&goals, None).is_empty());
     }
 }

@@ -19,6 +19,7 @@ pub mod requests_out;
 pub mod run;
 pub mod scan;
 pub mod server;
+pub mod server_metrics;
 pub mod sessions;
 pub mod shard;
 pub mod supervisor;

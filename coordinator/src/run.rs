@@ -27,6 +27,7 @@ use crate::report::{
 };
 use crate::requests_out::RequestsOut;
 use crate::scan::{RecordingScan, scan, scan_sampled};
+use crate::server_metrics::{ScrapeClientOptions, ScrapeEndpoint, ScrapeLog, Scraper};
 use crate::supervisor::RunSnapshot;
 
 /// A run whose input has been read and checked, ready to send load.
@@ -69,6 +70,9 @@ pub struct RunOutcome {
 /// What a finished run means, most serious first.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
+    /// A goal names a server metric that the reachable endpoints never exposed: a usage
+    /// error found once the run had scraped them (exit code 2), with why.
+    BadGoal(String),
     /// The run did not do what it was for (interrupted, a worker lost with `fail`, a sweep
     /// level that could not run, no response or no success): exit code 3, with why.
     RunFailed(String),
@@ -203,6 +207,8 @@ impl RunPlan {
                 (mock.url.clone(), Some(mock))
             }
         };
+        // The server's own metrics, scraped beside the load by a task of their own.
+        let scraper = start_scraper(&config);
         let levels = Levels::of(&config);
         let inputs = LevelInputs {
             target: &target,
@@ -219,6 +225,7 @@ impl RunPlan {
                     scanned: &scanned,
                     saved_baseline: saved_baseline.as_ref(),
                     goals: &goals,
+                    scraper: scraper.as_ref(),
                 };
                 search(*find_max, &config, inputs, &judge).await
             }
@@ -226,13 +233,18 @@ impl RunPlan {
         };
         // The progress line is complete before the report is built: nothing more is sent.
         drop(hooks);
+        // The last scrape comes after the load, before the embedded mock stops.
+        let scraped = match scraper {
+            Some(scraper) => Some(scraper.finish().await),
+            None => None,
+        };
         if let Some(mock) = embedded {
             mock.stop().await;
         }
         let Replayed {
             levels: results,
             failed: level_failed,
-            capacity,
+            mut capacity,
             main: main_index,
         } = replayed?;
         if let Some(error) = &level_failed {
@@ -301,10 +313,24 @@ impl RunPlan {
                 steady: main.steady,
             },
         );
+        if let Some(log) = &scraped {
+            attach_server_sections(log, &results, main_index, &mut report, capacity.as_mut());
+        }
         let mut report = report.with_goals(&goals);
-        let verdict = match &capacity {
-            Some(capacity) => search_verdict(capacity, &target, &results, level_failed.as_ref()),
-            None => verdict(&report, &target, main, level_failed.as_ref()),
+        let unknown = crate::goals::unknown_server_metrics(&goals, report.server.as_ref());
+        let verdict = if !unknown.is_empty() {
+            Verdict::BadGoal(format!(
+                "{}: the server's metrics endpoints answered but never exposed {}; the report's server section lists what they expose",
+                unknown.join(", "),
+                if unknown.len() == 1 { "it" } else { "them" }
+            ))
+        } else {
+            match &capacity {
+                Some(capacity) => {
+                    search_verdict(capacity, &target, &results, level_failed.as_ref())
+                }
+                None => verdict(&report, &target, main, level_failed.as_ref()),
+            }
         };
         report.capacity = capacity;
         Ok(RunOutcome {
@@ -455,7 +481,7 @@ async fn search(
             }
             Err(error) => return Err(error),
         };
-        let mut probe = judge.judge(value, search.attempt(), &result);
+        let mut probe = judge.judge(value, search.attempt(), &result).await;
         let incomplete = result.aborted || result.interrupted || unusable(&result, &probes);
         results.push((level, result));
         if incomplete {
@@ -521,13 +547,15 @@ struct ProbeJudge<'a> {
     scanned: &'a RecordingScan,
     saved_baseline: Option<&'a (PathBuf, Report)>,
     goals: &'a [Goal],
+    /// The server's metrics, for the probe's own window (`server.` goals).
+    scraper: Option<&'a Scraper>,
 }
 
 impl ProbeJudge<'_> {
     /// A probe's section: its goals judged on its steady window when it has one (requests
     /// sent once the load reached its target, the closed loop's first wave left out), else
     /// on the whole probe. The counters (`requests`) are the whole probe's either way.
-    fn judge(&self, value: f64, attempt: u32, result: &ReplayResult) -> ProbeSection {
+    async fn judge(&self, value: f64, attempt: u32, result: &ReplayResult) -> ProbeSection {
         let (metrics, judged_on) = match &result.steady_metrics {
             Some(steady) if steady.counters.completed() > 0 => (steady, "steady window"),
             _ => (&result.metrics, "whole run"),
@@ -546,6 +574,12 @@ impl ProbeJudge<'_> {
             .with_errors(&result.metrics.errors);
         if let Some((path, saved)) = self.saved_baseline {
             report = compare_reports(&report, saved, &path.display().to_string());
+        }
+        if let Some(scraper) = self.scraper
+            && let Some(log) = scraper.snapshot().await
+        {
+            let (from, to) = window_of(result);
+            report.server = Some(log.section(from, to, result.started_at));
         }
         if let Some(steady) = result.steady {
             let seconds = steady.seconds();
@@ -573,7 +607,102 @@ impl ProbeJudge<'_> {
             duration_s: result.duration.as_secs_f64(),
             attempt,
             decided: None,
+            server: report.server,
         }
+    }
+}
+
+/// The scraper of the server's metrics: the target's own `<origin>/metrics` (with
+/// `--target`, unless `--no-server-metrics`) with the user's `--header`s — they are the
+/// target's, so they go to its origin only — and each `--server-metrics` URL without them.
+/// `None` when there is nothing to scrape.
+fn start_scraper(config: &RunConfig) -> Option<Scraper> {
+    let options = &config.server_metrics;
+    let mut endpoints = Vec::new();
+    if options.target
+        && let Some(target) = &config.target
+        && let Some(origin) = origin_of(target)
+    {
+        endpoints.push(ScrapeEndpoint {
+            url: format!("{origin}/metrics"),
+            headers: coordinator_headers(&config.headers),
+        });
+    }
+    endpoints.extend(options.extra.iter().map(|url| ScrapeEndpoint {
+        url: url.clone(),
+        headers: Vec::new(),
+    }));
+    if endpoints.is_empty() {
+        return None;
+    }
+    Some(Scraper::start(
+        endpoints,
+        options.interval,
+        &ScrapeClientOptions::from(&config.transport),
+    ))
+}
+
+/// `scheme://authority` of a URL.
+fn origin_of(url: &str) -> Option<String> {
+    let uri: http::Uri = url.parse().ok()?;
+    Some(format!("{}://{}", uri.scheme_str()?, uri.authority()?))
+}
+
+/// The `--header`s as the coordinator can send them: `${VAR}` expanded from the
+/// coordinator's own environment; a header whose variable is not set there is left out (the
+/// workers expand theirs from their own environment; this one is only for scraping).
+fn coordinator_headers(templates: &[(String, String)]) -> Vec<(String, String)> {
+    templates
+        .iter()
+        .filter_map(|(name, template)| {
+            let mut out = String::new();
+            let mut rest = template.as_str();
+            while let Some(start) = rest.find("${") {
+                out.push_str(&rest[..start]);
+                let after = &rest[start + 2..];
+                let end = after.find('}')?;
+                out.push_str(&std::env::var(&after[..end]).ok()?);
+                rest = &after[end + 1..];
+            }
+            out.push_str(rest);
+            Some((name.trim().to_owned(), out.trim().to_owned()))
+        })
+        .collect()
+}
+
+/// A replay's window in wall-clock time: its start to its end.
+fn window_of(result: &ReplayResult) -> (std::time::SystemTime, std::time::SystemTime) {
+    (result.started_at, result.started_at + result.duration)
+}
+
+/// Fill the report's `server` section (the whole run, or the answer's probe for a search,
+/// on the run's time axis) and each sweep level's and probe's own.
+fn attach_server_sections(
+    log: &ScrapeLog,
+    results: &[(Option<usize>, ReplayResult)],
+    main: usize,
+    report: &mut Report,
+    capacity: Option<&mut CapacitySection>,
+) {
+    let Some((_, first)) = results.first() else {
+        return;
+    };
+    let run_start = first.started_at;
+    let (_, last) = &results[results.len() - 1];
+    let (from, to) = match capacity {
+        Some(capacity) => {
+            for (probe, (_, result)) in capacity.probes.iter_mut().zip(results) {
+                let (from, to) = window_of(result);
+                probe.server = Some(log.section(from, to, run_start));
+            }
+            window_of(&results[main].1)
+        }
+        None => (run_start, window_of(last).1),
+    };
+    report.server = Some(log.section(from, to, run_start));
+    for (level, (_, result)) in report.sweep.iter_mut().zip(results) {
+        let (from, to) = window_of(result);
+        level.server = Some(log.section(from, to, run_start));
     }
 }
 

@@ -15,6 +15,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use common::pacer::Pacer;
 
+use crate::metrics::StreamMetrics;
 use crate::truth::RequestTrace;
 
 /// One frame of a planned response and when to write it, relative to the stream's start.
@@ -65,6 +66,8 @@ pub(crate) struct TimedBody {
     trace: Option<Arc<RequestTrace>>,
     /// Index of the frame that carries the first token (after a role/preamble frame).
     first_token: usize,
+    /// `/metrics`: counts this response running and its tokens as frames are handed over.
+    metrics: Option<StreamMetrics>,
 }
 
 impl TimedBody {
@@ -88,6 +91,7 @@ impl TimedBody {
             _permit: permit,
             trace: None,
             first_token: 0,
+            metrics: None,
         }
     }
 
@@ -129,12 +133,19 @@ impl TimedBody {
             _permit: None,
             trace: None,
             first_token: 0,
+            metrics: None,
         }
     }
 
     /// Which frame carries the first token (default: the first frame).
     pub(crate) fn with_first_token(mut self, index: usize) -> TimedBody {
         self.first_token = index;
+        self
+    }
+
+    /// Count this body in `/metrics` (running from now on).
+    pub(crate) fn with_metrics(mut self, metrics: StreamMetrics) -> TimedBody {
+        self.metrics = Some(metrics);
         self
     }
 
@@ -164,10 +175,14 @@ impl Body for TimedBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.get_mut();
         let Some(deadline) = this.next_deadline() else {
+            if let Some(metrics) = &mut this.metrics {
+                metrics.ended(Instant::now());
+            }
             this._permit = None;
             return Poll::Ready(None);
         };
-        if Instant::now() < deadline
+        let now = Instant::now();
+        if now < deadline
             && let Some(pacer) = &this.pacer
         {
             // Register once per deadline; a spurious poll before it just waits again.
@@ -187,6 +202,10 @@ impl Body for TimedBody {
                 let bytes = frame.bytes.clone();
                 if let Some(trace) = &this.trace {
                     trace.frame_handed(this.next == this.first_token, deadline);
+                }
+                if let Some(metrics) = &mut this.metrics {
+                    let last = this.next + 1 >= this.frames.len() && this.ending == Ending::Clean;
+                    metrics.frame_handed(this.next, now, last);
                 }
                 this.next += 1;
                 this.unflushed = true;

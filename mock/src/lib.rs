@@ -7,9 +7,11 @@
 //! and the tests call it). The CLI binds, prints the readiness line and picks the exit code.
 //! Wire formats come from `common::formats::encode`; this module only decides what to say and
 //! when: frame `i` of a synthetic stream goes out at the absolute deadline
-//! `start + ttft + i * itl`.
+//! `start + ttft + i * itl`. `GET /metrics` (every listener) shows what it did, counted
+//! exactly, under vLLM's Prometheus names (`metrics`); a scrape is no model request.
 
 mod body;
+mod metrics;
 mod recorded;
 mod synth;
 mod truth;
@@ -134,6 +136,16 @@ pub enum UsageMode {
 
 /// `llm-replay mock` flags.
 #[derive(Debug, Clone, clap::Args)]
+#[command(
+    after_help = "Besides the model APIs, every listener (HTTP/1.1, h2, TLS) answers GET /metrics: \
+the mock's own state in the Prometheus text format under vLLM's names, counted, not estimated: \
+vllm:num_requests_running, vllm:num_requests_waiting (queued for a --max-streams slot), \
+vllm:kv_cache_usage_perc (--max-streams slot occupancy; the mock has no KV cache), \
+vllm:num_preemptions_total (0), vllm:prompt_tokens_total, vllm:generation_tokens_total, \
+vllm:request_success_total, vllm:time_to_first_token_seconds and \
+vllm:e2e_request_latency_seconds, per model_name. Scrapes are not model requests: never \
+logged, timed or failed."
+)]
 pub struct MockArgs {
     /// Address to listen on (port 0 picks a free port; the readiness line shows the real one).
     #[arg(long, default_value = "127.0.0.1:8080")]
@@ -527,10 +539,16 @@ impl Accepted {
             acceptor,
             peer,
         } = self;
-        let service = hyper::service::service_fn(move |req| {
+        let service = hyper::service::service_fn(move |req: Request<Incoming>| {
             let state = Arc::clone(&state);
             let current = current.clone();
-            async move { Ok::<_, Infallible>(handle_logged(&state, current.as_ref(), req).await) }
+            async move {
+                // Not a model request: no request log, no truth log, no fault, no count.
+                if req.method() == Method::GET && req.uri().path() == "/metrics" {
+                    return Ok::<_, Infallible>(metrics_response(&state));
+                }
+                Ok::<_, Infallible>(handle_logged(&state, current.as_ref(), req).await)
+            }
         });
         match acceptor {
             None => serve_connection(&builder, TokioIo::new(stream), service, stop, peer).await,
@@ -624,6 +642,8 @@ struct State {
     next_trace: AtomicU64,
     /// Synthetic requests seen so far (`--fail-after` counts them).
     synthetic_seen: AtomicU64,
+    /// What `GET /metrics` shows.
+    metrics: metrics::Metrics,
 }
 
 impl State {
@@ -660,6 +680,7 @@ impl State {
             truth,
             next_trace: AtomicU64::new(1),
             synthetic_seen: AtomicU64::new(0),
+            metrics: metrics::Metrics::new(config.max_streams),
             slots: config.max_streams.map(|n| Arc::new(Semaphore::new(n))),
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
             waiting: AtomicUsize::new(0),
@@ -718,9 +739,14 @@ impl State {
         (fail, fault, draws[3] < f.stall_rate)
     }
 
-    /// Wait for a stream slot. `Err` = the queue is full (answer 429). Returns the permit and
-    /// the instant the stream starts (arrival when no wait).
-    async fn admit(&self, arrival: Instant) -> Result<(Option<OwnedSemaphorePermit>, Instant), ()> {
+    /// Wait for a stream slot, counted waiting in `series` meanwhile. `Err` = the queue is
+    /// full (answer 429). Returns the permit and the instant the stream starts (arrival when
+    /// no wait).
+    async fn admit(
+        &self,
+        arrival: Instant,
+        series: &Arc<metrics::ModelSeries>,
+    ) -> Result<(Option<OwnedSemaphorePermit>, Instant), ()> {
         let Some(slots) = &self.slots else {
             return Ok((None, arrival));
         };
@@ -740,6 +766,7 @@ impl State {
             }
         }
         let _leave = Leave(&self.waiting);
+        let _waiting = series.wait();
         match Arc::clone(slots).acquire_owned().await {
             Ok(permit) => Ok((Some(permit), Instant::now())),
             // The semaphore is never closed; treat it as "no cap" if it were.
@@ -813,7 +840,7 @@ async fn handle(state: &State, req: Request<Incoming>) -> MockResponse {
     if let Some(recording) = &state.config.recording {
         match recording.lookup(exchange.as_deref(), method.as_str(), &path_and_query, &body) {
             Lookup::Response(recorded) => {
-                return serve_recorded(state, wire, recorded, arrival).await;
+                return serve_recorded(state, wire, recorded, &path, &body, arrival).await;
             }
             Lookup::BadIndex(message) => {
                 return error_response(wire.unwrap_or(Wire::OpenAiChat), 400, &message);
@@ -852,7 +879,13 @@ async fn serve_synthetic(
     if fail || failing {
         return injected_failure(&config.failure, wire).await;
     }
-    let (permit, start) = match state.admit(arrival).await {
+    let model = match wire {
+        Wire::BedrockConverse | Wire::BedrockInvokeAnthropic => request::path_model(path),
+        _ => info.model.clone(),
+    }
+    .unwrap_or_else(|| metrics::DEFAULT_MODEL.to_owned());
+    let series = state.metrics.series(&model);
+    let (permit, start) = match state.admit(arrival, &series).await {
         Ok(admitted) => admitted,
         Err(()) => {
             return error_response(wire, 429, "Too many requests: the mock's queue is full.");
@@ -889,11 +922,6 @@ async fn serve_synthetic(
             _ => true,
         },
     };
-    let model = match wire {
-        Wire::BedrockConverse | Wire::BedrockInvokeAnthropic => request::path_model(path),
-        _ => info.model.clone(),
-    }
-    .unwrap_or_else(|| "mock-model".to_owned());
     let id = state.next_id.fetch_add(1, Ordering::Relaxed);
     let params = StreamParams {
         id: format!("mock{id:012}"),
@@ -907,15 +935,31 @@ async fn serve_synthetic(
         system_fingerprint: "fp_llm_replay_mock".to_owned(),
         timings: synth::timings(&schedule),
     };
+    let finished = match finish {
+        Finish::Length => metrics::FinishedReason::Length,
+        _ => metrics::FinishedReason::Stop,
+    };
+    let input_tokens = info.input_tokens;
+    // Counted running from here (the slot is held) until the body ends or is dropped.
+    let stream_metrics = |tokens, success| {
+        metrics::StreamMetrics::start(series, arrival, input_tokens, tokens, finished, success)
+    };
     match synth::plan(wire, params, info.stream, &schedule) {
         SynthPlan::Stream {
             frames,
             ending,
             first_token,
+            tokens_sent,
         } => {
+            let tokens = metrics::FrameTokens::OnePerFrame {
+                start: first_token,
+                count: usize::try_from(tokens_sent).unwrap_or(usize::MAX),
+            };
+            let success = schedule.fault == MidStreamFault::None;
             let mut response = Response::new(
                 TimedBody::stream(frames, start, ending, state.pacer.clone(), permit)
-                    .with_first_token(first_token),
+                    .with_first_token(first_token)
+                    .with_metrics(stream_metrics(tokens, success)),
             );
             let headers = response.headers_mut();
             headers.insert(
@@ -933,13 +977,11 @@ async fn serve_synthetic(
             content_type,
             offset,
         } => {
-            let mut response = Response::new(TimedBody::full_at(
-                body,
-                start,
-                offset,
-                state.pacer.clone(),
-                permit,
-            ));
+            let tokens = metrics::FrameTokens::One { index: 0, tokens };
+            let mut response = Response::new(
+                TimedBody::full_at(body, start, offset, state.pacer.clone(), permit)
+                    .with_metrics(stream_metrics(tokens, true)),
+            );
             response
                 .headers_mut()
                 .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
@@ -955,6 +997,8 @@ async fn serve_recorded(
     state: &State,
     wire: Option<Wire>,
     recorded: &RecordedResponse,
+    path: &str,
+    body: &Bytes,
     arrival: Instant,
 ) -> MockResponse {
     let error_wire = wire.unwrap_or(Wire::OpenAiChat);
@@ -966,7 +1010,18 @@ async fn serve_recorded(
             "The server had an error while processing your request (injected by llm-replay mock).",
         );
     }
-    let (permit, start) = match state.admit(arrival).await {
+    // The request's own model and (without a recorded usage report) its estimated input, as
+    // for a synthetic answer.
+    let request_json: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+    let model = request::model_of(path, request_json.as_ref())
+        .unwrap_or_else(|| metrics::DEFAULT_MODEL.to_owned());
+    let prompt_tokens = recorded.tokens.prompt_tokens.unwrap_or_else(|| {
+        request_json
+            .as_ref()
+            .map_or(0, request::estimated_input_tokens)
+    });
+    let series = state.metrics.series(&model);
+    let (permit, start) = match state.admit(arrival, &series).await {
         Ok(admitted) => admitted,
         Err(()) => {
             return error_response(
@@ -1035,18 +1090,40 @@ async fn serve_recorded(
         // Unknown family: no error frame to speak; end the stream early instead.
         (MidStreamFault::ErrorFrame, None) => {}
     }
-    let mut response = Response::new(TimedBody::stream(
-        frames,
-        start,
-        ending,
-        state.pacer.clone(),
-        permit,
-    ));
+    // Only the recorded frames kept carry tokens (not an injected error frame after them).
+    let tokens = if keep == recorded.frames.len() {
+        metrics::FrameTokens::Listed(Arc::clone(&recorded.tokens.per_frame))
+    } else {
+        let kept = &recorded.tokens.per_frame[..keep.min(recorded.tokens.per_frame.len())];
+        metrics::FrameTokens::Listed(Arc::from(kept))
+    };
+    let stream_metrics = metrics::StreamMetrics::start(
+        series,
+        arrival,
+        prompt_tokens,
+        tokens,
+        recorded.tokens.finished,
+        recorded.status.is_success() && fault == MidStreamFault::None,
+    );
+    let mut response = Response::new(
+        TimedBody::stream(frames, start, ending, state.pacer.clone(), permit)
+            .with_metrics(stream_metrics),
+    );
     *response.status_mut() = recorded.status;
     let headers = response.headers_mut();
     for (name, value) in &recorded.headers {
         headers.append(name.clone(), value.clone());
     }
+    response
+}
+
+/// `GET /metrics`: the mock's state in the Prometheus text format, under vLLM's names.
+fn metrics_response(state: &State) -> MockResponse {
+    let mut response = Response::new(TimedBody::full(Bytes::from(state.metrics.render())));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(metrics::CONTENT_TYPE),
+    );
     response
 }
 

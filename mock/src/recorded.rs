@@ -41,6 +41,8 @@ pub(crate) struct RecordedResponse {
     pub(crate) headers: Vec<(HeaderName, HeaderValue)>,
     /// Each frame with its recorded offset from the request's arrival, if recorded.
     pub(crate) frames: Vec<(Option<Duration>, Bytes)>,
+    /// Where its content tokens are, for `/metrics` (counted once, at load).
+    pub(crate) tokens: crate::metrics::RecordedTokens,
 }
 
 /// How a request found (or did not find) its recorded exchange.
@@ -72,6 +74,7 @@ impl Recorded {
             };
             // The first exchange with a given request wins, as in file order.
             recorded.by_request.entry(key).or_insert(index);
+            let tokens = crate::metrics::recorded_frame_tokens(&exchange);
             let response = match exchange.response {
                 None => None,
                 Some(response) => {
@@ -112,6 +115,7 @@ impl Recorded {
                         status,
                         headers,
                         frames,
+                        tokens,
                     })
                 }
             };

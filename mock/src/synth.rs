@@ -119,6 +119,9 @@ pub(crate) enum SynthPlan {
         ending: Ending,
         /// Index in `frames` of the frame carrying the first token.
         first_token: usize,
+        /// Token frames sent (one token each), from `first_token` on: fewer than asked
+        /// when a fault cuts in.
+        tokens_sent: u64,
     },
     Whole {
         body: Bytes,
@@ -219,6 +222,7 @@ pub(crate) fn plan(
         frames,
         ending,
         first_token,
+        tokens_sent: sent,
     }
 }
 

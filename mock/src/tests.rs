@@ -14,6 +14,8 @@ use tokio::time::Instant;
 
 use super::*;
 
+mod metrics_endpoint;
+
 struct Server {
     addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,

@@ -28,6 +28,7 @@ mod security_link;
 mod security_outputs;
 mod security_recordings;
 mod security_transport;
+mod server_side;
 mod significance;
 mod timing;
 mod transport;

@@ -5,8 +5,9 @@
 //! Order: headline numbers (goodput among them with `--slo`), the capacity search (its
 //! answer, each goal's knee against the load, the probes), regressions against the
 //! baseline, goals, warnings, the TTFT and ITL distributions (baseline overlaid), the run
-//! over time, the concurrency sweep's knee plots, then the full tables (metrics, requests,
-//! throughput, goodput, comparison, workers).
+//! over time, the server's side (its `/metrics`: the known families beside the client's
+//! numbers, plotted over the run), the concurrency sweep's knee plots, then the full tables
+//! (metrics, requests, throughput, goodput, comparison, workers).
 
 use std::fmt::Write as _;
 
@@ -14,8 +15,10 @@ use common::metrics::{Metric, Stats};
 
 use super::escape::esc;
 use super::format::{self, HIGHLIGHT_NOTE, STAT_COLUMNS};
+use super::server_side::{self, DIFFERENCE_NOTE, QUEUE_MAX_HEADER};
 use super::svg::{BASELINE_COLOR, Band, Chart, Marker, Rule, RuleAt, Series, SeriesKind};
 use super::{CapacitySection, Change, Report, TimelinePoint};
+use crate::server_metrics::Role;
 
 /// Colours of the light scheme (also used when printing).
 const LIGHT: &str = "--bg:#ffffff;--fg:#1f2328;--muted:#59636e;--border:#d0d7de;--head:#f6f8fa;\
@@ -91,6 +94,7 @@ pub fn render_html(report: &Report) -> String {
     warnings(&mut out, report);
     distributions(&mut out, report);
     over_time(&mut out, report);
+    server(&mut out, report);
     sweep(&mut out, report);
     metrics_tables(&mut out, report);
     comparison(&mut out, report);
@@ -539,6 +543,139 @@ fn over_time(out: &mut String, report: &Report) {
     let _ = writeln!(out, "</div>");
 }
 
+/// The server's side: its endpoints, the families of known servers (its TTFT and latency
+/// beside the client's), their plots over the run, and every other family it exposed.
+fn server(out: &mut String, report: &Report) {
+    let (Some(section), Some(view)) = (&report.server, server_side::server_view(report)) else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "<h2>Server</h2>\n<p class=\"note\">What the server's own <code>/metrics</code> said \
+         during the run: series summed over their labels (and over the endpoints), gauges over \
+         the scrapes, counters and histograms by their increase over the run.</p>"
+    );
+    if !view.endpoints.is_empty() {
+        let _ = writeln!(
+            out,
+            "<table id=\"server-endpoints\">\n<tr><th>Endpoint</th><th>Scrapes</th>\
+             <th>Errors</th><th>Note</th></tr>"
+        );
+        for e in &view.endpoints {
+            // An endpoint that never answered (dropped, or every scrape failed).
+            let class = if e.scrapes <= e.errors {
+                " class=\"fail\""
+            } else {
+                ""
+            };
+            let _ = writeln!(
+                out,
+                "<tr{class}><td><code>{}</code></td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td></tr>",
+                esc(&e.url),
+                e.scrapes,
+                e.errors,
+                esc(&e.note)
+            );
+        }
+        let _ = writeln!(out, "</table>");
+    }
+    if let Some(note) = &view.none_answered {
+        let _ = writeln!(
+            out,
+            "<div class=\"callout bad\" id=\"server-none\">{}</div>",
+            esc(note)
+        );
+    }
+    if !view.rows.is_empty() {
+        let _ = writeln!(
+            out,
+            "<table id=\"server\">\n<tr><th>Measure</th><th>Family</th><th>Server</th>\
+             <th>Client</th><th>Difference (client − server: {DIFFERENCE_NOTE})</th></tr>"
+        );
+        for row in &view.rows {
+            let _ = writeln!(
+                out,
+                "<tr><td>{}</td><td><code>{}</code></td><td class=\"n\">{}</td>\
+                 <td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
+                esc(&row.what),
+                esc(&row.family),
+                esc(&row.server),
+                esc(&row.client),
+                esc(&row.difference)
+            );
+        }
+        let _ = writeln!(out, "</table>");
+    }
+    let charts: Vec<Chart> = [
+        (
+            Role::QueueDepth,
+            "plot-server-queue",
+            "Server queue depth over the run",
+            "requests waiting",
+        ),
+        (
+            Role::Running,
+            "plot-server-running",
+            "Requests running on the server over the run",
+            "requests running",
+        ),
+        (
+            Role::KvCacheUsage,
+            "plot-server-kv",
+            "Server KV-cache usage over the run",
+            "KV-cache usage (%)",
+        ),
+        (
+            Role::GenerationTokens,
+            "plot-server-tokens",
+            "Tokens the server generated per second over the run",
+            "generated tokens/s",
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(role, id, title, y_label)| {
+        let series: Vec<Series> = server_side::role_series(section, role)
+            .into_iter()
+            .enumerate()
+            .map(|(i, (name, segments))| Series::line(name, i % 5, segments))
+            .collect();
+        (!series.is_empty()).then(|| time_chart(&report.timeline, id, title, y_label, series))
+    })
+    .collect();
+    if !charts.is_empty() {
+        let _ = writeln!(
+            out,
+            "<p class=\"note\">One point per scrape, on the run's time axis (seconds since the \
+             load started, as above); counters as their rate since the previous scrape.</p>\n\
+             <div class=\"plots\" id=\"server-plots\">"
+        );
+        for chart in charts {
+            out.push_str(&chart.render());
+        }
+        let _ = writeln!(out, "</div>");
+    }
+    let others = server_side::other_families(section);
+    if !others.is_empty() {
+        let _ = writeln!(
+            out,
+            "<details id=\"server-other\"><summary>{} more famil{} (of no known server)</summary>\n\
+             <table>\n<tr><th>Family</th><th>Type</th><th>Over the run</th></tr>",
+            others.len(),
+            if others.len() == 1 { "y" } else { "ies" }
+        );
+        for (name, metric) in others {
+            let (kind, _) = crate::goals::server_type_stats(metric);
+            let _ = writeln!(
+                out,
+                "<tr><td><code>{}</code></td><td>{kind}</td><td>{}</td></tr>",
+                esc(name),
+                esc(&server_side::summary(metric))
+            );
+        }
+        let _ = writeln!(out, "</table>\n</details>");
+    }
+}
+
 fn knee_chart(report: &Report, metric: Metric, id: &'static str, what: &str) -> Chart {
     let mut points = Vec::new();
     let mut labels = Vec::new();
@@ -583,15 +720,21 @@ fn sweep(out: &mut String, report: &Report) {
     out.push_str(&knee_chart(report, Metric::Ttft, "plot-knee-ttft", "TTFT").render());
     out.push_str(&knee_chart(report, Metric::Itl, "plot-knee-itl", "ITL").render());
     let with_goodput = report.sweep.iter().any(|level| level.goodput.is_some());
+    let with_server = report.sweep.iter().any(|level| level.server.is_some());
     let _ = writeln!(
         out,
         "</div>\n<table>\n<tr><th>Concurrency</th><th>Requests</th>\
          <th>Failed</th><th>TTFT p50 (ms)</th><th>TTFT p95 (ms)</th><th>ITL p50 (ms)</th>\
-         <th>ITL p95 (ms)</th><th>Latency p95 (ms)</th><th>Output tokens/s</th><th>Requests/s</th>{}</tr>",
+         <th>ITL p95 (ms)</th><th>Latency p95 (ms)</th><th>Output tokens/s</th><th>Requests/s</th>{}{}</tr>",
         if with_goodput {
             "<th>Goodput (requests/s)</th>"
         } else {
             ""
+        },
+        if with_server {
+            format!("<th>{}</th>", format::capitalized(QUEUE_MAX_HEADER))
+        } else {
+            String::new()
         }
     );
     for level in &report.sweep {
@@ -615,6 +758,9 @@ fn sweep(out: &mut String, report: &Report) {
         ];
         if with_goodput {
             cells.push(format::goodput_cell(level.goodput.as_ref()));
+        }
+        if with_server {
+            cells.push(server_side::queue_max_cell(level.server.as_ref()));
         }
         let _ = write!(out, "<tr>");
         for value in cells {
@@ -678,6 +824,10 @@ fn capacity(out: &mut String, report: &Report) {
     if with_goodput {
         let _ = write!(out, "<th>Goodput (requests/s)</th>");
     }
+    let with_server = capacity.probes.iter().any(|p| p.server.is_some());
+    if with_server {
+        let _ = write!(out, "<th>{}</th>", format::capitalized(QUEUE_MAX_HEADER));
+    }
     let _ = writeln!(
         out,
         "<th>Requests</th><th>Failed</th><th>Duration (s)</th><th>Failed goals</th></tr>"
@@ -701,6 +851,13 @@ fn capacity(out: &mut String, report: &Report) {
                 out,
                 "<td class=\"n\">{}</td>",
                 format::goodput_cell(probe.goodput.as_ref())
+            );
+        }
+        if with_server {
+            let _ = write!(
+                out,
+                "<td class=\"n\">{}</td>",
+                server_side::queue_max_cell(probe.server.as_ref())
             );
         }
         let failed: Vec<String> = probe

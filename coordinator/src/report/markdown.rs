@@ -1,7 +1,8 @@
 //! The Markdown rendering of a report (`--report-md`), for pull-request comments and CI job
 //! summaries: a verdict line, the headline table with the baseline, the goodput (`--slo`),
 //! the capacity search's answer and probes (`--find-max`), a throughput sparkline, the
-//! regressions, the goals, the sweep and the warnings, always under [`MAX_LINES`] lines
+//! regressions, the goals, the sweep, the server's side (its `/metrics`) and the warnings,
+//! always under [`MAX_LINES`] lines
 //! and without links (long lists are cut with a count of what was left out; the JSON and HTML
 //! reports hold everything).
 
@@ -11,6 +12,7 @@ use common::metrics::Metric;
 
 use super::Report;
 use super::format;
+use super::server_side::{self, DIFFERENCE_NOTE};
 
 /// The rendering never reaches this many lines, whatever the report holds.
 pub const MAX_LINES: usize = 60;
@@ -49,6 +51,7 @@ pub fn render_markdown(report: &Report) -> String {
     faithful(&mut out, report);
     goals(&mut out, report);
     sweep(&mut out, report);
+    server(&mut out, report);
     warnings(&mut out, report);
     fit(out)
 }
@@ -519,10 +522,16 @@ fn capacity(out: &mut String, report: &Report) {
     } else {
         ("", "")
     };
+    let with_server = capacity.probes.iter().any(|p| p.server.is_some());
+    let (server_head, server_rule) = if with_server {
+        (" Server queue max |", "--:|")
+    } else {
+        ("", "")
+    };
     let _ = writeln!(
         out,
-        "| # | {} | Result | Judged on | Goal values |{goodput_head} Failed goals |\n\
-         |--:|--:|---|---|---|{goodput_rule}---|",
+        "| # | {} | Result | Judged on | Goal values |{goodput_head}{server_head} Failed goals |\n\
+         |--:|--:|---|---|---|{goodput_rule}{server_rule}---|",
         plain(&format::capitalized(&format::dimension_label(
             &capacity.dimension
         )))
@@ -537,13 +546,18 @@ fn capacity(out: &mut String, report: &Report) {
             } else {
                 String::new()
             };
+            let queue = if with_server {
+                format!(" {} |", server_side::queue_max_cell(probe.server.as_ref()))
+            } else {
+                String::new()
+            };
             let failed = if probe.failed_goals.is_empty() {
                 String::new()
             } else {
                 format!("`{}`", code(&probe.failed_goals.join("; ")))
             };
             format!(
-                "| {} | {} | {} {} | {} | {} |{goodput} {failed} |",
+                "| {} | {} | {} {} | {} | {} |{goodput}{queue} {failed} |",
                 i + 1,
                 format::load_value(probe.value),
                 if probe.passed { "✅" } else { "❌" },
@@ -553,7 +567,7 @@ fn capacity(out: &mut String, report: &Report) {
             )
         })
         .collect();
-    let columns = if with_goodput { 7 } else { 6 };
+    let columns = 6 + usize::from(with_goodput) + usize::from(with_server);
     capped(out, &rows, MAX_PROBES, |n| {
         format!(
             "| | {} |{}",
@@ -574,9 +588,15 @@ fn sweep(out: &mut String, report: &Report) {
     } else {
         ("", "")
     };
+    let with_server = report.sweep.iter().any(|level| level.server.is_some());
+    let (server_head, server_rule) = if with_server {
+        (" Server queue max |", "--:|")
+    } else {
+        ("", "")
+    };
     let _ = writeln!(
         out,
-        "\n### Concurrency sweep\n| Concurrency | Output tokens/s | TTFT p95 (ms) | ITL p95 (ms) | Requests/s | Failed |{goodput_head}\n|--:|--:|--:|--:|--:|--:|{goodput_rule}"
+        "\n### Concurrency sweep\n| Concurrency | Output tokens/s | TTFT p95 (ms) | ITL p95 (ms) | Requests/s | Failed |{goodput_head}{server_head}\n|--:|--:|--:|--:|--:|--:|{goodput_rule}{server_rule}"
     );
     let rows: Vec<String> = report
         .sweep
@@ -593,8 +613,13 @@ fn sweep(out: &mut String, report: &Report) {
             } else {
                 String::new()
             };
+            let queue = if with_server {
+                format!(" {} |", server_side::queue_max_cell(level.server.as_ref()))
+            } else {
+                String::new()
+            };
             format!(
-                "| {} | {} | {} | {} | {} | {} |{goodput}",
+                "| {} | {} | {} | {} | {} | {} |{goodput}{queue}",
                 level.concurrency,
                 format::rate(level.llm.output_tokens_per_second),
                 p95(Metric::Ttft),
@@ -604,10 +629,97 @@ fn sweep(out: &mut String, report: &Report) {
             )
         })
         .collect();
-    let tail = if with_goodput { " |" } else { "" };
+    let tail = " |".repeat(usize::from(with_goodput) + usize::from(with_server));
     capped(out, &rows, MAX_LEVELS, |n| {
         format!("| | {} | | | | |{tail}", more_text(n, "level", "levels"))
     });
+}
+
+/// The server's side in a few lines: its endpoints on one line, the gauges and counters of
+/// known servers on another, its TTFT and latency beside the client's in a small table.
+fn server(out: &mut String, report: &Report) {
+    let Some(view) = server_side::server_view(report) else {
+        return;
+    };
+    let endpoints: Vec<String> = view
+        .endpoints
+        .iter()
+        .map(|e| {
+            let mut text = format!("`{}` {} scrapes", code(&e.url), e.scrapes);
+            match e.errors {
+                0 => {}
+                1 => text.push_str(", 1 error"),
+                n => {
+                    let _ = write!(text, ", {n} errors");
+                }
+            }
+            if !e.note.is_empty() {
+                let _ = write!(text, ": {}", plain(&e.note));
+            }
+            text
+        })
+        .collect();
+    let _ = writeln!(
+        out,
+        "\n**Server** (its `/metrics`: {})",
+        if endpoints.is_empty() {
+            "no endpoint".to_string()
+        } else {
+            endpoints.join(" · ")
+        }
+    );
+    if let Some(note) = &view.none_answered {
+        let _ = writeln!(out, "\n{}", plain(note));
+    }
+    let (timing, others): (Vec<_>, Vec<_>) =
+        view.rows.iter().partition(|row| !row.client.is_empty());
+    let mut items: Vec<String> = others
+        .iter()
+        .map(|row| format!("{} {}", plain(&row.what), plain(&row.server)))
+        .collect();
+    items.extend(server_side::other_families_text(&view).map(|t| plain(&t)));
+    if !items.is_empty() {
+        let _ = writeln!(out, "\n{}", items.join("; "));
+    }
+    if timing.is_empty() {
+        return;
+    }
+    // One line per timing family: its p50, p90 and p99 in each cell.
+    let _ = writeln!(
+        out,
+        "\n| p50 / p90 / p99 (ms) | Server | Client | Difference ({DIFFERENCE_NOTE}) |\n|---|--:|--:|--:|"
+    );
+    let mut groups: Vec<Vec<&server_side::ServerRow>> = Vec::new();
+    for row in timing {
+        match groups.last_mut() {
+            Some(group)
+                if group.first().is_some_and(|first| {
+                    first.measure == row.measure && first.family == row.family
+                }) =>
+            {
+                group.push(row);
+            }
+            _ => groups.push(vec![row]),
+        }
+    }
+    for group in groups {
+        let cells = |pick: fn(&server_side::ServerRow) -> &str| {
+            group
+                .iter()
+                .map(|row| pick(row))
+                .collect::<Vec<_>>()
+                .join(" / ")
+        };
+        let _ = writeln!(
+            out,
+            "| {} (server: `{}`) | {} | {} | {} |",
+            plain(group[0].measure),
+            code(&group[0].family),
+            cells(|r| &r.server),
+            cells(|r| &r.client),
+            cells(|r| &r.difference)
+        );
+    }
 }
 
 fn warnings(out: &mut String, report: &Report) {

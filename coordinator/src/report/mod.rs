@@ -12,6 +12,7 @@ use common::slo::Slos;
 use serde::{Deserialize, Serialize};
 
 use crate::goals::{self, Goal, GoalResult, GoalValues, Stat};
+use crate::server_metrics::ServerSection;
 
 mod errors;
 mod escape;
@@ -20,6 +21,7 @@ mod goal_values;
 mod html;
 mod junit;
 mod markdown;
+mod server_side;
 pub mod significance;
 mod svg;
 mod terminal;
@@ -92,6 +94,11 @@ pub struct Report {
     /// `--find-max`: every probe of the capacity search and its answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity: Option<CapacitySection>,
+    /// What the server's own `/metrics` said during the run (queue depth, KV cache, its
+    /// TTFT...); absent with `--no-server-metrics`, without a target, and in reports saved
+    /// before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<ServerSection>,
 }
 
 /// The `goodput` section: requests that succeeded within every `--slo`. `good` is the exact
@@ -182,6 +189,9 @@ pub struct ProbeSection {
     /// The probe's goodput, with `--slo`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub goodput: Option<GoodputSection>,
+    /// The server's metrics over this probe, when they were scraped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<ServerSection>,
     /// Seconds the probe ran.
     pub duration_s: f64,
     /// A value near a goal's limit is run again: the 1-based index of this run at its load.
@@ -661,6 +671,9 @@ pub struct SweepSection {
     /// This level's goodput, with `--slo`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub goodput: Option<GoodputSection>,
+    /// The server's metrics over this level, when they were scraped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<ServerSection>,
 }
 
 /// The report's `faithful` section: how faithfully the recording's users were replayed.
@@ -821,6 +834,7 @@ impl Report {
                 requests: RequestsSection::new(&level.metrics.counters, &level.requests)
                     .with_errors(&level.metrics.errors),
                 goodput: GoodputSection::from_metrics(input.slos, &level.metrics),
+                server: None,
             })
             .collect();
         Report {
@@ -837,6 +851,7 @@ impl Report {
             transport,
             goodput: GoodputSection::from_metrics(input.slos, input.metrics),
             capacity: None,
+            server: None,
         }
     }
 
@@ -847,13 +862,15 @@ impl Report {
     }
 
     /// The outcome of each of `goals` on this report's merged numbers (`.change` goals
-    /// against its baseline).
+    /// against its baseline; `server.NAME.STAT` goals on its `server` section, so set it
+    /// before evaluating).
     pub fn evaluate_goals(&self, goals: &[Goal]) -> Vec<GoalResult> {
         evaluate_goals_on(
             goals,
             &self.llm,
             &self.requests,
             self.goodput.as_ref(),
+            self.server.as_ref(),
             self.baseline.as_ref(),
         )
     }
@@ -890,26 +907,32 @@ impl Report {
 }
 
 /// The outcome of each of `goals` on one set of numbers: a report's, a sweep level's or a
-/// capacity probe's (`llm`, `requests`, and `goodput` with `--slo`; the goodput goals fail
-/// with a note without it), `.change` goals against `baseline` when there is one.
+/// capacity probe's (`llm`, `requests`, `goodput` with `--slo` and `server` when the server's
+/// metrics were scraped; the goals that need a missing one fail with a note), `.change` goals
+/// against `baseline` when there is one.
 pub fn evaluate_goals_on(
     goals: &[Goal],
     llm: &LlmSection,
     requests: &RequestsSection,
     goodput: Option<&GoodputSection>,
+    server: Option<&ServerSection>,
     baseline: Option<&BaselineSection>,
 ) -> Vec<GoalResult> {
     let replayed = goal_values::SectionValues {
         llm,
         requests: Some(requests),
         goodput,
+        server,
+        baseline: false,
     };
     // A baseline (the recording, or a saved report's numbers) has no goodput: SLOs judge
-    // this run's requests only.
+    // this run's requests only; nor a server side.
     let baseline = baseline.map(|baseline| goal_values::SectionValues {
         llm: &baseline.llm,
         requests: baseline.requests.as_ref(),
         goodput: None,
+        server: None,
+        baseline: true,
     });
     goals::evaluate(
         goals,

@@ -8,6 +8,7 @@ use common::metrics::Metric;
 use super::format::{
     self, ANSI_BOLD, ANSI_GREEN, ANSI_RED, ANSI_RESET, HIGHLIGHT_NOTE, STAT_COLUMNS, TextTable,
 };
+use super::server_side::{self, DIFFERENCE_NOTE, QUEUE_MAX_HEADER, ServerView};
 use super::windows;
 use super::{CapacitySection, Report};
 
@@ -189,6 +190,12 @@ pub fn render_terminal(report: &Report, color: bool) -> String {
         }
     }
 
+    if let Some(view) = server_side::server_view(report) {
+        out.push('\n');
+        title(&mut out, "Server (what its /metrics said during the run)");
+        out.push_str(&server_tables(&view, color));
+    }
+
     if let Some(baseline) = &report.baseline {
         out.push('\n');
         title(
@@ -238,6 +245,10 @@ pub fn render_terminal(report: &Report, color: bool) -> String {
         if with_goodput {
             header.push("goodput req/s");
         }
+        let with_server = report.sweep.iter().any(|level| level.server.is_some());
+        if with_server {
+            header.push(QUEUE_MAX_HEADER);
+        }
         let mut table = TextTable::new(&header, &[]);
         for level in &report.sweep {
             let stat = |metric: Metric, pick: fn(&common::metrics::Stats) -> f64| {
@@ -259,6 +270,9 @@ pub fn render_terminal(report: &Report, color: bool) -> String {
             ];
             if with_goodput {
                 cells.push(format::goodput_cell(level.goodput.as_ref()));
+            }
+            if with_server {
+                cells.push(server_side::queue_max_cell(level.server.as_ref()));
             }
             table.row(cells, None);
         }
@@ -346,6 +360,10 @@ fn capacity_table(capacity: &CapacitySection) -> TextTable {
     if with_goodput {
         header.push("goodput req/s");
     }
+    let with_server = capacity.probes.iter().any(|p| p.server.is_some());
+    if with_server {
+        header.push(QUEUE_MAX_HEADER);
+    }
     header.push("failed goals");
     let failed_column = header.len() - 1;
     let mut table = TextTable::new(&header, &[2, 3, failed_column]);
@@ -365,8 +383,74 @@ fn capacity_table(capacity: &CapacitySection) -> TextTable {
         if with_goodput {
             cells.push(format::goodput_cell(probe.goodput.as_ref()));
         }
+        if with_server {
+            cells.push(server_side::queue_max_cell(probe.server.as_ref()));
+        }
         cells.push(probe.failed_goals.join("; "));
         table.row(cells, (!probe.passed).then_some(ANSI_RED));
     }
     table
+}
+
+/// The server section: the endpoints, then the families of known servers (the server's
+/// TTFT and latency beside the client's), then what was left out.
+fn server_tables(view: &ServerView, color: bool) -> String {
+    {
+        let mut out = String::new();
+        if !view.endpoints.is_empty() {
+            let mut endpoints = TextTable::new(&["endpoint", "scrapes", "errors", "note"], &[0, 3]);
+            for e in &view.endpoints {
+                endpoints.row(
+                    vec![
+                        e.url.clone(),
+                        e.scrapes.to_string(),
+                        e.errors.to_string(),
+                        e.note.clone(),
+                    ],
+                    // An endpoint that never answered (dropped, or every scrape failed).
+                    (e.scrapes <= e.errors).then_some(ANSI_RED),
+                );
+            }
+            out.push_str(&endpoints.render(color));
+        }
+        if let Some(note) = &view.none_answered {
+            let _ = writeln!(out, "  {note}");
+        }
+        if !view.rows.is_empty() {
+            out.push('\n');
+            let mut rows = TextTable::new(
+                &["measure", "family", "server", "client", "difference"],
+                &[0, 1],
+            );
+            for row in &view.rows {
+                rows.row(
+                    vec![
+                        row.what.clone(),
+                        row.family.clone(),
+                        row.server.clone(),
+                        row.client.clone(),
+                        row.difference.clone(),
+                    ],
+                    None,
+                );
+            }
+            out.push_str(&rows.render(color));
+            if view.rows.iter().any(|r| !r.difference.is_empty()) {
+                let _ = writeln!(out, "  difference = client − server: {DIFFERENCE_NOTE}");
+                let _ = writeln!(
+                    out,
+                    "  (the server's percentiles are interpolated within its histogram's buckets, e.g. vLLM's 100–250 ms: a difference smaller than its bucket is not a measurement)"
+                );
+            }
+        } else if view.none_answered.is_none() {
+            let _ = writeln!(
+                out,
+                "  no family of a known server (vLLM, SGLang, TGI, llama.cpp, TensorRT-LLM/Triton, Dynamo)"
+            );
+        }
+        if let Some(text) = server_side::other_families_text(view) {
+            let _ = writeln!(out, "  {text}");
+        }
+        out
+    }
 }

@@ -1448,7 +1448,14 @@ fn probe(value: f64, attempt: u32, ttft_p95: f64, failed: u64, good: u64) -> Pro
         requests_per_second: good as f64 / 30.0,
         output_tokens_per_second: good as f64 * 40.0 / 30.0,
     };
-    let goals = evaluate_goals_on(&capacity_goals(), &llm, &requests, Some(&goodput), None);
+    let goals = evaluate_goals_on(
+        &capacity_goals(),
+        &llm,
+        &requests,
+        Some(&goodput),
+        None,
+        None,
+    );
     ProbeSection {
         value,
         passed: goals.iter().all(|g| !g.failed),
@@ -1462,6 +1469,7 @@ fn probe(value: f64, attempt: u32, ttft_p95: f64, failed: u64, good: u64) -> Pro
         llm,
         requests,
         goodput: Some(goodput),
+        server: None,
         duration_s: 31.5,
         attempt,
         decided: None,
@@ -1563,6 +1571,7 @@ fn probes_are_judged_like_the_report() {
         &capacity_goals(),
         &at_4096.llm,
         &at_4096.requests,
+        None,
         None,
         None,
     );
@@ -1862,4 +1871,380 @@ fn a_report_saved_before_goodput_and_capacity_still_reads() {
     let read = Report::from_json(&json.to_string()).expect("reads");
     assert!(read.sweep.iter().all(|level| level.goodput.is_none()));
     render_html(&read);
+}
+
+/// What a vLLM server's `/metrics` said over the sample run: two endpoints (the target,
+/// and a GPU exporter that refused), the known families (a TTFT histogram in seconds among
+/// them), two families of no known server, and the known gauges and rates over time.
+fn sample_server() -> ServerSection {
+    use crate::server_metrics::{ServerEndpoint, ServerMetric, ServerPoint};
+    let gauge = |avg: f64, min: f64, max: f64, last: f64| ServerMetric::Gauge {
+        avg,
+        min,
+        max,
+        last,
+    };
+    let counter = |delta: f64, rate: f64| ServerMetric::Counter { delta, rate };
+    let metrics = BTreeMap::from([
+        (
+            "vllm:num_requests_waiting".to_string(),
+            gauge(2.4, 0.0, 7.0, 0.0),
+        ),
+        (
+            "vllm:num_requests_running".to_string(),
+            gauge(3.1, 1.0, 4.0, 1.0),
+        ),
+        (
+            "vllm:gpu_cache_usage_perc".to_string(),
+            gauge(0.42, 0.05, 0.715, 0.1),
+        ),
+        ("vllm:num_preemptions_total".to_string(), counter(3.0, 0.67)),
+        (
+            "vllm:prompt_tokens_total".to_string(),
+            counter(5_560.0, 1_235.56),
+        ),
+        (
+            "vllm:generation_tokens_total".to_string(),
+            counter(369.0, 82.0),
+        ),
+        (
+            "vllm:time_to_first_token_seconds".to_string(),
+            ServerMetric::Histogram {
+                count: 9.0,
+                sum: 1.08,
+                p50: 0.11,
+                p90: 0.18,
+                p99: 0.24,
+            },
+        ),
+        (
+            "vllm:e2e_request_latency_seconds".to_string(),
+            ServerMetric::Histogram {
+                count: 9.0,
+                sum: 9.9,
+                p50: 1.1,
+                p90: 1.15,
+                p99: 1.18,
+            },
+        ),
+        ("process_cpu_seconds_total".to_string(), counter(12.5, 2.78)),
+        (
+            "python_gc_objects_collected".to_string(),
+            gauge(10.0, 10.0, 10.0, 10.0),
+        ),
+    ]);
+    let timeline = [
+        (0.5, 0.0, 1.0, 0.05, None),
+        (1.5, 2.0, 4.0, 0.30, Some(60.0)),
+        (2.5, 7.0, 4.0, 0.715, Some(95.0)),
+        (3.5, 3.0, 2.0, 0.40, Some(88.0)),
+        (4.5, 0.0, 1.0, 0.10, Some(70.0)),
+    ]
+    .into_iter()
+    .map(|(t_s, waiting, running, kv, tokens)| {
+        let mut values = BTreeMap::from([
+            ("vllm:num_requests_waiting".to_string(), waiting),
+            ("vllm:num_requests_running".to_string(), running),
+            ("vllm:gpu_cache_usage_perc".to_string(), kv),
+        ]);
+        if let Some(tokens) = tokens {
+            values.insert("vllm:generation_tokens_total".to_string(), tokens);
+        }
+        ServerPoint { t_s, values }
+    })
+    .collect();
+    ServerSection {
+        endpoints: vec![
+            ServerEndpoint {
+                url: "http://127.0.0.1:8080/metrics".to_string(),
+                scrapes: 6,
+                errors: 0,
+                note: None,
+            },
+            ServerEndpoint {
+                url: "http://gpu-a:9400/metrics".to_string(),
+                scrapes: 0,
+                errors: 1,
+                note: Some("unreachable: connection refused".to_string()),
+            },
+        ],
+        metrics,
+        timeline,
+    }
+}
+
+/// The sample report with the server's side, on the run and on each sweep level.
+fn server_report() -> Report {
+    let mut report = sample_report();
+    report.server = Some(sample_server());
+    for (level, queue_max) in report.sweep.iter_mut().zip([0.0, 2.0, 7.0]) {
+        let mut server = sample_server();
+        server.timeline.clear();
+        server.metrics.insert(
+            "vllm:num_requests_waiting".to_string(),
+            crate::server_metrics::ServerMetric::Gauge {
+                avg: queue_max / 2.0,
+                min: 0.0,
+                max: queue_max,
+                last: 0.0,
+            },
+        );
+        level.server = Some(server);
+    }
+    report.goals.extend(
+        report.evaluate_goals(&[
+            parse_goal("server.vllm:num_requests_waiting.max > 5").expect("goal")
+        ]),
+    );
+    report
+}
+
+#[test]
+fn server_terminal_rendering_matches_golden() {
+    assert_snapshot(
+        "server_terminal.txt",
+        &render_terminal(&server_report(), false),
+    );
+}
+
+#[test]
+fn server_markdown_rendering_matches_golden() {
+    let markdown = render_markdown(&server_report());
+    assert!(markdown.lines().count() < markdown::MAX_LINES);
+    assert!(!markdown.contains("cut to fit"), "{markdown}");
+    assert_snapshot("server_report.md", &markdown);
+}
+
+#[test]
+fn server_html_rendering_matches_golden() {
+    assert_snapshot("server_report.html", &render_html(&server_report()));
+}
+
+#[test]
+fn the_server_ttft_is_shown_beside_the_clients() {
+    let report = server_report();
+    let client_p50 = report.llm.ttft_ms.expect("ttft").p50;
+    let terminal = render_terminal(&report, false);
+    // 0.11 s is 110 ms; the client's p50 beside it, and the difference.
+    let line = terminal
+        .lines()
+        .find(|l| l.contains("TTFT p50 (ms)"))
+        .unwrap_or_else(|| panic!("no TTFT row:\n{terminal}"));
+    assert!(line.contains("vllm:time_to_first_token_seconds"), "{line}");
+    assert!(line.contains("110.00"), "{line}");
+    assert!(line.contains(&format!("{client_p50:.2}")), "{line}");
+    assert!(
+        line.contains(&format!("{:+.2}", client_p50 - 110.0)),
+        "{line}"
+    );
+    assert!(terminal.contains("network, ingress and client"));
+    assert!(terminal.contains("request latency p99 (ms)"));
+    // The known roles in order, KV-cache usage in percent.
+    let order = [
+        "queue depth",
+        "running requests",
+        "KV-cache usage",
+        "preemptions",
+        "prompt tokens/s",
+        "generation tokens/s",
+        "TTFT p50",
+        "request latency p50",
+    ];
+    let positions: Vec<usize> = order
+        .iter()
+        .map(|what| {
+            terminal
+                .find(what)
+                .unwrap_or_else(|| panic!("{what}:\n{terminal}"))
+        })
+        .collect();
+    assert!(positions.windows(2).all(|w| w[0] < w[1]), "{terminal}");
+    assert!(terminal.contains("avg 42.0 % · max 71.5 %"), "{terminal}");
+    // Unknown families are counted, not listed.
+    assert!(terminal.contains("2 more families"), "{terminal}");
+    assert!(!terminal.contains("process_cpu_seconds_total"));
+    let markdown = render_markdown(&report);
+    assert!(markdown.contains("2 more families"), "{markdown}");
+    assert!(!markdown.contains("process\\_cpu"), "{markdown}");
+    // The HTML report holds them all.
+    let html = render_html(&report);
+    assert!(html.contains("process_cpu_seconds_total"));
+}
+
+#[test]
+fn html_plots_the_server_over_the_run() {
+    let report = server_report();
+    let html = render_html(&report);
+    for id in [
+        "plot-server-queue",
+        "plot-server-running",
+        "plot-server-kv",
+        "plot-server-tokens",
+    ] {
+        assert!(html.contains(&format!("id=\"{id}\"")), "{id}");
+    }
+    // Only the plots with data.
+    let mut no_tokens = report.clone();
+    let server = no_tokens.server.as_mut().expect("server");
+    for point in &mut server.timeline {
+        point.values.remove("vllm:generation_tokens_total");
+    }
+    let html = render_html(&no_tokens);
+    assert!(html.contains("id=\"plot-server-queue\""));
+    assert!(!html.contains("id=\"plot-server-tokens\""));
+    // No server section: no server plots, no section.
+    let html = render_html(&sample_report());
+    assert!(!html.contains("plot-server") && !html.contains("<h2>Server</h2>"));
+}
+
+#[test]
+fn server_text_is_escaped_everywhere() {
+    let mut report = server_report();
+    let server = report.server.as_mut().expect("server");
+    server.endpoints[1].url = "http://x/<script>alert(1)</script>".to_string();
+    server.endpoints[1].note = Some("bad \u{1b}[2J <b>note</b> | `x`".to_string());
+    server.metrics.insert(
+        "vllm:num_requests_running".to_string(),
+        crate::server_metrics::ServerMetric::Gauge {
+            avg: 1.0,
+            min: 1.0,
+            max: 1.0,
+            last: 1.0,
+        },
+    );
+    let html = render_html(&report);
+    assert!(!html.contains("<script") && !html.contains("<b>note"));
+    assert!(html.contains("&lt;script&gt;"));
+    let terminal = render_terminal(&report, false);
+    assert!(!terminal.contains('\u{1b}'), "{terminal}");
+    let markdown = render_markdown(&report);
+    assert!(
+        !markdown.contains("<b>") && !markdown.contains('\u{1b}'),
+        "{markdown}"
+    );
+}
+
+#[test]
+fn an_unanswered_server_is_a_note() {
+    let mut report = sample_report();
+    report.server = Some(ServerSection {
+        endpoints: vec![crate::server_metrics::ServerEndpoint {
+            url: "http://127.0.0.1:8080/metrics".to_string(),
+            scrapes: 0,
+            errors: 0,
+            note: Some("no Prometheus metrics (HTTP 404)".to_string()),
+        }],
+        ..ServerSection::default()
+    });
+    for text in [
+        render_terminal(&report, false),
+        render_markdown(&report),
+        render_html(&report),
+    ] {
+        assert!(text.contains("no endpoint answered"), "{text}");
+        assert!(text.contains("HTTP 404"), "{text}");
+    }
+}
+
+#[test]
+fn sweep_and_capacity_tables_gain_the_server_queue_max() {
+    let report = server_report();
+    let terminal = render_terminal(&report, false);
+    assert!(terminal.contains("server queue max"), "{terminal}");
+    assert!(render_markdown(&report).contains("Server queue max"));
+    assert!(render_html(&report).contains("<th>Server queue max</th>"));
+    // Without server sections, no column.
+    assert!(!render_terminal(&sample_report(), false).contains("server queue max"));
+
+    let mut capacity = capacity_report();
+    let section = capacity.capacity.as_mut().expect("capacity");
+    for (i, probe) in section.probes.iter_mut().enumerate() {
+        let mut server = sample_server();
+        server.metrics.insert(
+            "vllm:num_requests_waiting".to_string(),
+            crate::server_metrics::ServerMetric::Gauge {
+                avg: 1.0,
+                min: 0.0,
+                max: 100.0 + i as f64,
+                last: 0.0,
+            },
+        );
+        probe.server = Some(server);
+    }
+    let terminal = render_terminal(&capacity, false);
+    assert!(
+        terminal.contains("server queue max") && terminal.contains("101"),
+        "{terminal}"
+    );
+    let markdown = render_markdown(&capacity);
+    assert!(markdown.contains("Server queue max"), "{markdown}");
+    let html = render_html(&capacity);
+    assert!(html.contains("<th>Server queue max</th>") && html.contains(">101<"));
+}
+
+#[test]
+fn the_server_section_survives_a_json_round_trip() {
+    let report = server_report();
+    let text = report.to_json_pretty();
+    let json: Value = serde_json::from_str(&text).expect("json");
+    assert_eq!(
+        get(&json, "server/metrics/vllm:num_requests_waiting/type"),
+        "gauge"
+    );
+    assert_eq!(
+        get(&json, "server/metrics/vllm:num_requests_waiting/max"),
+        7.0
+    );
+    assert_eq!(
+        get(
+            &json,
+            "server/metrics/vllm:time_to_first_token_seconds/type"
+        ),
+        "histogram"
+    );
+    assert_eq!(get(&json, "server/endpoints/0/scrapes"), 6);
+    assert_eq!(
+        get(
+            &json,
+            "sweep/2/server/metrics/vllm:num_requests_waiting/max"
+        ),
+        7.0
+    );
+    let read = Report::from_json(&text).expect("reads back");
+    assert_eq!(read.server, report.server);
+    assert!(read.server.is_some());
+    for (read, level) in read.sweep.iter().zip(&report.sweep) {
+        assert_eq!(read.server, level.server);
+    }
+    // Absent when there is none, and a report saved before it existed still reads.
+    let plain: Value = serde_json::from_str(&sample_report().to_json_pretty()).expect("json");
+    assert!(plain.get("server").is_none());
+    assert!(plain["sweep"][0].get("server").is_none());
+    let read = Report::from_json(&plain.to_string()).expect("reads");
+    assert!(read.server.is_none() && read.sweep.iter().all(|l| l.server.is_none()));
+}
+
+#[test]
+fn server_goals_are_judged_on_the_report_and_its_probes() {
+    let report = server_report();
+    let goal = report.goals.last().expect("server goal");
+    assert_eq!(goal.value, Some(7.0));
+    assert!(goal.failed);
+    let probe = evaluate_goals_on(
+        &[parse_goal("server.vllm:num_requests_waiting.max > 5").expect("goal")],
+        &report.llm,
+        &report.requests,
+        None,
+        report.sweep[1].server.as_ref(),
+        None,
+    );
+    assert_eq!(probe[0].value, Some(2.0));
+    assert!(!probe[0].failed);
+    assert_eq!(
+        crate::goals::unknown_server_metrics(
+            &[parse_goal("server.vllm:num_request_waiting.max > 5").expect("goal")],
+            report.server.as_ref()
+        ),
+        vec!["server.vllm:num_request_waiting.max > 5".to_string()]
+    );
 }

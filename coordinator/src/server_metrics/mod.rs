@@ -1,0 +1,570 @@
+//! The server's side of a run: scrape the target's Prometheus `/metrics` (and any
+//! `--server-metrics` endpoint) before, during and after the load, and summarise a window
+//! of it (the run, a sweep level, a capacity probe) for the report's `server` key.
+//!
+//! The API is three calls:
+//! - [`Scraper::start`]`(endpoints, interval, &client)` spawns one tokio task that probes
+//!   every endpoint at once, then scrapes those that answered Prometheus text every
+//!   `interval`; it never blocks the caller.
+//! - [`Scraper::finish`]`().await` scrapes each endpoint once more, stops the task and
+//!   returns the [`ScrapeLog`].
+//! - [`ScrapeLog::section`]`(from, to, run_start)` summarises the window `[from, to]` into
+//!   a [`ServerSection`], its timeline on the axis of seconds since `run_start`.
+//!
+//! An endpoint whose probe fails, or that answers something other than Prometheus text
+//! (HTML, JSON, an empty body, an HTTP error), is dropped with a note in the report, never
+//! a failure of the run.
+//!
+//! The text parser is our own (`parse`): `prometheus-parse`, the crate that would fit, reads
+//! metric names as `\w+` (every `vllm:` name is lost) and label values by splitting on `,`
+//! and `=` (an escaped quote or a comma in a value breaks it), and brings chrono, itertools
+//! and regex; the format is a few hundred lines to read right, with property tests.
+//!
+//! ## What is kept
+//! Each scrape is reduced at once to one value per metric *family*: the family's series
+//! summed over all their label sets (`FamilyValue`); summaries are skipped (their
+//! quantiles cannot be summed, and the report's keys have no place for them); an untyped
+//! family reads as a gauge. Scrapes of all endpoints in one round share one instant (when
+//! the round's last read returned), and the statistics sum each family across endpoints,
+//! an endpoint that failed in a round counting with its previous scrape. Families of
+//! TensorRT-LLM whose total means nothing are also kept per label value
+//! (`parse::SPLIT_BY_LABEL`).
+//!
+//! ## The statistics of a window `[from, to]`
+//! - gauge → `{type: "gauge", avg, min, max, last}` over the rounds inside the window
+//!   (each round weighing the same); when no round is inside, the last round at or before
+//!   `from`, so a short window still has a value.
+//! - counter → `{type: "counter", delta, rate}`: the increase from the last round at or
+//!   before `from` to the first round at or after `to` (so the window's whole load is
+//!   inside, exactly: the probe before the load and the final scrape after it bound a run;
+//!   a sweep level's bounds may reach into its neighbours' by up to one interval; with no
+//!   round on a side, the nearest on the other), a decrease being a reset as in Prometheus'
+//!   `increase` (the value
+//!   after it counts from zero), per endpoint then summed; `rate` = delta / the seconds
+//!   between those two rounds (0 when they are one round). A series that appears during
+//!   the window counts from zero.
+//! - histogram → `{type: "histogram", count, sum, p50, p90, p99}` from the bucket deltas
+//!   between the same two rounds (a drop of `_count` is a reset), quantiles interpolated
+//!   linearly within the bucket as Prometheus' `histogram_quantile` does, in the metric's
+//!   own unit; quantiles are 0 when the window saw no observation.
+//! - timeline: per round inside the window (or the fallback round), the known families'
+//!   ([`known_families`]) gauge values, their counters' rate since the previous round,
+//!   and their histograms' mean observation since the previous round.
+
+mod known;
+mod parse;
+mod scrape;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+pub use known::{KnownFamily, Role, known_families, role_of};
+pub use parse::{MAX_SERIES, ParseError};
+pub use scrape::{MAX_BODY_BYTES, ScrapeClientOptions, ScrapeEndpoint, Scraper, request_timeout};
+
+use parse::{FamilyValue, add_bucket};
+
+/// The report's `server` key for one window.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ServerSection {
+    /// Every endpoint asked for, in order, dropped ones with their note.
+    pub endpoints: Vec<ServerEndpoint>,
+    /// Family name → its statistics over the window.
+    pub metrics: BTreeMap<String, ServerMetric>,
+    /// The known families over time, for the plots.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub timeline: Vec<ServerPoint>,
+}
+
+/// One scraped endpoint.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ServerEndpoint {
+    /// Its URL, credentials redacted.
+    pub url: String,
+    /// Its successful scrapes from the first round the window's statistics used to the
+    /// last (so the probe counts in a run's section).
+    pub scrapes: u64,
+    /// Its failed scrapes up to the window's end, from its start or from the first round
+    /// used, whichever is earlier (from the very first when that round is the probe, so a
+    /// dropped endpoint's failed probe counts).
+    pub errors: u64,
+    /// Why it was dropped (no Prometheus metrics, unreachable...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// One family's statistics over a window (see the module doc for their definitions).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum ServerMetric {
+    /// A gauge (or untyped family) over the window's rounds.
+    Gauge {
+        /// Mean of the rounds' values.
+        avg: f64,
+        /// Least value.
+        min: f64,
+        /// Greatest value.
+        max: f64,
+        /// The last round's value.
+        last: f64,
+    },
+    /// A counter's increase.
+    Counter {
+        /// Increase over the window (resets handled).
+        delta: f64,
+        /// `delta` per second.
+        rate: f64,
+    },
+    /// A histogram's observations within the window.
+    Histogram {
+        /// Observations.
+        count: f64,
+        /// Sum of the observations.
+        sum: f64,
+        /// Median, in the metric's unit.
+        p50: f64,
+        /// 90th percentile.
+        p90: f64,
+        /// 99th percentile.
+        p99: f64,
+    },
+}
+
+/// The known families at one round.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ServerPoint {
+    /// Seconds since the run's start (negative before it).
+    pub t_s: f64,
+    /// Family → gauge value, counter rate per second, or histogram mean since the
+    /// previous round.
+    pub values: BTreeMap<String, f64>,
+}
+
+/// Everything the scraper saw: per round, each endpoint's families.
+#[derive(Debug, Clone, Default)]
+pub struct ScrapeLog {
+    endpoints: Vec<EndpointLog>,
+    rounds: Vec<Round>,
+}
+
+/// One endpoint's bookkeeping.
+#[derive(Debug, Clone, Default)]
+struct EndpointLog {
+    /// Redacted URL.
+    url: String,
+    /// Why it was dropped.
+    note: Option<String>,
+    /// When its scrapes failed.
+    errors: Vec<SystemTime>,
+}
+
+/// One round of scrapes.
+#[derive(Debug, Clone)]
+struct Round {
+    /// When the round's last successful read returned.
+    at: SystemTime,
+    /// Per endpoint (index as in `ScrapeLog::endpoints`), its families, `None` when it
+    /// failed or is dropped.
+    values: Vec<Option<Families>>,
+}
+
+/// One scrape, reduced.
+type Families = BTreeMap<String, FamilyValue>;
+
+/// A histogram's increase over some rounds.
+#[derive(Debug, Clone, Default)]
+struct HistogramDelta {
+    buckets: Vec<(f64, f64)>,
+    sum: f64,
+    count: f64,
+}
+
+impl ScrapeLog {
+    /// Summarise the window `[from, to]`; timeline instants are seconds since `run_start`.
+    pub fn section(
+        &self,
+        from: SystemTime,
+        to: SystemTime,
+        run_start: SystemTime,
+    ) -> ServerSection {
+        let filled = self.filled();
+        let window: Vec<usize> = (0..self.rounds.len())
+            .filter(|&i| self.rounds[i].at >= from && self.rounds[i].at <= to)
+            .collect();
+        let gauge_rounds: Vec<usize> = if window.is_empty() {
+            (0..self.rounds.len())
+                .rev()
+                .find(|&i| self.rounds[i].at <= from)
+                .into_iter()
+                .collect()
+        } else {
+            window
+        };
+        let span = match (self.bounding(from, false), self.bounding(to, true)) {
+            (Some(start), Some(end)) if start <= end => Some((start, end)),
+            (Some(start), Some(_)) => Some((start, start)),
+            _ => None,
+        };
+
+        let mut used: Vec<usize> = gauge_rounds.clone();
+        if let Some((start, end)) = span {
+            used.push(start);
+            used.push(end);
+        }
+        let first_used = used.iter().copied().min();
+        let last_used = used.iter().copied().max();
+        let errors_from = match first_used {
+            Some(0) | None => SystemTime::UNIX_EPOCH,
+            Some(first) => from.min(self.rounds[first].at),
+        };
+        let endpoints = self
+            .endpoints
+            .iter()
+            .enumerate()
+            .map(|(e, endpoint)| ServerEndpoint {
+                url: endpoint.url.clone(),
+                scrapes: match (first_used, last_used) {
+                    (Some(first), Some(last)) => (first..=last)
+                        .filter(|&i| self.rounds[i].values.get(e).is_some_and(Option::is_some))
+                        .count() as u64,
+                    _ => 0,
+                },
+                errors: endpoint
+                    .errors
+                    .iter()
+                    .filter(|&&at| at >= errors_from && at <= to)
+                    .count() as u64,
+                note: endpoint.note.clone(),
+            })
+            .collect();
+
+        // Every family seen in the rounds used, with the kind it was first seen as.
+        let mut kinds: BTreeMap<&str, Kind> = BTreeMap::new();
+        for &i in &used {
+            for families in filled[i].iter().flatten() {
+                for (name, value) in families.iter() {
+                    kinds.entry(name.as_str()).or_insert(Kind::of(value));
+                }
+            }
+        }
+
+        let mut metrics = BTreeMap::new();
+        for (name, kind) in &kinds {
+            let metric = match kind {
+                Kind::Gauge => self.gauge_stats(&filled, name, &gauge_rounds),
+                Kind::Counter => span.map(|(start, end)| {
+                    let delta = counter_increase(&filled, name, start, end);
+                    let seconds = seconds_between(self.rounds[start].at, self.rounds[end].at);
+                    ServerMetric::Counter {
+                        delta,
+                        rate: if seconds > 0.0 { delta / seconds } else { 0.0 },
+                    }
+                }),
+                Kind::Histogram => span.map(|(start, end)| {
+                    let delta = histogram_increase(&filled, name, start, end);
+                    ServerMetric::Histogram {
+                        count: delta.count,
+                        sum: delta.sum,
+                        p50: histogram_quantile(0.5, &delta.buckets),
+                        p90: histogram_quantile(0.9, &delta.buckets),
+                        p99: histogram_quantile(0.99, &delta.buckets),
+                    }
+                }),
+            };
+            if let Some(metric) = metric {
+                metrics.insert((*name).to_owned(), metric);
+            }
+        }
+
+        let known: Vec<(&str, Kind)> = kinds
+            .iter()
+            .filter(|(name, _)| role_of(name).is_some())
+            .map(|(name, kind)| (*name, *kind))
+            .collect();
+        let timeline = gauge_rounds
+            .iter()
+            .map(|&i| {
+                let mut values = BTreeMap::new();
+                for &(name, kind) in &known {
+                    let value = match kind {
+                        Kind::Gauge => gauge_sum(&filled[i], name),
+                        Kind::Counter if i > 0 => {
+                            let seconds = seconds_between(self.rounds[i - 1].at, self.rounds[i].at);
+                            (seconds > 0.0)
+                                .then(|| counter_increase(&filled, name, i - 1, i) / seconds)
+                        }
+                        Kind::Histogram if i > 0 => {
+                            let delta = histogram_increase(&filled, name, i - 1, i);
+                            (delta.count > 0.0).then(|| delta.sum / delta.count)
+                        }
+                        Kind::Counter | Kind::Histogram => None,
+                    };
+                    if let Some(value) = value.filter(|value| value.is_finite()) {
+                        values.insert(name.to_owned(), value);
+                    }
+                }
+                ServerPoint {
+                    t_s: signed_seconds(run_start, self.rounds[i].at),
+                    values,
+                }
+            })
+            .collect();
+
+        ServerSection {
+            endpoints,
+            metrics,
+            timeline,
+        }
+    }
+
+    /// Per round, each endpoint's latest scrape at or before it (carried forward over
+    /// failed scrapes).
+    fn filled(&self) -> Vec<Vec<Option<&Families>>> {
+        let mut latest: Vec<Option<&Families>> = vec![None; self.endpoints.len()];
+        self.rounds
+            .iter()
+            .map(|round| {
+                for (e, value) in round.values.iter().enumerate() {
+                    if let (Some(value), Some(slot)) = (value, latest.get_mut(e)) {
+                        *slot = Some(value);
+                    }
+                }
+                latest.clone()
+            })
+            .collect()
+    }
+
+    /// The round that bounds a window at `at`: the first at or after it for a window's end
+    /// (`after`), the last at or before it for its start; the nearest on the other side
+    /// when there is none.
+    fn bounding(&self, at: SystemTime, after: bool) -> Option<usize> {
+        let first_after = self.rounds.partition_point(|round| round.at < at);
+        let last_before = self
+            .rounds
+            .partition_point(|round| round.at <= at)
+            .checked_sub(1);
+        let first_after = (first_after < self.rounds.len()).then_some(first_after);
+        if after {
+            first_after.or(last_before)
+        } else {
+            last_before.or(first_after)
+        }
+    }
+
+    /// A gauge over `rounds`, the rounds where some endpoint has it.
+    fn gauge_stats(
+        &self,
+        filled: &[Vec<Option<&Families>>],
+        name: &str,
+        rounds: &[usize],
+    ) -> Option<ServerMetric> {
+        let values: Vec<f64> = rounds
+            .iter()
+            .filter_map(|&i| gauge_sum(&filled[i], name))
+            .collect();
+        let last = *values.last()?;
+        let count = values.len() as f64;
+        Some(ServerMetric::Gauge {
+            avg: values.iter().sum::<f64>() / count,
+            min: values.iter().copied().fold(f64::INFINITY, f64::min),
+            max: values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            last,
+        })
+    }
+}
+
+/// The kinds of statistics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Gauge,
+    Counter,
+    Histogram,
+}
+
+impl Kind {
+    fn of(value: &FamilyValue) -> Kind {
+        match value {
+            FamilyValue::Gauge(_) => Kind::Gauge,
+            FamilyValue::Counter(_) => Kind::Counter,
+            FamilyValue::Histogram { .. } => Kind::Histogram,
+        }
+    }
+}
+
+/// A gauge summed over the endpoints that have it at one round.
+fn gauge_sum(endpoints: &[Option<&Families>], name: &str) -> Option<f64> {
+    let mut total = None;
+    for families in endpoints.iter().flatten() {
+        if let Some(FamilyValue::Gauge(value)) = families.get(name) {
+            *total.get_or_insert(0.0) += value;
+        }
+    }
+    total
+}
+
+/// A counter's increase from round `start` to round `end`, per endpoint (a decrease is a
+/// reset, a family absent at `start` starts from zero), summed.
+fn counter_increase(
+    filled: &[Vec<Option<&Families>>],
+    name: &str,
+    start: usize,
+    end: usize,
+) -> f64 {
+    let endpoints = filled.get(start).map_or(0, Vec::len);
+    let mut total = 0.0;
+    for endpoint in 0..endpoints {
+        if scraped(filled, start, endpoint).is_none() {
+            continue;
+        }
+        let value_at = |round: usize| match scraped(filled, round, endpoint)
+            .and_then(|families| families.get(name))
+        {
+            Some(FamilyValue::Counter(value)) => Some(*value),
+            _ => None,
+        };
+        let mut previous = value_at(start).unwrap_or(0.0);
+        for round in start + 1..=end {
+            if let Some(value) = value_at(round) {
+                total += if value >= previous {
+                    value - previous
+                } else {
+                    value
+                };
+                previous = value;
+            }
+        }
+    }
+    total
+}
+
+/// Endpoint `endpoint`'s families at round `round` (carried forward), if any.
+fn scraped<'a>(
+    filled: &[Vec<Option<&'a Families>>],
+    round: usize,
+    endpoint: usize,
+) -> Option<&'a Families> {
+    filled
+        .get(round)
+        .and_then(|endpoints| endpoints.get(endpoint).copied().flatten())
+}
+
+/// A histogram's increase from round `start` to round `end` (as [`counter_increase`], a
+/// drop of `_count` being a reset), summed over endpoints bucket by bucket.
+fn histogram_increase(
+    filled: &[Vec<Option<&Families>>],
+    name: &str,
+    start: usize,
+    end: usize,
+) -> HistogramDelta {
+    let endpoints = filled.get(start).map_or(0, Vec::len);
+    let mut total = HistogramDelta::default();
+    let empty: Vec<(f64, f64)> = Vec::new();
+    for endpoint in 0..endpoints {
+        if scraped(filled, start, endpoint).is_none() {
+            continue;
+        }
+        let value_at = |round: usize| match scraped(filled, round, endpoint)
+            .and_then(|families| families.get(name))
+        {
+            Some(FamilyValue::Histogram {
+                buckets,
+                sum,
+                count,
+            }) => Some((buckets, *sum, *count)),
+            _ => None,
+        };
+        let (mut previous_buckets, mut previous_sum, mut previous_count) =
+            value_at(start).unwrap_or((&empty, 0.0, 0.0));
+        for round in start + 1..=end {
+            let Some((buckets, sum, count)) = value_at(round) else {
+                continue;
+            };
+            let reset = count < previous_count;
+            for &(le, cumulative) in buckets {
+                let before = if reset {
+                    0.0
+                } else {
+                    bucket_at(previous_buckets, le)
+                };
+                add_bucket(&mut total.buckets, le, cumulative - before);
+            }
+            if reset {
+                total.sum += sum;
+                total.count += count;
+            } else {
+                total.sum += sum - previous_sum;
+                total.count += count - previous_count;
+            }
+            (previous_buckets, previous_sum, previous_count) = (buckets, sum, count);
+        }
+    }
+    total
+}
+
+/// The cumulative count of the bucket with bound `le` (0 when absent).
+fn bucket_at(buckets: &[(f64, f64)], le: f64) -> f64 {
+    buckets
+        .binary_search_by(|(bound, _)| bound.total_cmp(&le))
+        .map_or(0.0, |at| buckets[at].1)
+}
+
+/// Prometheus' `histogram_quantile` over cumulative `buckets` sorted by bound: the rank
+/// `q × total` is found in its bucket and interpolated linearly between the bucket's
+/// bounds (the first bucket's lower bound is 0, unless its upper bound is not positive);
+/// a rank in the `+Inf` bucket gives the highest finite bound. Counts are first made
+/// monotonic, as Prometheus does. 0 when there are no observations (Prometheus: NaN).
+pub(crate) fn histogram_quantile(q: f64, buckets: &[(f64, f64)]) -> f64 {
+    let mut monotonic: Vec<(f64, f64)> = Vec::with_capacity(buckets.len());
+    let mut highest = 0.0f64;
+    for &(le, count) in buckets {
+        highest = highest.max(count);
+        monotonic.push((le, highest));
+    }
+    let Some(&(_, total)) = monotonic.last() else {
+        return 0.0;
+    };
+    if total <= 0.0 {
+        return 0.0;
+    }
+    let rank = q * total;
+    let Some(index) = monotonic.iter().position(|&(_, count)| count >= rank) else {
+        return 0.0;
+    };
+    let (upper, count) = monotonic[index];
+    if upper == f64::INFINITY {
+        return match index.checked_sub(1) {
+            Some(previous) => monotonic[previous].0,
+            None => 0.0,
+        };
+    }
+    let (lower, below) = match index.checked_sub(1) {
+        Some(previous) => monotonic[previous],
+        None if upper <= 0.0 => return upper,
+        None => (0.0, 0.0),
+    };
+    if count == below {
+        return upper;
+    }
+    lower + (upper - lower) * (rank - below) / (count - below)
+}
+
+/// Seconds from `earlier` to `later` (0 if `later` is earlier).
+fn seconds_between(earlier: SystemTime, later: SystemTime) -> f64 {
+    later
+        .duration_since(earlier)
+        .unwrap_or(Duration::ZERO)
+        .as_secs_f64()
+}
+
+/// Seconds from `origin` to `at`, negative when `at` is earlier.
+fn signed_seconds(origin: SystemTime, at: SystemTime) -> f64 {
+    match at.duration_since(origin) {
+        Ok(after) => after.as_secs_f64(),
+        Err(before) => -before.duration().as_secs_f64(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

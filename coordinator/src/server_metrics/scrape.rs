@@ -1,0 +1,542 @@
+//! The scraper: one tokio task that probes every endpoint, scrapes those that answered
+//! Prometheus text every interval, and once more when asked to finish.
+//!
+//! Each round fetches every live endpoint concurrently, each fetch bounded by
+//! [`request_timeout`] (the interval, but at least 1 s and at most 5 s: a scrape never
+//! outlives the next tick by much, a slow exporter still gets a second, and a hung one
+//! cannot hold `finish` for long). A round in progress when `finish` is called is
+//! abandoned for the final one, so `finish` returns within one timeout (plus what is
+//! left of the probe, which doubles as the final scrape when `finish` comes first).
+//! Ticks missed during a slow round are skipped, not bunched.
+//!
+//! TLS trusts what the workers trust for the target: Mozilla's roots, the `--target-ca`
+//! PEM contents (also as pinned end certificates, as `worker::client` does), or nothing
+//! with `--insecure`. Redirects are not followed: an endpoint's headers may carry the
+//! target's credentials, which must not reach another origin.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use common::assignment::TargetTransport;
+use common::recording::redact_url;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::{JoinHandle, JoinSet};
+
+use super::parse::{self, ParseError};
+use super::{EndpointLog, Families, Round, ScrapeLog};
+
+/// The largest body read from an endpoint (4 MiB; vLLM's is about 100 KiB): a larger one
+/// is an error, so a hostile endpoint cannot exhaust memory.
+pub const MAX_BODY_BYTES: usize = 4 << 20;
+
+/// One endpoint to scrape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScrapeEndpoint {
+    /// Its URL (`http(s)://host:port/metrics`).
+    pub url: String,
+    /// Headers sent with each scrape (the caller decides: credentials only to the
+    /// target's own origin).
+    pub headers: Vec<(String, String)>,
+}
+
+/// How the scraper's HTTP client trusts servers: as the workers do for the target.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ScrapeClientOptions {
+    /// PEM contents of the `--target-ca` files.
+    pub ca_pem: Vec<String>,
+    /// `--insecure`: no certificate verification.
+    pub insecure: bool,
+}
+
+impl From<&TargetTransport> for ScrapeClientOptions {
+    fn from(transport: &TargetTransport) -> ScrapeClientOptions {
+        ScrapeClientOptions {
+            ca_pem: transport.ca_pem.clone(),
+            insecure: transport.insecure,
+        }
+    }
+}
+
+/// The time limit of one scrape for a scrape `interval`: the interval, clamped to 1..=5 s.
+pub fn request_timeout(interval: Duration) -> Duration {
+    interval.clamp(Duration::from_secs(1), Duration::from_secs(5))
+}
+
+/// A running scraper; [`Scraper::finish`] stops it and hands over the log. Dropping it
+/// without finishing aborts the task.
+#[derive(Debug)]
+pub struct Scraper {
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<ScrapeLog>>,
+    /// Asks the task for a round now and a copy of its log ([`Scraper::snapshot`]).
+    snapshots: mpsc::Sender<oneshot::Sender<ScrapeLog>>,
+}
+
+impl Scraper {
+    /// Spawn the scraping task (on the current tokio runtime): probe each endpoint now,
+    /// then scrape the ones that answered Prometheus text every `interval` (at least
+    /// 10 ms). Returns at once.
+    pub fn start(
+        endpoints: Vec<ScrapeEndpoint>,
+        interval: Duration,
+        client: &ScrapeClientOptions,
+    ) -> Scraper {
+        let (stop, stopped) = oneshot::channel();
+        let (snapshots, asked) = mpsc::channel(1);
+        let client = build_client(client);
+        let interval = interval.max(Duration::from_millis(10));
+        let task = tokio::spawn(run(endpoints, interval, client, stopped, asked));
+        Scraper {
+            stop: Some(stop),
+            task: Some(task),
+            snapshots,
+        }
+    }
+
+    /// Scrape every live endpoint now and return a copy of the log so far (for a window
+    /// that just ended while the scraper goes on: a capacity probe's goals). `None` when
+    /// the task has ended (every endpoint dropped, or the client could not be built): the
+    /// log [`Scraper::finish`] returns says why.
+    pub async fn snapshot(&self) -> Option<ScrapeLog> {
+        let (reply, answer) = oneshot::channel();
+        self.snapshots.send(reply).await.ok()?;
+        answer.await.ok()
+    }
+
+    /// Scrape each live endpoint once more, stop, and return everything scraped.
+    pub async fn finish(mut self) -> ScrapeLog {
+        if let Some(stop) = self.stop.take() {
+            // An error means the task ended already (every endpoint was dropped).
+            let _ = stop.send(());
+        }
+        let Some(task) = self.task.take() else {
+            return ScrapeLog::default();
+        };
+        match task.await {
+            Ok(log) => log,
+            Err(error) => {
+                tracing::warn!(%error, "the server-metrics scraper ended abnormally");
+                ScrapeLog::default()
+            }
+        }
+    }
+}
+
+impl Drop for Scraper {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Why one scrape failed (shown after the endpoint's URL in a note).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+enum ScrapeFailure {
+    #[error("no Prometheus metrics (HTTP {0})")]
+    Status(u16),
+    #[error("answered {0}, not Prometheus text")]
+    ContentType(String),
+    #[error("not Prometheus text: {0}")]
+    Parse(#[source] ParseError),
+    #[error("answered more than {} MiB", MAX_BODY_BYTES >> 20)]
+    TooLarge,
+    #[error("unreachable: {0}")]
+    Unreachable(String),
+}
+
+/// One fetch's outcome: the instant its read returned and its families.
+type Fetched = Result<(SystemTime, Families), (SystemTime, ScrapeFailure)>;
+
+/// The task: probe, scrape every interval until told to stop, scrape once more.
+async fn run(
+    endpoints: Vec<ScrapeEndpoint>,
+    interval: Duration,
+    client: Result<reqwest::Client, String>,
+    mut stop: oneshot::Receiver<()>,
+    mut asked: mpsc::Receiver<oneshot::Sender<ScrapeLog>>,
+) -> ScrapeLog {
+    let mut log = ScrapeLog {
+        endpoints: endpoints
+            .iter()
+            .map(|endpoint| EndpointLog {
+                url: redact_url(&endpoint.url),
+                ..EndpointLog::default()
+            })
+            .collect(),
+        rounds: Vec::new(),
+    };
+    let client = match client {
+        Ok(client) => client,
+        Err(error) => {
+            for endpoint in &mut log.endpoints {
+                endpoint.note = Some(format!("{}: {error}", endpoint.url));
+            }
+            return log;
+        }
+    };
+    let endpoints: Arc<[ScrapeEndpoint]> = endpoints.into();
+    let timeout = request_timeout(interval);
+    let mut live: Vec<usize> = (0..endpoints.len()).collect();
+
+    let (results, stopped) = {
+        let probe = fetch_round(&client, &endpoints, &live, timeout);
+        tokio::pin!(probe);
+        tokio::select! {
+            results = &mut probe => (results, false),
+            _ = &mut stop => (probe.await, true),
+        }
+    };
+    record(&mut log, results, Some(&mut live));
+    if stopped || live.is_empty() {
+        return log;
+    }
+
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let reply = tokio::select! {
+            biased;
+            _ = &mut stop => break,
+            reply = asked.recv() => reply,
+            _ = ticker.tick() => None,
+        };
+        let results = tokio::select! {
+            biased;
+            _ = &mut stop => break,
+            results = fetch_round(&client, &endpoints, &live, timeout) => results,
+        };
+        record(&mut log, results, None);
+        if let Some(reply) = reply {
+            // The asker may have gone: nothing to do then.
+            let _ = reply.send(log.clone());
+        }
+    }
+    let results = fetch_round(&client, &endpoints, &live, timeout).await;
+    record(&mut log, results, None);
+    log
+}
+
+/// Add one round's results to the log; on the probe (`live` given), drop the endpoints
+/// that failed, with a note.
+fn record(log: &mut ScrapeLog, results: Vec<(usize, Fetched)>, mut live: Option<&mut Vec<usize>>) {
+    let mut values: Vec<Option<Families>> = vec![None; log.endpoints.len()];
+    let mut at = None;
+    for (index, result) in results {
+        let Some(endpoint) = log.endpoints.get_mut(index) else {
+            continue;
+        };
+        match result {
+            Ok((read_at, families)) => {
+                at = Some(at.map_or(read_at, |at: SystemTime| at.max(read_at)));
+                values[index] = Some(families);
+            }
+            Err((failed_at, failure)) => {
+                endpoint.errors.push(failed_at);
+                if let Some(live) = live.as_deref_mut() {
+                    tracing::info!(url = %endpoint.url, %failure, "server metrics: endpoint dropped");
+                    endpoint.note = Some(format!("{}: {failure}", endpoint.url));
+                    live.retain(|&live| live != index);
+                } else {
+                    tracing::debug!(url = %endpoint.url, %failure, "server metrics: scrape failed");
+                }
+            }
+        }
+    }
+    if let Some(at) = at {
+        log.rounds.push(Round { at, values });
+    }
+}
+
+/// Fetch every endpoint of `live` concurrently. Dropping the future aborts the fetches.
+async fn fetch_round(
+    client: &reqwest::Client,
+    endpoints: &Arc<[ScrapeEndpoint]>,
+    live: &[usize],
+    timeout: Duration,
+) -> Vec<(usize, Fetched)> {
+    let mut fetches = JoinSet::new();
+    for &index in live {
+        let client = client.clone();
+        let endpoints = Arc::clone(endpoints);
+        fetches.spawn(async move {
+            let result =
+                match tokio::time::timeout(timeout, fetch(&client, &endpoints[index])).await {
+                    Ok(result) => result,
+                    Err(_) => Err((
+                        SystemTime::now(),
+                        ScrapeFailure::Unreachable(format!(
+                            "no answer within {} ms",
+                            timeout.as_millis()
+                        )),
+                    )),
+                };
+            (index, result)
+        });
+    }
+    let mut results = Vec::with_capacity(live.len());
+    while let Some(joined) = fetches.join_next().await {
+        match joined {
+            Ok(result) => results.push(result),
+            Err(error) => tracing::warn!(%error, "server metrics: a scrape task ended abnormally"),
+        }
+    }
+    results.sort_by_key(|(index, _)| *index);
+    results
+}
+
+/// One scrape: GET, check status and content type, read at most [`MAX_BODY_BYTES`],
+/// take the clock, parse.
+async fn fetch(client: &reqwest::Client, endpoint: &ScrapeEndpoint) -> Fetched {
+    let failed = |failure| Err((SystemTime::now(), failure));
+    let mut request = client.get(&endpoint.url).header(
+        reqwest::header::ACCEPT,
+        "text/plain;version=0.0.4;q=1,*/*;q=0.1",
+    );
+    for (name, value) in &endpoint.headers {
+        request = request.header(name.as_str(), value.as_str());
+    }
+    let mut response = match request.send().await {
+        Ok(response) => response,
+        Err(error) => {
+            return failed(ScrapeFailure::Unreachable(error_chain(
+                &error.without_url(),
+            )));
+        }
+    };
+    let status = response.status();
+    if !status.is_success() {
+        return failed(ScrapeFailure::Status(status.as_u16()));
+    }
+    let content_type = response
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .map(|value| {
+            value
+                .split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        })
+        .unwrap_or_default();
+    if content_type.contains("html")
+        || content_type.contains("json")
+        || content_type.contains("xml")
+        || content_type.contains("protobuf")
+    {
+        return failed(ScrapeFailure::ContentType(content_type));
+    }
+    if response
+        .content_length()
+        .is_some_and(|length| length > MAX_BODY_BYTES as u64)
+    {
+        return failed(ScrapeFailure::TooLarge);
+    }
+    let mut body: Vec<u8> = Vec::new();
+    loop {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                if body.len() + chunk.len() > MAX_BODY_BYTES {
+                    return failed(ScrapeFailure::TooLarge);
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok(None) => break,
+            Err(error) => {
+                return failed(ScrapeFailure::Unreachable(error_chain(
+                    &error.without_url(),
+                )));
+            }
+        }
+    }
+    // Timestamp at the edge: when the read returned, before parsing.
+    let at = SystemTime::now();
+    match parse::parse(&body) {
+        Ok(exposition) => Ok((at, parse::reduce(&exposition))),
+        Err(error) => failed(ScrapeFailure::Parse(error)),
+    }
+}
+
+/// An error and its causes on one line (reqwest's own message names no cause).
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// The HTTP client: rustls with ring, the workers' trust, no redirects, HTTP/2 by ALPN.
+fn build_client(options: &ScrapeClientOptions) -> Result<reqwest::Client, String> {
+    let tls = tls_config(options)?;
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .pool_max_idle_per_host(2)
+        .tls_backend_preconfigured(tls)
+        .build()
+        .map_err(|error| format!("could not build the HTTP client: {}", error_chain(&error)))
+}
+
+/// The rustls configuration: Mozilla roots plus the extra CAs (each also trusted as a
+/// pinned end certificate), or no verification with `insecure`.
+fn tls_config(options: &ScrapeClientOptions) -> Result<rustls::ClientConfig, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|error| format!("TLS configuration: {error}"))?;
+    let mut config = if options.insecure {
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(NoVerification(provider)))
+            .with_no_client_auth()
+    } else {
+        let mut roots = rustls::RootCertStore {
+            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+        };
+        let mut pinned = Vec::new();
+        for (index, pem) in options.ca_pem.iter().enumerate() {
+            for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+                let cert = cert.map_err(|error| {
+                    format!("target CA #{index}: not a PEM certificate: {error}")
+                })?;
+                roots
+                    .add(cert.clone())
+                    .map_err(|error| format!("target CA #{index}: {error}"))?;
+                pinned.push(cert);
+            }
+        }
+        let webpki =
+            rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|error| format!("TLS configuration: {error}"))?;
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(WebPkiOrPinned { webpki, pinned }))
+            .with_no_client_auth()
+    };
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// Mozilla roots and the extra CAs, or an extra CA presented as the server's own
+/// certificate (a self-signed one with `CA:TRUE`, which webpki refuses as an end
+/// certificate): it must still name the host, and the handshake's signatures are checked.
+#[derive(Debug)]
+struct WebPkiOrPinned {
+    webpki: Arc<rustls::client::WebPkiServerVerifier>,
+    pinned: Vec<CertificateDer<'static>>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for WebPkiOrPinned {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        match self.webpki.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        ) {
+            Ok(verified) => Ok(verified),
+            Err(error)
+                if self
+                    .pinned
+                    .iter()
+                    .any(|pinned| pinned.as_ref() == end_entity.as_ref()) =>
+            {
+                let parsed =
+                    rustls::server::ParsedCertificate::try_from(end_entity).map_err(|_| error)?;
+                rustls::client::verify_server_name(&parsed, server_name)?;
+                Ok(rustls::client::danger::ServerCertVerified::assertion())
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.webpki.supported_verify_schemes()
+    }
+}
+
+/// `--insecure`: accept any certificate, still checking the handshake's signatures.
+#[derive(Debug)]
+struct NoVerification(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for NoVerification {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
