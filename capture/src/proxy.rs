@@ -128,6 +128,9 @@ pub async fn handle(
             &format!("llm-replay record: the recording cannot be written: {cause}\n"),
         ));
     }
+    if is_metrics_scrape(request.method(), request.uri()) {
+        return Ok(pass_through_scrape(&state, request).await);
+    }
     let zero = *state.first_arrival.get_or_init(|| arrival);
     let (parts, body) = request.into_parts();
     let path_and_query = parts
@@ -286,6 +289,67 @@ pub async fn handle(
     *response.status_mut() = parts.status;
     *response.headers_mut() = forwardable(&parts.headers);
     Ok(response)
+}
+
+/// Most bytes of a `/metrics` answer passed through (vLLM's is about 100 KiB).
+const MAX_SCRAPE_BYTES: usize = 8 << 20;
+
+/// A Prometheus scrape of the upstream through the proxy (`GET /metrics`: `llm-replay run`
+/// scrapes its target's, a monitoring system may too) is not traffic to record: it is
+/// forwarded, and neither recorded nor counted, nor does it start the recording's clock.
+fn is_metrics_scrape(method: &http::Method, uri: &http::Uri) -> bool {
+    method == http::Method::GET && uri.path() == "/metrics"
+}
+
+/// Forward a scrape and hand back the upstream's answer, unrecorded.
+async fn pass_through_scrape(
+    state: &ProxyState,
+    request: http::Request<Incoming>,
+) -> http::Response<ProxyBody> {
+    let (parts, _) = request.into_parts();
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
+    let Ok(uri) = state.upstream.uri_for(&path_and_query) else {
+        return plain(StatusCode::BAD_REQUEST, "llm-replay record: bad path\n");
+    };
+    let mut upstream_request = http::Request::builder()
+        .method(http::Method::GET)
+        .uri(uri)
+        .version(http::Version::HTTP_11);
+    if let Some(headers) = upstream_request.headers_mut() {
+        forward_request_headers(&parts.headers, headers);
+    }
+    let Ok(upstream_request) = upstream_request.body(Full::new(Bytes::new())) else {
+        return plain(StatusCode::BAD_REQUEST, "llm-replay record: bad request\n");
+    };
+    let idle = state.upstream_idle_timeout;
+    let sent = state
+        .client
+        .send(upstream_request, tokio::time::Instant::now() + idle)
+        .await;
+    let Ok(response) = sent.result else {
+        return plain(
+            StatusCode::BAD_GATEWAY,
+            "llm-replay record: the upstream did not answer the scrape\n",
+        );
+    };
+    let (head, body) = response.into_parts();
+    let collected =
+        tokio::time::timeout(idle, Limited::new(body, MAX_SCRAPE_BYTES).collect()).await;
+    let Ok(Ok(collected)) = collected else {
+        return plain(
+            StatusCode::BAD_GATEWAY,
+            "llm-replay record: the upstream's /metrics answer could not be read whole\n",
+        );
+    };
+    let mut out = http::Response::new(http_body_util::Either::Right(Full::new(
+        collected.to_bytes(),
+    )));
+    *out.status_mut() = head.status;
+    *out.headers_mut() = forwardable(&head.headers);
+    out
 }
 
 fn plain(status: StatusCode, text: &str) -> http::Response<ProxyBody> {

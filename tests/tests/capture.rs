@@ -15,14 +15,14 @@ use fixtures::{
 use serde_json::{Value, json};
 
 /// A `llm-replay record` process; killed (SIGKILL) on drop unless stopped.
-struct Recorder {
+pub(crate) struct Recorder {
     child: Option<Child>,
-    url: String,
+    pub(crate) url: String,
     out: PathBuf,
 }
 
 impl Recorder {
-    fn start(upstream: &str, out: &Path, extra: &[&str]) -> Recorder {
+    pub(crate) fn start(upstream: &str, out: &Path, extra: &[&str]) -> Recorder {
         let mut child = Command::new(bin("llm-replay"))
             .args([
                 "record",
@@ -57,7 +57,7 @@ impl Recorder {
     }
 
     /// SIGTERM and wait: open streams finish, everything queued is written.
-    fn stop(mut self) {
+    pub(crate) fn stop(mut self) {
         let mut child = self.child.take().expect("running");
         let status = Command::new("kill")
             .args(["-TERM", &child.id().to_string()])
@@ -165,7 +165,7 @@ fn replays_against_mock(recording: &Path, requests: usize) {
     );
 }
 
-fn stats_json(recording: &Path) -> Value {
+pub(crate) fn stats_json(recording: &Path) -> Value {
     let out = llm_replay(&["recording", "stats", path_str(recording), "--json"], None);
     assert_eq!(out.code, 0, "stats: {}{}", out.stdout, out.stderr);
     serde_json::from_str(&out.stdout).expect("stats --json prints JSON")

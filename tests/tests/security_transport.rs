@@ -193,6 +193,14 @@ fn run_with_env(
     (output, report)
 }
 
+/// The coordinator's probe of the target's `/metrics` got the 307 and said so in a note.
+fn assert_scrape_redirect_noted(report: &serde_json::Value) {
+    let note = report["server"]["endpoints"][0]["note"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no note on the scrape: {:#}", report["server"]));
+    assert!(note.contains("HTTP 307"), "{note}");
+}
+
 /// Every request of the run failed with status 307 and none succeeded.
 fn assert_all_failed_with_307(report: &serde_json::Value, requests: f64) {
     assert_eq!(num(report, &["requests", "succeeded"]), 0.0, "{report:#}");
@@ -245,9 +253,12 @@ fn a_redirect_from_an_https_target_is_a_status_and_the_credentials_stay_home() {
         &dir.join("report.json"),
     );
     assert_eq!(elsewhere.received(), (0, 0), "the redirect was followed");
-    assert_eq!(answered.load(Ordering::SeqCst), 4, "{output}");
+    // Four requests and the coordinator's probe of /metrics, whose 307 is not followed
+    // either (the headers may carry credentials): a note, and no more scrapes.
+    assert_eq!(answered.load(Ordering::SeqCst), 5, "{output}");
     let report = report.unwrap_or_else(|| panic!("no report: {output}"));
     assert_all_failed_with_307(&report, 4.0);
+    assert_scrape_redirect_noted(&report);
     assert!(!output.contains("secret-"), "{output}");
 }
 
@@ -293,13 +304,15 @@ fn a_redirect_from_a_plain_http_target_is_the_same_status_on_either_client() {
             (0, 0),
             "sigv4 {sigv4}: the redirect was followed"
         );
+        // Three requests and the coordinator's probe of /metrics (not followed either).
         assert_eq!(
             answered.load(Ordering::SeqCst),
-            3,
+            4,
             "sigv4 {sigv4}: {output}"
         );
         let report = report.unwrap_or_else(|| panic!("sigv4 {sigv4}: no report: {output}"));
         assert_all_failed_with_307(&report, 3.0);
+        assert_scrape_redirect_noted(&report);
     }
 }
 

@@ -161,7 +161,7 @@ fn odd_or_missing_metrics_endpoints_are_notes_not_failures() {
     };
     assert!(note(&json_endpoint).contains("not Prometheus text"));
     assert!(note(&missing).contains("404"), "{}", note(&missing));
-    assert!(note(&unreachable).contains("unreachable"));
+    assert!(note(&unreachable).contains("could not be fetched"));
     // The target's own endpoint still answered.
     assert!(report["server"]["metrics"]["vllm:generation_tokens_total"].is_object());
 
@@ -232,4 +232,85 @@ fn a_goal_on_a_metric_the_server_never_exposed() {
         "{}",
         report["goals"]
     );
+}
+
+/// A target whose `/metrics` is not Prometheus text (a gateway that answers every path with
+/// its event stream) replays normally, with a note naming what it answered.
+#[test]
+fn a_target_without_prometheus_metrics_replays_with_a_note() {
+    let _parallel = parallel_lock();
+    let gateway = crate::raw_server::start_gateway(crate::raw_server::Gateway {
+        content_type: Some("text/event-stream"),
+        hold_after_done: std::time::Duration::ZERO,
+        big_body: None,
+    });
+    let dir = TempDir::new("server-none");
+    let rec = dir.join("rec.jsonl");
+    write_chat_recording(&rec, 3, 5, None);
+    let out = llm_replay(
+        &["run", path_str(&rec), "--target", &gateway.url],
+        Some(&dir.join("report.json")),
+    );
+    assert_eq!(
+        out.code, 0,
+        "stdout:\n{}\nstderr:\n{}",
+        out.stdout, out.stderr
+    );
+    let report = out.report.expect("report");
+    assert_eq!(num(&report, &["requests", "succeeded"]), 3.0);
+    let endpoint = &report["server"]["endpoints"][0];
+    assert_eq!(endpoint["url"], format!("{}/metrics", gateway.url));
+    let note = endpoint["note"].as_str().expect("a note");
+    assert!(note.contains("not Prometheus text"), "{note}");
+    assert!(
+        report["server"]["metrics"]
+            .as_object()
+            .is_none_or(|m| m.is_empty()),
+        "{}",
+        report["server"]
+    );
+}
+
+/// A run through the recording proxy scrapes the upstream's `/metrics` through it: the
+/// scrapes reach the server and come back, and none of them is recorded (the recording holds
+/// exactly the model requests).
+#[test]
+fn scrapes_through_the_recording_proxy_are_not_recorded() {
+    let _parallel = parallel_lock();
+    let mock = MockServer::start(&["--ttft", "5ms", "--itl", "2ms", "--tokens", "10"]);
+    let dir = TempDir::new("server-proxy");
+    let recorded = dir.join("recorded.jsonl");
+    let recorder = crate::capture::Recorder::start(&mock.url, &recorded, &[]);
+    let source = dir.join("source.jsonl");
+    write_chat_recording(&source, 20, 10, None);
+    let out = llm_replay(
+        &[
+            "run",
+            path_str(&source),
+            "--target",
+            &recorder.url,
+            "--concurrency",
+            "2",
+            "--server-metrics-interval",
+            "50ms",
+        ],
+        Some(&dir.join("report.json")),
+    );
+    assert_eq!(
+        out.code, 0,
+        "stdout:\n{}\nstderr:\n{}",
+        out.stdout, out.stderr
+    );
+    recorder.stop();
+    let report = out.report.expect("report");
+    assert!(num(&report["server"]["endpoints"][0], &["scrapes"]) >= 2.0);
+    assert_eq!(
+        num(
+            &report["server"]["metrics"],
+            &["vllm:time_to_first_token_seconds", "count"]
+        ),
+        20.0
+    );
+    let stats = crate::capture::stats_json(&recorded);
+    assert_eq!(stats["exchanges"], serde_json::json!(20), "{stats:#}");
 }

@@ -143,7 +143,7 @@ enum ScrapeFailure {
     Parse(#[source] ParseError),
     #[error("answered more than {} MiB", MAX_BODY_BYTES >> 20)]
     TooLarge,
-    #[error("unreachable: {0}")]
+    #[error("could not be fetched: {0}")]
     Unreachable(String),
 }
 

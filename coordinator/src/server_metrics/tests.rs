@@ -474,7 +474,7 @@ async fn probes_scrapes_on_an_interval_and_drops_what_is_not_prometheus() {
     );
     let refused_note = notes[3].expect("refused endpoint noted");
     assert!(
-        refused_note.starts_with(&format!("http://{refused}/metrics: unreachable: ")),
+        refused_note.starts_with(&format!("http://{refused}/metrics: could not be fetched: ")),
         "{refused_note}"
     );
     assert_eq!(section.endpoints[3].errors, 1);
@@ -538,7 +538,7 @@ async fn a_hung_endpoint_does_not_hold_finish_beyond_its_timeout() {
         .as_deref()
         .expect("never answered");
     assert!(
-        never_note.ends_with("unreachable: no answer within 1000 ms"),
+        never_note.ends_with("could not be fetched: no answer within 1000 ms"),
         "{never_note}"
     );
     assert_eq!(section.endpoints[1].note, None);
