@@ -423,6 +423,44 @@ def row_throughput(cfg, concurrency, requests):
     return result
 
 
+TOKENIZER = REPO / "tests" / "data" / "tokenizer.json"
+
+
+def row_tokenizer(cfg, concurrency, requests):
+    """Output tokens per client CPU-second for streams without usage, counted by frames (no
+    `--tokenizer`) and by the tokenizer (`--tokenizer`), against the burst server sending no
+    usage and real words of the same tokenizer (`mock --usage off --tokenizer`). Tokens are the
+    server's truth for both (the same work), so the ratio is the tokenizer's cost alone."""
+    name = f"tok-c{concurrency}"
+    recording = cfg.out_dir / f"{name}.recording.jsonl"
+    write_recording(recording, requests)
+    flags = BURST + ["--usage", "off", "--tokenizer", str(TOKENIZER)]
+    variants = [("frames", []), ("tokenizer", ["--tokenizer", str(TOKENIZER)])]
+    k = cfg.run_index % len(variants)
+    result = {}
+    for key, extra in variants[k:] + variants[:k]:
+        mock = Mock(cfg.llm_replay, flags, cfg.out_dir / f"{name}.{key}.truth.jsonl",
+                    cfg.out_dir / f"{name}.{key}.mock.log")
+        try:
+            run = run_llm_replay(cfg, mock.url, recording, f"{name}-{key}",
+                                 ["--concurrency", concurrency, "--requests", requests, *extra])
+        finally:
+            truth = mock.stop()
+        succeeded = [r for r in run["records"] if r.get("outcome") == "succeeded"]
+        served = sum((truth.get(str(r["index"])) or {}).get("output_tokens") or 0
+                     for r in succeeded)
+        result[key] = throughput(served, run)
+        result[key]["reported_tokens"] = sum(r.get("output_tokens") or 0 for r in succeeded)
+        result[key]["requests"] = len(succeeded)
+    frames, tok = result["frames"], result["tokenizer"]
+    result["ratio"] = ratio(tok.get("tokens_per_cpu_s"), frames.get("tokens_per_cpu_s"))
+    if frames["tokens"] and tok["tokens"]:
+        # Extra client CPU per token with the tokenizer.
+        result["ns_per_token"] = (tok["cpu_s"] / tok["tokens"]
+                                  - frames["cpu_s"] / frames["tokens"]) * 1e9
+    return result
+
+
 def throughput(tokens, run):
     return {
         "tokens": tokens,
@@ -709,6 +747,15 @@ def build_table(rows):
             f"({fmt(lr.get('tokens_per_s'), 0)}) | {fmt(mc.get('tokens_per_cpu_s'), 0)} "
             f"({fmt(mc.get('tokens_per_s'), 0)}) | – | {fmt(q)} "
             f"| {'pass' if q is not None and q >= 0.8 else 'FAIL'} |")
+    if "tok" in rows:
+        r = rows["tok"]
+        fr, tk = r.get("frames", {}), r.get("tokenizer", {})
+        q = r.get("ratio")
+        lines.append(
+            "| output tokens per client CPU-second, no usage, `--tokenizer` vs frames, c=128 "
+            f"(extra ns a token) | ≥ 0.8 × without | {fmt(tk.get('tokens_per_cpu_s'), 0)} "
+            f"({fmt(r.get('ns_per_token'), 0)}) | without: {fmt(fr.get('tokens_per_cpu_s'), 0)} "
+            f"| – | {fmt(q)} | {'pass' if q is not None and q >= 0.8 else 'FAIL'} |")
     if "lag" in rows:
         lr = rows["lag"]["llm-replay"]
         ok = lr["p50_ms"] is not None and lr["p50_ms"] <= 0.2 and lr["p99_ms"] <= 1
@@ -862,7 +909,7 @@ def main():
                         help="a Python with aiperf installed ('' to skip AIPerf)")
     parser.add_argument("--aiperf-max-concurrency", type=int, default=128,
                         help="skip AIPerf above this concurrency")
-    parser.add_argument("--rows", default="ttft16,ttft128,ttft1024,tput,lag,rss,coord,image")
+    parser.add_argument("--rows", default="ttft16,ttft128,ttft1024,tput,tok,lag,rss,coord,image")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--streams", type=int, default=10_000, help="streams of the rss row")
     parser.add_argument("--coord-workers", type=int, default=50)
@@ -901,6 +948,7 @@ def main():
         "ttft128": lambda: row_ttft(cfg, 128, 2560),
         "ttft1024": lambda: row_ttft(cfg, 1024, 5120),
         "tput": lambda: row_throughput(cfg, 128, 2560),
+        "tok": lambda: row_tokenizer(cfg, 128, 25600),
         "lag": lambda: row_schedule_lag(cfg, 2000),
         "rss": lambda: row_memory(cfg, cfg.streams),
         "coord": lambda: row_coordinator(cfg, cfg.coord_workers),

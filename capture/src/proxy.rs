@@ -11,7 +11,8 @@
 //! client's response and the exchange is recorded incomplete with the reason. Completeness
 //! (the family's terminal marker) is worked out once the stream is over, off the per-frame
 //! path. A client that hangs up after the terminal frame (SDKs stop reading at `[DONE]`,
-//! before a gateway's held-open body ends) leaves a complete exchange; before it, a cut one.
+//! before a gateway's held-open body ends) leaves a complete exchange; before it, a cut one,
+//! with `cancelled_ms`: when the proxy noticed the client gone, on the frames' clock.
 //! Requests go through [`UpstreamClient::send`] (`upstream`), which resends once a request
 //! whose reused connection closed before any response byte and names the cause of a
 //! failure, for the client's 502 and the recorded `error`.
@@ -539,17 +540,23 @@ impl Pending {
             tracker.feed(bytes);
         }
         let whole = tracker.finish() && !self.truncated;
+        // When a cut stream's client left (a user pressing stop), on the frames' clock: the
+        // replay cancels the exchange at that point (`Exchange::client_cancelled_ms`).
+        let cancelled_ms = match &end {
+            StreamEnd::ClientLeft { at_ms } if !whole => Some(*at_ms),
+            _ => None,
+        };
         let (complete, note) = match end {
             StreamEnd::Ended => (whole, None),
             StreamEnd::Cut(note) => (false, Some(note)),
             // A client stops reading at the terminal frame (`[DONE]`, `message_stop`, ...)
             // and may close before the body's own end, which a gateway can hold back for
             // seconds: the answer arrived whole. Before the terminal frame, it is cut.
-            StreamEnd::ClientLeft if whole => (
+            StreamEnd::ClientLeft { .. } if whole => (
                 true,
                 Some("client disconnected after the terminal frame".to_owned()),
             ),
-            StreamEnd::ClientLeft => (false, Some("client disconnected".to_owned())),
+            StreamEnd::ClientLeft { .. } => (false, Some("client disconnected".to_owned())),
         };
         if let Some(response) = self.exchange.response.as_mut() {
             // Consumed as converted, so the reads and their copies are not all held at once.
@@ -561,6 +568,12 @@ impl Pending {
             response.complete = complete;
             if let Some(note) = note {
                 response.unknown.insert("ended".into(), json!(note));
+            }
+            if let Some(at_ms) = cancelled_ms {
+                response.unknown.insert(
+                    "cancelled_ms".into(),
+                    json!((at_ms * 1000.0).round() / 1000.0),
+                );
             }
             if self.truncated {
                 // Format v1 keeps unknown fields: readers that do not know these still read
@@ -585,8 +598,11 @@ enum StreamEnd {
     Ended,
     /// The upstream cut it (transport error, silence), with the reason.
     Cut(String),
-    /// The client hung up before the upstream body's end.
-    ClientLeft,
+    /// The client hung up before the upstream body's end; hyper dropped the body `at_ms`
+    /// after t0 (it notices a client closing mid-response at once: its HTTP/1 dispatcher
+    /// keeps reading the socket while the body waits, and a read of 0 mid-message ends the
+    /// connection).
+    ClientLeft { at_ms: f64 },
 }
 
 /// The upstream body, passed through frame by frame, recorded as it goes.
@@ -691,7 +707,9 @@ impl Drop for RecordingBody {
                 // Nothing left to read (an empty body is never polled).
                 pending.finish(StreamEnd::Ended);
             } else {
-                pending.finish(StreamEnd::ClientLeft);
+                // Stamped first, on the frames' clock, before any work of recording it.
+                let at_ms = pending.t0.elapsed().as_nanos() as f64 / 1e6;
+                pending.finish(StreamEnd::ClientLeft { at_ms });
             }
         }
     }

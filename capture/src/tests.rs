@@ -185,3 +185,113 @@ fn sizes_read_with_and_without_units() {
         assert!(error.contains("invalid size"), "{bad}: {error}");
     }
 }
+
+/// A client that reads three frames of a slow stream and closes its socket: the recording
+/// says when, on the frames' clock (`cancelled_ms`), as the proxy noticed it, and the replay
+/// reads it back (`Exchange::client_cancelled_ms`). hyper notices a client closing
+/// mid-response at once (a read of 0 while the body waits), not at the next frame's write:
+/// the upstream's frames are 60 ms apart, and the recorded instant must be within 2 ms of
+/// the client's own `close − send` (both read on this process's monotonic clock; the 2 ms
+/// bound covers the proxy's receive-to-forward time on one side and its notice time on the
+/// other, both well under a millisecond on loopback).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_hangs_up_mid_stream_is_recorded_with_when() {
+    const TOLERANCE_MS: f64 = 2.0;
+    let _timing = common::test_timing::timing_lock().await;
+    let upstream = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let upstream_addr = upstream.local_addr().expect("addr");
+    let (stop_mock, mock_stopped) = tokio::sync::oneshot::channel::<()>();
+    let mock = tokio::spawn(mock::serve(
+        upstream,
+        mock::MockConfig {
+            ttft: Duration::from_millis(5),
+            itl: Duration::from_millis(60),
+            tokens: Some(40),
+            ..mock::MockConfig::default()
+        },
+        async {
+            let _ = mock_stopped.await;
+        },
+    ));
+
+    let dir =
+        std::env::temp_dir().join(format!("llm-replay-capture-cancel-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let out = dir.join("recorded.jsonl");
+    let config = RecordConfig {
+        upstream: Upstream::parse(&format!("http://{upstream_addr}")).expect("url"),
+        out: out.clone(),
+        scrub: Scrub::default(),
+        session_header: None,
+        upstream_h2c: false,
+        upstream_ca: None,
+        drain: Duration::from_secs(5),
+        max_recorded_bytes: super::DEFAULT_MAX_RECORDED_BYTES,
+        upstream_idle_timeout: super::DEFAULT_UPSTREAM_IDLE_TIMEOUT,
+        health: Default::default(),
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let proxy = tokio::spawn(run(listener, config, async {
+        let _ = stopped.await;
+    }));
+
+    let mut client = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    client.set_nodelay(true).expect("nodelay");
+    let body = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    client.write_all(request.as_bytes()).await.expect("send");
+    let sent = std::time::Instant::now();
+    // The role frame and two tokens: three SSE events.
+    let mut received = Vec::new();
+    let mut read = [0u8; 4096];
+    while received.windows(6).filter(|w| w == b"data: ").count() < 3 {
+        let n = tokio::time::timeout(Duration::from_secs(5), client.read(&mut read))
+            .await
+            .expect("frames within 5 s")
+            .expect("read");
+        assert!(n > 0, "the stream ended early");
+        received.extend_from_slice(&read[..n]);
+    }
+    let closed_ms = sent.elapsed().as_nanos() as f64 / 1e6;
+    drop(client);
+
+    // The cut stream is handed to the writer at once; stopping the proxy writes it out.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let _ = stop.send(());
+    let summary = proxy.await.expect("task").expect("proxy ran");
+    assert_eq!(summary.written, 1);
+    let _ = stop_mock.send(());
+    mock.await.expect("mock task").expect("mock ran");
+
+    let recorded = common::recording::read_all(&out).expect("readable");
+    let exchange = &recorded[0];
+    let response = exchange.response.as_ref().expect("response");
+    assert!(!response.complete);
+    assert_eq!(
+        response.unknown.get("ended"),
+        Some(&serde_json::json!("client disconnected"))
+    );
+    let cancelled_ms = response
+        .unknown
+        .get("cancelled_ms")
+        .and_then(serde_json::Value::as_f64)
+        .expect("cancelled_ms recorded");
+    // µs resolution, like the frames'.
+    assert_eq!((cancelled_ms * 1000.0).round() / 1000.0, cancelled_ms);
+    let last_frame_ms = response.frames.last().and_then(|f| f.t_ms).expect("frames");
+    assert!(
+        cancelled_ms >= last_frame_ms,
+        "{cancelled_ms} < {last_frame_ms}"
+    );
+    assert!(
+        (cancelled_ms - closed_ms).abs() <= TOLERANCE_MS,
+        "recorded the hang-up at {cancelled_ms} ms, the client closed at {closed_ms} ms"
+    );
+    assert_eq!(exchange.client_cancelled_ms(), Some(cancelled_ms));
+    std::fs::remove_dir_all(&dir).ok();
+}

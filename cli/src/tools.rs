@@ -12,7 +12,7 @@ use common::exit;
 use mock::MockArgs;
 use recordings::export::{ExportArgs, export};
 use recordings::import::{ImportArgs, run_import_with_notes};
-use recordings::stats::{RecordingArgs, RecordingCommand, StatsArgs, recording_stats, render_text};
+use recordings::stats::{RecordingArgs, RecordingCommand, StatsArgs, render_text};
 use tokio::net::TcpListener;
 
 use crate::output_paths::{Input, Output, check_outputs};
@@ -223,7 +223,7 @@ pub fn recording_command(args: RecordingArgs) -> ExitCode {
 
 /// `llm-replay recording stats`.
 fn stats_command(args: StatsArgs) -> ExitCode {
-    let stats = match recording_stats(&args.file) {
+    let stats = match recordings::stats::stats_for_args(&args) {
         Ok(stats) => stats,
         Err(error) => return fail(exit::USAGE, error),
     };

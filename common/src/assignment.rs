@@ -2,6 +2,7 @@
 //! worker and the worker turns into its replay configuration. The protocol's form of it lives
 //! in `proto::convert`; this is the only form the rest of the code sees.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::formats::pin::PinMode;
@@ -66,6 +67,11 @@ pub struct RequestOptions {
     /// reached its target, the closed loop's first wave left out), for a capacity probe's
     /// goals: [`crate::worker_report::WorkerReport::steady`].
     pub steady_metrics: bool,
+    /// `--tokenizer FILE`: the files themselves (remote workers do not share the
+    /// coordinator's disk); the worker counts the tokens of streams without usage with it.
+    pub tokenizer: Option<TokenizerFiles>,
+    /// `--cancel-rate P% [--cancel-after D]`: cancel a drawn share of the requests.
+    pub cancel: CancelOptions,
 }
 
 impl Default for RequestOptions {
@@ -78,7 +84,159 @@ impl Default for RequestOptions {
             faithful: Faithful::default(),
             slos: crate::slo::Slos::default(),
             steady_metrics: false,
+            tokenizer: None,
+            cancel: CancelOptions::default(),
         }
+    }
+}
+
+/// A Hugging Face tokenizer as it travels to the workers: the bytes of its `tokenizer.json`
+/// and, when there is one beside it, of its `tokenizer_config.json` (uncompressed here; the
+/// wire deflates them). Shared, so cloning an assignment copies no megabytes.
+#[derive(Clone)]
+pub struct TokenizerFiles {
+    /// The file's name as the user gave it (for the report and messages), never a path the
+    /// worker opens.
+    pub name: String,
+    pub tokenizer_json: Arc<[u8]>,
+    pub config_json: Option<Arc<[u8]>>,
+    /// Both files deflated for the wire, once for every worker's assignment (compressing a
+    /// 10 MB file takes about 0.1 s; a hundred workers would wait ten).
+    deflated: Arc<std::sync::OnceLock<DeflatedFiles>>,
+}
+
+/// `tokenizer.json` and `tokenizer_config.json` (when there is one), deflated.
+type DeflatedFiles = (Vec<u8>, Option<Vec<u8>>);
+
+impl PartialEq for TokenizerFiles {
+    /// The same files (the deflated cache is not compared).
+    fn eq(&self, other: &TokenizerFiles) -> bool {
+        self.name == other.name
+            && self.tokenizer_json == other.tokenizer_json
+            && self.config_json == other.config_json
+    }
+}
+
+impl Eq for TokenizerFiles {}
+
+impl std::fmt::Debug for TokenizerFiles {
+    /// Sizes, not megabytes of JSON.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenizerFiles")
+            .field("name", &self.name)
+            .field("tokenizer_json_bytes", &self.tokenizer_json.len())
+            .field(
+                "config_json_bytes",
+                &self.config_json.as_ref().map(|c| c.len()),
+            )
+            .finish()
+    }
+}
+
+/// The most a tokenizer file may inflate to on a worker (real `tokenizer.json` files are
+/// 2–11 MB): a peer cannot make a worker allocate without bound.
+pub const MAX_TOKENIZER_BYTES: usize = 256 << 20;
+
+/// Why the bytes of a tokenizer file from the wire cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenizerBytesError {
+    #[error("not DEFLATE data ({0})")]
+    Deflate(String),
+    #[error("larger than {MAX_TOKENIZER_BYTES} bytes once inflated")]
+    TooLarge,
+    #[error("not JSON ({0})")]
+    NotJson(String),
+}
+
+impl TokenizerFiles {
+    /// The files of a tokenizer named `name` (its `tokenizer.json`, and the
+    /// `tokenizer_config.json` beside it when there is one).
+    pub fn new(name: String, tokenizer_json: Vec<u8>, config_json: Option<Vec<u8>>) -> Self {
+        TokenizerFiles {
+            name,
+            tokenizer_json: tokenizer_json.into(),
+            config_json: config_json.map(Into::into),
+            deflated: Arc::default(),
+        }
+    }
+
+    /// `tokenizer.json` and `tokenizer_config.json` deflated for the wire, compressed on the
+    /// first call only (every clone shares the result).
+    pub fn deflated(&self) -> (&[u8], Option<&[u8]>) {
+        let (json, config) = self.deflated.get_or_init(|| {
+            (
+                TokenizerFiles::deflate(&self.tokenizer_json),
+                self.config_json.as_deref().map(TokenizerFiles::deflate),
+            )
+        });
+        (json, config.as_deref())
+    }
+
+    /// `bytes` compressed for the wire (raw DEFLATE): tokenizer files shrink 3–4×.
+    pub fn deflate(bytes: &[u8]) -> Vec<u8> {
+        use std::io::Write;
+        let mut encoder =
+            flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::default());
+        encoder
+            .write_all(bytes)
+            .and_then(|()| encoder.finish())
+            .expect("writing to a Vec cannot fail")
+    }
+
+    /// Bytes from the wire inflated (at most [`MAX_TOKENIZER_BYTES`]) and checked to be a
+    /// JSON document; the tokenizer itself is built from them by the worker.
+    pub fn inflate_json(compressed: &[u8]) -> Result<Vec<u8>, TokenizerBytesError> {
+        use std::io::Read;
+        let mut out = Vec::new();
+        flate2::read::DeflateDecoder::new(compressed)
+            .take(MAX_TOKENIZER_BYTES as u64 + 1)
+            .read_to_end(&mut out)
+            .map_err(|error| TokenizerBytesError::Deflate(error.to_string()))?;
+        if out.len() > MAX_TOKENIZER_BYTES {
+            return Err(TokenizerBytesError::TooLarge);
+        }
+        serde_json::from_slice::<serde::de::IgnoredAny>(&out)
+            .map_err(|error| TokenizerBytesError::NotJson(error.to_string()))?;
+        Ok(out)
+    }
+}
+
+/// `--cancel-rate P% [--cancel-after D]`, as AIPerf's `--request-cancellation-rate` and
+/// `--request-cancellation-delay`: each exchange is drawn (deterministically, from the run's
+/// seed and its index in the run: [`CancelOptions::draws`]) with probability `rate_pct / 100`, and a
+/// drawn request is cancelled `after` its t0 (0 = right after it was written). A recorded
+/// cancellation wins over a drawn one.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CancelOptions {
+    /// Percent of the requests to cancel, `0..=100` (0 = off).
+    pub rate_pct: f64,
+    /// How long after t0 a drawn request is cancelled.
+    pub after: Duration,
+    /// The run's `--seed` (not a worker's share of it): the same exchanges are drawn
+    /// whatever the number of workers.
+    pub seed: u64,
+}
+
+impl CancelOptions {
+    /// Whether exchange `index` of a run with `seed` is drawn for cancellation: a stable hash
+    /// of both (SplitMix64, the same on every worker and build) below `rate_pct / 100`.
+    pub fn draws(&self, index: u64) -> bool {
+        let seed = self.seed;
+        if self.rate_pct.is_nan() || self.rate_pct <= 0.0 {
+            return false;
+        }
+        if self.rate_pct >= 100.0 {
+            return true;
+        }
+        let mut z = seed
+            .wrapping_add(0x9e37_79b9_7f4a_7c15)
+            .wrapping_add(index.wrapping_mul(0xbf58_476d_1ce4_e5b9));
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        // 53 high bits as a fraction in [0, 1).
+        let fraction = (z >> 11) as f64 / (1u64 << 53) as f64;
+        fraction < self.rate_pct / 100.0
     }
 }
 
@@ -166,6 +324,36 @@ pub fn template_vars(value: &str) -> Vec<String> {
 #[cfg(test)]
 mod env_tests {
     use super::*;
+
+    #[test]
+    fn a_cancel_rate_draws_its_share_deterministically_per_seed() {
+        let half = CancelOptions {
+            rate_pct: 50.0,
+            after: Duration::ZERO,
+            seed: 7,
+        };
+        let drawn = (0..10_000).filter(|i| half.draws(*i)).count();
+        assert!((4_800..=5_200).contains(&drawn), "{drawn}");
+        let again: Vec<bool> = (0..100).map(|i| half.draws(i)).collect();
+        assert_eq!(again, (0..100).map(|i| half.draws(i)).collect::<Vec<_>>());
+        let other_seed = CancelOptions { seed: 8, ..half };
+        let other: Vec<bool> = (0..100).map(|i| other_seed.draws(i)).collect();
+        assert_ne!(again, other, "another seed draws other requests");
+        let none = CancelOptions::default();
+        assert!((0..1000).all(|i| !none.draws(i)));
+        let all = CancelOptions {
+            rate_pct: 100.0,
+            ..half
+        };
+        assert!((0..1000).all(|i| all.draws(i)));
+        let tenth = CancelOptions {
+            rate_pct: 10.0,
+            seed: 1,
+            ..half
+        };
+        let drawn = (0..10_000).filter(|i| tenth.draws(*i)).count();
+        assert!((900..=1_100).contains(&drawn), "{drawn}");
+    }
 
     #[test]
     fn a_run_reads_its_header_variables_and_for_sigv4_the_aws_credentials() {

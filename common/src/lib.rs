@@ -26,6 +26,7 @@ pub mod replay;
 pub mod slo;
 pub mod text;
 pub mod timeline;
+pub mod tokenizer;
 #[cfg(feature = "transport-errors")]
 pub mod transport;
 pub mod worker_report;

@@ -10,6 +10,7 @@
 
 use crate::formats::{self, Ending, Event, Family, StreamParser, Usage};
 use crate::recording::Exchange;
+use crate::tokenizer::Tokenizer;
 
 /// Why a request failed. Failures enter no distribution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,6 +139,45 @@ pub enum OutcomeKind {
     EndedEarly,
     /// The request failed.
     Failed(FailureKind),
+    /// The client cancelled the request on purpose (closed its connection or stream) before
+    /// the answer ended: neither a failure nor an ended-early stream. Its TTFT counts when the
+    /// first token came before the cancel; it has no latency, ITL or token rate.
+    Cancelled(CancelCause),
+}
+
+/// Why the replay cancelled a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelCause {
+    /// The recording shows the production client abandoning this exchange
+    /// (`requests.cancelled_as_recorded`): cancelled at the recorded point.
+    AsRecorded,
+    /// Drawn by `--cancel-rate` (`requests.cancelled_by_rate`): a what-if run.
+    ByRate,
+}
+
+/// Where a request's token count came from (`token_source` of `--requests-out`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenSource {
+    /// The server's usage report.
+    Usage,
+    /// `--tokenizer FILE`: the streamed text (output) or the prompt (input) tokenized.
+    Tokenizer,
+    /// Output: one token per content frame (no usage, no tokenizer).
+    Frames,
+    /// Input: the prompt's characters divided by four (no usage, no tokenizer).
+    Estimate,
+}
+
+impl TokenSource {
+    /// `usage`, `tokenizer`, `frames`, `estimate`.
+    pub fn name(self) -> &'static str {
+        match self {
+            TokenSource::Usage => "usage",
+            TokenSource::Tokenizer => "tokenizer",
+            TokenSource::Frames => "frames",
+            TokenSource::Estimate => "estimate",
+        }
+    }
 }
 
 /// The measurement of one request. Times are microseconds from `t0`, the instant just before
@@ -153,8 +193,14 @@ pub struct RequestOutcome {
     pub content_frames: u64,
     /// Output tokens from the server's (last) usage report, when there was one.
     pub usage_output_tokens: Option<u64>,
-    /// Input tokens, from usage when reported (or an estimate supplied by the caller).
+    /// Output tokens counted by tokenizing the streamed text (`--tokenizer`), when the
+    /// stream had no usage report.
+    pub tokenized_output_tokens: Option<u64>,
+    /// Input tokens, from usage when reported (or counted / estimated by the caller:
+    /// [`RequestOutcome::input_source`] says which).
     pub input_tokens: Option<u64>,
+    /// Where `input_tokens` came from (`None` with no input count).
+    pub input_source: Option<TokenSource>,
     /// Actual send time − intended send time, for scheduled and rate modes.
     pub schedule_lag_us: Option<u64>,
     /// Wall-clock send time, microseconds since the Unix epoch (for throughput windows).
@@ -197,7 +243,9 @@ impl RequestOutcome {
             latency_us: None,
             content_frames: 0,
             usage_output_tokens: None,
+            tokenized_output_tokens: None,
             input_tokens: None,
+            input_source: None,
             schedule_lag_us: None,
             sent_unix_us: None,
             unstreamed: false,
@@ -216,9 +264,23 @@ impl RequestOutcome {
         }
     }
 
-    /// Output tokens: the usage report's count when there was one, else the content frames.
+    /// Output tokens: the usage report's count when there was one, else the tokenizer's
+    /// count of the streamed text (`--tokenizer`), else the content frames.
     pub fn output_tokens(&self) -> u64 {
-        self.usage_output_tokens.unwrap_or(self.content_frames)
+        self.usage_output_tokens
+            .or(self.tokenized_output_tokens)
+            .unwrap_or(self.content_frames)
+    }
+
+    /// Where [`RequestOutcome::output_tokens`] came from.
+    pub fn output_source(&self) -> TokenSource {
+        if self.usage_output_tokens.is_some() {
+            TokenSource::Usage
+        } else if self.tokenized_output_tokens.is_some() {
+            TokenSource::Tokenizer
+        } else {
+            TokenSource::Frames
+        }
     }
 }
 
@@ -245,12 +307,18 @@ struct MeterState {
     /// when the current read began (to tell whether it delivered any).
     content_reads: u64,
     frames_before_read: u64,
+    /// The generated text of every kind, concatenated, when asked for
+    /// ([`StreamMeter::keep_text`]): what `--tokenizer` counts after the stream ends.
+    text: Option<String>,
 }
 
 impl MeterState {
     fn on_event(&mut self, event: Event<'_>) {
         match event {
-            Event::Content { .. } => {
+            Event::Content { text, .. } => {
+                if let Some(kept) = self.text.as_mut() {
+                    kept.push_str(&text);
+                }
                 self.content_frames += 1;
                 match (self.first_content_us, self.second_content_us) {
                     (None, _) => self.first_content_us = Some(self.now_us),
@@ -308,6 +376,18 @@ impl StreamMeter {
         fed
     }
 
+    /// Keep the generated text (every kind: text, reasoning, tool-call fragments) so it can
+    /// be tokenized once the stream has ended ([`StreamMeter::take_text`]). Appending is the
+    /// only cost on the read path; nothing is tokenized there.
+    pub fn keep_text(&mut self) {
+        self.state.text.get_or_insert_with(String::new);
+    }
+
+    /// The generated text kept so far (empty unless [`StreamMeter::keep_text`] was called).
+    pub fn take_text(&mut self) -> String {
+        self.state.text.take().unwrap_or_default()
+    }
+
     /// Number of content frames seen so far.
     pub fn content_frames(&self) -> u64 {
         self.state.content_frames
@@ -336,6 +416,17 @@ impl StreamMeter {
     /// The stream ended at `t_us` (EOF or a transport error when `transport_error`).
     pub fn finish(mut self, t_us: u64, transport_error: bool) -> RequestOutcome {
         self.end(t_us, transport_error)
+    }
+
+    /// [`StreamMeter::finish`], with the generated text kept ([`StreamMeter::keep_text`]),
+    /// including what the parser's end of stream delivered.
+    pub fn finish_with_text(
+        mut self,
+        t_us: u64,
+        transport_error: bool,
+    ) -> (RequestOutcome, String) {
+        let outcome = self.end(t_us, transport_error);
+        (outcome, self.take_text())
     }
 
     fn end(&mut self, t_us: u64, transport_error: bool) -> RequestOutcome {
@@ -391,7 +482,9 @@ impl StreamMeter {
                 .usage
                 .output_tokens
                 .filter(|n| *n > 0 || state.terminal),
+            tokenized_output_tokens: None,
             input_tokens: state.usage.input_tokens,
+            input_source: state.usage.input_tokens.map(|_| TokenSource::Usage),
             schedule_lag_us: None,
             sent_unix_us: None,
             transport_cause: None,
@@ -455,6 +548,7 @@ pub fn measure_unstreamed(family: Option<Family>, body: &[u8], t_us: u64) -> Req
     if let Some(usage) = read.and_then(|r| r.usage) {
         outcome.usage_output_tokens = usage.output_tokens;
         outcome.input_tokens = usage.input_tokens;
+        outcome.input_source = usage.input_tokens.map(|_| TokenSource::Usage);
         outcome.cached_input_tokens = usage.cached_input_tokens;
     }
     outcome
@@ -465,8 +559,23 @@ pub fn measure_unstreamed(family: Option<Family>, body: &[u8], t_us: u64) -> Req
 /// ([`formats::response_is_streamed`]). `input_tokens` is the usage report's only (callers
 /// that need an ISL without one use [`estimate_input_tokens`], as the replay does). `None`
 /// when the exchange has no response. `sent_unix_us` is the arrival offset, so throughput
-/// windows of a recording are measured on its own time line.
+/// windows of a recording are measured on its own time line. Without a tokenizer: see
+/// [`measure_recorded_with`].
 pub fn measure_recorded(exchange: &Exchange) -> Option<RequestOutcome> {
+    measure_recorded_with(exchange, None)
+}
+
+/// [`measure_recorded`], with `--tokenizer`: a recorded answer without a usage report gets
+/// `tokenized_output_tokens`, the tokenizer's count of its generated text (every content
+/// kind, concatenated).
+///
+/// An exchange whose client hung up mid-answer ([`recorded_client_cancelled`]) measures as
+/// [`OutcomeKind::Cancelled`]`(`[`CancelCause::AsRecorded`]`)`: its TTFT when the first
+/// content frame came, no latency; a recorded failure (a status, an error frame) stays one.
+pub fn measure_recorded_with(
+    exchange: &Exchange,
+    tokenizer: Option<&Tokenizer>,
+) -> Option<RequestOutcome> {
     let response = exchange.response.as_ref()?;
     let request_body = exchange.request.body_bytes();
     let mut outcome = if !(200..300).contains(&response.status) {
@@ -481,7 +590,7 @@ pub fn measure_recorded(exchange: &Exchange) -> Option<RequestOutcome> {
         if formats::response_is_streamed(path, content_type, &request_body, first) {
             // Frames are borrowed where they are text; only base64 frames are decoded.
             let frames = response.frames.iter().map(|f| (t_us(f.t_ms), f.bytes()));
-            measure_frames(family.unwrap_or(Family::OpenAiChat), frames)
+            measure_frames_with(family.unwrap_or(Family::OpenAiChat), frames, tokenizer)
         } else {
             let body: Vec<u8> = response
                 .frames
@@ -489,13 +598,48 @@ pub fn measure_recorded(exchange: &Exchange) -> Option<RequestOutcome> {
                 .flat_map(|f| f.bytes().into_owned())
                 .collect();
             let done = response.frames.last().map_or(0, |f| t_us(f.t_ms));
-            measure_unstreamed(family, &body, done)
+            let mut outcome = measure_unstreamed(family, &body, done);
+            if let Some(tokenizer) = tokenizer
+                && outcome.kind == OutcomeKind::Succeeded
+                && outcome.usage_output_tokens.is_none()
+                && let Some(text) = crate::tokenizer::response_body_text(&body)
+            {
+                outcome.tokenized_output_tokens = Some(tokenizer.count_text(&text));
+            }
+            outcome
         }
     };
-    if outcome.kind == OutcomeKind::Succeeded || outcome.kind == OutcomeKind::EndedEarly {
+    if recorded_client_cancelled(exchange)
+        && matches!(
+            outcome.kind,
+            OutcomeKind::EndedEarly | OutcomeKind::Failed(FailureKind::Transport)
+        )
+    {
+        // The production client left on purpose: neither a failure nor a cut stream. Only
+        // the TTFT (when the first token came before it left) is a measurement.
+        outcome.kind = OutcomeKind::Cancelled(CancelCause::AsRecorded);
+        outcome.ttst_us = None;
+        outcome.latency_us = None;
+        outcome.transport_cause = None;
+    }
+    if matches!(
+        outcome.kind,
+        OutcomeKind::Succeeded | OutcomeKind::EndedEarly | OutcomeKind::Cancelled(_)
+    ) {
         outcome.sent_unix_us = exchange.at_ms.map(|ms| (ms.max(0.0) * 1000.0) as u64);
     }
     Some(outcome)
+}
+
+/// The recording shows the client hanging up before the answer ended: an incomplete
+/// response whose `ended` is `"client disconnected"`, as `llm-replay record` writes it (a
+/// client that left after the terminal frame wrote a complete response: it cancelled
+/// nothing).
+pub fn recorded_client_cancelled(exchange: &Exchange) -> bool {
+    exchange.response.as_ref().is_some_and(|response| {
+        !response.complete
+            && response.unknown.get("ended").and_then(|v| v.as_str()) == Some("client disconnected")
+    })
 }
 
 /// The family of a recorded exchange: from its path, its response's content type and first
@@ -512,18 +656,39 @@ pub fn recorded_family(exchange: &Exchange) -> Option<Family> {
 }
 
 /// The outcome the recording itself shows for `exchange`, when its frames have timing: what
-/// [`measure_recorded`] measures, with the input tokens estimated from the request body
-/// ([`estimate_input_tokens`], the replay's own estimate) when the recorded usage has none.
-/// The baseline, `recording stats` and `export` all take their numbers from here.
-pub fn recorded_outcome(exchange: &Exchange) -> Option<RequestOutcome> {
+/// [`measure_recorded_with`] measures, with the input tokens, when the recorded usage has
+/// none, counted by `tokenizer` (`--tokenizer`: the prompt through the chat template,
+/// [`Tokenizer::count_prompt`]) or else estimated from the request body
+/// ([`estimate_input_tokens`], the replay's own estimate). The baseline, `recording stats`
+/// and `export` all take their numbers from here.
+pub fn recorded_outcome(
+    exchange: &Exchange,
+    tokenizer: Option<&Tokenizer>,
+) -> Option<RequestOutcome> {
     if !exchange.response.as_ref()?.has_timing() {
         return None;
     }
-    let mut outcome = measure_recorded(exchange)?;
+    let mut outcome = measure_recorded_with(exchange, tokenizer)?;
     if outcome.input_tokens.is_none() {
-        outcome.input_tokens = estimate_input_tokens(&exchange.request.body_bytes());
+        let (tokens, source) = recorded_input_tokens(exchange, tokenizer);
+        outcome.input_tokens = tokens;
+        outcome.input_source = tokens.map(|_| source);
     }
     Some(outcome)
+}
+
+/// The input tokens of a recorded request without usage: the tokenizer's count of its prompt
+/// ([`TokenSource::Tokenizer`]) when there is a tokenizer and it finds the prompt, else the
+/// characters / 4 estimate ([`TokenSource::Estimate`]).
+pub fn recorded_input_tokens(
+    exchange: &Exchange,
+    tokenizer: Option<&Tokenizer>,
+) -> (Option<u64>, TokenSource) {
+    let body = exchange.request.body_bytes();
+    if let Some(tokens) = tokenizer.and_then(|t| t.count_prompt(&exchange.request.path, &body)) {
+        return (Some(tokens), TokenSource::Tokenizer);
+    }
+    (estimate_input_tokens(&body), TokenSource::Estimate)
 }
 
 /// The outcome an import's `source` note shows for `exchange`, when the exchange has no frame
@@ -550,6 +715,11 @@ pub fn noted_outcome(exchange: &Exchange) -> Option<RequestOutcome> {
         return None;
     }
     let us = |ms: f64| (ms * 1000.0).round() as u64;
+    let input_source = Some(if source.input_tokens.is_some() {
+        TokenSource::Usage
+    } else {
+        TokenSource::Estimate
+    });
     let input_tokens = source
         .input_tokens
         .or_else(|| estimate_input_tokens(&exchange.request.body_bytes()));
@@ -560,7 +730,9 @@ pub fn noted_outcome(exchange: &Exchange) -> Option<RequestOutcome> {
         latency_us: Some(us(duration)),
         content_frames: 0,
         usage_output_tokens: Some(output_tokens),
+        tokenized_output_tokens: None,
         input_tokens,
+        input_source: input_tokens.and(input_source),
         schedule_lag_us: None,
         sent_unix_us: exchange.at_ms.map(|ms| (ms.max(0.0) * 1000.0) as u64),
         transport_cause: None,
@@ -585,7 +757,11 @@ pub struct RecordedOutputLength {
 pub enum OutputLengthSource {
     /// The recorded response's usage report.
     Usage,
-    /// The recorded response's content frames, one token each (it reported no usage).
+    /// The recorded response's generated text, counted by `--tokenizer` (it reported no
+    /// usage).
+    Tokenizer,
+    /// The recorded response's content frames, one token each (it reported no usage and no
+    /// tokenizer was given).
     Frames,
     /// The import's [`SourceNote`](crate::recording::SourceNote): the source counted them
     /// and no response was recorded (an OpenTelemetry span, an Azure or BurstGPT trace).
@@ -593,41 +769,54 @@ pub enum OutputLengthSource {
 }
 
 impl OutputLengthSource {
-    /// The name `recording stats` shows (`usage`, `frames`, `source`).
+    /// The name `recording stats` shows (`usage`, `tokenizer`, `frames`, `source`).
     pub fn name(self) -> &'static str {
         match self {
             OutputLengthSource::Usage => "usage",
+            OutputLengthSource::Tokenizer => "tokenizer",
             OutputLengthSource::Frames => "frames",
             OutputLengthSource::SourceNote => "source",
         }
     }
 }
 
+/// [`recorded_output_length_with`] without a tokenizer: a recorded answer without usage is
+/// as long as its content frames.
+pub fn recorded_output_length(exchange: &Exchange) -> Option<RecordedOutputLength> {
+    recorded_output_length_with(exchange, None)
+}
+
 /// How many tokens the recorded answer of `exchange` generated: the one definition of a
 /// recorded output length, which `--pin-output-length` asks for, `export` writes as
 /// `output_length` and `recording stats` counts as OSL.
 ///
-/// From the recorded response as [`measure_recorded`] measures it: its usage report when it
-/// has one (a stream cut after it still generated that many), else one token per content
-/// frame of a complete answer (a cut stream's frames are a lower bound, not its length).
+/// From the recorded response as [`measure_recorded_with`] measures it: its usage report when
+/// it has one (a stream cut after it still generated that many), else the tokenizer's count
+/// of a complete answer's text (`--tokenizer`), else one token per content frame of a
+/// complete answer (a cut stream's frames or text are a lower bound, not its length).
 /// Without a response, the import's source note when the source counted them. `None` for a
-/// failed answer (a recorded error generated nothing worth asking for), a cut one without
-/// usage, or no output at all; callers that need a number anyway fall back on what the
-/// request asked for (`max_tokens`), and say so.
-pub fn recorded_output_length(exchange: &Exchange) -> Option<RecordedOutputLength> {
+/// failed answer (a recorded error generated nothing worth asking for), a cut or cancelled
+/// one without usage, or no output at all; callers that need a number anyway fall back on
+/// what the request asked for (`max_tokens`), and say so.
+pub fn recorded_output_length_with(
+    exchange: &Exchange,
+    tokenizer: Option<&Tokenizer>,
+) -> Option<RecordedOutputLength> {
     let length =
         |tokens: u64, source| (tokens > 0).then_some(RecordedOutputLength { tokens, source });
-    let Some(outcome) = measure_recorded(exchange) else {
+    let Some(outcome) = measure_recorded_with(exchange, tokenizer) else {
         let tokens = exchange.source_note()?.output_tokens?;
         return length(tokens, OutputLengthSource::SourceNote);
     };
     match (outcome.kind, outcome.usage_output_tokens) {
-        (OutcomeKind::Succeeded | OutcomeKind::EndedEarly, Some(tokens)) => {
-            length(tokens, OutputLengthSource::Usage)
-        }
-        (OutcomeKind::Succeeded, None) => {
-            length(outcome.content_frames, OutputLengthSource::Frames)
-        }
+        (
+            OutcomeKind::Succeeded | OutcomeKind::EndedEarly | OutcomeKind::Cancelled(_),
+            Some(tokens),
+        ) => length(tokens, OutputLengthSource::Usage),
+        (OutcomeKind::Succeeded, None) => match outcome.tokenized_output_tokens {
+            Some(tokens) => length(tokens, OutputLengthSource::Tokenizer),
+            None => length(outcome.content_frames, OutputLengthSource::Frames),
+        },
         _ => None,
     }
 }
@@ -637,15 +826,42 @@ pub fn measure_frames<B: AsRef<[u8]>>(
     family: Family,
     frames: impl IntoIterator<Item = (u64, B)>,
 ) -> RequestOutcome {
+    measure_frames_with(family, frames, None)
+}
+
+/// [`measure_frames`]; with a tokenizer, a stream without a usage report gets its generated
+/// text counted (`tokenized_output_tokens`).
+pub fn measure_frames_with<B: AsRef<[u8]>>(
+    family: Family,
+    frames: impl IntoIterator<Item = (u64, B)>,
+    tokenizer: Option<&Tokenizer>,
+) -> RequestOutcome {
     let mut meter = StreamMeter::new(family);
+    if tokenizer.is_some() {
+        meter.keep_text();
+    }
     let mut last_t = 0;
+    let mut broken = false;
     for (t_us, bytes) in frames {
         last_t = t_us;
         if meter.on_read(t_us, bytes.as_ref()).is_err() {
-            return meter.finish_broken();
+            broken = true;
+            break;
         }
     }
-    meter.finish(last_t, false)
+    let (mut outcome, text) = if broken {
+        let text = meter.take_text();
+        (meter.finish_broken(), text)
+    } else {
+        meter.finish_with_text(last_t, false)
+    };
+    if let Some(tokenizer) = tokenizer
+        && outcome.usage_output_tokens.is_none()
+        && outcome.content_frames > 0
+    {
+        outcome.tokenized_output_tokens = Some(tokenizer.count_text(&text));
+    }
+    outcome
 }
 
 /// Estimate the input tokens of a request body when the server reports none: the characters
@@ -853,5 +1069,167 @@ mod tests {
         assert_eq!(length(&exchange(&uncounted.to_string())), None);
         uncounted["source"] = serde_json::json!({"format": "openai-batch", "line": 3});
         assert_eq!(length(&exchange(&uncounted.to_string())), None);
+    }
+
+    fn test_tokenizer() -> Tokenizer {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/tokenizer.json");
+        Tokenizer::from_file(&path).expect("the test tokenizer loads")
+    }
+
+    fn recorded_chat(frames: &[&str], response_extra: serde_json::Value) -> Exchange {
+        let frames: Vec<serde_json::Value> = frames
+            .iter()
+            .enumerate()
+            .map(|(i, data)| serde_json::json!({"t_ms": 100.0 + 10.0 * i as f64, "data": data}))
+            .collect();
+        let mut response = serde_json::json!({"status": 200,
+            "headers": {"content-type": "text/event-stream"}, "frames": frames});
+        if let (Some(response), Some(extra)) =
+            (response.as_object_mut(), response_extra.as_object())
+        {
+            for (key, value) in extra {
+                response.insert(key.clone(), value.clone());
+            }
+        }
+        serde_json::from_value(serde_json::json!({
+            "at_ms": 5.0,
+            "request": {"path": "/v1/chat/completions", "body": serde_json::json!({"stream": true,
+                "messages": [{"role": "user", "content": "Hello, world!"}]}).to_string()},
+            "response": response
+        }))
+        .expect("exchange")
+    }
+
+    const HELLO: &str = "data: {\"choices\":[{\"delta\":{\"content\":\"Hello,\"}}]}\n\n";
+    const WORLD: &str = "data: {\"choices\":[{\"delta\":{\"content\":\" world!\"}}]}\n\n";
+
+    #[test]
+    fn a_recorded_stream_without_usage_is_counted_by_the_tokenizer() {
+        let tokenizer = test_tokenizer();
+        let exchange = recorded_chat(
+            &[HELLO, WORLD, "data: [DONE]\n\n"],
+            serde_json::json!({"complete": true}),
+        );
+        // "Hello, world!" is 4 tokens (Python `tokenizers`, see `tokenizer::tests`) in 2 frames.
+        let outcome = recorded_outcome(&exchange, Some(&tokenizer)).expect("timed");
+        assert_eq!(outcome.kind, OutcomeKind::Succeeded);
+        assert_eq!(outcome.content_frames, 2);
+        assert_eq!(outcome.tokenized_output_tokens, Some(4));
+        assert_eq!(
+            (outcome.output_tokens(), outcome.output_source()),
+            (4, TokenSource::Tokenizer)
+        );
+        assert_eq!(
+            outcome.input_tokens,
+            Some(4),
+            "the prompt, without a template"
+        );
+        assert_eq!(outcome.input_source, Some(TokenSource::Tokenizer));
+        let length = recorded_output_length_with(&exchange, Some(&tokenizer)).expect("a length");
+        assert_eq!(
+            (length.tokens, length.source),
+            (4, OutputLengthSource::Tokenizer)
+        );
+        assert_eq!(OutputLengthSource::Tokenizer.name(), "tokenizer");
+
+        // Without a tokenizer: frames and the estimate, as before.
+        let outcome = recorded_outcome(&exchange, None).expect("timed");
+        assert_eq!(
+            (outcome.output_tokens(), outcome.output_source()),
+            (2, TokenSource::Frames)
+        );
+        assert_eq!(outcome.input_source, Some(TokenSource::Estimate));
+        let length = recorded_output_length(&exchange).expect("a length");
+        assert_eq!(
+            (length.tokens, length.source),
+            (2, OutputLengthSource::Frames)
+        );
+
+        // Usage wins over the tokenizer.
+        let usage =
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":7}}\n\n";
+        let with_usage = recorded_chat(
+            &[HELLO, WORLD, usage, "data: [DONE]\n\n"],
+            serde_json::json!({}),
+        );
+        let outcome = recorded_outcome(&with_usage, Some(&tokenizer)).expect("timed");
+        assert_eq!(outcome.tokenized_output_tokens, None);
+        assert_eq!(
+            (outcome.output_tokens(), outcome.output_source()),
+            (7, TokenSource::Usage)
+        );
+        assert_eq!(
+            (outcome.input_tokens, outcome.input_source),
+            (Some(9), Some(TokenSource::Usage))
+        );
+
+        // A one-body answer without usage: its message text.
+        let body = serde_json::json!({"choices": [{"message": {"role": "assistant", "content": "Hello, world!"}}]});
+        let unstreamed: Exchange = serde_json::from_value(serde_json::json!({
+            "request": {"path": "/v1/chat/completions", "body": "{\"messages\":[]}"},
+            "response": {"status": 200, "headers": {"content-type": "application/json"},
+                "frames": [{"t_ms": 50.0, "data": body.to_string()}]}
+        }))
+        .expect("exchange");
+        let outcome = measure_recorded_with(&unstreamed, Some(&tokenizer)).expect("measured");
+        assert_eq!(
+            (outcome.output_tokens(), outcome.output_source()),
+            (4, TokenSource::Tokenizer)
+        );
+    }
+
+    #[test]
+    fn a_recorded_client_disconnect_is_a_cancel_as_recorded() {
+        let left = serde_json::json!({"complete": false, "ended": "client disconnected"});
+        let exchange = recorded_chat(&[HELLO, WORLD], left.clone());
+        let outcome = recorded_outcome(&exchange, None).expect("timed");
+        assert_eq!(
+            outcome.kind,
+            OutcomeKind::Cancelled(CancelCause::AsRecorded)
+        );
+        assert_eq!(outcome.ttft_us, Some(100_000));
+        assert_eq!((outcome.ttst_us, outcome.latency_us), (None, None));
+        assert_eq!(
+            recorded_output_length(&exchange),
+            None,
+            "no length without usage"
+        );
+        let mut metrics = RunMetrics::new();
+        metrics.record(&outcome);
+        assert_eq!(metrics.counters.cancelled_as_recorded, 1);
+        assert_eq!(metrics.counters.ended_early, 0);
+        assert!(metrics.stats(Metric::Ttft).is_some());
+
+        // Before any content: still a cancel, without a TTFT.
+        let early = recorded_chat(&[], left.clone());
+        let outcome = measure_recorded(&early).expect("measured");
+        assert_eq!(
+            outcome.kind,
+            OutcomeKind::Cancelled(CancelCause::AsRecorded)
+        );
+        assert_eq!(outcome.ttft_us, None);
+
+        // A cut stream without the note stays ended early; a recorded error stays a failure;
+        // a client that left after the terminal frame cancelled nothing.
+        let cut = recorded_chat(&[HELLO, WORLD], serde_json::json!({"complete": false}));
+        assert_eq!(
+            measure_recorded(&cut).map(|o| o.kind),
+            Some(OutcomeKind::EndedEarly)
+        );
+        let error = "data: {\"error\":{\"message\":\"boom\"}}\n\n";
+        let failed = recorded_chat(&[HELLO, error], left);
+        assert_eq!(
+            measure_recorded(&failed).map(|o| o.kind),
+            Some(OutcomeKind::Failed(FailureKind::ErrorFrame))
+        );
+        let after = recorded_chat(
+            &[HELLO, WORLD, "data: [DONE]\n\n"],
+            serde_json::json!({"complete": true, "ended": "client disconnected after the terminal frame"}),
+        );
+        assert_eq!(
+            measure_recorded(&after).map(|o| o.kind),
+            Some(OutcomeKind::Succeeded)
+        );
     }
 }

@@ -8,7 +8,9 @@
 use hdrhistogram::Histogram;
 use hdrhistogram::serialization::{Deserializer, Serializer, V2DeflateSerializer, V2Serializer};
 
-use crate::measure::{FailureKind, OutcomeKind, RequestOutcome, TransportCause};
+use crate::measure::{
+    CancelCause, FailureKind, OutcomeKind, RequestOutcome, TokenSource, TransportCause,
+};
 
 mod errors;
 mod sparse;
@@ -215,6 +217,25 @@ pub struct Counters {
     pub usage_reported: u64,
     /// Succeeded or ended-early streams whose output tokens were estimated from frames.
     pub estimated: u64,
+    /// Succeeded or ended-early streams without usage whose output tokens were counted by
+    /// tokenizing their text (`--tokenizer`).
+    #[serde(default)]
+    pub tokenized: u64,
+    /// Succeeded or ended-early requests by where their input tokens came from: the usage
+    /// report, the tokenizer (`--tokenizer`), the characters/4 estimate.
+    #[serde(default)]
+    pub input_usage: u64,
+    #[serde(default)]
+    pub input_tokenized: u64,
+    #[serde(default)]
+    pub input_estimated: u64,
+    /// Requests the replay cancelled at the point the recording shows the production client
+    /// abandoning them (apart from failures and ended-early streams).
+    #[serde(default)]
+    pub cancelled_as_recorded: u64,
+    /// Requests cancelled by `--cancel-rate` (a what-if run).
+    #[serde(default)]
+    pub cancelled_by_rate: u64,
     /// Output tokens of succeeded requests (for output-token throughput).
     pub output_tokens: u64,
     /// Requests measured during warm-up and left out of every number.
@@ -240,6 +261,10 @@ pub struct Counters {
     /// Those whose output tokens equal the pinned length.
     #[serde(default)]
     pub pinned_matched: u64,
+    /// Of `pinned`, those whose pin was a recorded frame count (no usage, no tokenizer):
+    /// compared with the replayed content frames, in the same unit.
+    #[serde(default)]
+    pub pinned_frames: u64,
     /// Succeeded streams long enough to tell whether they were delivered in one piece
     /// (at least [`COALESCED_MIN_FRAMES`](crate::measure::COALESCED_MIN_FRAMES) content frames).
     #[serde(default)]
@@ -427,6 +452,8 @@ impl SliceTotals {
             counters.failed_transport,
             counters.failed_timeout,
             counters.failed_empty,
+            counters.cancelled_as_recorded,
+            counters.cancelled_by_rate,
             counters.warmup,
             self.not_started,
             self.lost,
@@ -514,9 +541,14 @@ impl Counters {
             + self.failed_empty
     }
 
-    /// Requests that got an answer of any kind (succeeded + failed + ended early).
+    /// Requests that got an outcome of any kind (succeeded + failed + ended early +
+    /// cancelled).
     pub fn completed(&self) -> u64 {
-        self.succeeded + self.failed() + self.ended_early
+        self.succeeded
+            + self.failed()
+            + self.ended_early
+            + self.cancelled_as_recorded
+            + self.cancelled_by_rate
     }
 
     fn add(&mut self, other: &Counters) {
@@ -531,6 +563,17 @@ impl Counters {
         self.failed_empty = self.failed_empty.saturating_add(other.failed_empty);
         self.usage_reported = self.usage_reported.saturating_add(other.usage_reported);
         self.estimated = self.estimated.saturating_add(other.estimated);
+        self.tokenized = self.tokenized.saturating_add(other.tokenized);
+        self.input_usage = self.input_usage.saturating_add(other.input_usage);
+        self.input_tokenized = self.input_tokenized.saturating_add(other.input_tokenized);
+        self.input_estimated = self.input_estimated.saturating_add(other.input_estimated);
+        self.cancelled_as_recorded = self
+            .cancelled_as_recorded
+            .saturating_add(other.cancelled_as_recorded);
+        self.cancelled_by_rate = self
+            .cancelled_by_rate
+            .saturating_add(other.cancelled_by_rate);
+        self.pinned_frames = self.pinned_frames.saturating_add(other.pinned_frames);
         self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
         self.warmup = self.warmup.saturating_add(other.warmup);
         self.transport.add(&other.transport);
@@ -585,6 +628,8 @@ impl RequestRecord {
         match self.outcome.kind {
             OutcomeKind::Succeeded => "succeeded",
             OutcomeKind::EndedEarly => "ended_early",
+            OutcomeKind::Cancelled(CancelCause::AsRecorded) => "cancelled_as_recorded",
+            OutcomeKind::Cancelled(CancelCause::ByRate) => "cancelled_by_rate",
             OutcomeKind::Failed(kind) => kind.name(),
         }
     }
@@ -858,6 +903,18 @@ impl RunMetrics {
                 self.count_token_source(outcome);
                 return;
             }
+            OutcomeKind::Cancelled(cause) => {
+                // Cancelled on purpose: TTFT when the first token came before the cancel,
+                // nothing else (no latency, ITL, token rate, OSL or token source).
+                match cause {
+                    CancelCause::AsRecorded => self.counters.cancelled_as_recorded += 1,
+                    CancelCause::ByRate => self.counters.cancelled_by_rate += 1,
+                }
+                if let Some(ttft) = outcome.ttft_us {
+                    self.record_value(Metric::Ttft, ttft);
+                }
+                return;
+            }
             OutcomeKind::Succeeded => {}
         }
         self.counters.succeeded += 1;
@@ -908,13 +965,21 @@ impl RunMetrics {
     }
 
     /// Count a succeeded request that asked for `pinned` output tokens, and whether it got
-    /// exactly that many (so a server that ignores the limit shows).
-    pub fn record_pinned(&mut self, outcome: &RequestOutcome, pinned: u64) {
+    /// exactly that many (so a server that ignores the limit shows). `in_frames`: the pin is
+    /// a recorded content-frame count (no usage, no tokenizer), so it is compared with the
+    /// replayed content frames — the same unit — not with a token count.
+    pub fn record_pinned(&mut self, outcome: &RequestOutcome, pinned: u64, in_frames: bool) {
         if outcome.kind != OutcomeKind::Succeeded {
             return;
         }
         self.counters.pinned += 1;
-        if outcome.output_tokens() == pinned {
+        let replayed = if in_frames {
+            self.counters.pinned_frames += 1;
+            outcome.content_frames
+        } else {
+            outcome.output_tokens()
+        };
+        if replayed == pinned {
             self.counters.pinned_matched += 1;
         }
     }
@@ -932,10 +997,16 @@ impl RunMetrics {
     }
 
     fn count_token_source(&mut self, outcome: &RequestOutcome) {
-        if outcome.usage_output_tokens.is_some() {
-            self.counters.usage_reported += 1;
-        } else {
-            self.counters.estimated += 1;
+        match outcome.output_source() {
+            TokenSource::Usage => self.counters.usage_reported += 1,
+            TokenSource::Tokenizer => self.counters.tokenized += 1,
+            TokenSource::Frames | TokenSource::Estimate => self.counters.estimated += 1,
+        }
+        match outcome.input_source {
+            Some(TokenSource::Usage) => self.counters.input_usage += 1,
+            Some(TokenSource::Tokenizer) => self.counters.input_tokenized += 1,
+            Some(TokenSource::Estimate | TokenSource::Frames) => self.counters.input_estimated += 1,
+            None => {}
         }
         if let Some(cached) = outcome.cached_input_tokens {
             self.counters.cache_reported += 1;
@@ -1003,7 +1074,8 @@ impl RunMetrics {
 
     /// Percent of streams whose output tokens were estimated rather than usage-reported.
     pub fn estimated_token_share_pct(&self) -> f64 {
-        let total = self.counters.usage_reported + self.counters.estimated;
+        let total =
+            self.counters.usage_reported + self.counters.tokenized + self.counters.estimated;
         if total == 0 {
             0.0
         } else {
@@ -1238,6 +1310,8 @@ mod tests {
                     latency_us: Some(value * 4),
                     content_frames: 1 + rng.next() % 300,
                     usage_output_tokens: rng.next().is_multiple_of(2).then(|| 1 + rng.next() % 500),
+                    tokenized_output_tokens: None,
+                    input_source: None,
                     input_tokens: Some(rng.next() % 5000),
                     schedule_lag_us: Some(rng.next() % 20_000),
                     sent_unix_us: Some(1_700_000_000_000_000 + rng.next() % 10_000_000),
@@ -1366,6 +1440,8 @@ mod tests {
             latency_us: Some(1_000_000),
             content_frames: 50,
             usage_output_tokens: Some(50),
+            tokenized_output_tokens: None,
+            input_source: None,
             input_tokens: Some(10),
             schedule_lag_us: None,
             sent_unix_us: Some(start + i * 50_000),
@@ -1424,6 +1500,8 @@ mod tests {
             latency_us: Some(1_190_000),
             content_frames: 100,
             usage_output_tokens: Some(100),
+            tokenized_output_tokens: None,
+            input_source: None,
             input_tokens: Some(10),
             schedule_lag_us: None,
             sent_unix_us: Some(1_000_000),

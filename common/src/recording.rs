@@ -520,6 +520,30 @@ impl Exchange {
         self.unknown
             .insert(SOURCE_NOTE_KEY.to_owned(), note.to_json());
     }
+
+    /// When the recorded client hung up mid-stream (a user pressing stop), in ms from the
+    /// moment the request was sent (the clock of the frames' `t_ms`): `Some` only for an
+    /// incomplete response whose `ended` is `"client disconnected"`, as `llm-replay record`
+    /// writes it. The time is the response's `cancelled_ms` (the proxy noticed the client
+    /// gone), or, in recordings made before that field, the last frame's `t_ms` (the client
+    /// left after it, so this is early by at most one inter-frame gap); `None` when neither is
+    /// known. A `cancelled_ms` that is not a finite offset in `0..=MAX_OFFSET_MS` is ignored
+    /// like a missing one (unknown fields are never an error). A client that left after the
+    /// terminal frame (`"client disconnected after the terminal frame"`, complete) did not
+    /// cancel anything.
+    pub fn client_cancelled_ms(&self) -> Option<f64> {
+        let response = self.response.as_ref()?;
+        let ended = response.unknown.get("ended").and_then(|v| v.as_str());
+        if response.complete || ended != Some("client disconnected") {
+            return None;
+        }
+        let recorded = response
+            .unknown
+            .get("cancelled_ms")
+            .and_then(serde_json::Value::as_f64)
+            .filter(|ms| ms.is_finite() && (0.0..=MAX_OFFSET_MS).contains(ms));
+        recorded.or_else(|| response.frames.last()?.t_ms)
+    }
 }
 
 /// The bytes of one network read and their arrival offset from the moment the request was
@@ -2293,5 +2317,63 @@ mod tests {
         let text: Exchange =
             serde_json::from_str(r#"{"request":{"path":"/x"},"source":"notes"}"#).expect("line");
         assert_eq!(text.source_note(), None);
+    }
+
+    #[test]
+    fn client_cancelled_ms_reads_the_recorded_hang_up() {
+        let exchange = |response: &str| -> Exchange {
+            serde_json::from_str(&format!(
+                r#"{{"request":{{"path":"/v1/chat/completions"}},"response":{response}}}"#
+            ))
+            .expect("line")
+        };
+        let frames = r#"[{"t_ms":100.5,"data":"a"},{"t_ms":130.25,"data":"b"}]"#;
+        // `record` with the instant the proxy noticed: that instant.
+        let cancelled = exchange(&format!(
+            r#"{{"status":200,"frames":{frames},"complete":false,"ended":"client disconnected","cancelled_ms":141.125}}"#
+        ));
+        assert_eq!(cancelled.client_cancelled_ms(), Some(141.125));
+        // An older recording, without it: the last frame the client got.
+        let older = exchange(&format!(
+            r#"{{"status":200,"frames":{frames},"complete":false,"ended":"client disconnected"}}"#
+        ));
+        assert_eq!(older.client_cancelled_ms(), Some(130.25));
+        // A nonsensical `cancelled_ms` is ignored like a missing one.
+        for bad in ["-3", "\"soon\"", "1e300"] {
+            let odd = exchange(&format!(
+                r#"{{"status":200,"frames":{frames},"complete":false,"ended":"client disconnected","cancelled_ms":{bad}}}"#
+            ));
+            assert_eq!(odd.client_cancelled_ms(), Some(130.25), "{bad}");
+        }
+        // Older, and gone before any frame (or frames without timing): not known.
+        let early = exchange(
+            r#"{"status":200,"frames":[],"complete":false,"ended":"client disconnected"}"#,
+        );
+        assert_eq!(early.client_cancelled_ms(), None);
+        // Not a cancel: the client left after the terminal frame, the upstream cut the
+        // stream, the stream ended whole, or there is no response at all.
+        for not_cancelled in [
+            format!(
+                r#"{{"status":200,"frames":{frames},"complete":true,"ended":"client disconnected after the terminal frame","cancelled_ms":150.0}}"#
+            ),
+            format!(
+                r#"{{"status":200,"frames":{frames},"complete":false,"ended":"upstream error: reset","cancelled_ms":150.0}}"#
+            ),
+            format!(r#"{{"status":200,"frames":{frames},"complete":false}}"#),
+            format!(
+                r#"{{"status":200,"frames":{frames},"complete":true,"ended":"client disconnected"}}"#
+            ),
+        ] {
+            assert_eq!(
+                exchange(&not_cancelled).client_cancelled_ms(),
+                None,
+                "{not_cancelled}"
+            );
+        }
+        let unanswered: Exchange = serde_json::from_str(
+            r#"{"request":{"path":"/x"},"error":"client disconnected before the response"}"#,
+        )
+        .expect("line");
+        assert_eq!(unanswered.client_cancelled_ms(), None);
     }
 }

@@ -89,6 +89,10 @@ impl ReceivedReport {
         let parts = [
             ("usage_reported", c.usage_reported),
             ("estimated", c.estimated),
+            ("tokenized", c.tokenized),
+            ("input_usage", c.input_usage),
+            ("input_tokenized", c.input_tokenized),
+            ("input_estimated", c.input_estimated),
             ("unstreamed", c.unstreamed),
             ("cache_reported", c.cache_reported),
             ("resent", c.resent),
@@ -157,6 +161,12 @@ fn check_parts(c: &Counters) -> Result<(), String> {
         return Err(format!(
             "pinned_matched {} of {} pinned",
             c.pinned_matched, c.pinned
+        ));
+    }
+    if c.pinned_frames > c.pinned {
+        return Err(format!(
+            "pinned_frames {} of {} pinned",
+            c.pinned_frames, c.pinned
         ));
     }
     if c.good > c.succeeded {

@@ -153,9 +153,22 @@ pub struct RunArgs {
     /// session are sampled one by one. Chosen by a hash of --seed and the session id.
     #[arg(long, value_name = "FRACTION")]
     pub sample_sessions: Option<f64>,
-    /// Seed of --sample-sessions (default 0) and of Poisson arrivals.
+    /// Seed of --sample-sessions (default 0), of Poisson arrivals and of --cancel-rate.
     #[arg(long)]
     pub seed: Option<u64>,
+    /// A Hugging Face `tokenizer.json`: exact token counts where a stream has no usage
+    /// report (output) and for prompts (input); its `tokenizer_config.json` beside it is
+    /// read too when there is one. Sent to every worker (remote ones included).
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: Option<PathBuf>,
+    /// Cancel this share of the requests (`P` or `P%`, 0-100), drawn per exchange from
+    /// --seed, as AIPerf's --request-cancellation-rate: a what-if of users who give up.
+    #[arg(long, value_name = "P%")]
+    pub cancel_rate: Option<String>,
+    /// How long after a drawn request is written it is cancelled (default 0s: right after
+    /// it was written); needs --cancel-rate.
+    #[arg(long, value_name = "DURATION")]
+    pub cancel_after: Option<String>,
 
     /// Goal that fails the run (exit 1) when it holds, e.g. 'llm.ttft-p95 > 800'.
     #[arg(long = "fail-if")]
@@ -254,6 +267,10 @@ pub struct FileConfig {
     pub session_mode: Option<String>,
     pub sample_sessions: Option<f64>,
     pub seed: Option<u64>,
+    pub tokenizer: Option<PathBuf>,
+    /// `50`, `"50%"`.
+    pub cancel_rate: Option<CancelRateSetting>,
+    pub cancel_after: Option<String>,
     #[serde(default)]
     pub slos: Vec<String>,
     pub find_max: Option<String>,
@@ -263,6 +280,23 @@ pub struct FileConfig {
     pub server_metrics: Vec<String>,
     pub server_metrics_interval: Option<String>,
     pub no_server_metrics: Option<bool>,
+}
+
+/// `cancel-rate:` in a config file: a number (`50`) or text (`"50%"`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum CancelRateSetting {
+    Number(f64),
+    Text(String),
+}
+
+impl CancelRateSetting {
+    fn text(self) -> String {
+        match self {
+            CancelRateSetting::Number(n) => n.to_string(),
+            CancelRateSetting::Text(text) => text,
+        }
+    }
 }
 
 /// `pin-output-length:` in a config file: `true`/`false`, or a mode name.
@@ -414,6 +448,112 @@ pub struct RunConfig {
     pub find_max: Option<crate::capacity::FindMax>,
     /// What the coordinator scrapes of the server's own metrics.
     pub server_metrics: ServerMetricsOptions,
+    /// `--tokenizer FILE`, loaded once.
+    pub tokenizer: Option<RunTokenizer>,
+    /// `--cancel-rate`, `--cancel-after` (`rate_pct` 0: off).
+    pub cancel: common::assignment::CancelOptions,
+    /// The recording may hold recorded client cancellations: the feeders look for them
+    /// (`crate::shard::may_hold_cancellations`, set once the recording was read).
+    pub recorded_cancels: bool,
+}
+
+/// `--tokenizer FILE`: the tokenizer the coordinator counts with (pins, baseline) and the
+/// files every worker gets (`common::assignment::TokenizerFiles`: bytes, not a path).
+#[derive(Clone)]
+pub struct RunTokenizer {
+    pub tokenizer: std::sync::Arc<common::tokenizer::Tokenizer>,
+    pub files: common::assignment::TokenizerFiles,
+}
+
+impl std::fmt::Debug for RunTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunTokenizer")
+            .field("files", &self.files)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RunTokenizer {
+    /// The file's name for the report (`requests.token_source.tokenizer`).
+    pub fn name(&self) -> &str {
+        &self.files.name
+    }
+}
+
+/// The largest `--tokenizer` file: compressed or not, it fits the 64 MiB a worker accepts in
+/// one message (its assignment) with room to spare (real ones are 2-11 MB).
+pub const MAX_TOKENIZER_FILE_BYTES: usize = 48 << 20;
+
+/// Read `--tokenizer FILE` (and the `tokenizer_config.json` beside it, when there is one)
+/// and build the tokenizer once: a file that cannot be read or is not a tokenizer is a usage
+/// error naming it.
+pub fn load_tokenizer(path: &Path) -> anyhow::Result<RunTokenizer> {
+    let tokenizer_json = std::fs::read(path)
+        .with_context(|| format!("--tokenizer {}: cannot read", path.display()))?;
+    let config_path = path.with_file_name("tokenizer_config.json");
+    let config_json = if config_path != path && config_path.is_file() {
+        Some(
+            std::fs::read(&config_path)
+                .with_context(|| format!("--tokenizer {}: cannot read", config_path.display()))?,
+        )
+    } else {
+        None
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string());
+    let tokenizer =
+        common::tokenizer::Tokenizer::from_parts(&tokenizer_json, config_json.as_deref(), &name)
+            .map_err(|e| anyhow::anyhow!("--tokenizer {}: {e}", path.display()))?;
+    if tokenizer_json.len() > MAX_TOKENIZER_FILE_BYTES {
+        bail!(
+            "--tokenizer {}: {} bytes; at most {MAX_TOKENIZER_FILE_BYTES} can be sent to the workers",
+            path.display(),
+            tokenizer_json.len(),
+        );
+    }
+    Ok(RunTokenizer {
+        tokenizer: std::sync::Arc::new(tokenizer),
+        files: common::assignment::TokenizerFiles::new(name, tokenizer_json, config_json),
+    })
+}
+
+/// `--cancel-rate P%` and `--cancel-after D`: a rate from 0 to 100 (`P` or `P%`), a delay
+/// only with a rate.
+fn cancel_options(
+    rate: Option<String>,
+    after: Option<String>,
+    seed: Option<u64>,
+) -> anyhow::Result<common::assignment::CancelOptions> {
+    let Some(rate_text) = rate else {
+        if let Some(after) = after {
+            bail!(
+                "--cancel-after {after:?}: needs --cancel-rate (the share of requests to cancel)"
+            );
+        }
+        return Ok(common::assignment::CancelOptions::default());
+    };
+    let trimmed = rate_text.trim();
+    let number = trimmed.strip_suffix('%').unwrap_or(trimmed).trim();
+    let rate_pct: f64 = number
+        .parse()
+        .ok()
+        .filter(|p: &f64| p.is_finite() && (0.0..=100.0).contains(p))
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "--cancel-rate {rate_text:?}: expected a percentage from 0 to 100 (e.g. 10 or 10%)"
+            )
+        })?;
+    let after = match after {
+        None => Duration::ZERO,
+        Some(text) => duration_arg("--cancel-after", &text)?,
+    };
+    Ok(common::assignment::CancelOptions {
+        rate_pct,
+        after,
+        seed: seed.unwrap_or(0),
+    })
 }
 
 /// `--server-metrics`, `--server-metrics-interval`, `--no-server-metrics`.
@@ -759,6 +899,16 @@ impl RunArgs {
             self.sample_sessions.or(file.sample_sessions),
             seed,
         )?;
+        let cancel = cancel_options(
+            self.cancel_rate
+                .or(file.cancel_rate.map(CancelRateSetting::text)),
+            self.cancel_after.or(file.cancel_after),
+            seed,
+        )?;
+        let tokenizer = match self.tokenizer.or(file.tokenizer) {
+            Some(path) => Some(load_tokenizer(&path)?),
+            None => None,
+        };
         let mut slos = Vec::new();
         for text in file.slos.iter().chain(&self.slos) {
             slos.push(common::slo::Slo::parse(text).map_err(anyhow::Error::msg)?);
@@ -868,6 +1018,9 @@ impl RunArgs {
             metrics_linger,
             faithful,
             seed,
+            tokenizer,
+            cancel,
+            recorded_cancels: true,
         };
         // `--requests N` gives the run N exchanges whatever the recording holds.
         config.fit_workers_to(u64::MAX);
@@ -889,6 +1042,8 @@ impl RunConfig {
             },
             slos: self.slos.clone(),
             steady_metrics: self.find_max.is_some(),
+            tokenizer: self.tokenizer.as_ref().map(|t| t.files.clone()),
+            cancel: self.cancel,
         }
     }
 
@@ -982,6 +1137,68 @@ mod tests {
             Ok(_) => panic!("{args:?} was accepted"),
             Err(error) => format!("{error:#}"),
         }
+    }
+
+    #[test]
+    fn cancel_rate_and_delay_are_checked() {
+        let off = config(&[]).expect("valid");
+        assert_eq!(off.cancel, common::assignment::CancelOptions::default());
+        let half = config(&["--cancel-rate", "50%", "--seed", "9"]).expect("valid");
+        assert_eq!(half.cancel.rate_pct, 50.0);
+        assert_eq!(half.cancel.after, Duration::ZERO);
+        assert_eq!(half.cancel.seed, 9);
+        let later = config(&["--cancel-rate", "12.5", "--cancel-after", "1.5s"]).expect("valid");
+        assert_eq!(later.cancel.rate_pct, 12.5);
+        assert_eq!(later.cancel.after, Duration::from_millis(1500));
+        assert_eq!(later.request_options().cancel, later.cancel);
+        for bad in ["101", "-1", "x", "NaN", "50%%"] {
+            let message = error(&[&format!("--cancel-rate={bad}")]);
+            assert!(
+                message.contains("--cancel-rate") && message.contains("0 to 100"),
+                "{bad}: {message}"
+            );
+        }
+        let message = error(&["--cancel-after", "2s"]);
+        assert!(message.contains("needs --cancel-rate"), "{message}");
+        let message = error(&["--cancel-rate", "5", "--cancel-after", "soon"]);
+        assert!(message.starts_with("--cancel-after"), "{message}");
+    }
+
+    #[test]
+    fn cancel_options_and_the_tokenizer_come_from_a_config_file_too() {
+        let dir = std::env::temp_dir().join(format!("llm-replay-cancel-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let yaml = dir.join("run.yaml");
+        std::fs::write(
+            &yaml,
+            "cancel-rate: \"25%\"\ncancel-after: 100ms\nseed: 3\n",
+        )
+        .expect("write");
+        let from_file = config(&["--config", yaml.to_str().expect("utf-8")]).expect("valid");
+        assert_eq!(from_file.cancel.rate_pct, 25.0);
+        assert_eq!(from_file.cancel.after, Duration::from_millis(100));
+        assert_eq!(from_file.cancel.seed, 3);
+        let toml = dir.join("run.toml");
+        std::fs::write(&toml, "cancel-rate = 10\n").expect("write");
+        let from_toml = config(&["--config", toml.to_str().expect("utf-8")]).expect("valid");
+        assert_eq!(from_toml.cancel.rate_pct, 10.0);
+
+        // A tokenizer that is not there, or not a tokenizer, is an error naming the file.
+        let missing = dir.join("missing-tokenizer.json");
+        let message = error(&["--tokenizer", missing.to_str().expect("utf-8")]);
+        assert!(
+            message.starts_with("--tokenizer ") && message.contains("missing-tokenizer.json"),
+            "{message}"
+        );
+        let bad = dir.join("bad-tokenizer.json");
+        std::fs::write(&bad, "{\"not\": \"a tokenizer\"}").expect("write");
+        let message = error(&["--tokenizer", bad.to_str().expect("utf-8")]);
+        assert!(message.contains("bad-tokenizer.json"), "{message}");
+        let yaml = dir.join("tok.yaml");
+        std::fs::write(&yaml, format!("tokenizer: {}\n", bad.display())).expect("write");
+        let message = error(&["--config", yaml.to_str().expect("utf-8")]);
+        assert!(message.contains("bad-tokenizer.json"), "{message}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

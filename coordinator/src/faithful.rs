@@ -7,9 +7,10 @@
 //! or from the workers' reports: workers only apply what arrives with each exchange.
 
 use common::formats::pin::PinMode;
-use common::measure::recorded_output_length;
+use common::measure::{OutputLengthSource, recorded_output_length_with};
 use common::recording::Exchange;
 use common::timeline::CompletionTimeline;
+use common::tokenizer::Tokenizer;
 
 use crate::report::{FaithfulSection, Report, SampleSection};
 use crate::scan::RecordingScan;
@@ -17,11 +18,21 @@ use crate::scan::RecordingScan;
 // feeders take what they attach to each exchange.
 pub use crate::sessions::{SessionSample, ThinkTimes};
 
+/// The output length `--pin-output-length` asks for, without a tokenizer
+/// ([`recorded_pin`]).
+pub fn recorded_output_tokens(exchange: &Exchange) -> Option<u64> {
+    recorded_pin(exchange, None).map(|(tokens, _)| tokens)
+}
+
 /// The output length `--pin-output-length` asks for: the one the recording shows for
 /// `exchange` ([`common::measure::recorded_output_length`], the same as `recording stats` and
-/// `export`).
-pub fn recorded_output_tokens(exchange: &Exchange) -> Option<u64> {
-    recorded_output_length(exchange).map(|length| length.tokens)
+/// `export`), counted by `tokenizer` where the recorded answer has no usage. `in_frames`
+/// (the second value) is true when the length is a content-frame count (no usage and no
+/// tokenizer): the replay then compares it with its own content frames
+/// ([`common::metrics::RunMetrics::record_pinned`]).
+pub fn recorded_pin(exchange: &Exchange, tokenizer: Option<&Tokenizer>) -> Option<(u64, bool)> {
+    recorded_output_length_with(exchange, tokenizer)
+        .map(|length| (length.tokens, length.source == OutputLengthSource::Frames))
 }
 
 /// What the slice feeders attach to each exchange.
@@ -141,8 +152,10 @@ pub fn apply_to_report(report: &mut Report, input: FaithfulInput<'_>) {
         }
         _ => None,
     };
+    let pin_unit = pin_unit(report.requests.pinned, report.requests.pinned_frames);
     report.faithful = Some(FaithfulSection {
         pin_output_length: options.pin.map(|mode| mode.name().to_owned()),
+        pin_unit: pin_unit.map(str::to_owned),
         session_mode: if options.closed_sessions {
             "closed"
         } else {
@@ -167,6 +180,13 @@ pub fn apply_to_report(report: &mut Report, input: FaithfulInput<'_>) {
         }),
     });
     let r = &report.requests;
+    if options.pin.is_some() && r.pinned_frames > 0 {
+        report.warnings.push(format!(
+            "{} of {} pinned output lengths are content-frame counts, not tokens (the recording has no usage report for them; pass --tokenizer FILE for token counts): they were compared with the replayed content frames",
+            r.pinned_frames, r.pinned
+        ));
+    }
+    let r = &report.requests;
     if options.pin.is_some() && r.pinned > r.pinned_matched {
         report.warnings.push(format!(
             "{} of {} pinned requests did not get their recorded output length: the server may ignore the max-tokens field{}",
@@ -178,6 +198,17 @@ pub fn apply_to_report(report: &mut Report, input: FaithfulInput<'_>) {
                 ""
             }
         ));
+    }
+}
+
+/// What the pinned lengths count: `tokens`, `frames` (recorded content frames, no usage and
+/// no tokenizer) or `mixed`; `None` when nothing was pinned.
+fn pin_unit(pinned: u64, pinned_frames: u64) -> Option<&'static str> {
+    match (pinned, pinned_frames) {
+        (0, _) => None,
+        (_, 0) => Some("tokens"),
+        (all, frames) if frames >= all => Some("frames"),
+        _ => Some("mixed"),
     }
 }
 
@@ -213,7 +244,7 @@ mod tests {
         outcome.sent_unix_us = Some(1_000_000);
         outcome.content_frames = 7;
         metrics.record(&outcome);
-        metrics.record_pinned(&outcome, 7);
+        metrics.record_pinned(&outcome, 7, false);
         let mut report = Report::build(ReportInput {
             run: RunInfo {
                 id: "r".into(),
@@ -313,5 +344,94 @@ mod tests {
         assert!((window.output_tokens - 1200.0).abs() < 10.0, "{window:?}");
         b.target_reached_unix_us = None;
         assert_eq!(steady_window(&[(a, 0), (b, 0)]), None);
+    }
+
+    fn test_tokenizer() -> Tokenizer {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/tokenizer.json");
+        Tokenizer::from_file(&path).expect("the test tokenizer loads")
+    }
+
+    #[test]
+    fn a_pin_without_usage_is_in_frames_unless_a_tokenizer_counts_it() {
+        let frame = |t: f64, data: &str| serde_json::json!({"t_ms": t, "data": data});
+        let exchange: Exchange = serde_json::from_value(serde_json::json!({
+            "request": {"path": "/v1/chat/completions", "body": "{\"stream\":true}"},
+            "response": {"status": 200, "headers": {"content-type": "text/event-stream"},
+                "frames": [
+                    frame(1.0, "data: {\"choices\":[{\"delta\":{\"content\":\"Hello,\"}}]}\n\n"),
+                    frame(2.0, "data: {\"choices\":[{\"delta\":{\"content\":\" world!\"}}]}\n\n"),
+                    frame(3.0, "data: [DONE]\n\n")]}
+        }))
+        .expect("exchange");
+        assert_eq!(recorded_pin(&exchange, None), Some((2, true)));
+        // "Hello, world!": 4 tokens (Python `tokenizers`, see `common::tokenizer`'s tests).
+        assert_eq!(
+            recorded_pin(&exchange, Some(&test_tokenizer())),
+            Some((4, false))
+        );
+        assert_eq!(recorded_output_tokens(&exchange), Some(2));
+    }
+
+    #[test]
+    fn pins_in_frames_fill_the_pin_unit_and_warn() {
+        assert_eq!(pin_unit(0, 0), None);
+        assert_eq!(pin_unit(3, 0), Some("tokens"));
+        assert_eq!(pin_unit(3, 3), Some("frames"));
+        assert_eq!(pin_unit(3, 1), Some("mixed"));
+        // One pin in frames, one in tokens.
+        let mut metrics = common::metrics::RunMetrics::new();
+        let mut outcome =
+            common::measure::RequestOutcome::failed(common::measure::FailureKind::Empty);
+        outcome.kind = OutcomeKind::Succeeded;
+        outcome.latency_us = Some(1_000);
+        outcome.content_frames = 5;
+        metrics.record(&outcome);
+        metrics.record_pinned(&outcome, 5, true);
+        metrics.record(&outcome);
+        metrics.record_pinned(&outcome, 9, false);
+        let mut report = crate::report::Report::build(crate::report::ReportInput {
+            run: crate::report::RunInfo {
+                id: "r".into(),
+                started_at: "2026-01-01T00:00:00.000Z".into(),
+                duration_s: 1.0,
+                target: "t".into(),
+                load: serde_json::json!({}),
+                start_skew_ms: None,
+                start_skew_bound_ms: None,
+                workers: Vec::new(),
+                insecure: false,
+            },
+            metrics: &metrics,
+            requests: crate::report::RequestTotals::default(),
+            baseline: None,
+            sweep: Vec::new(),
+            warnings: Vec::new(),
+            timeline: Vec::new(),
+            slos: &common::slo::Slos::default(),
+        });
+        apply_to_report(
+            &mut report,
+            FaithfulInput {
+                options: &FaithfulOptions {
+                    pin: Some(PinMode::Max),
+                    closed_sessions: false,
+                    sample: None,
+                },
+                recorded_speed: None,
+                scan: &RecordingScan::default(),
+                unsampled: None,
+                steady: None,
+            },
+        );
+        let faithful = report.faithful.as_ref().expect("a faithful section");
+        assert_eq!(faithful.pin_unit.as_deref(), Some("mixed"));
+        let warning = report
+            .warnings
+            .iter()
+            .find(|w| w.contains("content-frame counts"))
+            .expect("a frames warning");
+        assert!(warning.contains("1 of 2"), "{warning}");
+        assert!(warning.contains("--tokenizer FILE"), "{warning}");
     }
 }

@@ -1031,6 +1031,8 @@ mod tests {
             latency_us: Some(ttft_us + 9_000),
             content_frames: 10,
             usage_output_tokens: Some(10),
+            tokenized_output_tokens: None,
+            input_source: None,
             input_tokens: Some(100),
             schedule_lag_us: None,
             sent_unix_us: Some(1_000_000_000 + sent_s * 1_000_000),

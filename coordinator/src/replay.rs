@@ -141,6 +141,8 @@ pub async fn replay(setup: ReplaySetup<'_>) -> Result<ReplayResult, RunError> {
         open_ended,
         pass_span_ms: setup.pass_span_ms,
         faithful: config.faithful.slice(),
+        tokenizer: config.tokenizer.clone(),
+        recorded_cancels: config.recorded_cancels,
     };
 
     let (events_tx, events) = mpsc::channel::<WorkerEvent>(1024);

@@ -105,7 +105,12 @@ pub fn record_line(worker: &str, record: &RequestRecord) -> serde_json::Value {
         "itl_ms": record.itl_us().map(|us| us / 1000.0),
         "input_tokens": o.input_tokens,
         "output_tokens": o.output_tokens(),
-        "token_source": if o.usage_output_tokens.is_some() { "usage" } else { "estimated" },
+        // Output: usage | tokenizer | frames; input: usage | tokenizer | estimate (null
+        // without an input count).
+        "token_source": {
+            "output": o.output_source().name(),
+            "input": o.input_source.map(|source| source.name()),
+        },
         "cached_input_tokens": o.cached_input_tokens,
         "message": record.message,
     });

@@ -26,7 +26,7 @@ use crate::report::{
     RequestsSection, RunInfo, SweepLevel, TimelinePoint, WorkerInfo, compare_reports, rfc3339_utc,
 };
 use crate::requests_out::RequestsOut;
-use crate::scan::{RecordingScan, scan, scan_sampled};
+use crate::scan::RecordingScan;
 use crate::server_metrics::{ScrapeClientOptions, ScrapeEndpoint, ScrapeLog, Scraper};
 use crate::supervisor::RunSnapshot;
 
@@ -112,11 +112,19 @@ impl RunPlan {
         let mut config = args
             .into_config(scanned.with_arrival > 0)
             .map_err(|error| RunError::Input(format!("{error:#}")))?;
-        // A sampled run counts, measures and paces only the sessions it keeps.
+        // A sampled run counts, measures and paces only the sessions it keeps; with a
+        // tokenizer the baseline counts recorded outputs without usage with it (a second scan:
+        // the tokenizer is known once the options are).
+        let tokenizer = config.tokenizer.as_ref().map(|t| t.tokenizer.clone());
         let (scanned, unsampled) = match config.faithful.sample {
+            None if tokenizer.is_some() => (
+                scan_blocking_with(recording.clone(), None, tokenizer.clone()).await?,
+                None,
+            ),
             None => (scanned, None),
             Some(sample) => {
-                let sampled = scan_blocking(recording.clone(), Some(sample)).await?;
+                let sampled =
+                    scan_blocking_with(recording.clone(), Some(sample), tokenizer.clone()).await?;
                 if sampled.exchanges == 0 {
                     return Err(RunError::Input(format!(
                         "--sample-sessions {} --seed {}: keeps none of the {} exchanges of {}; raise the fraction or try another seed",
@@ -129,6 +137,14 @@ impl RunPlan {
                 let unsampled = (scanned.exchanges, scanned.sessions);
                 (sampled, Some(unsampled))
             }
+        };
+        // Recorded cancellations are looked for only in a recording that may hold some: the
+        // feeders then decode each line whole for its cancel point.
+        config.recorded_cancels = {
+            let path = recording.clone();
+            tokio::task::spawn_blocking(move || crate::shard::may_hold_cancellations(&path))
+                .await
+                .unwrap_or(true)
         };
         let goals =
             parse_goals(&config.goals).map_err(|error| RunError::Input(error.to_string()))?;
@@ -312,6 +328,13 @@ impl RunPlan {
                 unsampled,
                 steady: main.steady,
             },
+        );
+        if let Some(tokenizer) = &config.tokenizer {
+            report.requests.token_source.tokenizer = Some(tokenizer.name().to_owned());
+        }
+        crate::report::warn_cached_when_cold(
+            &mut report,
+            crate::report::cold_cache_request(&config.sets).as_deref(),
         );
         if let Some(log) = &scraped {
             attach_server_sections(log, &results, main_index, &mut report, capacity.as_mut());
@@ -572,6 +595,9 @@ impl ProbeJudge<'_> {
         });
         report.requests = RequestsSection::new(&result.metrics.counters, &request_totals(result))
             .with_errors(&result.metrics.errors);
+        if let Some(tokenizer) = &self.config.tokenizer {
+            report.requests.token_source.tokenizer = Some(tokenizer.name().to_owned());
+        }
         if let Some((path, saved)) = self.saved_baseline {
             report = compare_reports(&report, saved, &path.display().to_string());
         }
@@ -792,9 +818,17 @@ async fn scan_blocking(
     path: PathBuf,
     sample: Option<crate::faithful::SessionSample>,
 ) -> Result<RecordingScan, RunError> {
-    match tokio::task::spawn_blocking(move || match sample {
-        None => scan(&path),
-        Some(sample) => scan_sampled(&path, Some(&sample)),
+    scan_blocking_with(path, sample, None).await
+}
+
+/// [`scan_blocking`] with `--tokenizer`'s tokenizer for the baseline's output counts.
+async fn scan_blocking_with(
+    path: PathBuf,
+    sample: Option<crate::faithful::SessionSample>,
+    tokenizer: Option<std::sync::Arc<common::tokenizer::Tokenizer>>,
+) -> Result<RecordingScan, RunError> {
+    match tokio::task::spawn_blocking(move || {
+        crate::scan::scan_with(&path, sample.as_ref(), tokenizer.as_deref())
     })
     .await
     {

@@ -2,7 +2,9 @@
 //! sent), counts exchanges and sessions, and measures the baseline from the recorded frames
 //! with the same [`common::measure`] code the workers use; an imported exchange without frames
 //! whose source measured it (an OpenTelemetry span's first-token time, duration and usage)
-//! enters the baseline with those numbers ([`common::measure::noted_outcome`]).
+//! enters the baseline with those numbers ([`common::measure::noted_outcome`]). With the run's
+//! `--tokenizer`, recorded answers without usage are counted by it, as the replay counts its
+//! own.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -10,6 +12,7 @@ use std::path::Path;
 use common::measure::{noted_outcome, recorded_family, recorded_outcome};
 use common::metrics::{RunMetrics, Stats};
 use common::recording::{RecordingError, RecordingReader};
+use common::tokenizer::Tokenizer;
 
 use crate::sessions::{SessionSample, ThinkTimes};
 
@@ -50,10 +53,21 @@ pub fn scan(path: &Path) -> Result<RecordingScan, RecordingError> {
 }
 
 /// [`scan`], counting and measuring only the exchanges `sample` keeps (every line is still
-/// validated).
+/// validated), without a tokenizer ([`scan_with`]).
 pub fn scan_sampled(
     path: &Path,
     sample: Option<&SessionSample>,
+) -> Result<RecordingScan, RecordingError> {
+    scan_with(path, sample, None)
+}
+
+/// The scan of a run: only the exchanges `sample` keeps are counted and measured (every line
+/// is still validated), and the baseline counts the tokens of recorded answers and prompts
+/// without usage with `tokenizer` (`--tokenizer`) when there is one.
+pub fn scan_with(
+    path: &Path,
+    sample: Option<&SessionSample>,
+    tokenizer: Option<&Tokenizer>,
 ) -> Result<RecordingScan, RecordingError> {
     let mut out = RecordingScan::default();
     let mut baseline = RunMetrics::new();
@@ -95,7 +109,7 @@ pub fn scan_sampled(
         if let Some(family) = recorded_family(&exchange) {
             *out.families.entry(family.name()).or_default() += 1;
         }
-        if let Some(outcome) = recorded_outcome(&exchange) {
+        if let Some(outcome) = recorded_outcome(&exchange, tokenizer) {
             out.with_frame_timing += 1;
             baseline.record(&outcome);
         } else if let Some(outcome) = noted_outcome(&exchange) {
@@ -113,4 +127,43 @@ pub fn scan_sampled(
         out.baseline = Some(baseline);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_baseline_counts_streams_without_usage_with_the_runs_tokenizer() {
+        let dir = std::env::temp_dir().join(format!("llm-replay-scan-tok-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("r.jsonl");
+        let frame = |t: f64, data: &str| serde_json::json!({"t_ms": t, "data": data});
+        let line = serde_json::json!({"at_ms": 0.0,
+            "request": {"path": "/v1/chat/completions", "body": serde_json::json!({"stream": true,
+                "messages": [{"role": "user", "content": "Hello, world!"}]}).to_string()},
+            "response": {"status": 200, "headers": {"content-type": "text/event-stream"},
+                "frames": [
+                    frame(10.0, "data: {\"choices\":[{\"delta\":{\"content\":\"Hello,\"}}]}\n\n"),
+                    frame(20.0, "data: {\"choices\":[{\"delta\":{\"content\":\" world!\"}}]}\n\n"),
+                    frame(30.0, "data: [DONE]\n\n")],
+                "complete": true}});
+        std::fs::write(&path, format!("{line}\n")).expect("write");
+        let tokenizer = Tokenizer::from_file(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/tokenizer.json"),
+        )
+        .expect("the test tokenizer loads");
+
+        let counted = scan_with(&path, None, Some(&tokenizer)).expect("scan");
+        let baseline = counted.baseline.expect("a baseline");
+        assert_eq!(baseline.counters.tokenized, 1);
+        assert_eq!(baseline.counters.input_tokenized, 1);
+        // "Hello, world!": 4 tokens (Python `tokenizers`), in 2 frames.
+        assert_eq!(baseline.counters.output_tokens, 4);
+
+        let framed = scan(&path).expect("scan").baseline.expect("a baseline");
+        assert_eq!(framed.counters.tokenized, 0);
+        assert_eq!(framed.counters.output_tokens, 2);
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }

@@ -181,7 +181,9 @@ fn chunk_to_proto(chunk: SliceChunk) -> Result<v1::ExchangeChunk, Status> {
                 index: e.index,
                 json: e.json,
                 pin_output_tokens: e.pin_output_tokens,
+                pin_in_frames: e.pin_in_frames,
                 think_ms: e.think_ms,
+                cancel_after_ms: e.cancel_after_ms,
                 reassigned: e.reassigned,
             })
             .collect(),

@@ -20,7 +20,7 @@ use common::recording::{RawExchange, RecordingError, RecordingReader};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::faithful::{SliceFaithful, ThinkTimes, recorded_output_tokens};
+use crate::faithful::{SliceFaithful, ThinkTimes, recorded_pin};
 use tokio::sync::mpsc;
 
 /// Exchanges per chunk sent to a worker.
@@ -34,6 +34,10 @@ pub struct SliceExchange {
     pub json: Vec<u8>,
     /// `--pin-output-length`: the output length the recording measured.
     pub pin_output_tokens: Option<u64>,
+    /// `pin_output_tokens` counts content frames (no usage, no tokenizer).
+    pub pin_in_frames: bool,
+    /// The recorded client abandoned the exchange this long after sending it (ms).
+    pub cancel_after_ms: Option<f64>,
     /// `--session-mode closed`: the recorded think time before this turn, ms.
     pub think_ms: Option<f64>,
     /// Handed over from a lost worker ([`feed_reassigned`]): the worker that gets it sends it
@@ -68,13 +72,71 @@ pub struct SlicePlan {
     /// Sampled sessions, and the recorded output length and think time sent with each
     /// exchange (faithful replay).
     pub faithful: SliceFaithful,
+    /// `--tokenizer`: recorded output lengths without usage are counted with it.
+    pub tokenizer: Option<crate::config::RunTokenizer>,
+    /// Look for recorded client cancellations (`Exchange::client_cancelled_ms`) and send
+    /// their cancel points; off only for a recording known to hold none.
+    pub recorded_cancels: bool,
 }
 
 /// What travels with an exchange besides its request.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 struct Extras {
     pin_output_tokens: Option<u64>,
+    pin_in_frames: bool,
     think_ms: Option<f64>,
+    cancel_after_ms: Option<f64>,
+}
+
+/// Whether a line may record a client cancellation, so that it is worth decoding whole for
+/// its cancel point. The recording writes `"ended":"client disconnected"` on such a
+/// response; `RawExchange` does not expose a line's raw response text, so every line is a
+/// candidate when the plan looks for cancellations at all — which it does only for a
+/// recording whose text holds the marker ([`may_hold_cancellations`]).
+fn may_record_a_cancellation(plan: &SlicePlan, _raw: &RawExchange<'_>) -> bool {
+    plan.recorded_cancels
+}
+
+/// What `llm-replay record` writes on the response of an exchange its client abandoned.
+const CANCELLATION_MARKER: &[u8] = b"client disconnected";
+
+/// Whether the recording at `path` may hold a recorded client cancellation: its bytes
+/// contain the marker (`"ended":"client disconnected"`). A compressed recording is not
+/// searched (it may); a file that cannot be read may too (the feeder's reader reports it).
+/// Read once before the run, so that the feeders of a recording without any decode no
+/// line whole for it.
+pub fn may_hold_cancellations(path: &std::path::Path) -> bool {
+    use std::io::Read;
+    if path
+        .extension()
+        .is_some_and(|ext| ext.eq_ignore_ascii_case("gz"))
+    {
+        return true;
+    }
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return true;
+    };
+    let keep = CANCELLATION_MARKER.len() - 1;
+    let mut buffer = vec![0u8; 1 << 20];
+    let mut carried = 0usize;
+    loop {
+        let read = match file.read(&mut buffer[carried..]) {
+            Ok(0) => return false,
+            Ok(n) => n,
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return true,
+        };
+        let filled = carried + read;
+        if buffer[..filled]
+            .windows(CANCELLATION_MARKER.len())
+            .any(|window| window == CANCELLATION_MARKER)
+        {
+            return true;
+        }
+        // The marker may straddle two reads: keep the tail.
+        carried = keep.min(filled);
+        buffer.copy_within(filled - carried..filled, 0);
+    }
 }
 
 impl SlicePlan {
@@ -125,18 +187,29 @@ impl Item<'_, '_> {
     /// asks for either; `think` must see every turn of a session in order.
     fn extras(&self, plan: &SlicePlan, think: &mut ThinkTimes) -> Result<Extras, RecordingError> {
         let faithful = &plan.faithful;
-        if !faithful.pin && !faithful.think {
+        let cancels = may_record_a_cancellation(plan, self.raw);
+        if !faithful.pin && !faithful.think && !cancels {
             return Ok(Extras::default());
         }
         let exchange = self.raw.parse()?;
+        let pin = if faithful.pin {
+            recorded_pin(
+                &exchange,
+                plan.tokenizer.as_ref().map(|t| t.tokenizer.as_ref()),
+            )
+        } else {
+            None
+        };
         Ok(Extras {
-            pin_output_tokens: if faithful.pin {
-                recorded_output_tokens(&exchange)
+            pin_output_tokens: pin.map(|(tokens, _)| tokens),
+            pin_in_frames: pin.is_some_and(|(_, in_frames)| in_frames),
+            think_ms: if faithful.think {
+                think.next(&exchange)
             } else {
                 None
             },
-            think_ms: if faithful.think {
-                think.next(&exchange)
+            cancel_after_ms: if cancels {
+                exchange.client_cancelled_ms()
             } else {
                 None
             },
@@ -159,7 +232,9 @@ impl Item<'_, '_> {
             index: self.index,
             json,
             pin_output_tokens: extras.pin_output_tokens,
+            pin_in_frames: extras.pin_in_frames,
             think_ms: extras.think_ms,
+            cancel_after_ms: extras.cancel_after_ms,
             reassigned: false,
         })
     }
@@ -533,6 +608,8 @@ mod tests {
                 think: true,
                 sample: None,
             },
+            tokenizer: None,
+            recorded_cancels: false,
         };
         let (tx, mut rx) = mpsc::channel(16);
         assert_eq!(feed_slice(&plan, 0, tx).expect("feeds"), 5);
@@ -582,6 +659,8 @@ mod tests {
                 think: true,
                 sample: None,
             },
+            tokenizer: None,
+            recorded_cancels: false,
         };
         let dead = worker_for(0, Some("s"), 2);
         let (tx, mut rx) = mpsc::channel(16);
@@ -612,6 +691,8 @@ mod tests {
             open_ended: false,
             pass_span_ms: 1000.0,
             faithful: SliceFaithful::default(),
+            tokenizer: None,
+            recorded_cancels: false,
         };
         // Worker 1 never reads: its one-chunk slice is full after its first chunk.
         let (tx0, mut rx0) = mpsc::channel(64);
@@ -650,6 +731,74 @@ mod tests {
         });
         assert_eq!(stopper, [64]);
         let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn a_recorded_cancellation_travels_with_its_exchange_and_frame_pins_say_so() {
+        let lines = [
+            r#"{"at_ms":0,"request":{"path":"/v1/chat/completions"},"response":{"status":200,"frames":[{"t_ms":100,"data":"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n"}],"complete":false,"ended":"client disconnected","cancelled_ms":141.5}}"#,
+            r#"{"at_ms":10,"request":{"path":"/v1/chat/completions"},"response":{"status":200,"frames":[{"t_ms":100,"data":"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n"},{"t_ms":120,"data":"data: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\n"},{"t_ms":150,"data":"data: [DONE]\n\n"}],"complete":true}}"#,
+        ];
+        let path = recording("cancels", &lines);
+        let plan = SlicePlan {
+            recording: path.clone(),
+            workers: 1,
+            exchanges: 2,
+            requests: None,
+            open_ended: false,
+            pass_span_ms: 0.0,
+            faithful: SliceFaithful {
+                pin: true,
+                think: false,
+                sample: None,
+            },
+            tokenizer: None,
+            recorded_cancels: true,
+        };
+        let (tx, mut rx) = mpsc::channel(16);
+        assert_eq!(feed_slice(&plan, 0, tx).expect("feeds"), 2);
+        let slice = drain(&mut rx);
+        assert_eq!(slice[0].cancel_after_ms, Some(141.5));
+        assert_eq!(slice[1].cancel_after_ms, None);
+        // No usage, no tokenizer: the pin is the recorded content frames, and says so.
+        assert_eq!(slice[1].pin_output_tokens, Some(2));
+        assert!(slice[1].pin_in_frames);
+
+        // A plan that does not look for cancellations sends none (and decodes nothing more).
+        let plan = SlicePlan {
+            recorded_cancels: false,
+            faithful: SliceFaithful::default(),
+            ..plan
+        };
+        let (tx, mut rx) = mpsc::channel(16);
+        feed_slice(&plan, 0, tx).expect("feeds");
+        assert!(drain(&mut rx).iter().all(|e| e.cancel_after_ms.is_none()));
+        let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn only_a_recording_holding_the_marker_is_searched_for_cancellations() {
+        let with = recording(
+            "marker",
+            &[
+                r#"{"request":{"path":"/v1/completions"},"response":{"status":200,"frames":[],"complete":false,"ended":"client disconnected"}}"#,
+            ],
+        );
+        let without = recording("no-marker", &[r#"{"request":{"path":"/v1/completions"}}"#]);
+        assert!(may_hold_cancellations(&with));
+        assert!(!may_hold_cancellations(&without));
+        // Across the 1 MiB reads: the marker straddles the first boundary.
+        let mut line = String::from(r#"{"request":{"path":"/v1/completions","body":""#);
+        line.push_str(&"x".repeat((1 << 20) - line.len() - 5));
+        line.push_str(r#""},"response":{"status":200,"ended":"client disconnected"}}"#);
+        let straddling = recording("straddling", &[&line]);
+        assert!(may_hold_cancellations(&straddling));
+        for path in [with, without, straddling] {
+            let _ = std::fs::remove_file(path);
+        }
+        assert!(may_hold_cancellations(std::path::Path::new(
+            "/nonexistent/rec.jsonl"
+        )));
     }
 
     #[test]

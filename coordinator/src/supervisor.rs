@@ -44,6 +44,10 @@ pub struct Settings {
     pub clock_samples: u64,
     /// How long a worker may take to answer one round of clock pings.
     pub clock_patience: Duration,
+    /// Added to the first clock round's patience: how long a worker may take to set up its
+    /// assignment before it reads the first ping (building a `--tokenizer` takes seconds for
+    /// a large one).
+    pub setup_patience: Duration,
     /// After an abort, how long survivors have to send their partial final reports.
     pub abort_grace: Duration,
     /// Heartbeats, silence checks and progress.
@@ -128,6 +132,11 @@ impl Settings {
             start_lead: Duration::from_millis(500),
             clock_samples: 8,
             clock_patience: Duration::from_secs(2),
+            setup_patience: if config.tokenizer.is_some() {
+                TOKENIZER_SETUP_PATIENCE
+            } else {
+                Duration::ZERO
+            },
             abort_grace: Duration::from_secs(3),
             tick: Duration::from_millis(500),
             report_interval: report_interval_for(workers, config.heartbeat_timeout),
@@ -288,7 +297,7 @@ impl Slot {
     }
 
     fn answered(&self) -> u64 {
-        self.latest.as_ref().map(|r| r.answered()).unwrap_or(0)
+        self.latest.as_ref().map(|r| answered_by(r)).unwrap_or(0)
     }
 
     fn alive(&self) -> bool {
@@ -578,7 +587,12 @@ impl Supervisor {
             // Each worker answers each ping once: a second pong (or one for another round)
             // from the same stream does not stand in for a worker that has not answered.
             let mut waiting = pinged;
-            let deadline = Instant::now() + self.settings.clock_patience;
+            let patience = if seq == 0 {
+                self.settings.clock_patience + self.settings.setup_patience
+            } else {
+                self.settings.clock_patience
+            };
+            let deadline = Instant::now() + patience;
             while waiting.contains(&true) {
                 let event = tokio::select! {
                     event = self.events.recv() => event,
@@ -1104,7 +1118,7 @@ impl Supervisor {
                 *tls_problems.entry(problem.clone()).or_default() += n;
             }
             let totals = report.totals;
-            let answered = report.answered();
+            let answered = answered_by(&report);
             let (assigned, lost, not_started_here) = match slot.lost_accounting {
                 Some((issued, lost)) if !slot.done => (issued, lost, 0),
                 _ => (
@@ -1254,6 +1268,10 @@ const EXTRA_CLOCK_SAMPLES_FACTOR: u64 = 4;
 /// the 8 usual rounds alone take 2.4 s, and the run must not wait much longer to start.
 const CLOCK_SYNC_BUDGET: Duration = Duration::from_secs(2);
 
+/// How long a worker may take to build the run's `--tokenizer` before it answers its first
+/// clock ping (a 22 MB one took about 3 s on the CI VM).
+const TOKENIZER_SETUP_PATIENCE: Duration = Duration::from_secs(60);
+
 /// One worker's clock samples so far: the best (shortest round trip) and every round trip.
 #[derive(Debug, Clone, Default)]
 struct ClockSamples {
@@ -1326,6 +1344,19 @@ pub fn start_skew_bound_ms(workers: &[WorkerOutcome]) -> Option<f64> {
         with_second_early.max(with_second_late)
     };
     Some(bound.unwrap_or(0).max(0) as f64 / 1e6)
+}
+
+/// Requests a report answers for: measured (cancelled ones included: a cancelled request
+/// was answered, by the client hanging up), warm-up. Read from the report's accounting
+/// identity (answered + not started + lost), so every outcome its counters know counts.
+fn answered_by(report: &ReceivedReport) -> u64 {
+    report
+        .accounted()
+        .map(|all| {
+            all.saturating_sub(report.totals.not_started)
+                .saturating_sub(report.totals.lost)
+        })
+        .unwrap_or_else(|| report.answered())
 }
 
 #[cfg(test)]

@@ -335,6 +335,8 @@ mod tests {
             latency_us: Some(ttft_ms * 1_000 + (osl - 1) * 10_000),
             content_frames: osl,
             usage_output_tokens: Some(osl),
+            tokenized_output_tokens: None,
+            input_source: None,
             input_tokens: Some(10),
             schedule_lag_us: None,
             sent_unix_us: Some(1_000_000),

@@ -6,6 +6,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -16,7 +17,8 @@ use tokio::sync::OwnedSemaphorePermit;
 use common::pacer::Pacer;
 
 use crate::metrics::StreamMetrics;
-use crate::truth::RequestTrace;
+use crate::request_log::RequestLog;
+use crate::truth::{self, RequestTrace};
 
 /// One frame of a planned response and when to write it, relative to the stream's start.
 #[derive(Debug, Clone)]
@@ -44,6 +46,27 @@ pub(crate) enum BodyError {
     ShuttingDown,
 }
 
+/// What a model response's body reports when its client leaves before the last frame was
+/// handed over (a user pressing stop): a `cancelled` line in the request log and the
+/// instant in the truth log. Not a cancel: the mock's own injected cut or error, and
+/// shutdown.
+pub(crate) struct CancelWatch {
+    pub(crate) request_log: Option<Arc<RequestLog>>,
+    /// Set when the server begins to stop: bodies dropped from then on were not cancelled.
+    pub(crate) stopping: Arc<AtomicBool>,
+    pub(crate) exchange: Option<String>,
+    pub(crate) path: String,
+    /// When the request head arrived.
+    pub(crate) arrival: Instant,
+}
+
+/// The token counts of a response: what its usage reports (or would, with `--usage off`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TokenCounts {
+    pub(crate) input: u64,
+    pub(crate) output: u64,
+}
+
 /// A response body that writes each frame as its own chunk at `start + offset`.
 pub(crate) struct TimedBody {
     frames: Vec<PlannedFrame>,
@@ -68,6 +91,12 @@ pub(crate) struct TimedBody {
     first_token: usize,
     /// `/metrics`: counts this response running and its tokens as frames are handed over.
     metrics: Option<StreamMetrics>,
+    /// Reports a client that leaves mid-response (model responses only).
+    cancel: Option<CancelWatch>,
+    /// The body failed on purpose (an injected cut, shutdown): being dropped is no cancel.
+    ended_by_server: bool,
+    /// For the truth log.
+    tokens: Option<TokenCounts>,
 }
 
 impl TimedBody {
@@ -92,6 +121,9 @@ impl TimedBody {
             trace: None,
             first_token: 0,
             metrics: None,
+            cancel: None,
+            ended_by_server: false,
+            tokens: None,
         }
     }
 
@@ -134,6 +166,9 @@ impl TimedBody {
             trace: None,
             first_token: 0,
             metrics: None,
+            cancel: None,
+            ended_by_server: false,
+            tokens: None,
         }
     }
 
@@ -149,9 +184,26 @@ impl TimedBody {
         self
     }
 
+    /// The response's token counts, for the truth log.
+    pub(crate) fn with_tokens(mut self, tokens: TokenCounts) -> TimedBody {
+        self.tokens = Some(tokens);
+        self
+    }
+
     /// Log this body's frames in the truth log.
     pub(crate) fn set_trace(&mut self, trace: Arc<RequestTrace>) {
+        if let Some(tokens) = self.tokens {
+            trace.set_tokens(tokens.input, tokens.output);
+        }
         self.trace = Some(trace);
+    }
+
+    /// Report a client leaving before the last frame, if this body is timed (a model
+    /// response; bodies written at once are not watched).
+    pub(crate) fn watch_cancel(&mut self, watch: CancelWatch) {
+        if self.pacer.is_some() {
+            self.cancel = Some(watch);
+        }
     }
 
     fn next_deadline(&self) -> Option<Instant> {
@@ -188,6 +240,7 @@ impl Body for TimedBody {
             // Register once per deadline; a spurious poll before it just waits again.
             if this.registered_for != Some(deadline) {
                 if !pacer.wake_at(deadline, cx.waker().clone()) {
+                    this.ended_by_server = true;
                     this._permit = None;
                     return Poll::Ready(Some(Err(BodyError::ShuttingDown)));
                 }
@@ -220,6 +273,7 @@ impl Body for TimedBody {
                 Poll::Pending
             }
             None => {
+                this.ended_by_server = true;
                 this._permit = None;
                 Poll::Ready(Some(Err(BodyError::InjectedDrop)))
             }
@@ -235,5 +289,43 @@ impl Body for TimedBody {
             Some(len) if self.next == 0 => SizeHint::with_exact(len),
             _ => SizeHint::default(),
         }
+    }
+}
+
+impl Drop for TimedBody {
+    /// hyper drops a body before its end when the client is gone: an HTTP/1 client closing
+    /// its socket is noticed at once (hyper reads the connection while the body waits, and
+    /// a read of 0 mid-response ends it), an HTTP/2 client's `RST_STREAM` too.
+    fn drop(&mut self) {
+        if self.next >= self.frames.len() || self.ended_by_server {
+            return;
+        }
+        let Some(watch) = &self.cancel else {
+            return;
+        };
+        // Stamped first, before the work of reporting it.
+        let now_ns = truth::unix_ns();
+        if watch.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let after = watch.arrival.elapsed();
+        if let Some(trace) = &self.trace {
+            trace.cancelled(now_ns);
+        }
+        if let Some(log) = &watch.request_log {
+            log.cancelled(
+                now_ns,
+                watch.exchange.as_deref(),
+                &watch.path,
+                self.next as u64,
+                after,
+            );
+        }
+        tracing::debug!(
+            path = %watch.path,
+            frames_sent = self.next,
+            after_ms = after.as_secs_f64() * 1e3,
+            "client cancelled"
+        );
     }
 }

@@ -9,23 +9,27 @@
 //! when: frame `i` of a synthetic stream goes out at the absolute deadline
 //! `start + ttft + i * itl`. `GET /metrics` (every listener) shows what it did, counted
 //! exactly, under vLLM's Prometheus names (`metrics`); a scrape is no model request.
+//! A client that leaves before its response's last frame is a cancel the server logs
+//! (`body::CancelWatch`: the request log's `cancelled` line, the truth log's `cancelled_ns`).
+//! With `--tokenizer` (`tokenized`), the output is words of a known token count under a real
+//! tokenizer and usage is exact under it.
 
 mod body;
 mod metrics;
 mod recorded;
+mod request_log;
 mod synth;
+mod tokenized;
 mod truth;
 
 #[cfg(test)]
 mod tests;
 
 use std::convert::Infallible;
-use std::fs::File;
 use std::future::Future;
-use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -44,11 +48,12 @@ use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 
-use body::{Ending, TimedBody};
+use body::{CancelWatch, Ending, TimedBody, TokenCounts};
 pub use recorded::Recorded;
 use recorded::{Lookup, RecordedResponse};
 pub use synth::{DEFAULT_TOKENS, MAX_REQUESTED_TOKENS, TOKEN_WORDS, token_text};
-use synth::{MidStreamFault, SynthPlan, SynthSchedule};
+use synth::{Grouping, MidStreamFault, OutputWords, SynthPlan, SynthSchedule};
+pub use tokenized::{MockTokenizer, MockTokenizerError};
 
 /// Largest request body the mock reads; bigger ones get 413.
 const MAX_REQUEST_BODY: usize = 32 * 1024 * 1024;
@@ -118,6 +123,8 @@ pub enum MockError {
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Tokenizer(#[from] MockTokenizerError),
 }
 
 /// When to report usage.
@@ -211,18 +218,27 @@ pub struct MockArgs {
     /// Seed for fault choice (deterministic in request arrival order).
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Append one JSON line per request on arrival to this file.
+    /// Append one JSON line per request on arrival to this file, and one more
+    /// (`"event":"cancelled"`, with `frames_sent` and `after_ms`) when a client leaves
+    /// before its response's last frame.
     #[arg(long)]
     pub request_log: Option<PathBuf>,
     /// Log, per request, when its head arrived and when its first and last frames were
     /// written to the socket, and were due (Unix ns, CLOCK_REALTIME), with its
-    /// `x-llm-replay-exchange` tag: server truth for benchmarks and tests. Kept in memory,
-    /// written as JSON lines at shutdown.
+    /// `x-llm-replay-exchange` tag, its input and output tokens (as its usage reports them,
+    /// or would) and, when its client left mid-response, when (`cancelled_ns`): server truth
+    /// for benchmarks and tests. Kept in memory, written as JSON lines at shutdown.
     #[arg(long, value_name = "FILE")]
     pub write_log: Option<PathBuf>,
     /// Serve the responses of this recording (format v1) at their recorded timing.
     #[arg(long)]
     pub recording: Option<PathBuf>,
+    /// A Hugging Face tokenizer.json: the output is words whose token count under it is
+    /// exact (max tokens N gives exactly N tokens), usage counts are exact under it (input:
+    /// the prompt tokenized), and every 12th token frame carries two tokens, as real servers'
+    /// streams sometimes do.
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: Option<PathBuf>,
     /// Speak HTTP/1.1 only: no cleartext HTTP/2, no h2 offered by ALPN (like most model
     /// servers).
     #[arg(long, conflicts_with = "http2_only")]
@@ -298,6 +314,8 @@ pub struct MockConfig {
     pub write_log: Option<PathBuf>,
     /// Recorded responses to serve, if any.
     pub recording: Option<Arc<Recorded>>,
+    /// `--tokenizer`: output words of known token count, exact usage, some two-token frames.
+    pub tokenizer: Option<Arc<MockTokenizer>>,
     /// Serve https with this configuration (ALPN h2 and http/1.1) instead of cleartext.
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// HTTP/1.1 only (no h2c, no ALPN h2).
@@ -325,6 +343,7 @@ impl Default for MockConfig {
             request_log: None,
             write_log: None,
             recording: None,
+            tokenizer: None,
             tls: None,
             http1_only: false,
             http2_only: false,
@@ -337,6 +356,10 @@ impl MockArgs {
     pub fn into_config(self) -> Result<MockConfig, MockError> {
         let recording = match &self.recording {
             Some(path) => Some(Arc::new(Recorded::load(path)?)),
+            None => None,
+        };
+        let tokenizer = match &self.tokenizer {
+            Some(path) => Some(Arc::new(MockTokenizer::load(path)?)),
             None => None,
         };
         let tls = match (&self.tls_cert, &self.tls_key) {
@@ -388,6 +411,7 @@ impl MockArgs {
             request_log: self.request_log,
             write_log: self.write_log,
             recording,
+            tokenizer,
             tls,
             http1_only: self.http1_only,
             http2_only: self.http2_only,
@@ -492,6 +516,7 @@ pub async fn serve(
         }
     }
     drop(listener);
+    state.stopping.store(true, Ordering::SeqCst);
     let _ = stop_tx.send(true);
     let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
         while connections.join_next().await.is_some() {}
@@ -633,7 +658,9 @@ struct State {
     waiting: AtomicUsize,
     /// Request log, written synchronously one line per `write` so lines are whole and
     /// flushed at arrival (tests read it while the server runs).
-    request_log: Option<Mutex<File>>,
+    request_log: Option<Arc<request_log::RequestLog>>,
+    /// The server began to stop: a body dropped from then on was not cancelled by its client.
+    stopping: Arc<AtomicBool>,
     next_id: AtomicU64,
     pacer: pacer::Pacer,
     /// `--write-log`: the server-truth records, written when the server stops.
@@ -655,16 +682,12 @@ impl State {
                 .unwrap_or(0)
         });
         let request_log = match &config.request_log {
-            Some(path) => Some(Mutex::new(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
-                    .map_err(|source| MockError::RequestLog {
-                        path: path.clone(),
-                        source,
-                    })?,
-            )),
+            Some(path) => Some(Arc::new(request_log::RequestLog::open(path).map_err(
+                |source| MockError::RequestLog {
+                    path: path.clone(),
+                    source,
+                },
+            )?)),
             None => None,
         };
         let truth = match &config.write_log {
@@ -685,6 +708,7 @@ impl State {
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
             waiting: AtomicUsize::new(0),
             request_log,
+            stopping: Arc::new(AtomicBool::new(false)),
             next_id: AtomicU64::new(1),
             pacer,
             config,
@@ -705,19 +729,25 @@ impl State {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0);
-        let line = serde_json::json!({
-            "unix_ms": unix_ms,
-            "method": method.as_str(),
-            "path": path,
-            "exchange": exchange,
-            "version": format!("{version:?}"),
+        log.request(unix_ms, method.as_str(), path, exchange, version);
+    }
+
+    /// Make `response` report its client leaving before its last frame.
+    fn watch_cancel(
+        &self,
+        mut response: MockResponse,
+        exchange: Option<String>,
+        path: &str,
+        arrival: Instant,
+    ) -> MockResponse {
+        response.body_mut().watch_cancel(CancelWatch {
+            request_log: self.request_log.clone(),
+            stopping: Arc::clone(&self.stopping),
+            exchange,
+            path: path.to_owned(),
+            arrival,
         });
-        let mut text = line.to_string();
-        text.push('\n');
-        let mut file = log.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Err(error) = file.write_all(text.as_bytes()) {
-            tracing::warn!(%error, "writing the request log failed");
-        }
+        response
     }
 
     /// Draw this request's faults (always four draws, so the sequence depends only on the
@@ -840,7 +870,8 @@ async fn handle(state: &State, req: Request<Incoming>) -> MockResponse {
     if let Some(recording) = &state.config.recording {
         match recording.lookup(exchange.as_deref(), method.as_str(), &path_and_query, &body) {
             Lookup::Response(recorded) => {
-                return serve_recorded(state, wire, recorded, &path, &body, arrival).await;
+                let response = serve_recorded(state, wire, recorded, &path, &body, arrival).await;
+                return state.watch_cancel(response, exchange, &path, arrival);
             }
             Lookup::BadIndex(message) => {
                 return error_response(wire.unwrap_or(Wire::OpenAiChat), 400, &message);
@@ -858,7 +889,8 @@ async fn handle(state: &State, req: Request<Incoming>) -> MockResponse {
             ),
         );
     };
-    serve_synthetic(state, wire, &path, &body, arrival).await
+    let response = serve_synthetic(state, wire, &path, &body, arrival).await;
+    state.watch_cancel(response, exchange, &path, arrival)
 }
 
 async fn serve_synthetic(
@@ -899,9 +931,15 @@ async fn serve_synthetic(
     } else {
         Finish::Stop
     };
+    // With `--tokenizer`, the prompt's own count (else the estimate, as without it).
+    let input_tokens = config
+        .tokenizer
+        .as_ref()
+        .and_then(|tokenizer| tokenizer.count_prompt(path, body))
+        .unwrap_or(info.input_tokens);
     let prefill = config
         .prefill_per_token
-        .saturating_mul(info.input_tokens.min(u32::MAX as u64) as u32);
+        .saturating_mul(input_tokens.min(u32::MAX as u64) as u32);
     let schedule = SynthSchedule {
         ttft: config.ttft + prefill,
         itl: config.itl,
@@ -913,6 +951,15 @@ async fn serve_synthetic(
             MidStreamFault::None
         },
         stall: (stall && info.stream).then_some(config.faults.stall),
+        grouping: if config.tokenizer.is_some() {
+            Grouping::PairEvery(synth::PAIR_EVERY)
+        } else {
+            Grouping::OnePerFrame
+        },
+    };
+    let words = match &config.tokenizer {
+        Some(tokenizer) => OutputWords::Tokenizer(tokenizer),
+        None => OutputWords::Lorem,
     };
     let usage = match config.usage {
         UsageMode::On => true,
@@ -930,7 +977,7 @@ async fn serve_synthetic(
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0),
-        input_tokens: info.input_tokens,
+        input_tokens,
         usage,
         system_fingerprint: "fp_llm_replay_mock".to_owned(),
         timings: synth::timings(&schedule),
@@ -939,27 +986,37 @@ async fn serve_synthetic(
         Finish::Length => metrics::FinishedReason::Length,
         _ => metrics::FinishedReason::Stop,
     };
-    let input_tokens = info.input_tokens;
     // Counted running from here (the slot is held) until the body ends or is dropped.
     let stream_metrics = |tokens, success| {
         metrics::StreamMetrics::start(series, arrival, input_tokens, tokens, finished, success)
     };
-    match synth::plan(wire, params, info.stream, &schedule) {
+    match synth::plan(wire, params, info.stream, &schedule, words) {
         SynthPlan::Stream {
             frames,
             ending,
             first_token,
             tokens_sent,
         } => {
-            let tokens = metrics::FrameTokens::OnePerFrame {
-                start: first_token,
-                count: usize::try_from(tokens_sent).unwrap_or(usize::MAX),
+            let tokens = match schedule.grouping {
+                Grouping::OnePerFrame => metrics::FrameTokens::OnePerFrame {
+                    start: first_token,
+                    count: usize::try_from(tokens_sent).unwrap_or(usize::MAX),
+                },
+                grouping => metrics::FrameTokens::Grouped {
+                    start: first_token,
+                    tokens: tokens_sent,
+                    grouping,
+                },
             };
             let success = schedule.fault == MidStreamFault::None;
             let mut response = Response::new(
                 TimedBody::stream(frames, start, ending, state.pacer.clone(), permit)
                     .with_first_token(first_token)
-                    .with_metrics(stream_metrics(tokens, success)),
+                    .with_metrics(stream_metrics(tokens, success))
+                    .with_tokens(TokenCounts {
+                        input: input_tokens,
+                        output: tokens_sent,
+                    }),
             );
             let headers = response.headers_mut();
             headers.insert(
@@ -977,10 +1034,15 @@ async fn serve_synthetic(
             content_type,
             offset,
         } => {
+            let counts = TokenCounts {
+                input: input_tokens,
+                output: tokens,
+            };
             let tokens = metrics::FrameTokens::One { index: 0, tokens };
             let mut response = Response::new(
                 TimedBody::full_at(body, start, offset, state.pacer.clone(), permit)
-                    .with_metrics(stream_metrics(tokens, true)),
+                    .with_metrics(stream_metrics(tokens, true))
+                    .with_tokens(counts),
             );
             response
                 .headers_mut()
@@ -1016,9 +1078,16 @@ async fn serve_recorded(
     let model = request::model_of(path, request_json.as_ref())
         .unwrap_or_else(|| metrics::DEFAULT_MODEL.to_owned());
     let prompt_tokens = recorded.tokens.prompt_tokens.unwrap_or_else(|| {
-        request_json
+        state
+            .config
+            .tokenizer
             .as_ref()
-            .map_or(0, request::estimated_input_tokens)
+            .and_then(|tokenizer| tokenizer.count_prompt(path, body))
+            .unwrap_or_else(|| {
+                request_json
+                    .as_ref()
+                    .map_or(0, request::estimated_input_tokens)
+            })
     });
     let series = state.metrics.series(&model);
     let (permit, start) = match state.admit(arrival, &series).await {
@@ -1097,6 +1166,7 @@ async fn serve_recorded(
         let kept = &recorded.tokens.per_frame[..keep.min(recorded.tokens.per_frame.len())];
         metrics::FrameTokens::Listed(Arc::from(kept))
     };
+    let output_tokens = (0..frames.len()).map(|i| tokens.of(i)).sum();
     let stream_metrics = metrics::StreamMetrics::start(
         series,
         arrival,
@@ -1107,7 +1177,11 @@ async fn serve_recorded(
     );
     let mut response = Response::new(
         TimedBody::stream(frames, start, ending, state.pacer.clone(), permit)
-            .with_metrics(stream_metrics),
+            .with_metrics(stream_metrics)
+            .with_tokens(TokenCounts {
+                input: prompt_tokens,
+                output: output_tokens,
+            }),
     );
     *response.status_mut() = recorded.status;
     let headers = response.headers_mut();

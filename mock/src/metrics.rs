@@ -298,12 +298,19 @@ pub(crate) enum FrameTokens {
     OnePerFrame { start: usize, count: usize },
     /// Frame `index` carries `tokens` (a whole body).
     One { index: usize, tokens: u64 },
+    /// Frames from `start` on carry `tokens` as `grouping` puts them (a synthetic stream
+    /// with `--tokenizer`).
+    Grouped {
+        start: usize,
+        tokens: u64,
+        grouping: crate::synth::Grouping,
+    },
     /// Per frame, as counted in a recorded response.
     Listed(Arc<[u64]>),
 }
 
 impl FrameTokens {
-    fn of(&self, index: usize) -> u64 {
+    pub(crate) fn of(&self, index: usize) -> u64 {
         match self {
             FrameTokens::OnePerFrame { start, count } => {
                 u64::from(index >= *start && index - start < *count)
@@ -315,6 +322,14 @@ impl FrameTokens {
                     0
                 }
             }
+            FrameTokens::Grouped {
+                start,
+                tokens,
+                grouping,
+            } => match index.checked_sub(*start) {
+                Some(k) => grouping.tokens_of(k as u64, *tokens),
+                None => 0,
+            },
             FrameTokens::Listed(list) => list.get(index).copied().unwrap_or(0),
         }
     }

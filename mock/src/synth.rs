@@ -11,6 +11,7 @@ use common::formats::request;
 use serde_json::Value;
 
 use super::body::{Ending, PlannedFrame};
+use super::tokenized::MockTokenizer;
 
 /// Words the synthetic tokens cycle through (one token = one word, the first without its
 /// leading space), so clients can check they read every token.
@@ -44,6 +45,50 @@ pub const DEFAULT_TOKENS: u64 = 16;
 pub fn token_text(i: u64) -> (&'static str, &'static str) {
     let word = TOKEN_WORDS[(i % TOKEN_WORDS.len() as u64) as usize];
     (if i == 0 { "" } else { " " }, word)
+}
+
+/// With `--tokenizer`, every `PAIR_EVERY`-th token frame carries two tokens, as llama.cpp's
+/// and vLLM's streams sometimes do: counting frames then undercounts the tokens by 1 in 13
+/// (≈ 7.7 %), which a client must not mistake for the output length.
+pub(crate) const PAIR_EVERY: u64 = 12;
+
+/// How a synthetic stream's tokens fall on its frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Grouping {
+    /// One token per frame.
+    OnePerFrame,
+    /// Every `n`-th token frame carries two tokens.
+    PairEvery(u64),
+}
+
+impl Grouping {
+    /// Tokens carried by token frame `k` (0-based, token frames only) of a stream of
+    /// `tokens`; 0 past its last.
+    pub(crate) fn tokens_of(self, k: u64, tokens: u64) -> u64 {
+        let (before, wanted) = match self {
+            Grouping::OnePerFrame => (k, 1),
+            Grouping::PairEvery(n) => (k + k / n, 1 + u64::from((k + 1).is_multiple_of(n))),
+        };
+        tokens.saturating_sub(before).min(wanted)
+    }
+}
+
+/// The words of synthetic output: [`TOKEN_WORDS`], or `--tokenizer`'s.
+#[derive(Clone, Copy)]
+pub(crate) enum OutputWords<'a> {
+    Lorem,
+    Tokenizer(&'a MockTokenizer),
+}
+
+impl OutputWords<'_> {
+    fn push(self, i: u64, out: &mut String) {
+        let (space, word) = match self {
+            OutputWords::Lorem => token_text(i),
+            OutputWords::Tokenizer(tokenizer) => tokenizer.token(i),
+        };
+        out.push_str(space);
+        out.push_str(word);
+    }
 }
 
 /// What the mock needs to know from a request body.
@@ -97,6 +142,7 @@ pub(crate) struct SynthSchedule {
     pub(crate) fault: MidStreamFault,
     /// Pause inserted before the second half of the tokens, if any.
     pub(crate) stall: Option<Duration>,
+    pub(crate) grouping: Grouping,
 }
 
 /// A fault that happens after half the tokens.
@@ -119,8 +165,8 @@ pub(crate) enum SynthPlan {
         ending: Ending,
         /// Index in `frames` of the frame carrying the first token.
         first_token: usize,
-        /// Token frames sent (one token each), from `first_token` on: fewer than asked
-        /// when a fault cuts in.
+        /// Tokens sent (on the token frames from `first_token` on, as `grouping` puts
+        /// them): fewer than asked when a fault cuts in.
         tokens_sent: u64,
     },
     Whole {
@@ -136,6 +182,7 @@ pub(crate) fn plan(
     params: StreamParams,
     stream: bool,
     schedule: &SynthSchedule,
+    words: OutputWords<'_>,
 ) -> SynthPlan {
     let n = schedule.tokens;
     let token_offset = |i: u64| -> Duration {
@@ -150,9 +197,7 @@ pub(crate) fn plan(
     if !stream {
         let mut text = String::with_capacity(n as usize * 8);
         for i in 0..n {
-            let (space, word) = token_text(i);
-            text.push_str(space);
-            text.push_str(word);
+            words.push(i, &mut text);
         }
         let mut out = Vec::with_capacity(text.len() + 512);
         let content_type = encoder.non_streamed(&text, schedule.finish, n, &mut out);
@@ -181,14 +226,20 @@ pub(crate) fn plan(
     // The frame that carries token 0 (after the preamble's, if any): the server's TTFT.
     let first_token = marks.len();
     let mut word = String::with_capacity(32);
-    for i in 0..sent {
-        let (space, w) = token_text(i);
+    let mut i = 0;
+    let mut k = 0;
+    while i < sent {
+        // A frame of several tokens goes out when its last token is due.
+        let carried = schedule.grouping.tokens_of(k, sent);
         word.clear();
-        word.push_str(space);
-        word.push_str(w);
-        let last = cut.is_none() && i + 1 == n;
+        for j in i..i + carried {
+            words.push(j, &mut word);
+        }
+        i += carried;
+        k += 1;
+        let last = cut.is_none() && i == n;
         encoder.token(&word, last.then_some(schedule.finish), &mut out);
-        marks.push((out.len(), token_offset(i)));
+        marks.push((out.len(), token_offset(i - 1)));
     }
     let ending = match schedule.fault {
         MidStreamFault::None => {
@@ -299,6 +350,7 @@ mod tests {
             finish: Finish::Stop,
             fault: MidStreamFault::None,
             stall: Some(Duration::from_millis(50)),
+            grouping: Grouping::OnePerFrame,
         };
         let params = StreamParams {
             id: "1".into(),
@@ -309,9 +361,13 @@ mod tests {
             system_fingerprint: "fp".into(),
             timings: timings(&schedule),
         };
-        let SynthPlan::Stream { frames, ending, .. } =
-            plan(Wire::OpenAiChat, params, true, &schedule)
-        else {
+        let SynthPlan::Stream { frames, ending, .. } = plan(
+            Wire::OpenAiChat,
+            params,
+            true,
+            &schedule,
+            OutputWords::Lorem,
+        ) else {
             panic!("expected a stream");
         };
         assert_eq!(ending, Ending::Clean);
@@ -320,5 +376,30 @@ mod tests {
         assert_eq!(offsets, [0, 200, 210, 270, 280, 280]);
         assert!(frames[1].bytes.starts_with(b"data: "));
         assert!(frames[5].bytes.ends_with(b"data: [DONE]\n\n"));
+    }
+
+    #[test]
+    fn pairs_fall_on_every_twelfth_token_frame_and_add_up() {
+        let pairs = Grouping::PairEvery(PAIR_EVERY);
+        // 13 tokens: 11 single frames, then one of two.
+        let frames: Vec<u64> = (0..13).map(|k| pairs.tokens_of(k, 13)).collect();
+        assert_eq!(frames, [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 0]);
+        for tokens in 0..200 {
+            for grouping in [Grouping::OnePerFrame, pairs] {
+                let carried: Vec<u64> = (0..tokens + 1)
+                    .map(|k| grouping.tokens_of(k, tokens))
+                    .collect();
+                assert_eq!(carried.iter().sum::<u64>(), tokens, "{grouping:?} {tokens}");
+                // Frames with tokens come first, then none.
+                let used = carried.iter().take_while(|&&c| c > 0).count();
+                assert!(carried[used..].iter().all(|&c| c == 0));
+            }
+        }
+        assert_eq!(
+            (0..1200)
+                .filter(|&k| pairs.tokens_of(k, 10_000) == 2)
+                .count(),
+            100
+        );
     }
 }

@@ -14,7 +14,9 @@ use tokio::time::Instant;
 
 use super::*;
 
+mod cancellation;
 mod metrics_endpoint;
+mod tokenizer;
 
 struct Server {
     addr: SocketAddr,

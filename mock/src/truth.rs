@@ -14,6 +14,11 @@
 //! response at a time, so this attribution is exact; on HTTP/2 streams share a connection and
 //! only the hand-over instants are logged.
 //!
+//! A request whose client left mid-response (its body dropped before the last frame was
+//! handed over, not by the mock's own fault or shutdown) gets `cancelled_ns`, and `frames`
+//! stays the count handed over. Model responses log `input_tokens` and `output_tokens`: the
+//! counts their usage reports (or would, with `--usage off`).
+//!
 //! The hot path is a few atomics per frame and one uncontended lock per socket write; each
 //! finished request pushes one fixed-size record to a `Vec` behind a mutex, and the file is
 //! written once, when the server stops (memory: ~100 bytes a request).
@@ -23,7 +28,7 @@ use std::io::{BufWriter, Write as _};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -70,6 +75,10 @@ struct TruthRecord {
     first_write_ns: u64,
     token_write_ns: u64,
     last_write_ns: u64,
+    /// When the client cancelled (the body was dropped before its last frame); 0: it did not.
+    cancelled_ns: u64,
+    /// What the response's usage reports, or would (`--usage off`); model responses only.
+    tokens: Option<(u64, u64)>,
 }
 
 impl TruthLog {
@@ -113,6 +122,9 @@ impl TruthLog {
                 "first_write_ns": ns(r.first_write_ns),
                 "first_token_write_ns": ns(r.token_write_ns),
                 "last_write_ns": ns(r.last_write_ns),
+                "cancelled_ns": ns(r.cancelled_ns),
+                "input_tokens": r.tokens.map(|(input, _)| input),
+                "output_tokens": r.tokens.map(|(_, output)| output),
             });
             serde_json::to_writer(&mut out, &line)?;
             out.write_all(b"\n")?;
@@ -143,6 +155,8 @@ pub(crate) struct RequestTrace {
     first_write_ns: AtomicU64,
     token_write_ns: AtomicU64,
     last_write_ns: AtomicU64,
+    cancelled_ns: AtomicU64,
+    tokens: OnceLock<(u64, u64)>,
 }
 
 impl RequestTrace {
@@ -171,7 +185,19 @@ impl RequestTrace {
             first_write_ns: AtomicU64::new(0),
             token_write_ns: AtomicU64::new(0),
             last_write_ns: AtomicU64::new(0),
+            cancelled_ns: AtomicU64::new(0),
+            tokens: OnceLock::new(),
         }
+    }
+
+    /// The response's input and output tokens (set once, when its body is known).
+    pub(crate) fn set_tokens(&self, input: u64, output: u64) {
+        let _ = self.tokens.set((input, output));
+    }
+
+    /// The client left at `unix_ns`, before the last frame was handed over.
+    pub(crate) fn cancelled(&self, unix_ns: u64) {
+        self.cancelled_ns.store(unix_ns, Ordering::Relaxed);
     }
 
     pub(crate) fn set_status(&self, status: u16) {
@@ -230,6 +256,8 @@ impl Drop for RequestTrace {
             first_write_ns: *self.first_write_ns.get_mut(),
             token_write_ns: *self.token_write_ns.get_mut(),
             last_write_ns: *self.last_write_ns.get_mut(),
+            cancelled_ns: *self.cancelled_ns.get_mut(),
+            tokens: self.tokens.get().copied(),
         };
         self.log
             .records

@@ -4,10 +4,12 @@
 
 use std::time::Duration;
 
-use common::assignment::{Assignment, Faithful, RequestOptions, TargetTransport};
+use common::assignment::{
+    Assignment, CancelOptions, Faithful, RequestOptions, TargetTransport, TokenizerFiles,
+};
 use common::formats::pin::PinMode;
 use common::load::{Arrival, LoadModel, Schedule};
-use common::measure::{FailureKind, OutcomeKind, RequestOutcome};
+use common::measure::{CancelCause, FailureKind, OutcomeKind, RequestOutcome, TokenSource};
 use common::metrics::{
     ConnectionCounts, Counters, ErrorSample, ErrorSummary, HistogramEncoding, MetricsDecodeError,
     RecordMeta, RequestRecord, RunMetrics, SliceTotals, SparseMetrics, TransportCounters, Window,
@@ -152,6 +154,13 @@ fn counters_to_proto(c: &Counters, totals: &SliceTotals) -> v1::Counters {
         pinned_matched: c.pinned_matched,
         good: c.good,
         good_output_tokens: c.good_output_tokens,
+        tokenized: c.tokenized,
+        input_usage: c.input_usage,
+        input_tokenized: c.input_tokenized,
+        input_estimated: c.input_estimated,
+        cancelled_as_recorded: c.cancelled_as_recorded,
+        cancelled_by_rate: c.cancelled_by_rate,
+        pinned_frames: c.pinned_frames,
     }
 }
 
@@ -200,6 +209,13 @@ fn counters_from_proto(c: &v1::Counters) -> (Counters, SliceTotals) {
         pinned_matched: c.pinned_matched,
         good: c.good,
         good_output_tokens: c.good_output_tokens,
+        tokenized: c.tokenized,
+        input_usage: c.input_usage,
+        input_tokenized: c.input_tokenized,
+        input_estimated: c.input_estimated,
+        cancelled_as_recorded: c.cancelled_as_recorded,
+        cancelled_by_rate: c.cancelled_by_rate,
+        pinned_frames: c.pinned_frames,
     };
     let totals = SliceTotals {
         issued: c.issued,
@@ -387,7 +403,24 @@ pub fn record_to_proto(record: RequestRecord) -> v1::RequestRecord {
         unstreamed: o.unstreamed,
         message: record.message,
         good: record.good,
+        output_source: o.output_source().name().to_owned(),
+        input_source: o
+            .input_source
+            .map(|source| source.name().to_owned())
+            .unwrap_or_default(),
     }
+}
+
+/// A token source's name as [`TokenSource::name`] writes it.
+fn token_source(name: &str) -> Option<TokenSource> {
+    [
+        TokenSource::Usage,
+        TokenSource::Tokenizer,
+        TokenSource::Frames,
+        TokenSource::Estimate,
+    ]
+    .into_iter()
+    .find(|source| source.name() == name)
 }
 
 /// A per-request record from the wire; an unknown outcome name is `None`.
@@ -395,6 +428,8 @@ pub fn record_from_proto(record: &v1::RequestRecord) -> Option<RequestRecord> {
     let kind = match record.outcome.as_str() {
         "succeeded" => OutcomeKind::Succeeded,
         "ended_early" => OutcomeKind::EndedEarly,
+        "cancelled_as_recorded" => OutcomeKind::Cancelled(CancelCause::AsRecorded),
+        "cancelled_by_rate" => OutcomeKind::Cancelled(CancelCause::ByRate),
         "status" => OutcomeKind::Failed(FailureKind::Status),
         "error_frame" => OutcomeKind::Failed(FailureKind::ErrorFrame),
         "transport" => OutcomeKind::Failed(FailureKind::Transport),
@@ -409,7 +444,14 @@ pub fn record_from_proto(record: &v1::RequestRecord) -> Option<RequestRecord> {
     outcome.latency_us = record.latency_us;
     outcome.content_frames = record.output_tokens;
     outcome.usage_output_tokens = record.usage_reported.then_some(record.output_tokens);
+    if !record.usage_reported && token_source(&record.output_source) == Some(TokenSource::Tokenizer)
+    {
+        outcome.tokenized_output_tokens = Some(record.output_tokens);
+    }
     outcome.input_tokens = record.input_tokens;
+    outcome.input_source = record
+        .input_tokens
+        .and_then(|_| token_source(&record.input_source));
     outcome.schedule_lag_us = record.schedule_lag_us;
     outcome.sent_unix_us = (record.sent_unix_us > 0).then_some(record.sent_unix_us);
     outcome.unstreamed = record.unstreamed;
@@ -446,6 +488,17 @@ pub enum AssignmentError {
     /// One of the assignment's `slos` is not an objective the worker can judge.
     #[error("assignment slos = {text:?}: {reason}")]
     Slo { text: String, reason: String },
+    /// A tokenizer file's bytes do not inflate to a JSON document.
+    #[error("assignment {field} ({name:?}): {source}")]
+    Tokenizer {
+        field: &'static str,
+        name: String,
+        #[source]
+        source: common::assignment::TokenizerBytesError,
+    },
+    /// `cancel_rate` is not a percentage.
+    #[error("assignment cancel_rate = {rate}: expected a percentage from 0 to 100")]
+    CancelRate { rate: f64 },
 }
 
 impl AssignmentError {
@@ -456,6 +509,8 @@ impl AssignmentError {
             AssignmentError::Missing { field } | AssignmentError::Seconds { field, .. } => field,
             AssignmentError::PinMode { .. } => "pin_output_length",
             AssignmentError::Slo { .. } => "slos",
+            AssignmentError::Tokenizer { field, .. } => field,
+            AssignmentError::CancelRate { .. } => "cancel_rate",
         }
     }
 }
@@ -536,7 +591,70 @@ pub fn assignment_to_proto(assignment: &Assignment) -> v1::Assignment {
         heartbeat_timeout_s: assignment.heartbeat_timeout.map(|d| d.as_secs_f64()),
         slos: assignment.options.slos.names(),
         steady_metrics: assignment.options.steady_metrics,
+        tokenizer_json: assignment
+            .options
+            .tokenizer
+            .as_ref()
+            .map(|t| t.deflated().0.to_vec())
+            .unwrap_or_default(),
+        tokenizer_config_json: assignment
+            .options
+            .tokenizer
+            .as_ref()
+            .and_then(|t| t.deflated().1)
+            .map(<[u8]>::to_vec),
+        tokenizer_name: assignment
+            .options
+            .tokenizer
+            .as_ref()
+            .map(|t| t.name.clone())
+            .unwrap_or_default(),
+        cancel_rate: assignment.options.cancel.rate_pct,
+        cancel_seed: assignment.options.cancel.seed,
+        cancel_after_s: (assignment.options.cancel.after > Duration::ZERO)
+            .then_some(assignment.options.cancel.after.as_secs_f64()),
     }
+}
+
+/// The tokenizer files of an assignment from the wire: inflated, bounded, checked as JSON.
+fn tokenizer_from_proto(
+    assignment: &v1::Assignment,
+) -> Result<Option<TokenizerFiles>, AssignmentError> {
+    if assignment.tokenizer_json.is_empty() {
+        return Ok(None);
+    }
+    let name = assignment.tokenizer_name.clone();
+    let inflate = |field: &'static str, bytes: &[u8]| {
+        TokenizerFiles::inflate_json(bytes).map_err(|source| AssignmentError::Tokenizer {
+            field,
+            name: name.clone(),
+            source,
+        })
+    };
+    let tokenizer_json = inflate("tokenizer_json", &assignment.tokenizer_json)?;
+    let config_json = match &assignment.tokenizer_config_json {
+        None => None,
+        Some(bytes) => Some(inflate("tokenizer_config_json", bytes)?),
+    };
+    Ok(Some(TokenizerFiles::new(name, tokenizer_json, config_json)))
+}
+
+/// `--cancel-rate` and `--cancel-after` from the wire.
+fn cancel_from_proto(assignment: &v1::Assignment) -> Result<CancelOptions, AssignmentError> {
+    let rate = assignment.cancel_rate;
+    if !(0.0..=100.0).contains(&rate) {
+        return Err(AssignmentError::CancelRate { rate });
+    }
+    let after = match assignment.cancel_after_s {
+        None => Duration::ZERO,
+        Some(0.0) => Duration::ZERO,
+        Some(s) => wire_seconds("cancel_after_s", s)?,
+    };
+    Ok(CancelOptions {
+        rate_pct: rate,
+        after,
+        seed: assignment.cancel_seed,
+    })
 }
 
 /// A worker's assignment from the wire, every field checked: a load model must be there,
@@ -620,6 +738,8 @@ pub fn assignment_from_proto(assignment: &v1::Assignment) -> Result<Assignment, 
             },
             slos: Slos(slos),
             steady_metrics: assignment.steady_metrics,
+            tokenizer: tokenizer_from_proto(assignment)?,
+            cancel: cancel_from_proto(assignment)?,
         },
         tag_requests: assignment.tag_requests,
         worker_index: assignment.worker_index,
@@ -707,6 +827,16 @@ mod tests {
                     .to_vec(),
                 ),
                 steady_metrics: true,
+                tokenizer: Some(TokenizerFiles::new(
+                    "tokenizer.json".into(),
+                    br#"{"model":{"type":"WordLevel"}}"#.to_vec(),
+                    Some(br#"{"chat_template":"x"}"#.to_vec()),
+                )),
+                cancel: CancelOptions {
+                    rate_pct: 12.5,
+                    after: Duration::from_millis(250),
+                    seed: 99,
+                },
             },
             tag_requests: true,
             worker_index: 2,
@@ -752,6 +882,9 @@ mod tests {
                 // Without objectives or steady metrics (the fields unset on the wire).
                 slos: Slos::default(),
                 steady_metrics: false,
+                // No tokenizer, no cancellations: the fields unset on the wire.
+                tokenizer: None,
+                cancel: CancelOptions::default(),
                 ..domain.options.clone()
             },
             report_interval: None,
@@ -763,6 +896,31 @@ mod tests {
             assignment_from_proto(&assignment_to_proto(&asap)).expect("valid"),
             asap
         );
+    }
+
+    #[test]
+    fn a_large_tokenizer_travels_compressed_and_whole() {
+        // A 20 MB tokenizer.json-like document (real ones are 2-11 MB).
+        let mut json = String::from("{\"model\":{\"vocab\":{");
+        let mut i = 0u64;
+        while json.len() < 20 << 20 {
+            if i > 0 {
+                json.push(',');
+            }
+            json.push_str(&format!("\"tok{i:x}\u{0120}ab\":{i}"));
+            i += 1;
+        }
+        json.push_str("}}}");
+        let mut domain = assignment();
+        domain.options.tokenizer = Some(TokenizerFiles::new(
+            "big.json".into(),
+            json.into_bytes(),
+            None,
+        ));
+        let wire = assignment_to_proto(&domain);
+        let encoded = prost::Message::encoded_len(&wire);
+        assert!(encoded < 16 << 20, "deflated to {encoded} bytes");
+        assert_eq!(assignment_from_proto(&wire).expect("valid"), domain);
     }
 
     #[test]
@@ -844,6 +1002,41 @@ mod tests {
             "{error}"
         );
         assert!(error.to_string().contains("unknown name"), "{error}");
+
+        let mut wire = valid.clone();
+        wire.tokenizer_json = b"not deflate at all".to_vec();
+        let error = assignment_from_proto(&wire).expect_err("a bad tokenizer payload");
+        assert_eq!(error.field(), "tokenizer_json");
+        assert!(
+            error
+                .to_string()
+                .starts_with("assignment tokenizer_json (\"tokenizer.json\"): "),
+            "{error}"
+        );
+
+        let mut wire = valid.clone();
+        wire.tokenizer_json = TokenizerFiles::deflate(b"{\"model\": [");
+        let error = assignment_from_proto(&wire).expect_err("a tokenizer that is not JSON");
+        assert_eq!(error.field(), "tokenizer_json");
+        assert!(error.to_string().contains("not JSON"), "{error}");
+
+        let mut wire = valid.clone();
+        wire.tokenizer_config_json = Some(b"\x00\x01garbage".to_vec());
+        let error = assignment_from_proto(&wire).expect_err("a bad tokenizer config");
+        assert_eq!(error.field(), "tokenizer_config_json");
+
+        for rate in [-1.0, 100.5, f64::NAN] {
+            let mut wire = valid.clone();
+            wire.cancel_rate = rate;
+            let error = assignment_from_proto(&wire).expect_err("a bad cancel rate");
+            assert_eq!(error.field(), "cancel_rate", "{rate}");
+        }
+        for seconds in [-1.0, f64::NAN, f64::INFINITY] {
+            let mut wire = valid.clone();
+            wire.cancel_after_s = Some(seconds);
+            let error = assignment_from_proto(&wire).expect_err("a bad cancel delay");
+            assert_eq!(error.field(), "cancel_after_s", "{seconds}");
+        }
 
         let mut wire = valid;
         wire.pin_output_length = "loose".into();
@@ -1082,6 +1275,41 @@ mod tests {
             assert_eq!(back.good, good);
             assert_eq!(back.meta, record.meta);
             assert_eq!(back.outcome.ttft_us, Some(1_000));
+        }
+    }
+
+    /// A request record keeps its token sources and a cancelled outcome (a record the
+    /// coordinator cannot name would be dropped from `--requests-out`).
+    #[test]
+    fn a_request_record_keeps_its_token_sources_and_cancellations() {
+        let mut outcome = RequestOutcome::failed(FailureKind::Empty);
+        outcome.kind = OutcomeKind::Succeeded;
+        outcome.content_frames = 61;
+        outcome.tokenized_output_tokens = Some(66);
+        outcome.input_tokens = Some(120);
+        outcome.input_source = Some(TokenSource::Tokenizer);
+        let record = |outcome| RequestRecord {
+            meta: RecordMeta {
+                index: 1,
+                id: None,
+                session: None,
+            },
+            outcome,
+            status: Some(200),
+            message: None,
+            good: None,
+        };
+        let back = record_from_proto(&record_to_proto(record(outcome))).expect("known");
+        assert_eq!(back.outcome.output_tokens(), 66);
+        assert_eq!(back.outcome.output_source(), TokenSource::Tokenizer);
+        assert_eq!(back.outcome.input_source, Some(TokenSource::Tokenizer));
+        for cause in [CancelCause::AsRecorded, CancelCause::ByRate] {
+            let mut cancelled = RequestOutcome::failed(FailureKind::Empty);
+            cancelled.kind = OutcomeKind::Cancelled(cause);
+            cancelled.ttft_us = Some(9);
+            let back = record_from_proto(&record_to_proto(record(cancelled))).expect("known");
+            assert_eq!(back.outcome.kind, OutcomeKind::Cancelled(cause));
+            assert_eq!(back.outcome.ttft_us, Some(9));
         }
     }
 }

@@ -2,7 +2,10 @@
 //! line per exchange: `timestamp` (ms), `session_id`, the prompt as `messages` (OpenAI chat
 //! shape; Anthropic, Ollama and Bedrock bodies converted) or `text_input`, `output_length`
 //! (the recorded output length, `common::measure::recorded_output_length`, else the request's
-//! max tokens) and generation settings in `extra`.
+//! max tokens) and generation settings in `extra`. With `--tokenizer FILE`, the output length
+//! of an answer recorded without usage is its text's token count rather than its content
+//! frames (no `input_length` is written: AIPerf takes exactly one of `input_length`,
+//! `text_input` and `messages`, and the prompt is exported as it was).
 //!
 //! Only these keys are written (AIPerf's model rejects unknown ones). Headers are never
 //! exported, so no credential can leak through them; `--redact-body` applies to every string.
@@ -11,9 +14,10 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use common::formats::{self, Family, request};
-use common::measure::recorded_output_length;
+use common::measure::recorded_output_length_with;
 use common::recording::{Exchange, RecordingError, RecordingReader};
 use common::redact::{RedactError, Redactor};
+use common::tokenizer::{Tokenizer, TokenizerError};
 use serde_json::{Map, Value, json};
 
 /// `llm-replay export ...`.
@@ -30,6 +34,10 @@ pub struct ExportArgs {
     /// Replace matches of REGEX in every exported string with REDACTED-<hash> (repeatable).
     #[arg(long = "redact-body", value_name = "REGEX")]
     pub redact_body: Vec<String>,
+    /// A Hugging Face tokenizer.json: the output length of an answer recorded without usage
+    /// is its text's token count (else one token per content frame).
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: Option<PathBuf>,
 }
 
 /// Export formats.
@@ -91,6 +99,8 @@ pub enum ExportError {
     SameFile { path: PathBuf },
     #[error(transparent)]
     Redact(#[from] RedactError),
+    #[error("--tokenizer {0}")]
+    Tokenizer(#[from] TokenizerError),
 }
 
 impl ExportError {
@@ -103,6 +113,11 @@ impl ExportError {
 /// Export `args.recording` to `args.output`.
 pub fn export(args: &ExportArgs) -> Result<ExportSummary, ExportError> {
     let redactor = Redactor::new(&args.redact_body)?;
+    let tokenizer = args
+        .tokenizer
+        .as_deref()
+        .map(Tokenizer::from_file)
+        .transpose()?;
     let reader = RecordingReader::open(&args.recording)?;
     let write_error = |source| ExportError::Write {
         path: args.output.clone(),
@@ -122,7 +137,7 @@ pub fn export(args: &ExportArgs) -> Result<ExportSummary, ExportError> {
     let mut reader = reader;
     for item in reader.by_ref() {
         let (line_no, exchange) = item?;
-        let Some(mut line) = aiperf_line(&exchange, line_no) else {
+        let Some(mut line) = aiperf_line_with(&exchange, line_no, tokenizer.as_ref()) else {
             summary.skipped += 1;
             continue;
         };
@@ -153,8 +168,19 @@ impl Drop for RemoveOnDrop {
     }
 }
 
-/// One `mooncake_trace` line for `exchange`, or `None` when it has no prompt.
+/// One `mooncake_trace` line for `exchange`, or `None` when it has no prompt (no tokenizer:
+/// [`aiperf_line_with`]).
 pub fn aiperf_line(exchange: &Exchange, line_no: u64) -> Option<Value> {
+    aiperf_line_with(exchange, line_no, None)
+}
+
+/// One `mooncake_trace` line for `exchange`, its output length counted by `tokenizer` where
+/// the recorded answer has no usage; `None` when it has no prompt.
+pub fn aiperf_line_with(
+    exchange: &Exchange,
+    line_no: u64,
+    tokenizer: Option<&Tokenizer>,
+) -> Option<Value> {
     let body: Value = serde_json::from_slice(&exchange.request.body_bytes()).ok()?;
     let path = exchange.request.path.as_str();
     let family = formats::family_for_path(path);
@@ -190,7 +216,7 @@ pub fn aiperf_line(exchange: &Exchange, line_no: u64) -> Option<Value> {
         Prompt::None => return None,
     }
     // The recorded length (as `--pin-output-length` asks for it), else what the request asked.
-    if let Some(n) = recorded_output_length(exchange)
+    if let Some(n) = recorded_output_length_with(exchange, tokenizer)
         .map(|length| length.tokens)
         .or_else(|| request::max_tokens(&body).map(|m| m.value))
     {
@@ -364,5 +390,58 @@ mod tests {
         .expect("valid exchange");
         let line = aiperf_line(&failed, 2).expect("has a prompt");
         assert_eq!(line["output_length"], json!(100));
+    }
+
+    #[test]
+    fn a_tokenizer_gives_the_output_length_of_an_answer_without_usage() {
+        let frame = |t: f64, data: &str| json!({"t_ms": t, "data": data});
+        let ex: Exchange = serde_json::from_value(json!({
+            "request": {"path": "/v1/chat/completions", "body": json!({"stream": true, "max_tokens": 100,
+                "messages": [{"role": "user", "content": "hi"}]}).to_string()},
+            "response": {"status": 200, "headers": {"content-type": "text/event-stream"},
+                "frames": [
+                    frame(10.0, "data: {\"choices\":[{\"delta\":{\"content\":\"Hello,\"}}]}\n\n"),
+                    frame(20.0, "data: {\"choices\":[{\"delta\":{\"content\":\" world!\"}}]}\n\n"),
+                    frame(30.0, "data: [DONE]\n\n")]}
+        }))
+        .expect("valid exchange");
+        let tokenizer = Tokenizer::from_file(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/tokenizer.json"),
+        )
+        .expect("the test tokenizer loads");
+        // "Hello, world!": 4 tokens (Python `tokenizers`), in 2 frames.
+        let line = aiperf_line_with(&ex, 1, Some(&tokenizer)).expect("has a prompt");
+        assert_eq!(line["output_length"], json!(4));
+        assert!(
+            line.get("input_length").is_none(),
+            "AIPerf takes messages or input_length"
+        );
+        assert_eq!(
+            aiperf_line(&ex, 1).expect("has a prompt")["output_length"],
+            json!(2)
+        );
+    }
+
+    #[test]
+    fn a_bad_tokenizer_file_is_an_input_error_naming_it() {
+        let dir =
+            std::env::temp_dir().join(format!("llm-replay-export-tok-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let recording = dir.join("r.jsonl");
+        std::fs::write(&recording, "").expect("write");
+        let bad = dir.join("bad-tokenizer.json");
+        std::fs::write(&bad, "{\"model\": 1}").expect("write");
+        let error = export(&ExportArgs {
+            format: ExportFormat::Aiperf,
+            recording,
+            output: dir.join("out.jsonl"),
+            redact_body: Vec::new(),
+            tokenizer: Some(bad),
+        })
+        .expect_err("a bad tokenizer");
+        assert!(!error.is_write());
+        let message = error.to_string();
+        assert!(message.contains("bad-tokenizer.json"), "{message}");
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -1,17 +1,20 @@
 //! `llm-replay recording stats FILE [--json]`: what a recording holds, before replaying it —
 //! exchanges, span, arrival rate and burstiness, ISL/OSL distributions, families, models,
-//! sessions, and the share of exchanges with frame timing.
+//! sessions, and the share of exchanges with frame timing. With `--tokenizer FILE`, ISL and OSL
+//! of exchanges without usage are counted by the tokenizer, and the token sources' shares say
+//! so.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use common::formats::{Family, request};
 use common::measure::{
-    OutcomeKind, estimate_input_tokens, measure_recorded, noted_outcome, recorded_family,
-    recorded_output_length,
+    OutcomeKind, TokenSource, measure_recorded_with, noted_outcome, recorded_family,
+    recorded_input_tokens, recorded_output_length_with,
 };
 use common::metrics::{Stats, stats_of};
 use common::recording::{RecordingError, RecordingReader};
+use common::tokenizer::{Tokenizer, TokenizerError};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use serde_json::Value;
@@ -38,6 +41,30 @@ pub struct StatsArgs {
     /// Print the statistics as JSON.
     #[arg(long)]
     pub json: bool,
+    /// A Hugging Face tokenizer.json: count ISL and OSL with it where the recording has no
+    /// usage report (a tokenizer_config.json beside it supplies the chat template).
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: Option<PathBuf>,
+}
+
+/// A problem computing a recording's statistics.
+#[derive(Debug, thiserror::Error)]
+pub enum StatsError {
+    #[error(transparent)]
+    Recording(#[from] RecordingError),
+    #[error("--tokenizer {0}")]
+    Tokenizer(#[from] TokenizerError),
+}
+
+/// `recording stats` as its arguments ask: with the `--tokenizer` file loaded when given.
+/// Every error is bad input (a usage error for the CLI).
+pub fn stats_for_args(args: &StatsArgs) -> Result<RecordingStats, StatsError> {
+    let tokenizer = args
+        .tokenizer
+        .as_deref()
+        .map(Tokenizer::from_file)
+        .transpose()?;
+    Ok(recording_stats_with(&args.file, tokenizer.as_ref())?)
 }
 
 /// The statistics of one recording (the `--json` output).
@@ -65,16 +92,24 @@ pub struct RecordingStats {
     /// OpenTelemetry span's first-token time, duration and output tokens): they are in the
     /// TTFT below and in a replay's baseline.
     pub with_source_timing: u64,
-    /// Input tokens: server usage, else a synthesised prompt's count, else characters / 4.
+    /// The `--tokenizer` used ([`Tokenizer::describe`]), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<String>,
+    /// Input tokens: server usage, else the import's note, else the `--tokenizer`'s count of
+    /// the prompt, else a synthesised prompt's count, else characters / 4.
     pub isl_tokens: Option<Stats>,
-    /// Where ISL values came from: `usage`, `source` (the import's note), `synth`, `estimate`.
+    /// Where ISL values came from: `usage`, `source` (the import's note), `tokenizer`,
+    /// `synth`, `estimate`.
     pub isl_sources: BTreeMap<&'static str, u64>,
     /// Output tokens: the recorded output length (`common::measure::recorded_output_length`:
-    /// server usage, else content frames of a complete answer, else what the import's source
-    /// counted), else the request's max tokens; none for a failed exchange.
+    /// server usage, else the `--tokenizer`'s count of a complete answer's text, else its
+    /// content frames, else what the import's source counted), else the request's max tokens;
+    /// none for a failed exchange.
     pub osl_tokens: Option<Stats>,
-    /// Where OSL values came from: `usage`, `frames`, `source`, `max_tokens`.
+    /// Where OSL values came from: `usage`, `tokenizer`, `frames`, `source`, `max_tokens`.
     pub osl_sources: BTreeMap<&'static str, u64>,
+    /// Exchanges whose recorded client hung up mid-answer (`cancelled_as_recorded`).
+    pub cancelled_as_recorded: u64,
     /// Recorded time to first token (exchanges with frame or source timing), ms.
     pub ttft_ms: Option<Stats>,
     pub families: BTreeMap<String, u64>,
@@ -139,8 +174,17 @@ fn new_histogram() -> Histogram<u64> {
 /// Read `path` once and compute its statistics. A torn last line is reported in the result;
 /// any other bad line is an error naming file, line and field.
 pub fn recording_stats(path: &Path) -> Result<RecordingStats, RecordingError> {
+    recording_stats_with(path, None)
+}
+
+/// [`recording_stats`], counting the tokens of exchanges without usage with `tokenizer`.
+pub fn recording_stats_with(
+    path: &Path,
+    tokenizer: Option<&Tokenizer>,
+) -> Result<RecordingStats, RecordingError> {
     let mut out = RecordingStats {
         file: path.display().to_string(),
+        tokenizer: tokenizer.map(Tokenizer::describe),
         ..RecordingStats::default()
     };
     let mut arrivals: Vec<f64> = Vec::new();
@@ -171,7 +215,10 @@ pub fn recording_stats(path: &Path) -> Result<RecordingStats, RecordingError> {
             .or_default() += 1;
 
         // Measured once, as the baseline measures it (`None` without a response).
-        let measured = measure_recorded(&exchange);
+        let measured = measure_recorded_with(&exchange, tokenizer);
+        if measured.is_some_and(|o| matches!(o.kind, OutcomeKind::Cancelled(_))) {
+            out.cancelled_as_recorded += 1;
+        }
         if let Some(response) = &exchange.response {
             out.with_response += 1;
             if response.complete {
@@ -205,11 +252,11 @@ pub fn recording_stats(path: &Path) -> Result<RecordingStats, RecordingError> {
         let (isl_value, isl_source) = match (usage_in.or(noted_input), synth_in) {
             (Some(n), _) if usage_in.is_some() => (Some(n), "usage"),
             (Some(n), _) => (Some(n), "source"),
-            (None, Some(n)) => (Some(n), "synth"),
-            (None, None) => (
-                estimate_input_tokens(&exchange.request.body_bytes()),
-                "estimate",
-            ),
+            (None, synth) => match recorded_input_tokens(&exchange, tokenizer) {
+                (Some(n), TokenSource::Tokenizer) => (Some(n), "tokenizer"),
+                _ if synth.is_some() => (synth, "synth"),
+                (estimate, _) => (estimate, "estimate"),
+            },
         };
         if let Some(n) = isl_value {
             let _ = isl.record(n.max(1));
@@ -220,7 +267,7 @@ pub fn recording_stats(path: &Path) -> Result<RecordingStats, RecordingError> {
         let failed = measured.is_some_and(|o| matches!(o.kind, OutcomeKind::Failed(_)));
         let osl_value = if failed {
             None
-        } else if let Some(length) = recorded_output_length(&exchange) {
+        } else if let Some(length) = recorded_output_length_with(&exchange, tokenizer) {
             Some((length.tokens, length.source.name()))
         } else {
             body.as_ref()
@@ -325,8 +372,9 @@ pub fn render_text(s: &RecordingStats) -> String {
     out.push_str(&render_stats_row("OSL", &s.osl_tokens, "tokens"));
     out.push_str(&render_stats_row("TTFT", &s.ttft_ms, "ms"));
     let sources = |m: &BTreeMap<&'static str, u64>| {
+        let total: u64 = m.values().sum();
         m.iter()
-            .map(|(k, v)| format!("{k} {v}"))
+            .map(|(k, v)| format!("{k} {v} ({:.1} %)", 100.0 * *v as f64 / total.max(1) as f64))
             .collect::<Vec<_>>()
             .join(", ")
     };
@@ -335,6 +383,15 @@ pub fn render_text(s: &RecordingStats) -> String {
         sources(&s.isl_sources),
         sources(&s.osl_sources)
     ));
+    if let Some(tokenizer) = &s.tokenizer {
+        out.push_str(&format!("  tokenizer {tokenizer}\n"));
+    }
+    if s.cancelled_as_recorded > 0 {
+        out.push_str(&format!(
+            "  cancelled by their client (as recorded): {}\n",
+            s.cancelled_as_recorded
+        ));
+    }
     out.push_str(&format!("families   {}\n", render_counts(&s.families, 8)));
     out.push_str(&format!("models     {}\n", render_counts(&s.models, 8)));
     out.push_str(&format!("statuses   {}\n", render_counts(&s.statuses, 8)));
@@ -492,6 +549,78 @@ mod tests {
         assert_eq!(s.osl_sources.get("source"), Some(&1));
         assert_eq!(s.osl_sources.get("frames"), Some(&1));
         assert_eq!(s.osl_sources.get("max_tokens"), None);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn a_tokenizer_counts_isl_and_osl_without_usage_and_the_sources_say_so() {
+        let dir = std::env::temp_dir().join(format!("llm-replay-stats-tok-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("r.jsonl");
+        let frame = |t: f64, data: &str| serde_json::json!({"t_ms": t, "data": data});
+        let body = serde_json::json!({"stream": true,
+            "messages": [{"role": "user", "content": "Hello, world!"}]})
+        .to_string();
+        let stream = serde_json::json!({"at_ms": 0.0,
+            "request": {"path": "/v1/chat/completions", "body": body},
+            "response": {"status": 200, "headers": {"content-type": "text/event-stream"},
+                "frames": [
+                    frame(10.0, "data: {\"choices\":[{\"delta\":{\"content\":\"Hello,\"}}]}\n\n"),
+                    frame(20.0, "data: {\"choices\":[{\"delta\":{\"content\":\" world!\"}}]}\n\n"),
+                    frame(30.0, "data: [DONE]\n\n")],
+                "complete": true}});
+        let cancelled = serde_json::json!({"at_ms": 5.0,
+            "request": {"path": "/v1/chat/completions", "body": body},
+            "response": {"status": 200, "headers": {"content-type": "text/event-stream"},
+                "frames": [frame(10.0, "data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n")],
+                "complete": false, "ended": "client disconnected"}});
+        std::fs::write(&path, format!("{stream}\n{cancelled}\n")).expect("write");
+        let tokenizer_path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/tokenizer.json");
+        let args = StatsArgs {
+            file: path.clone(),
+            json: true,
+            tokenizer: Some(tokenizer_path),
+        };
+        let s = stats_for_args(&args).expect("stats");
+        // "Hello, world!": 4 tokens (Python `tokenizers`), streamed in 2 frames.
+        let osl = s.osl_tokens.as_ref().expect("osl");
+        assert_eq!((osl.min, osl.max, osl.count), (4.0, 4.0, 1), "{osl:?}");
+        assert_eq!(s.osl_sources.get("tokenizer"), Some(&1));
+        assert_eq!(s.osl_sources.get("frames"), None);
+        let isl = s.isl_tokens.as_ref().expect("isl");
+        assert_eq!((isl.min, isl.max, isl.count), (4.0, 4.0, 2), "{isl:?}");
+        assert_eq!(s.isl_sources.get("tokenizer"), Some(&2));
+        assert_eq!(s.cancelled_as_recorded, 1);
+        assert!(
+            s.tokenizer
+                .as_deref()
+                .is_some_and(|t| t.contains("tokenizer.json"))
+        );
+        let text = render_text(&s);
+        assert!(text.contains("OSL from tokenizer 1 (100.0 %)"), "{text}");
+        assert!(
+            text.contains("cancelled by their client (as recorded): 1"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&s).expect("json");
+        assert_eq!(json["osl_sources"]["tokenizer"], 1);
+
+        let without = recording_stats(&path).expect("stats");
+        assert_eq!(without.osl_sources.get("frames"), Some(&1));
+        assert_eq!(without.isl_sources.get("estimate"), Some(&2));
+
+        let missing = StatsArgs {
+            tokenizer: Some(dir.join("nope.json")),
+            ..args
+        };
+        let error = stats_for_args(&missing)
+            .expect_err("no such file")
+            .to_string();
+        assert!(
+            error.contains("--tokenizer") && error.contains("nope.json"),
+            "{error}"
+        );
         std::fs::remove_dir_all(&dir).ok();
     }
 }

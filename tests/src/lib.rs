@@ -566,12 +566,14 @@ pub fn worker(addr: &str, id: &str, args: &[&str], env: &[(&str, &str)]) -> Spaw
     Spawned::start(&bin("llm-replay-worker"), &all, env)
 }
 
-/// The mock's request log: `(unix_ms, exchange index)` per request.
+/// The mock's request log: `(unix_ms, exchange index)` per request (its `"event"` lines, such
+/// as a client's cancel, are not requests).
 pub fn request_log(path: &Path) -> Vec<(f64, Option<u64>)> {
     std::fs::read_to_string(path)
         .unwrap_or_default()
         .lines()
         .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|v| v.get("event").is_none())
         .map(|v| {
             (
                 v["unix_ms"].as_f64().unwrap_or(0.0),

@@ -59,18 +59,8 @@ impl TruthMock {
     /// SIGTERM, wait for the exit (the log is written on the way out), and read the log's
     /// tagged records by exchange index. An exchange logged twice fails: its tag would not
     /// say which measurement is whose.
-    pub fn stop(mut self) -> BTreeMap<u64, TruthRecord> {
-        let status = std::process::Command::new("kill")
-            .args(["-TERM", &self.process.child.id().to_string()])
-            .status()
-            .expect("kill runs");
-        assert!(status.success(), "SIGTERM to the mock");
-        assert!(
-            self.process.wait_timeout(Duration::from_secs(20)).is_some(),
-            "the mock did not stop: {}",
-            self.process.stderr()
-        );
-        let text = std::fs::read_to_string(&self.log).expect("the mock's truth log");
+    pub fn stop(self) -> BTreeMap<u64, TruthRecord> {
+        let text = self.stop_text();
         let mut records = BTreeMap::new();
         for line in text.lines() {
             let value: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
@@ -87,6 +77,31 @@ impl TruthMock {
             );
         }
         records
+    }
+}
+
+impl TruthMock {
+    /// SIGTERM, wait for the exit, and return the log's lines as they are (every field,
+    /// including those of requests cancelled before their first token).
+    pub fn stop_lines(self) -> Vec<serde_json::Value> {
+        self.stop_text()
+            .lines()
+            .map(|line| serde_json::from_str(line).expect("a JSON line"))
+            .collect()
+    }
+
+    fn stop_text(mut self) -> String {
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &self.process.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "SIGTERM to the mock");
+        assert!(
+            self.process.wait_timeout(Duration::from_secs(20)).is_some(),
+            "the mock did not stop: {}",
+            self.process.stderr()
+        );
+        std::fs::read_to_string(&self.log).expect("the mock's truth log")
     }
 }
 

@@ -11,6 +11,7 @@ mod distributed;
 mod example;
 mod failures_measured;
 mod faithful;
+mod faithful_tokens;
 mod faults;
 mod goals;
 mod hardening;

@@ -327,7 +327,8 @@ fn requests_out_has_one_line_per_request_from_every_worker() {
         assert_eq!(line["outcome"], "succeeded", "{line}");
         assert_eq!(line["status"], 200, "{line}");
         assert_eq!(line["output_tokens"], 10, "{line}");
-        assert_eq!(line["token_source"], "usage", "{line}");
+        assert_eq!(line["token_source"]["output"], "usage", "{line}");
+        assert_eq!(line["token_source"]["input"], "usage", "{line}");
         assert!(
             line["sent_unix_ms"].as_f64().expect("sent") > 1.6e12,
             "{line}"

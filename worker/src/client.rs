@@ -614,7 +614,9 @@ impl TargetClient {
                     .map_err(|error| {
                         AttemptError::before_write(classify(&error), error.to_string())
                     })?;
-                *lock(ready) = Some(Instant::now());
+                let connected = Instant::now();
+                *lock(ready) = Some(connected);
+                publish_t0(connected);
                 conn
             }
         };
@@ -655,7 +657,9 @@ impl TargetClient {
                 let conn = self.timed_connect(connect).await.map_err(|error| {
                     AttemptError::before_write(classify(&error), error.to_string())
                 })?;
-                *lock(ready) = Some(Instant::now());
+                let connected = Instant::now();
+                *lock(ready) = Some(connected);
+                publish_t0(connected);
                 conn
             }
         };
@@ -715,6 +719,7 @@ where
 fn stamp_t0(sent: &mut Sent) {
     sent.sent_unix_us = unix_micros(SystemTime::now());
     sent.t0 = Instant::now();
+    publish_t0(sent.t0);
 }
 
 /// A failure that may be sent again: the connection closed or was reset, after the request
@@ -837,9 +842,30 @@ tokio::task_local! {
     /// Set while a request is sent: the instant its connection became ready, when the
     /// request had to wait for a new one (t0 then moves to it: the request is written after).
     static REQUEST_CONNECTED: Arc<Mutex<Option<Instant>>>;
+    /// Set while a request that may be cancelled is sent: told the request's t0 as soon as
+    /// it is known (stamped before the write, moved to a new connection's ready instant), so
+    /// the cancel point counts from it before the response head arrives.
+    static T0_PROBE: T0Probe;
     /// Set while a connection is being opened: when its TLS handshake started, and the
     /// TLS version it negotiated.
     static TLS_STARTED: Arc<Mutex<Handshake>>;
+}
+
+/// Where a request's t0 is published while it is sent ([`TargetClient::with_t0_probe`]):
+/// the latest value is the t0 (a resend or a new connection moves it later).
+pub type T0Probe = tokio::sync::watch::Sender<Option<Instant>>;
+
+impl TargetClient {
+    /// Run `send` (a [`TargetClient::send_prepared`]) with `probe` told the request's t0 as
+    /// soon as it is known, before the response head: a cancel point counts from it.
+    pub async fn with_t0_probe<F: std::future::Future>(probe: T0Probe, send: F) -> F::Output {
+        T0_PROBE.scope(probe, send).await
+    }
+}
+
+/// Tell the request's probe (when it has one) its t0 moved to `at`.
+fn publish_t0(at: Instant) {
+    let _ = T0_PROBE.try_with(|probe| probe.send_replace(Some(at)));
 }
 
 /// The connector service of [`ConnectLayer`].
@@ -893,11 +919,16 @@ where
     fn call(&mut self, request: R) -> Self::Future {
         let preconnecting = PRECONNECTING.try_with(|()| ()).is_ok();
         let waiting_request = REQUEST_CONNECTED.try_with(Arc::clone).ok();
+        let probe = T0_PROBE.try_with(Clone::clone).ok();
         if self.use_stash && !preconnecting {
             while let Some(mut conn) = self.shared.take_stashed::<S::Response>() {
                 if still_open(&mut conn) {
+                    let connected = Instant::now();
                     if let Some(cell) = waiting_request {
-                        *lock(&cell) = Some(Instant::now());
+                        *lock(&cell) = Some(connected);
+                    }
+                    if let Some(probe) = &probe {
+                        probe.send_replace(Some(connected));
                     }
                     return Box::pin(std::future::ready(Ok(conn)));
                 }
@@ -937,8 +968,12 @@ where
                 lock(&shared.stash).push(Box::new(conn));
                 return Err(Box::new(Preconnected) as BoxError);
             }
+            let connected = Instant::now();
             if let Some(cell) = waiting_request {
-                *lock(&cell) = Some(Instant::now());
+                *lock(&cell) = Some(connected);
+            }
+            if let Some(probe) = &probe {
+                probe.send_replace(Some(connected));
             }
             Ok(conn)
         })

@@ -23,6 +23,8 @@ pub struct ReplayConfig {
     /// The run's options as the assignment gave them (timeout, `--requests-out`, reorder
     /// window, faithful replay): a new option the worker needs arrives here unchanged.
     pub options: common::assignment::RequestOptions,
+    /// `--tokenizer`: built once from the assignment's bytes (`options.tokenizer`).
+    pub tokenizer: Option<std::sync::Arc<crate::tokens::Tokenizer>>,
 }
 
 /// How the worker talks to the target.
@@ -46,6 +48,12 @@ pub struct WorkItem {
     pub exchange: common::recording::Exchange,
     /// The output tokens the recording measured, when the run pins output lengths.
     pub pin_output_tokens: Option<u64>,
+    /// `pin_output_tokens` is a recorded content-frame count (no usage, no tokenizer): it is
+    /// compared with the replayed content frames.
+    pub pin_in_frames: bool,
+    /// The recorded client abandoned the exchange this long after sending it: the request is
+    /// cancelled at t0 + this.
+    pub cancel_after: Option<Duration>,
     /// The recorded think time before this turn (closed sessions; not on a first turn).
     pub think: Option<Duration>,
     /// Handed over from a lost worker: sent once due and no earlier than it arrived; its

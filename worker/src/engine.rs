@@ -29,8 +29,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::formats::{self, Family};
 use common::measure::{
-    FailureKind, OutcomeKind, RequestOutcome, StreamMeter, estimate_input_tokens,
-    measure_unstreamed,
+    CancelCause, FailureKind, OutcomeKind, RequestOutcome, StreamMeter, measure_unstreamed,
 };
 use common::metrics::{MAX_ERROR_BODY_KEPT, SliceTotals, error_message};
 use common::pacer::{Pacer, PacerThread};
@@ -212,6 +211,37 @@ struct Sendable {
     path: String,
     think: Option<Duration>,
     pin_output_tokens: Option<u64>,
+    pin_in_frames: bool,
+    /// Cancel the request this long after its t0: recorded (the production client left), or
+    /// drawn by `--cancel-rate`.
+    cancel: Option<Cancel>,
+}
+
+/// A cancellation planned for a request: when (after its t0) and why.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Cancel {
+    pub after: Duration,
+    pub cause: CancelCause,
+}
+
+impl Cancel {
+    /// The cancellation of exchange `index`: the recorded one (`recorded`, the production
+    /// client's hang-up) wins over one drawn by `--cancel-rate`.
+    pub fn plan(config: &ReplayConfig, index: u64, recorded: Option<Duration>) -> Option<Cancel> {
+        match recorded {
+            Some(after) => Some(Cancel {
+                after,
+                cause: CancelCause::AsRecorded,
+            }),
+            None => {
+                let cancel = &config.options.cancel;
+                cancel.draws(index).then_some(Cancel {
+                    after: cancel.after,
+                    cause: CancelCause::ByRate,
+                })
+            }
+        }
+    }
 }
 
 impl Arrived {
@@ -222,6 +252,8 @@ impl Arrived {
             index,
             exchange,
             pin_output_tokens,
+            pin_in_frames,
+            cancel_after,
             think,
             reassigned: _,
         } = item;
@@ -233,6 +265,8 @@ impl Arrived {
                 path: exchange.request.path,
                 think,
                 pin_output_tokens,
+                pin_in_frames,
+                cancel: Cancel::plan(config, index, cancel_after),
             },
             request,
         }
@@ -734,7 +768,7 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
         let task_pacer = pacer.cloned();
         let paced = intended.is_some();
         tasks.spawn(async move {
-            let _permit = permit;
+            let permit = permit;
             let mut intended = intended;
             let done = match previous_turn {
                 Some((previous, done_tx)) => {
@@ -753,17 +787,40 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
                 }
                 None => None,
             };
-            let (outcome, status, message) =
-                send_one(&config, &client, &item.path, request, intended).await;
+            let body = request.body.clone();
+            let (outcome, status, message, text) = send_one(
+                &config,
+                &client,
+                &item.path,
+                request,
+                intended,
+                item.cancel,
+                task_pacer.as_ref(),
+            )
+            .await;
+            // The request is over: its slot and its session's turn go first, then what
+            // remains to count is counted (off this runtime, with a tokenizer).
+            drop(permit);
             if let Some(done) = done {
                 let _ = done.send(Instant::now());
             }
+            let outcome = crate::tokens::count_missing(
+                config.tokenizer.as_ref(),
+                outcome,
+                crate::tokens::ToCount {
+                    text,
+                    path: item.path,
+                    body,
+                },
+            )
+            .await;
             let meta = config.options.requests_out.then_some(RecordMeta {
                 index: item.index,
                 id: item.id,
                 session: item.session,
             });
             let pinned = config.options.faithful.pin.and(item.pin_output_tokens);
+            let pin_in_frames = item.pin_in_frames;
             let steady = steady_after.is_some_and(|counters| {
                 is_steady(
                     counters.target_reached_unix_us.load(Ordering::Relaxed),
@@ -778,6 +835,7 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
                     message,
                     meta,
                     pinned,
+                    pin_in_frames,
                     steady,
                 })
                 .await;
@@ -924,46 +982,160 @@ pub fn is_steady(target_reached_unix_us: u64, sent_unix_us: Option<u64>) -> bool
 }
 
 /// Send one request and measure its response. Returns the outcome, the response's HTTP
-/// status when one came, and what a failed one was told (the error body's or error frame's
-/// message, cleaned). A failed outcome's `latency_us` is its time to failure.
+/// status when one came, what a failed one was told (the error body's or error frame's
+/// message, cleaned), and, with a tokenizer, the streamed text of a stream that ended
+/// without a usage output count (counted after the request released its slot). A failed
+/// outcome's `latency_us` is its time to failure. With `cancel`, the request is cancelled at
+/// t0 + `cancel.after` whatever stage it is in (see [`measure_one`]).
 async fn send_one(
     config: &ReplayConfig,
     client: &TargetClient,
     path: &str,
     prepared: PreparedRequest,
     intended: Option<Instant>,
-) -> (RequestOutcome, Option<u16>, Option<String>) {
-    let (outcome, status, message) = measure_one(config, client, path, prepared, intended).await;
-    (
+    cancel: Option<Cancel>,
+    pacer: Option<&Pacer>,
+) -> (RequestOutcome, Option<u16>, Option<String>, Option<String>) {
+    let measured = measure_one(config, client, path, prepared, intended, cancel, pacer).await;
+    let Measured {
         outcome,
         status,
-        message.filter(|_| outcome_failed(&outcome)),
-    )
+        message,
+        text,
+    } = measured;
+    let message = message.filter(|_| outcome_failed(&outcome));
+    let text = text.filter(|_| outcome.usage_output_tokens.is_none());
+    (outcome, status, message, text)
 }
 
 fn outcome_failed(outcome: &RequestOutcome) -> bool {
     matches!(outcome.kind, OutcomeKind::Failed(_))
 }
 
+/// What [`measure_one`] found.
+struct Measured {
+    outcome: RequestOutcome,
+    status: Option<u16>,
+    message: Option<String>,
+    /// The streamed text, kept only with a tokenizer.
+    text: Option<String>,
+}
+
+impl Measured {
+    fn of(outcome: RequestOutcome, status: Option<u16>, message: Option<String>) -> Measured {
+        Measured {
+            outcome,
+            status,
+            message,
+            text: None,
+        }
+    }
+}
+
+/// A cancelled request's outcome from what was measured until the cancel: its TTFT when
+/// the first content frame came before it, its content frames so far; no latency (a
+/// cancelled request enters no latency, ITL or token rate).
+fn cancelled(mut outcome: RequestOutcome, cause: CancelCause) -> RequestOutcome {
+    outcome.kind = OutcomeKind::Cancelled(cause);
+    outcome.latency_us = None;
+    outcome.transport_cause = None;
+    outcome
+}
+
+/// Wait for the cancel point `at` (precisely: the pacer, as for sends), or forever without
+/// one.
+async fn cancel_point(pacer: Option<&Pacer>, at: Option<Instant>) {
+    match at {
+        Some(at) => pace_until(pacer, at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Wait until `after` past the request's t0 as `t0` publishes it (the latest value: a new
+/// connection or a resend moves it), precisely (the pacer).
+async fn cancel_after_t0(
+    pacer: Option<&Pacer>,
+    mut t0: watch::Receiver<Option<Instant>>,
+    after: Duration,
+) {
+    loop {
+        let base = *t0.borrow_and_update();
+        match base {
+            None => {
+                if t0.changed().await.is_err() {
+                    // The send ended without a t0 (it failed first): nothing to cancel.
+                    std::future::pending::<()>().await;
+                }
+            }
+            Some(base) => {
+                tokio::select! {
+                    biased;
+                    changed = t0.changed() => {
+                        if changed.is_err() {
+                            pace_until(pacer, base + after).await;
+                            return;
+                        }
+                    }
+                    () = pace_until(pacer, base + after) => return,
+                }
+            }
+        }
+    }
+}
+
+/// Send one request and measure it. With `cancel`, the request is abandoned at t0 +
+/// `cancel.after`: before the response head, the send future is dropped (its connection
+/// closes with it, never back to a pool; HTTP/2 resets the stream); after it, the response
+/// is dropped (the same). An answer that ends before the cancel point is measured as usual.
 async fn measure_one(
     config: &ReplayConfig,
     client: &TargetClient,
     path: &str,
     prepared: PreparedRequest,
     intended: Option<Instant>,
-) -> (RequestOutcome, Option<u16>, Option<String>) {
+    cancel: Option<Cancel>,
+    pacer: Option<&Pacer>,
+) -> Measured {
     let PreparedRequest {
         method,
         url,
         headers,
         body,
     } = prepared;
+    let called = Instant::now();
+    let called_unix_us = unix_nanos(SystemTime::now()) / 1000;
     // A reference count, not a copy: the body is read again only after the response.
     // Boxed: the send state (a pending request) is large and lives only until the response
     // head; the task of an open stream then holds only what reading it needs.
-    let sent =
-        Box::pin(client.send_prepared(method, &url, headers, body.clone(), config.options.timeout))
-            .await;
+    let send = client.send_prepared(method, &url, headers, body.clone(), config.options.timeout);
+    let sent = match cancel {
+        None => Box::pin(send).await,
+        Some(plan) => {
+            // Before the head, the cancel point counts from the request's t0 as the client
+            // publishes it (stamped just before the write; moved when a new connection had
+            // to be opened first).
+            let (probe, t0_seen) = watch::channel(None);
+            let mut send = Box::pin(TargetClient::with_t0_probe(probe, send));
+            let before_head = cancel_after_t0(pacer, t0_seen.clone(), plan.after);
+            tokio::pin!(before_head);
+            tokio::select! {
+                biased;
+                sent = &mut send => sent,
+                () = &mut before_head => {
+                    // Dropping the send closes its connection (or resets its stream).
+                    drop(send);
+                    let t0 = (*t0_seen.borrow()).unwrap_or(called);
+                    let mut outcome = cancelled(RequestOutcome::failed(FailureKind::Empty), plan.cause);
+                    outcome.schedule_lag_us =
+                        intended.map(|t| called.saturating_duration_since(t).as_micros() as u64);
+                    outcome.sent_unix_us = Some(
+                        called_unix_us + t0.saturating_duration_since(called).as_micros() as u64,
+                    );
+                    return Measured::of(outcome, None, None);
+                }
+            }
+        }
+    };
     let (t0, deadline, sent_unix_us, resent) =
         (sent.t0, sent.deadline, sent.sent_unix_us, sent.resent);
     // Lag is the scheduler's: measured at the first attempt, whatever happened after.
@@ -977,24 +1149,22 @@ async fn measure_one(
         outcome.schedule_lag_us = lag;
         outcome.sent_unix_us = Some(sent_unix_us);
         outcome.resent = resent;
-        if outcome.input_tokens.is_none() {
-            // Only now, off the measured path: most servers report usage.
-            outcome.input_tokens = estimate_input_tokens(&body);
-        }
+        // The input tokens the server did not report are counted (or estimated) after the
+        // request released its slot: `tokens::count_missing`.
         outcome
     };
 
     let mut response = match sent.result {
         Ok(response) => response,
         Err(SendFailure::Timeout) => {
-            return (
+            return Measured::of(
                 finish(RequestOutcome::failed(FailureKind::Timeout)),
                 None,
                 None,
             );
         }
         Err(SendFailure::Transport(cause)) => {
-            return (finish(RequestOutcome::transport_failure(cause)), None, None);
+            return Measured::of(finish(RequestOutcome::transport_failure(cause)), None, None);
         }
     };
     let status = response.status();
@@ -1020,10 +1190,21 @@ async fn measure_one(
         let _ = tokio::time::timeout_at(deadline, drain).await;
         let mut outcome = finish(RequestOutcome::failed(FailureKind::Status));
         outcome.latency_us = Some(failed_after_us);
-        return (outcome, code, error_message(&kept));
+        return Measured::of(outcome, code, error_message(&kept));
     }
     let content_type = response.content_type().map(str::to_owned);
     let content_type = content_type.as_deref();
+
+    // From the head on, the cancel point counts from the request's own t0.
+    let cause = cancel.map(|plan| plan.cause);
+    let cancel_wait = cancel_point(pacer, cancel.map(|plan| t0 + plan.after));
+    tokio::pin!(cancel_wait);
+    // Dropping the response closes its connection (HTTP/1) or resets its stream (HTTP/2):
+    // it is never handed back to a pool half read.
+    let cancel_now = |outcome: RequestOutcome| {
+        let cause = cause.expect("the cancel point is pending without a cancel");
+        Measured::of(finish(cancelled(outcome, cause)), code, None)
+    };
 
     // The first read decides between a stream and one body: content types lie behind
     // gateways (SSE as `text/plain`, or none at all), the bytes do not.
@@ -1033,7 +1214,11 @@ async fn measure_one(
     let first = tokio::select! {
         biased;
         _ = &mut expired => {
-            return (finish(RequestOutcome::failed(FailureKind::Timeout)), code, None);
+            return Measured::of(finish(RequestOutcome::failed(FailureKind::Timeout)), code, None);
+        }
+        () = &mut cancel_wait => {
+            drop(response);
+            return cancel_now(RequestOutcome::failed(FailureKind::Empty));
         }
         chunk = response.chunk() => chunk,
     };
@@ -1041,7 +1226,7 @@ async fn measure_one(
     let first = match first {
         Ok(Some(bytes)) => bytes,
         Ok(None) => {
-            return (
+            return Measured::of(
                 finish(RequestOutcome::failed(FailureKind::Empty)),
                 code,
                 None,
@@ -1050,7 +1235,7 @@ async fn measure_one(
         Err(error) => {
             let cause = crate::client::classify(&error);
             tracing::debug!(%error, url = %common::recording::redact_url(&url), cause = cause.name(), "body failed before its first byte");
-            return (finish(RequestOutcome::transport_failure(cause)), code, None);
+            return Measured::of(finish(RequestOutcome::transport_failure(cause)), code, None);
         }
     };
 
@@ -1064,7 +1249,13 @@ async fn measure_one(
             let chunk = tokio::select! {
                 biased;
                 _ = &mut expired => {
-                    return (finish(RequestOutcome::failed(FailureKind::Timeout)), code, None);
+                    return Measured::of(finish(RequestOutcome::failed(FailureKind::Timeout)), code, None);
+                }
+                () = &mut cancel_wait => {
+                    drop(response);
+                    let mut outcome = RequestOutcome::failed(FailureKind::Empty);
+                    outcome.unstreamed = true;
+                    return cancel_now(outcome);
                 }
                 chunk = response.chunk() => chunk,
             };
@@ -1080,7 +1271,7 @@ async fn measure_one(
                 Ok(None) => break,
                 Err(error) => {
                     tracing::debug!(%error, url = %common::recording::redact_url(&url), "body cut");
-                    return (
+                    return Measured::of(
                         finish(RequestOutcome::failed(FailureKind::Transport)),
                         code,
                         None,
@@ -1099,7 +1290,7 @@ async fn measure_one(
             outcome.unstreamed = true;
             outcome.latency_us = Some(t_last);
             outcome.content_frames = 1;
-            return (finish(outcome), code, None);
+            return Measured::of(finish(outcome), code, None);
         }
         let family = formats::detect(path, content_type, &whole);
         let outcome = measure_unstreamed(family, &whole, t_last);
@@ -1107,14 +1298,24 @@ async fn measure_one(
         let message = outcome_failed(&outcome)
             .then(|| error_message(&whole))
             .flatten();
-        return (finish(outcome), code, message);
+        return Measured::of(finish(outcome), code, message);
     }
 
     let family = formats::detect(path, content_type, &first).unwrap_or(Family::OpenAiChat);
     let mut meter = StreamMeter::new(family);
+    // The text is kept only when a tokenizer will count it (appending is all it costs here).
+    let keep_text = config.tokenizer.is_some();
+    if keep_text {
+        meter.keep_text();
+    }
+    let ended = |mut meter: StreamMeter, t_us: u64, transport_error: bool| {
+        let text = keep_text.then(|| meter.take_text());
+        let (outcome, message) = meter.finish_with_message(t_us, transport_error);
+        (outcome, message, text)
+    };
     if meter.on_read(t_first, &first).is_err() {
         let message = meter.error_message().map(str::to_owned);
-        return (finish(meter.finish_broken()), code, message);
+        return Measured::of(finish(meter.finish_broken()), code, message);
     }
     loop {
         if meter.is_terminal() {
@@ -1123,13 +1324,24 @@ async fn measure_one(
             let t_us = t0.elapsed().as_micros() as u64;
             // Measured; the end of the body only frees the connection for the next request.
             response.finish().await;
-            let (outcome, message) = meter.finish_with_message(t_us, false);
-            return (finish(outcome), code, message);
+            let (outcome, message, text) = ended(meter, t_us, false);
+            return Measured {
+                outcome: finish(outcome),
+                status: code,
+                message,
+                text,
+            };
         }
         let chunk = tokio::select! {
             biased;
             _ = &mut expired => {
-                return (finish(RequestOutcome::failed(FailureKind::Timeout)), code, meter.error_message().map(str::to_owned));
+                return Measured::of(finish(RequestOutcome::failed(FailureKind::Timeout)), code, meter.error_message().map(str::to_owned));
+            }
+            () = &mut cancel_wait => {
+                let t_us = t0.elapsed().as_micros() as u64;
+                drop(response);
+                let (outcome, _, _) = ended(meter, t_us, false);
+                return cancel_now(outcome);
             }
             chunk = response.chunk() => chunk,
         };
@@ -1139,25 +1351,38 @@ async fn measure_one(
             Ok(Some(bytes)) => {
                 if meter.on_read(t_us, &bytes).is_err() {
                     let message = meter.error_message().map(str::to_owned);
-                    return (finish(meter.finish_broken()), code, message);
+                    return Measured::of(finish(meter.finish_broken()), code, message);
                 }
             }
             Ok(None) => {
-                let (outcome, message) = meter.finish_with_message(t_us, false);
-                return (finish(outcome), code, message);
+                let (outcome, message, text) = ended(meter, t_us, false);
+                return Measured {
+                    outcome: finish(outcome),
+                    status: code,
+                    message,
+                    text,
+                };
             }
             Err(error) => {
                 let cause = crate::client::classify(&error);
                 tracing::debug!(%error, url = %common::recording::redact_url(&url), cause = cause.name(), "stream cut");
-                let (mut outcome, message) = meter.finish_with_message(t_us, true);
+                let (mut outcome, message, text) = ended(meter, t_us, true);
                 if outcome.kind == OutcomeKind::Failed(FailureKind::Transport) {
                     outcome.transport_cause = Some(cause);
                 }
-                return (finish(outcome), code, message);
+                return Measured {
+                    outcome: finish(outcome),
+                    status: code,
+                    message,
+                    text,
+                };
             }
         }
     }
 }
+
+#[cfg(test)]
+mod cancel_tests;
 
 #[cfg(test)]
 mod tests {
@@ -1193,6 +1418,7 @@ mod tests {
             sets: vec![],
             tag_requests: false,
             transport: crate::config::TransportConfig::default(),
+            tokenizer: None,
             options: common::assignment::RequestOptions {
                 timeout: Duration::from_secs(5),
                 requests_out: false,
@@ -1210,6 +1436,8 @@ mod tests {
                 index,
                 exchange,
                 pin_output_tokens: None,
+                pin_in_frames: false,
+                cancel_after: None,
                 think: None,
                 reassigned: false,
             };
@@ -1360,6 +1588,7 @@ mod tests {
             sets: vec![],
             tag_requests: false,
             transport: crate::config::TransportConfig::default(),
+            tokenizer: None,
             options: common::assignment::RequestOptions {
                 timeout: Duration::from_secs(30),
                 steady_metrics: true,
@@ -1376,6 +1605,8 @@ mod tests {
                 index,
                 exchange,
                 pin_output_tokens: None,
+                pin_in_frames: false,
+                cancel_after: None,
                 think: None,
                 reassigned: false,
             };

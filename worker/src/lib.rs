@@ -21,3 +21,4 @@ pub mod link;
 pub mod metrics_actor;
 pub mod request;
 pub mod sigv4;
+pub mod tokens;

@@ -74,6 +74,8 @@ pub struct Finished {
     pub meta: Option<RecordMeta>,
     /// The output length the request asked for (`--pin-output-length`).
     pub pinned: Option<u64>,
+    /// `pinned` is a recorded content-frame count: compared with the content frames.
+    pub pin_in_frames: bool,
     /// Sent in this worker's steady window (`engine::is_steady`): recorded in the steady
     /// metrics too, when the run keeps them.
     pub steady: bool,
@@ -123,7 +125,7 @@ fn record_measured(
         metrics.record_error(kind, finished.status, finished.message.as_deref());
     }
     if let Some(pinned) = finished.pinned {
-        metrics.record_pinned(&finished.outcome, pinned);
+        metrics.record_pinned(&finished.outcome, pinned, finished.pin_in_frames);
     }
     if good == Some(true) {
         metrics.record_good(&finished.outcome);
@@ -303,6 +305,7 @@ mod tests {
                 session: None,
             }),
             pinned: None,
+            pin_in_frames: false,
             steady,
         }
     }

@@ -306,6 +306,7 @@ mod tests {
             sets: vec![],
             tag_requests: true,
             transport: Default::default(),
+            tokenizer: None,
             options: common::assignment::RequestOptions {
                 timeout: std::time::Duration::from_secs(1),
                 requests_out: false,

@@ -503,17 +503,41 @@ pub(super) fn token_sources(report: &Report) -> String {
         0 => String::new(),
         n => format!(" · unstreamed {n}"),
     };
+    let sources = &report.requests.token_source;
+    if sources.tokenizer.is_none() && report.requests.tokenized == 0 {
+        return format!(
+            "usage-reported {} · estimated {} ({share} estimated){cached}{unstreamed}",
+            report.requests.usage_reported, report.requests.estimated
+        );
+    }
+    // With `--tokenizer`: counted (tokenizer) is not estimated (frames).
+    let i = &sources.input;
     format!(
-        "usage-reported {} · estimated {} ({share} estimated){cached}{unstreamed}",
-        report.requests.usage_reported, report.requests.estimated
+        "usage-reported {} · tokenizer {} · frames {} ({share} estimated) · input: usage {} · tokenizer {} · estimate {}{cached}{unstreamed}",
+        report.requests.usage_reported,
+        report.requests.tokenized,
+        report.requests.estimated,
+        i.usage,
+        i.tokenizer,
+        i.estimate
     )
 }
 
 /// The total identity spelled out.
 pub(super) fn total_line(report: &Report) -> String {
     let r = &report.requests;
+    let mut cancelled = String::new();
+    if r.cancelled_as_recorded > 0 {
+        cancelled.push_str(&format!(
+            " + cancelled as recorded {}",
+            r.cancelled_as_recorded
+        ));
+    }
+    if r.cancelled_by_rate > 0 {
+        cancelled.push_str(&format!(" + cancelled by rate {}", r.cancelled_by_rate));
+    }
     format!(
-        "{} = succeeded {} + failed {} + ended early {} + lost {} + not started {}",
+        "{} = succeeded {} + failed {} + ended early {}{cancelled} + lost {} + not started {}",
         r.total, r.succeeded, r.failed, r.ended_early, r.lost, r.not_started
     )
 }

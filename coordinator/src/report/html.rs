@@ -1089,10 +1089,17 @@ fn metrics_tables(out: &mut String, report: &Report) {
     let _ = writeln!(
         out,
         "<h2>Requests</h2>\n<table>\n<tr><th>Total</th><th>Succeeded</th><th>Failed</th>\
-         <th>Ended early</th><th>Lost</th><th>Not started</th></tr>\n<tr><td class=\"n\">{}</td>\
-         <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
+         <th>Ended early</th><th>Cancelled</th><th>Lost</th><th>Not started</th></tr>\n\
+         <tr><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
+         <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
          <td class=\"n\">{}</td></tr>\n</table>",
-        r.total, r.succeeded, r.failed, r.ended_early, r.lost, r.not_started
+        r.total,
+        r.succeeded,
+        r.failed,
+        r.ended_early,
+        r.cancelled_as_recorded + r.cancelled_by_rate,
+        r.lost,
+        r.not_started
     );
     let _ = writeln!(out, "<ul>");
     let _ = writeln!(

@@ -172,6 +172,12 @@ fn verdict(out: &mut String, report: &Report) {
         r.failed,
         r.ended_early
     );
+    if r.cancelled_as_recorded > 0 {
+        let _ = write!(line, ", {} cancelled as recorded", r.cancelled_as_recorded);
+    }
+    if r.cancelled_by_rate > 0 {
+        let _ = write!(line, ", {} cancelled by --cancel-rate", r.cancelled_by_rate);
+    }
     if r.lost + r.not_started > 0 {
         let _ = write!(line, ", {} lost, {} not started", r.lost, r.not_started);
     }

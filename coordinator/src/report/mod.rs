@@ -416,9 +416,10 @@ pub struct RequestTotals {
 }
 
 /// The `requests` section.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct RequestsSection {
-    /// succeeded + failed + ended_early + lost + not_started.
+    /// succeeded + failed + ended_early + cancelled_as_recorded + cancelled_by_rate + lost +
+    /// not_started.
     pub total: u64,
     /// Streams that reached their terminal marker with content and no error.
     pub succeeded: u64,
@@ -434,6 +435,20 @@ pub struct RequestsSection {
     pub usage_reported: u64,
     /// Streams whose output tokens were estimated (one per content frame).
     pub estimated: u64,
+    /// Streams without usage whose output tokens the tokenizer counted (`--tokenizer`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tokenized: u64,
+    /// Requests cancelled at the point the recording shows the production client abandoning
+    /// them (apart from failures and ended-early streams): TTFT counts when the first token
+    /// came before the cancel; no latency, ITL or token rate.
+    #[serde(default)]
+    pub cancelled_as_recorded: u64,
+    /// Requests cancelled by `--cancel-rate` (a what-if run), counted like those above.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cancelled_by_rate: u64,
+    /// Where token counts came from, with each share.
+    #[serde(default)]
+    pub token_source: TokenSourceSection,
     /// `failed` split by kind.
     #[serde(default)]
     pub failed_by_kind: FailedByKind,
@@ -458,11 +473,90 @@ pub struct RequestsSection {
     /// Those that got exactly that length.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub pinned_matched: u64,
+    /// Of `pinned`, those whose pin was a recorded content-frame count (the recording had no
+    /// usage and the run no `--tokenizer`): compared with the replayed content frames.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pinned_frames: u64,
     /// What the failed requests were told: by kind and status, a few distinct messages each
     /// (the server's, cleaned: one line, credentials redacted, at most 300 characters), most
     /// frequent first. Empty when nothing failed.
     #[serde(default)]
     pub errors: Vec<ErrorEntry>,
+}
+
+/// `requests.token_source`: where the output and input token counts of succeeded and
+/// ended-early requests came from.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct TokenSourceSection {
+    /// The `--tokenizer` file, when the run had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<String>,
+    /// Output tokens: `usage`, `tokenizer`, `frames` (one per content frame).
+    pub output: OutputSources,
+    /// Input tokens: `usage`, `tokenizer`, `estimate` (the prompt's characters / 4).
+    pub input: InputSources,
+}
+
+/// Output token counts by source, and each one's percent of the three (absent with none).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct OutputSources {
+    pub usage: u64,
+    pub tokenizer: u64,
+    pub frames: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage_pct: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer_pct: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frames_pct: Option<f64>,
+}
+
+/// Input token counts by source, and each one's percent of the three (absent with none).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct InputSources {
+    pub usage: u64,
+    pub tokenizer: u64,
+    pub estimate: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage_pct: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer_pct: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate_pct: Option<f64>,
+}
+
+/// `[a, b, c]` as percents of their sum (`None` each when the sum is zero).
+fn shares(counts: [u64; 3]) -> [Option<f64>; 3] {
+    let total: u64 = counts.iter().sum();
+    counts.map(|n| (total > 0).then(|| 100.0 * n as f64 / total as f64))
+}
+
+impl OutputSources {
+    pub fn new(usage: u64, tokenizer: u64, frames: u64) -> OutputSources {
+        let [usage_pct, tokenizer_pct, frames_pct] = shares([usage, tokenizer, frames]);
+        OutputSources {
+            usage,
+            tokenizer,
+            frames,
+            usage_pct,
+            tokenizer_pct,
+            frames_pct,
+        }
+    }
+}
+
+impl InputSources {
+    pub fn new(usage: u64, tokenizer: u64, estimate: u64) -> InputSources {
+        let [usage_pct, tokenizer_pct, estimate_pct] = shares([usage, tokenizer, estimate]);
+        InputSources {
+            usage,
+            tokenizer,
+            estimate,
+            usage_pct,
+            tokenizer_pct,
+            estimate_pct,
+        }
+    }
 }
 
 /// One line of `requests.errors`.
@@ -682,6 +776,11 @@ pub struct FaithfulSection {
     /// `max` or `strict` with `--pin-output-length`; absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pin_output_length: Option<String>,
+    /// What the pinned lengths count: `tokens` (usage, the tokenizer or an import's count),
+    /// `frames` (content frames of a recording without usage, run without `--tokenizer`:
+    /// compared with replayed content frames, not tokens) or `mixed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pin_unit: Option<String>,
     /// `open` (turns at their recorded offsets) or `closed` (previous turn's replayed end +
     /// recorded think time).
     pub session_mode: String,
@@ -970,6 +1069,44 @@ pub fn compare_reports(current: &Report, baseline: &Report, source: &str) -> Rep
     report
 }
 
+/// The `--set` fields that ask a server not to reuse its prompt cache: llama.cpp's
+/// `cache_prompt: false`, vLLM's `cache_salt` (a fresh salt keeps the run's prefixes apart
+/// from every earlier run's). A run that sets one is meant to be cold. `sets` as given:
+/// `(FIELD, VALUE)` with VALUE JSON when it parses, else a string (as the worker reads it).
+pub fn cold_cache_request(sets: &[(String, String)]) -> Option<String> {
+    sets.iter().find_map(|(field, text)| {
+        let value =
+            serde_json::from_str(text).unwrap_or_else(|_| serde_json::Value::String(text.clone()));
+        match (field.as_str(), value) {
+            ("cache_prompt", serde_json::Value::Bool(false)) => {
+                Some("cache_prompt=false".to_owned())
+            }
+            ("cache_salt", value) if !value.is_null() => Some("cache_salt".to_owned()),
+            _ => None,
+        }
+    })
+}
+
+/// Warn when a replay meant to be cold (`cold`: the `--set` field that asked for it,
+/// [`cold_cache_request`]) reports input served from the server's prompt cache: the server
+/// ignored the request (llama.cpp ignores `cache_prompt` on `/v1/messages`), and TTFT is
+/// lower than a cold server would give.
+pub fn warn_cached_when_cold(report: &mut Report, cold: Option<&str>) {
+    let Some(asked) = cold else {
+        return;
+    };
+    let Some(share) = report
+        .llm
+        .cached_input_share_pct
+        .filter(|share| *share > 0.0)
+    else {
+        return;
+    };
+    report.warnings.push(format!(
+        "the replay asked for a cold prompt cache (--set {asked}) but the server reported {share:.1} % of input tokens served from its cache: it ignored the request (llama.cpp ignores cache_prompt on /v1/messages); TTFT is lower than a cold server's. Per-family cache controls: docs/faithful-replay.md"
+    ));
+}
+
 impl RequestsSection {
     /// Counters from merged metrics plus what only the coordinator knows.
     pub fn new(counters: &Counters, totals: &RequestTotals) -> RequestsSection {
@@ -978,6 +1115,8 @@ impl RequestsSection {
             total: counters.succeeded
                 + failed
                 + counters.ended_early
+                + counters.cancelled_as_recorded
+                + counters.cancelled_by_rate
                 + totals.slice.lost
                 + totals.slice.not_started,
             succeeded: counters.succeeded,
@@ -987,6 +1126,22 @@ impl RequestsSection {
             not_started: totals.slice.not_started,
             usage_reported: counters.usage_reported,
             estimated: counters.estimated,
+            tokenized: counters.tokenized,
+            cancelled_as_recorded: counters.cancelled_as_recorded,
+            cancelled_by_rate: counters.cancelled_by_rate,
+            token_source: TokenSourceSection {
+                tokenizer: None,
+                output: OutputSources::new(
+                    counters.usage_reported,
+                    counters.tokenized,
+                    counters.estimated,
+                ),
+                input: InputSources::new(
+                    counters.input_usage,
+                    counters.input_tokenized,
+                    counters.input_estimated,
+                ),
+            },
             failed_by_kind: FailedByKind {
                 status: counters.failed_status,
                 error_frame: counters.failed_error_frame,
@@ -1002,6 +1157,7 @@ impl RequestsSection {
             unstreamed: counters.unstreamed,
             pinned: counters.pinned,
             pinned_matched: counters.pinned_matched,
+            pinned_frames: counters.pinned_frames,
             errors: Vec::new(),
         }
     }
@@ -1024,7 +1180,8 @@ impl LlmSection {
     /// Summaries of merged metrics.
     pub fn from_metrics(metrics: &RunMetrics) -> LlmSection {
         let measured = metrics.window.is_some();
-        let token_sources = metrics.counters.usage_reported + metrics.counters.estimated;
+        let c = &metrics.counters;
+        let token_sources = c.usage_reported + c.tokenized + c.estimated;
         LlmSection {
             ttft_ms: metrics.stats(Metric::Ttft),
             ttst_ms: metrics.stats(Metric::Ttst),

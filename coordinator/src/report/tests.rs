@@ -33,6 +33,8 @@ fn succeeded(
         latency_us: Some(ttft_us + (osl - 1) * decode_ms_per_token * 1_000),
         content_frames: osl,
         usage_output_tokens: usage.then_some(osl),
+        tokenized_output_tokens: None,
+        input_source: None,
         input_tokens: Some(500 + 10 * i),
         schedule_lag_us: Some(100 * i),
         sent_unix_us: Some(T0_US + i * 500_000),
@@ -57,6 +59,8 @@ fn replayed_metrics() -> RunMetrics {
         latency_us: Some(300_000),
         content_frames: 1,
         usage_output_tokens: None,
+        tokenized_output_tokens: None,
+        input_source: None,
         input_tokens: None,
         schedule_lag_us: Some(50),
         sent_unix_us: Some(T0_US + 100_000),
@@ -2247,4 +2251,112 @@ fn server_goals_are_judged_on_the_report_and_its_probes() {
         ),
         vec!["server.vllm:num_request_waiting.max > 5".to_string()]
     );
+}
+
+/// Cancelled requests (as recorded, by rate) are counted apart from failures and ended-early
+/// streams, within the total; their TTFT counts when they had one, nothing else does.
+#[test]
+fn cancellations_are_counted_apart_and_within_the_total() {
+    use common::measure::CancelCause;
+    let mut m = RunMetrics::new();
+    m.record(&succeeded(0, 100, 10, 5, true));
+    let mut after_first_token = RequestOutcome::failed(FailureKind::Empty);
+    after_first_token.kind = OutcomeKind::Cancelled(CancelCause::AsRecorded);
+    after_first_token.ttft_us = Some(90_000);
+    after_first_token.content_frames = 3;
+    after_first_token.sent_unix_us = Some(T0_US);
+    m.record(&after_first_token);
+    let mut before = RequestOutcome::failed(FailureKind::Empty);
+    before.kind = OutcomeKind::Cancelled(CancelCause::ByRate);
+    m.record(&before);
+    let requests = RequestsSection::new(&m.counters, &RequestTotals::default());
+    assert_eq!(
+        (
+            requests.total,
+            requests.succeeded,
+            requests.failed,
+            requests.ended_early,
+            requests.cancelled_as_recorded,
+            requests.cancelled_by_rate
+        ),
+        (3, 1, 0, 0, 1, 1)
+    );
+    let llm = LlmSection::from_metrics(&m);
+    assert_eq!(llm.ttft_ms.expect("TTFT").count, 2);
+    assert_eq!(llm.latency_ms.expect("latency").count, 1);
+    assert_eq!(llm.osl_tokens.expect("OSL").count, 1);
+    assert_eq!(requests.error_rate_pct(), Some(0.0));
+    let json = serde_json::to_value(&requests).expect("json");
+    assert_eq!(json["cancelled_as_recorded"], 1);
+    assert_eq!(json["cancelled_by_rate"], 1);
+}
+
+/// Token sources: tokenizer counts are not estimates, and each source has its share.
+#[test]
+fn token_sources_have_counts_and_shares() {
+    use common::measure::TokenSource;
+    let mut m = RunMetrics::new();
+    m.record(&succeeded(0, 100, 10, 5, true));
+    let mut tokenized = succeeded(1, 100, 10, 5, false);
+    tokenized.tokenized_output_tokens = Some(6);
+    tokenized.input_source = Some(TokenSource::Tokenizer);
+    m.record(&tokenized);
+    let mut frames = succeeded(2, 100, 10, 5, false);
+    frames.input_source = Some(TokenSource::Estimate);
+    m.record(&frames);
+    m.record(&succeeded(3, 100, 10, 5, false));
+    let requests = RequestsSection::new(&m.counters, &RequestTotals::default());
+    let output = &requests.token_source.output;
+    assert_eq!((output.usage, output.tokenizer, output.frames), (1, 1, 2));
+    assert_eq!(output.frames_pct, Some(50.0));
+    let input = &requests.token_source.input;
+    assert_eq!((input.usage, input.tokenizer, input.estimate), (0, 1, 1));
+    assert_eq!(input.tokenizer_pct, Some(50.0));
+    assert_eq!(
+        (
+            requests.usage_reported,
+            requests.tokenized,
+            requests.estimated
+        ),
+        (1, 1, 2)
+    );
+    // Tokenized streams are not estimated: 2 of 4 are.
+    assert_eq!(
+        LlmSection::from_metrics(&m).estimated_token_share_pct,
+        Some(50.0)
+    );
+    assert_eq!(m.counters.output_tokens, 5 + 6 + 5 + 5);
+}
+
+/// A run meant to be cold (`--set cache_prompt=false`, `--set cache_salt=…`) that reports
+/// cached input is warned; a run that did not ask, or saw no cached input, is not.
+#[test]
+fn a_cold_run_with_cached_input_is_warned() {
+    let sets = |field: &str, value: &str| vec![(field.to_owned(), value.to_owned())];
+    assert_eq!(
+        cold_cache_request(&sets("cache_prompt", "false")).as_deref(),
+        Some("cache_prompt=false")
+    );
+    assert_eq!(
+        cold_cache_request(&sets("cache_salt", "run-1")).as_deref(),
+        Some("cache_salt")
+    );
+    assert_eq!(cold_cache_request(&sets("cache_prompt", "true")), None);
+    assert_eq!(cold_cache_request(&sets("model", "m")), None);
+    let mut report = sample_report();
+    report.llm.cached_input_share_pct = Some(22.5);
+    let before = report.warnings.len();
+    warn_cached_when_cold(&mut report, None);
+    assert_eq!(report.warnings.len(), before);
+    warn_cached_when_cold(&mut report, Some("cache_prompt=false"));
+    let warning = report.warnings.last().expect("a warning");
+    assert!(
+        warning.contains("22.5 %") && warning.contains("cache_prompt=false"),
+        "{warning}"
+    );
+    let mut cold = sample_report();
+    cold.llm.cached_input_share_pct = Some(0.0);
+    let before = cold.warnings.len();
+    warn_cached_when_cold(&mut cold, Some("cache_prompt=false"));
+    assert_eq!(cold.warnings.len(), before);
 }

@@ -55,6 +55,7 @@ fn settings(workers: usize, reassign_on_loss: bool) -> Settings {
         start_lead: Duration::from_millis(500),
         clock_samples: 3,
         clock_patience: Duration::from_secs(2),
+        setup_patience: Duration::ZERO,
         abort_grace: Duration::from_secs(3),
         tick: Duration::from_millis(500),
         report_interval: Duration::from_millis(500),
@@ -72,6 +73,8 @@ fn plan(recording: &Recording, workers: usize, exchanges: u64) -> SlicePlan {
         open_ended: false,
         pass_span_ms: 0.0,
         faithful: Default::default(),
+        tokenizer: None,
+        recorded_cancels: false,
     }
 }
 

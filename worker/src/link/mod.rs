@@ -118,6 +118,8 @@ pub enum LinkError {
     Client(#[from] crate::client::ClientError),
     #[error(transparent)]
     SigV4(#[from] crate::sigv4::SigV4Error),
+    #[error(transparent)]
+    Tokenizer(#[from] crate::tokens::TokenizerLoadError),
     #[error("TLS: {path}: {source}")]
     TlsFile {
         path: PathBuf,
@@ -249,6 +251,10 @@ fn replay_config(
         sets,
         tag_requests: assignment.tag_requests,
         options: assignment.options.clone(),
+        tokenizer: match &assignment.options.tokenizer {
+            None => None,
+            Some(files) => Some(std::sync::Arc::new(crate::tokens::build(files)?)),
+        },
         transport: TransportConfig {
             extra_ca_pem: transport.ca_pem.clone(),
             insecure: transport.insecure,
@@ -278,10 +284,24 @@ fn work_item(exchange: v1::Exchange) -> Result<WorkItem, String> {
             ));
         }
     };
+    let cancel_after = match exchange.cancel_after_ms {
+        None => None,
+        Some(ms) if ms.is_finite() && (0.0..=10.0 * 365.0 * 86_400_000.0).contains(&ms) => {
+            Some(Duration::from_secs_f64(ms / 1000.0))
+        }
+        Some(ms) => {
+            return Err(format!(
+                "exchange {}: cancel_after_ms = {ms}: expected a duration in ms",
+                exchange.index
+            ));
+        }
+    };
     Ok(WorkItem {
         index: exchange.index,
         exchange: parsed,
         pin_output_tokens: exchange.pin_output_tokens,
+        pin_in_frames: exchange.pin_in_frames,
+        cancel_after,
         think,
         reassigned: exchange.reassigned,
     })
@@ -526,22 +546,37 @@ pub async fn run_once(
             }
         }
     };
-    let allowed = |var: &str| {
-        options
-            .allow_env
-            .iter()
-            .any(|a| a == var)
-            .then(|| std::env::var(var).ok())
-            .flatten()
-    };
-    let prepared = proto::convert::assignment_from_proto(&assignment)
-        .map_err(LinkError::from)
-        .and_then(|assignment| {
-            check_allowed_env(&assignment, &options.allow_env)?;
-            let config = replay_config(&assignment, &allowed)?;
-            let client = TargetClient::new(&config.transport)?;
-            Ok((assignment, Arc::new(config), client))
-        });
+    // On a blocking thread: a `--tokenizer` is inflated and built here, which takes seconds
+    // for a large one, and this runtime must go on driving the link's connection meanwhile
+    // (HTTP/2 keepalives, the coordinator's first clock ping).
+    let allow_env = options.allow_env.clone();
+    let prepared = tokio::task::spawn_blocking(move || {
+        let allowed = |var: &str| {
+            allow_env
+                .iter()
+                .any(|a| a == var)
+                .then(|| std::env::var(var).ok())
+                .flatten()
+        };
+        proto::convert::assignment_from_proto(&assignment)
+            .map_err(LinkError::from)
+            .and_then(|assignment| {
+                check_allowed_env(&assignment, &allow_env)?;
+                let config = replay_config(&assignment, &allowed)?;
+                Ok((assignment, Arc::new(config)))
+            })
+    })
+    .await
+    .unwrap_or_else(|error| {
+        Err(LinkError::Protocol(format!(
+            "the assignment could not be prepared: {error}"
+        )))
+    })
+    .and_then(|(assignment, config)| {
+        // The client is made on this runtime (its connection pool lives here).
+        let client = TargetClient::new(&config.transport)?;
+        Ok((assignment, config, client))
+    });
     let (assignment, config, client_http) = match prepared {
         Ok(prepared) => {
             plain.store(

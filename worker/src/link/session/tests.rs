@@ -42,6 +42,7 @@ fn spawn_session_with(target: &str, steady_metrics: bool) -> Harness {
         sets: vec![],
         tag_requests: false,
         transport: TransportConfig::default(),
+        tokenizer: None,
         options: common::assignment::RequestOptions {
             timeout: Duration::from_secs(600),
             requests_out: false,
@@ -93,6 +94,8 @@ fn item(index: u64) -> WorkItem {
         )
         .expect("a valid exchange"),
         pin_output_tokens: None,
+        pin_in_frames: false,
+        cancel_after: None,
         think: None,
         reassigned: false,
     }
