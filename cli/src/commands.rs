@@ -11,7 +11,7 @@ use coordinator::goals::parse_goals;
 use coordinator::outcome::RunError;
 use coordinator::report::{Report, compare_reports, render_html, render_junit, render_markdown};
 use coordinator::run::{RunHooks, RunPlan, Verdict, read_saved_report};
-use coordinator::supervisor::RunSnapshot;
+use coordinator::supervisor::{Notice, RunSnapshot};
 
 use crate::output_paths::{Input, Output, check_outputs};
 use crate::{fail, print};
@@ -155,6 +155,16 @@ impl LiveServer {
     }
 }
 
+/// Live lines on stderr, one per event: a worker lost or quitting (always), and join
+/// progress with the level it is for when the workers are remote (local ones join at once).
+fn notice_printer(remote_workers: bool) -> coordinator::supervisor::NoticeSink {
+    std::sync::Arc::new(move |notice: Notice| {
+        if remote_workers || !matches!(notice, Notice::Joined { .. }) {
+            print::stderr_line(&format!("llm-replay: {notice}"));
+        }
+    })
+}
+
 async fn replay_command(args: RunArgs, live: &mut Option<LiveServer>) -> ExitCode {
     let plan = match RunPlan::prepare(args).await {
         Ok(plan) => plan,
@@ -179,6 +189,10 @@ async fn replay_command(args: RunArgs, live: &mut Option<LiveServer>) -> ExitCod
         return fail(exit::USAGE, message);
     }
     let files = config.files.clone();
+    let remote_workers = matches!(
+        config.source,
+        coordinator::config::WorkerSource::Remote { .. }
+    );
     let interrupt = interrupt_signal();
 
     // Live state for the terminal's progress line and the Prometheus endpoint, one channel
@@ -215,6 +229,7 @@ async fn replay_command(args: RunArgs, live: &mut Option<LiveServer>) -> ExitCod
                     "llm-replay: waiting for {expect} workers on {addr} (llm-replay-worker --coordinator {addr})"
                 ));
             },
+            notices: Some(notice_printer(remote_workers)),
         })
         .await;
     // The progress line is complete before the report is printed: the line's task draws

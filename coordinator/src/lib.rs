@@ -13,6 +13,7 @@ pub mod faithful;
 pub mod goals;
 pub mod live;
 pub mod outcome;
+pub mod pool;
 pub mod replay;
 pub mod report;
 pub mod requests_out;

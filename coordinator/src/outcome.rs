@@ -36,6 +36,8 @@ pub struct WorkerOutcome {
     /// Its last report's metrics, as received (the run's are merged from them).
     pub metrics: SparseMetrics,
     pub lost: bool,
+    /// It stopped on its own before its work was done, and why (it is `lost` too).
+    pub quit: Option<String>,
     pub cpu_seconds: f64,
     pub cores: u32,
     pub peak_rss_bytes: u64,
@@ -76,4 +78,7 @@ pub struct ReplayResult {
     /// a closed loop's first wave left out. `Some` when any worker sent them (the assignment
     /// asked: `RequestOptions::steady_metrics`).
     pub steady_metrics: Option<RunMetrics>,
+    /// Workers that finished without accounting for everything they were handed (each
+    /// named, with the counts): the replay did not do all its work.
+    pub shortfalls: Vec<String>,
 }

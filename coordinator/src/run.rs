@@ -20,6 +20,7 @@ use crate::capacity::{Dimension, FindMax, Search, Step};
 use crate::config::{BaselineSource, GlobalLoad, RunArgs, RunConfig, WorkerSource};
 use crate::goals::{Goal, parse_goals};
 use crate::outcome::{ReplayResult, RunError};
+use crate::pool::{PoolSetup, WorkerPool};
 use crate::replay::{ReplaySetup, replay};
 use crate::report::{
     Baseline, CapacitySection, GoodputSection, ProbeSection, Report, ReportInput, RequestTotals,
@@ -56,6 +57,9 @@ pub struct RunHooks<'a> {
     pub waiting_for_workers: &'a (dyn Fn(usize, SocketAddr) + Send + Sync),
     /// The program local workers run (`PROGRAM worker --once ...`): the `llm-replay` binary.
     pub worker_program: PathBuf,
+    /// Told what happens as it happens: join progress (and the level it is for), a worker
+    /// lost or quitting. `None`: nobody is told (the report says it all the same).
+    pub notices: Option<crate::supervisor::NoticeSink>,
 }
 
 /// A finished run: its report, and what it means for the exit code.
@@ -226,7 +230,24 @@ impl RunPlan {
         // The server's own metrics, scraped beside the load by a task of their own.
         let scraper = start_scraper(&config);
         let levels = Levels::of(&config);
+        // The run's workers: joined once, they take every level and probe.
+        let pool = match WorkerPool::open(PoolSetup {
+            config: &config,
+            waiting_for_workers: hooks.waiting_for_workers,
+            worker_program: &hooks.worker_program,
+        })
+        .await
+        {
+            Ok(pool) => pool,
+            Err(error) => {
+                if let Some(mock) = embedded {
+                    mock.stop().await;
+                }
+                return Err(error);
+            }
+        };
         let inputs = LevelInputs {
+            pool: &pool,
             target: &target,
             tag_requests: embedded.is_some() || config.tag_requests,
             exchanges: scanned.exchanges,
@@ -247,6 +268,8 @@ impl RunPlan {
             }
             _ => levels.replay_all(&config, inputs).await,
         };
+        // Every level is done: the workers hear that the run is over.
+        pool.close().await;
         // The progress line is complete before the report is built: nothing more is sent.
         drop(hooks);
         // The last scrape comes after the load, before the embedded mock stops.
@@ -374,6 +397,7 @@ enum Levels {
 
 /// What every level of a run shares.
 struct LevelInputs<'a> {
+    pool: &'a WorkerPool,
     target: &'a str,
     tag_requests: bool,
     exchanges: u64,
@@ -425,7 +449,9 @@ impl Levels {
         inputs: LevelInputs<'_>,
     ) -> Result<Replayed, RunError> {
         let mut results = Vec::new();
-        for level in self.concurrencies() {
+        let levels = self.concurrencies();
+        let count = levels.len();
+        for (at, level) in levels.into_iter().enumerate() {
             let (level_config, load) = level_config(config, level);
             let setup = ReplaySetup {
                 config: &level_config,
@@ -437,8 +463,14 @@ impl Levels {
                 requests_out: inputs.requests_out.clone(),
                 interrupt: inputs.hooks.interrupt.clone(),
                 progress: inputs.hooks.snapshots.clone(),
-                waiting_for_workers: inputs.hooks.waiting_for_workers,
-                worker_program: &inputs.hooks.worker_program,
+                pool: inputs.pool,
+                level: match level {
+                    Some(c) if count > 1 => {
+                        format!("sweep level {} of {count}: concurrency {c}", at + 1)
+                    }
+                    _ => String::new(),
+                },
+                notices: inputs.hooks.notices.clone(),
             };
             match replay(setup).await {
                 Ok(result) => {
@@ -480,6 +512,7 @@ async fn search(
     let mut results: Vec<(Option<usize>, ReplayResult)> = Vec::new();
     let mut probes: Vec<ProbeSection> = Vec::new();
     let mut failed = None;
+    let mut cut_short: Option<String> = None;
     while let Step::Probe(value) = search.next() {
         let (probe_config, load) = probe_config(config, find_max.dimension, value);
         let setup = ReplaySetup {
@@ -492,8 +525,14 @@ async fn search(
             requests_out: inputs.requests_out.clone(),
             interrupt: inputs.hooks.interrupt.clone(),
             progress: inputs.hooks.snapshots.clone(),
-            waiting_for_workers: inputs.hooks.waiting_for_workers,
-            worker_program: &inputs.hooks.worker_program,
+            pool: inputs.pool,
+            level: format!(
+                "probe {}: {} {}",
+                results.len() + 1,
+                find_max.dimension.name(),
+                value
+            ),
+            notices: inputs.hooks.notices.clone(),
         };
         let level = (find_max.dimension == Dimension::Concurrency).then_some(value as usize);
         let result = match replay(setup).await {
@@ -506,6 +545,15 @@ async fn search(
         };
         let mut probe = judge.judge(value, search.attempt(), &result).await;
         let incomplete = result.aborted || result.interrupted || unusable(&result, &probes);
+        if incomplete {
+            cut_short = Some(if result.interrupted {
+                format!("interrupted during the probe at {value}")
+            } else if result.aborted {
+                format!("a worker was lost during the probe at {value}")
+            } else {
+                format!("the probe at {value} could not measure the server")
+            });
+        }
         results.push((level, result));
         if incomplete {
             probes.push(probe);
@@ -515,7 +563,14 @@ async fn search(
         probe.decided = search.record(probe.passed, near);
         probes.push(probe);
     }
-    let answer = search.answer();
+    let mut answer = search.answer();
+    if let Some(why) = cut_short.or_else(|| {
+        failed
+            .as_ref()
+            .map(|f: &LevelFailed| format!("a probe could not run: {}", f.error))
+    }) {
+        answer.stopped = why;
+    }
     let main = match answer.max {
         Some(max) => probes.iter().rposition(|p| p.value == max && p.passed),
         None => None,
@@ -945,7 +1000,8 @@ fn run_info(config: &RunConfig, result: &ReplayResult) -> RunInfo {
             completed: w.metrics.counters.completed(),
             lost: w.totals.lost,
             clock_offset_ms: Some(w.clock.offset_ns as f64 / 1e6),
-            disconnected: w.lost,
+            disconnected: w.lost && w.quit.is_none(),
+            quit: w.quit.clone(),
             version: None,
             peak_rss_mb: (w.peak_rss_bytes > 0).then(|| w.peak_rss_bytes as f64 / 1_048_576.0),
             cpu_seconds: Some(w.cpu_seconds),
@@ -1000,6 +1056,15 @@ fn request_totals(result: &ReplayResult) -> RequestTotals {
         slice: result.totals,
         status_codes: result.status_codes.clone(),
         tls_problems: result.tls_problems.clone(),
+        not_started_because: if result.interrupted {
+            Some("the run was interrupted".into())
+        } else if result.aborted {
+            Some(
+                "a worker was lost or quit, and the run was aborted (--on-worker-loss fail)".into(),
+            )
+        } else {
+            None
+        },
     }
 }
 
@@ -1024,6 +1089,9 @@ fn verdict(
             "a sweep level could not run: {} (the levels before it are above)",
             failed.error
         ));
+    }
+    if let Some(shortfall) = main.shortfalls.first() {
+        return Verdict::RunFailed(format!("the run did not do all its work: {shortfall}"));
     }
     if let Some(message) = no_response(&target, main) {
         return Verdict::RunFailed(message);

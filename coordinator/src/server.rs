@@ -262,9 +262,9 @@ impl HandshakeGate {
     }
 }
 
-/// Who holds which join slot. Until every slot is taken at once, a worker that leaves frees
-/// its slot (a restarted worker may take it again, under the same id); from then on the run
-/// is running and nobody can join.
+/// Who holds which of a level's join slots. Until every slot is taken at once, a worker that
+/// leaves frees its slot (a restarted worker may take it again, under the same id); from
+/// then on the level is running and nobody can join it.
 #[derive(Default)]
 struct JoinSlots {
     slots: Vec<Option<String>>,
@@ -275,39 +275,387 @@ struct JoinSlots {
 /// key and converts it to the protocol's form.
 pub type AssignmentFor = dyn Fn(usize) -> Assignment + Send + Sync;
 
-/// Shared state of the service.
-pub struct ServiceState {
+/// One level of the run (the run itself, a sweep level or a capacity probe) as the service
+/// sees it: how many workers it takes, what each is assigned, where their events go.
+pub struct LevelLink {
     pub expected_workers: usize,
-    pub token: Option<String>,
     pub assignment_for: Box<AssignmentFor>,
     pub events: mpsc::Sender<WorkerEvent>,
     /// `--requests-out`: request records are kept and handed to the supervisor with the
     /// report that counts them (it writes them there once it accepts that report).
     pub requests_out: Option<Arc<crate::requests_out::RequestsOut>>,
     joined: Mutex<JoinSlots>,
-    /// Each joined worker's slice stream, behind the key its assignment carries or its
-    /// session's proof.
+    /// Tells one level's routes from the next one's.
+    generation: u64,
+    /// The tasks that carry the supervisor's messages to each worker: the level ends once
+    /// they have written everything (a Finish is never overtaken by the next assignment).
+    forwarders: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl LevelLink {
+    pub fn new(
+        expected_workers: usize,
+        assignment_for: Box<AssignmentFor>,
+        events: mpsc::Sender<WorkerEvent>,
+        requests_out: Option<Arc<crate::requests_out::RequestsOut>>,
+    ) -> LevelLink {
+        static GENERATIONS: AtomicU64 = AtomicU64::new(1);
+        LevelLink {
+            expected_workers,
+            assignment_for,
+            events,
+            requests_out,
+            joined: Mutex::new(JoinSlots {
+                slots: vec![None; expected_workers],
+                running: false,
+            }),
+            generation: GENERATIONS.fetch_add(1, Ordering::Relaxed),
+            forwarders: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A free slot for `worker`, or why there is none.
+    fn take_slot(&self, worker: &str) -> Result<usize, String> {
+        let mut joined = self.joined.lock().expect("join lock is never poisoned");
+        let expected = self.expected_workers;
+        if joined.running {
+            Err(format!(
+                "this run already has its {expected} workers and is running; a worker cannot join a running run"
+            ))
+        } else if joined.slots.iter().flatten().any(|id| id == worker) {
+            Err(format!("worker id {worker:?} already joined"))
+        } else if let Some(free) = joined.slots.iter().position(Option::is_none) {
+            joined.slots[free] = Some(worker.to_owned());
+            joined.running = joined.slots.iter().all(Option::is_some);
+            Ok(free)
+        } else {
+            Err(format!("this run already has its {expected} workers"))
+        }
+    }
+
+    fn running(&self) -> bool {
+        self.joined
+            .lock()
+            .expect("join lock is never poisoned")
+            .running
+    }
+
+    /// Before the level runs, a worker that leaves frees its slot.
+    fn free_slot(&self, index: usize) -> bool {
+        let mut joined = self.joined.lock().expect("join lock is never poisoned");
+        if !joined.running && joined.slots.get(index).is_some_and(Option::is_some) {
+            joined.slots[index] = None;
+            return true;
+        }
+        false
+    }
+}
+
+/// How long the end of a level waits for its last messages to each worker to be written.
+const LEVEL_END_PATIENCE: Duration = Duration::from_secs(2);
+
+/// The protocol messages going to one worker (its `Join` response stream).
+type ToWorker = mpsc::Sender<Result<v1::CoordinatorMessage, Status>>;
+
+/// A worker that joined the run: it stays joined through every level until the run is over,
+/// it leaves, or it is lost.
+struct Member {
+    id: String,
+    host: String,
+    session: Option<Arc<SessionKeys>>,
+    /// Its stream's sender; `None` once it left (the stream then ends).
+    to_worker: Mutex<Option<ToWorker>>,
+    /// The level it takes part in now, if any.
+    route: Mutex<Option<Route>>,
+}
+
+impl Member {
+    fn sender(&self) -> Option<ToWorker> {
+        self.to_worker
+            .lock()
+            .expect("member lock is never poisoned")
+            .clone()
+    }
+
+    fn route(&self) -> Option<Route> {
+        self.route
+            .lock()
+            .expect("member lock is never poisoned")
+            .clone()
+    }
+}
+
+/// Where a member's messages go during one level.
+#[derive(Clone)]
+struct Route {
+    level: Arc<LevelLink>,
+    index: usize,
+    fenced: Arc<AtomicBool>,
+    /// Exchanges handed to the worker in this level (what its request records are bounded by).
+    handed: Arc<AtomicU64>,
+    open_ended: bool,
+}
+
+/// Shared state of the service, for the whole run.
+pub struct ServiceState {
+    /// How many workers the run takes.
+    pub capacity: usize,
+    pub token: Option<String>,
+    members: Mutex<Vec<Arc<Member>>>,
+    /// The level being joined or run; `None` between levels.
+    level: Mutex<Option<Arc<LevelLink>>>,
+    /// Each enlisted worker's slice stream, behind the key its assignment carries or its
+    /// session's proof for the level.
     slices: Mutex<HashMap<String, PendingSlice>>,
     handshakes: HandshakeGate,
 }
 
 impl ServiceState {
-    pub fn new(
-        expected_workers: usize,
-        token: Option<String>,
-        assignment_for: Box<AssignmentFor>,
-        events: mpsc::Sender<WorkerEvent>,
-        requests_out: Option<Arc<crate::requests_out::RequestsOut>>,
-    ) -> Self {
+    pub fn new(capacity: usize, token: Option<String>) -> Self {
         ServiceState {
-            expected_workers,
+            capacity,
             token,
-            assignment_for,
-            events,
-            requests_out,
-            joined: Mutex::new(JoinSlots::default()),
+            members: Mutex::new(Vec::new()),
+            level: Mutex::new(None),
             slices: Mutex::new(HashMap::new()),
             handshakes: HandshakeGate::default(),
+        }
+    }
+
+    fn members(&self) -> Vec<Arc<Member>> {
+        self.members
+            .lock()
+            .expect("member lock is never poisoned")
+            .clone()
+    }
+
+    fn current_level(&self) -> Option<Arc<LevelLink>> {
+        self.level
+            .lock()
+            .expect("level lock is never poisoned")
+            .clone()
+    }
+
+    /// A level begins: every joined worker is enlisted in it (in join order), and workers
+    /// that join from now on are too, until it runs.
+    pub async fn begin_level(self: &Arc<Self>, level: Arc<LevelLink>) {
+        *self.level.lock().expect("level lock is never poisoned") = Some(Arc::clone(&level));
+        for member in self.members() {
+            if let Err(reason) = self.enlist(&member, &level).await {
+                tracing::debug!(worker = member.id, reason, "not enlisted in this level");
+            }
+        }
+    }
+
+    /// The level is over (its supervisor, and so every sender of its controls, is gone):
+    /// what the supervisor said to each worker is written, then its routes and slices go;
+    /// the members stay joined.
+    pub async fn end_level(&self) {
+        let level = self
+            .level
+            .lock()
+            .expect("level lock is never poisoned")
+            .take();
+        if let Some(level) = level {
+            let forwarders: Vec<_> = std::mem::take(
+                &mut *level
+                    .forwarders
+                    .lock()
+                    .expect("level lock is never poisoned"),
+            );
+            for mut forwarder in forwarders {
+                if tokio::time::timeout(LEVEL_END_PATIENCE, &mut forwarder)
+                    .await
+                    .is_err()
+                {
+                    forwarder.abort();
+                }
+            }
+        }
+        for member in self.members() {
+            *member.route.lock().expect("member lock is never poisoned") = None;
+        }
+        self.slices
+            .lock()
+            .expect("slice lock is never poisoned")
+            .clear();
+    }
+
+    /// Between levels, every joined worker hears that the coordinator is alive.
+    pub fn heartbeat_idle(&self) {
+        let unix_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        for member in self.members() {
+            if member.route().is_none()
+                && let Some(tx) = member.sender()
+            {
+                let _ = tx.try_send(message_of(control_to_proto(Control::Heartbeat { unix_ns })));
+            }
+        }
+    }
+
+    /// How many workers are joined now.
+    pub fn joined(&self) -> usize {
+        self.members
+            .lock()
+            .expect("member lock is never poisoned")
+            .len()
+    }
+
+    /// The run is over: every worker is told (`Done`, sealed like every message) and its
+    /// stream ends once that is written.
+    pub async fn close(&self) {
+        let members: Vec<Arc<Member>> =
+            std::mem::take(&mut *self.members.lock().expect("member lock is never poisoned"));
+        for member in members {
+            let sender = member
+                .to_worker
+                .lock()
+                .expect("member lock is never poisoned")
+                .take();
+            if let Some(tx) = sender {
+                let done = message_of(v1::coordinator_message::Msg::Done(v1::Done {
+                    reason: "the run is over".into(),
+                }));
+                let _ = tokio::time::timeout(Duration::from_secs(1), tx.send(done)).await;
+            }
+        }
+    }
+
+    /// A worker leaves the run (its stream ended, it was lost, or it failed between levels):
+    /// its stream's sender goes, so the stream ends.
+    fn leave(&self, id: &str) {
+        let mut members = self.members.lock().expect("member lock is never poisoned");
+        if let Some(at) = members.iter().position(|m| m.id == id) {
+            let member = members.remove(at);
+            member
+                .to_worker
+                .lock()
+                .expect("member lock is never poisoned")
+                .take();
+        }
+    }
+
+    /// Admit a worker whose handshake succeeded, or say why not.
+    fn admit(&self, member: Arc<Member>) -> Result<(), String> {
+        let mut members = self.members.lock().expect("member lock is never poisoned");
+        let capacity = self.capacity;
+        if members.iter().any(|m| m.id == member.id) {
+            return Err(format!("worker id {:?} already joined", member.id));
+        }
+        if members.len() >= capacity {
+            let running = self.current_level().is_some_and(|level| level.running());
+            return Err(if running {
+                format!(
+                    "this run already has its {capacity} workers and is running; a worker cannot join a running run"
+                )
+            } else {
+                format!("this run already has its {capacity} workers")
+            });
+        }
+        members.push(member);
+        Ok(())
+    }
+
+    /// Give `member` a slot of `level`: its assignment goes out on its stream, its slice
+    /// waits for its `Exchanges` call, its messages go to the level's supervisor, and the
+    /// supervisor hears that it joined.
+    async fn enlist(
+        self: &Arc<Self>,
+        member: &Arc<Member>,
+        level: &Arc<LevelLink>,
+    ) -> Result<(), String> {
+        let Some(to_worker) = member.sender() else {
+            return Err("it left".into());
+        };
+        let index = level.take_slot(&member.id)?;
+        let (slice_tx, slice_rx) = mpsc::channel(8);
+        let mut assignment = (level.assignment_for)(index);
+        // With a session the worker proves it instead: a key in the assignment would be
+        // readable by anyone on a plaintext link.
+        let slice_key = if member.session.is_some() {
+            String::new()
+        } else {
+            uuid::Uuid::new_v4().to_string()
+        };
+        let handed = Arc::new(AtomicU64::new(0));
+        self.slices
+            .lock()
+            .expect("slice lock is never poisoned")
+            .insert(
+                member.id.clone(),
+                PendingSlice {
+                    key: slice_key.clone(),
+                    session: member.session.clone(),
+                    run_id: assignment.run_id.clone(),
+                    chunks: slice_rx,
+                    handed: Arc::clone(&handed),
+                },
+            );
+        assignment.slice_key = slice_key;
+        let _ = to_worker
+            .send(message_of(v1::coordinator_message::Msg::Assignment(
+                assignment_to_proto(&assignment),
+            )))
+            .await;
+        // The supervisor speaks domain messages; they become protocol messages here. Once
+        // the worker is fenced, only its abort goes out, and then it leaves the run.
+        let (control, control_rx) = WorkerControl::channel(64);
+        let forwarder = tokio::spawn(forward_controls(
+            Arc::clone(self),
+            member.id.clone(),
+            control_rx,
+            Arc::clone(&control.fenced),
+            to_worker,
+        ));
+        level
+            .forwarders
+            .lock()
+            .expect("level lock is never poisoned")
+            .push(forwarder);
+        *member.route.lock().expect("member lock is never poisoned") = Some(Route {
+            level: Arc::clone(level),
+            index,
+            fenced: Arc::clone(&control.fenced),
+            handed,
+            open_ended: assignment.open_ended,
+        });
+        let _ = level
+            .events
+            .send(WorkerEvent::Joined {
+                index,
+                id: member.id.clone(),
+                host: member.host.clone(),
+                control,
+                slice: slice_tx,
+            })
+            .await;
+        Ok(())
+    }
+}
+
+/// The supervisor's messages to one worker during one level, as protocol messages. A fenced
+/// worker gets its abort, then leaves the run (its stream ends).
+async fn forward_controls(
+    state: Arc<ServiceState>,
+    id: String,
+    mut control_rx: mpsc::Receiver<Control>,
+    fenced: Arc<AtomicBool>,
+    to_worker: ToWorker,
+) {
+    while let Some(message) = control_rx.recv().await {
+        let fencing = fenced.load(Ordering::SeqCst);
+        let abort = matches!(message, Control::Abort { .. });
+        if fencing && !abort {
+            continue;
+        }
+        let sent = to_worker.send(message_of(control_to_proto(message))).await;
+        if sent.is_err() || (fencing && abort) {
+            drop(to_worker);
+            state.leave(&id);
+            return;
         }
     }
 }
@@ -402,6 +750,11 @@ impl Coordinator for CoordinatorService {
         let Some(pending) = slices.get(&request.worker_id) else {
             return Err(Status::not_found("no slice for this worker (join first)"));
         };
+        if pending.run_id != request.run_id {
+            return Err(Status::not_found(
+                "no slice of this level for this worker (a proof of another level?)",
+            ));
+        }
         // With a token, only this worker's session can make the proof; without one, the
         // key came in this worker's assignment.
         let allowed = match &pending.session {
@@ -416,7 +769,10 @@ impl Coordinator for CoordinatorService {
         let pending = slices
             .remove(&request.worker_id)
             .expect("looked up just above");
-        let mut sealer = pending.session.as_deref().map(SessionKeys::slice_sealer);
+        let mut sealer = pending
+            .session
+            .as_deref()
+            .map(|session| session.slice_sealer(&pending.run_id));
         let handed = pending.handed;
         Ok(Response::new(Box::pin(
             ReceiverStream::new(pending.chunks).map(move |chunk| {
@@ -428,17 +784,17 @@ impl Coordinator for CoordinatorService {
     }
 }
 
-/// One worker's join stream: the handshake, a join slot, the assignment, then every message
-/// it sends, opened (with a token) and forwarded as events.
+/// One worker's join stream: the handshake, its admission to the run, its enlistment in the
+/// level being joined (if any), then every message it sends, opened (with a token) and
+/// forwarded as events of the level it takes part in.
 async fn serve_worker(
     state: Arc<ServiceState>,
     hello: v1::Hello,
     mut inbound: Streaming<v1::WorkerMessage>,
-    control_tx: mpsc::Sender<Result<v1::CoordinatorMessage, Status>>,
+    control_tx: ToWorker,
     keys_slot: Arc<OnceLock<Arc<SessionKeys>>>,
 ) {
-    let refuse = |reason: String| {
-        let control_tx = control_tx.clone();
+    let refuse = |control_tx: ToWorker, reason: String| {
         let worker = hello.worker_id.clone();
         async move {
             tracing::warn!(worker, reason, "refused a worker");
@@ -464,117 +820,61 @@ async fn serve_worker(
                 }
                 Err(reason) => {
                     state.handshakes.failed(&hello.worker_id, &reason);
-                    return refuse(reason).await;
+                    return refuse(control_tx, reason).await;
                 }
             }
         }
         None => None,
     };
-    let mut opener: Option<Opener> = session.as_deref().map(SessionKeys::worker_opener);
-    // Decided under the lock, refused after it (no guard held across an await).
-    let slot: Result<usize, String> = {
-        let mut joined = state.joined.lock().expect("join lock is never poisoned");
-        let expected = state.expected_workers;
-        if joined.slots.len() < expected {
-            joined.slots.resize(expected, None);
+    let opener: Option<Opener> = session.as_deref().map(SessionKeys::worker_opener);
+    let member = Arc::new(Member {
+        id: hello.worker_id.clone(),
+        host: hello.host.clone(),
+        session,
+        to_worker: Mutex::new(Some(control_tx)),
+        route: Mutex::new(None),
+    });
+    if let Err(reason) = state.admit(Arc::clone(&member)) {
+        if let Some(control_tx) = member.sender() {
+            refuse(control_tx, reason).await;
         }
-        if joined.running {
-            Err(format!(
-                "this run already has its {expected} workers and is running; a worker cannot join a running run"
-            ))
-        } else if joined
-            .slots
-            .iter()
-            .flatten()
-            .any(|id| *id == hello.worker_id)
-        {
-            Err(format!("worker id {:?} already joined", hello.worker_id))
-        } else if let Some(free) = joined.slots.iter().position(Option::is_none) {
-            joined.slots[free] = Some(hello.worker_id.clone());
-            joined.running = joined.slots.iter().all(Option::is_some);
-            Ok(free)
-        } else {
-            Err(format!("this run already has its {expected} workers"))
-        }
-    };
-    let index = match slot {
-        Ok(index) => index,
-        Err(reason) => return refuse(reason).await,
-    };
-    let (slice_tx, slice_rx) = mpsc::channel(8);
-    let mut assignment = (state.assignment_for)(index);
-    // With a session the worker proves it instead: a key in the assignment would be readable
-    // by anyone on a plaintext link.
-    let slice_key = if session.is_some() {
-        String::new()
-    } else {
-        uuid::Uuid::new_v4().to_string()
-    };
-    let handed = Arc::new(AtomicU64::new(0));
-    let open_ended = assignment.open_ended;
-    state
-        .slices
-        .lock()
-        .expect("slice lock is never poisoned")
-        .insert(
-            hello.worker_id.clone(),
-            PendingSlice {
-                key: slice_key.clone(),
-                session: session.clone(),
-                run_id: assignment.run_id.clone(),
-                chunks: slice_rx,
-                handed: Arc::clone(&handed),
-            },
-        );
-    assignment.slice_key = slice_key;
-    let _ = control_tx
-        .send(message_of(v1::coordinator_message::Msg::Assignment(
-            assignment_to_proto(&assignment),
-        )))
-        .await;
-    let events = state.events.clone();
-    let requests_out = state.requests_out.clone();
-    let worker_id = hello.worker_id.clone();
-    // The supervisor speaks domain messages; they become protocol messages here. Once the
-    // worker is fenced, only its abort goes out, and then the stream ends.
-    let (control, mut control_rx) = WorkerControl::channel(64);
-    let fenced = Arc::clone(&control.fenced);
-    {
-        let fenced = Arc::clone(&fenced);
-        tokio::spawn(async move {
-            while let Some(message) = control_rx.recv().await {
-                let fencing = fenced.load(Ordering::SeqCst);
-                let abort = matches!(message, Control::Abort { .. });
-                if fencing && !abort {
-                    continue;
-                }
-                if control_tx
-                    .send(message_of(control_to_proto(message)))
-                    .await
-                    .is_err()
-                    || (fencing && abort)
-                {
-                    return;
-                }
-            }
-        });
+        return;
     }
-    let _ = events
-        .send(WorkerEvent::Joined {
-            index,
-            id: hello.worker_id.clone(),
-            host: hello.host.clone(),
-            control,
-            slice: slice_tx,
-        })
-        .await;
-    let mut records = RecordBound::new(handed, open_ended);
-    // Records since the last report: they go to the supervisor with the report that counts
-    // them (none are kept without --requests-out).
+    // A level being joined takes it now; otherwise it waits, joined, for the next level.
+    if let Some(level) = state.current_level()
+        && !level.running()
+        && let Err(reason) = state.enlist(&member, &level).await
+    {
+        tracing::debug!(
+            worker = member.id,
+            reason,
+            "joined; waits for the next level"
+        );
+    }
+    read_worker(&state, &member, inbound, opener).await;
+    state.leave(&member.id);
+}
+
+/// Every message of a joined worker, for the rest of the run: opened, checked, and forwarded
+/// to the supervisor of the level it takes part in; between levels only its liveness counts.
+/// Returns when its stream ends, or once it is fenced and its stream has ended.
+async fn read_worker(
+    state: &ServiceState,
+    member: &Member,
+    mut inbound: Streaming<v1::WorkerMessage>,
+    mut opener: Option<Opener>,
+) {
+    // Request records: bounded per level; held until the report that counts them (none are
+    // kept without --requests-out).
+    let mut records: Option<(u64, RecordBound)> = None;
     let mut pending_records: Vec<RequestRecord> = Vec::new();
     loop {
         let message = inbound.message().await;
-        if fenced.load(Ordering::SeqCst) {
+        let route = member.route();
+        if route
+            .as_ref()
+            .is_some_and(|route| route.fenced.load(Ordering::SeqCst))
+        {
             // Lost: nothing it says is counted; read on until its stream ends, so what it
             // sends does not pile up in the connection.
             match message {
@@ -590,94 +890,142 @@ async fn serve_worker(
             Ok(None) => Err("its stream ended".to_owned()),
             Err(status) => Err(format!("its stream broke: {}", status.message())),
         };
+        let Some(route) = route else {
+            // Between levels: a worker that fails or goes away leaves the run.
+            match received {
+                Ok(v1::WorkerMessage {
+                    msg: Some(v1::worker_message::Msg::Failed(failed)),
+                }) => {
+                    tracing::warn!(
+                        worker = member.id,
+                        reason = failed.reason,
+                        "a worker stopped between levels"
+                    );
+                }
+                Ok(_) => continue,
+                Err(reason) => {
+                    tracing::info!(worker = member.id, reason, "a worker left between levels");
+                    return;
+                }
+            }
+            continue;
+        };
+        let generation = route.level.generation;
+        if records.as_ref().is_none_or(|(g, _)| *g != generation) {
+            records = Some((
+                generation,
+                RecordBound::new(Arc::clone(&route.handed), route.open_ended),
+            ));
+            pending_records.clear();
+        }
+        let (_, bound) = records.as_mut().expect("set just above");
         let event = match received {
-            Ok(v1::WorkerMessage { msg: Some(msg) }) => match msg {
-                // Decoded once, here, as it arrives.
-                v1::worker_message::Msg::Report(report) => match report_from_proto(&report) {
-                    Ok(report) => match records.check_report(report.totals.issued) {
-                        Ok(()) => WorkerEvent::Report {
-                            index,
-                            report: Box::new(report),
-                            records: std::mem::take(&mut pending_records),
-                        },
-                        Err(reason) => WorkerEvent::InvalidReport { index, reason },
-                    },
-                    Err(error) => WorkerEvent::InvalidReport {
-                        index,
-                        reason: error.to_string(),
-                    },
-                },
-                v1::worker_message::Msg::Heartbeat(_) => WorkerEvent::Heartbeat { index },
-                v1::worker_message::Msg::ClockPong(pong) => WorkerEvent::ClockPong {
-                    index,
-                    sample: ClockSample {
-                        seq: pong.seq,
-                        t1: pong.coordinator_send_unix_ns,
-                        t2: pong.worker_receive_unix_ns,
-                        t3: pong.worker_send_unix_ns,
-                        t4: std::time::SystemTime::now()
-                            .duration_since(std::time::UNIX_EPOCH)
-                            .map(|d| d.as_nanos() as u64)
-                            .unwrap_or(0),
-                    },
-                },
-                v1::worker_message::Msg::Started(started) => WorkerEvent::Started {
-                    index,
-                    unix_ns: started.unix_ns,
-                },
-                v1::worker_message::Msg::Failed(failed) => WorkerEvent::Failed {
-                    index,
-                    reason: failed.reason,
-                },
-                v1::worker_message::Msg::Records(batch) => {
-                    // A peer may not write more lines than it could have measured requests:
-                    // checked before anything is written.
-                    match records.take(batch.records.len()) {
-                        Ok(()) => {
-                            // Held for the report that follows them on this stream: written
-                            // only if the supervisor counts it.
-                            if requests_out.is_some() {
-                                pending_records.extend(
-                                    batch
-                                        .records
-                                        .iter()
-                                        .filter_map(proto::convert::record_from_proto),
-                                );
-                            }
-                            continue;
-                        }
-                        Err(reason) => WorkerEvent::InvalidReport { index, reason },
-                    }
+            Ok(v1::WorkerMessage { msg: Some(msg) }) => {
+                match event_of(msg, &route, bound, &mut pending_records) {
+                    Some(event) => event,
+                    None => continue,
                 }
-                v1::worker_message::Msg::Hello(_)
-                | v1::worker_message::Msg::Answer(_)
-                | v1::worker_message::Msg::Sealed(_) => {
-                    continue;
-                }
-            },
+            }
             Ok(_) => continue,
-            Err(reason) => WorkerEvent::Gone { index, reason },
+            // An altered message is a peer that cannot be trusted: like a failure, it ends the
+            // run's trust in this worker (named, with the reason), not a mere departure.
+            Err(reason) if reason.contains("authentication") => WorkerEvent::Failed {
+                index: route.index,
+                reason,
+            },
+            Err(reason) => WorkerEvent::Gone {
+                index: route.index,
+                reason,
+            },
         };
         let gone = matches!(event, WorkerEvent::Gone { .. });
-        // A peer that broke the rules is not heard again: the supervisor drops it.
-        let invalid = matches!(event, WorkerEvent::InvalidReport { .. });
-        if gone {
-            // Before the run is running, a worker that leaves frees its slot.
-            let mut joined = state.joined.lock().expect("join lock is never poisoned");
-            if !joined.running && joined.slots.get(index).is_some_and(Option::is_some) {
-                joined.slots[index] = None;
-                drop(joined);
-                state
-                    .slices
-                    .lock()
-                    .expect("slice lock is never poisoned")
-                    .remove(&worker_id);
-            }
+        if gone && route.level.free_slot(route.index) {
+            // Before the level runs, a worker that leaves frees its slot.
+            state
+                .slices
+                .lock()
+                .expect("slice lock is never poisoned")
+                .remove(&member.id);
         }
-        if events.send(event).await.is_err() || gone || invalid {
+        // A level that is over no longer listens: nothing to do then.
+        let _ = route.level.events.send(event).await;
+        if gone {
             return;
         }
     }
+}
+
+/// A worker's message during a level as the supervisor's event; `None` for what needs no
+/// event (records held for their report, the handshake's messages).
+fn event_of(
+    msg: v1::worker_message::Msg,
+    route: &Route,
+    records: &mut RecordBound,
+    pending_records: &mut Vec<RequestRecord>,
+) -> Option<WorkerEvent> {
+    let index = route.index;
+    Some(match msg {
+        // Decoded once, here, as it arrives.
+        v1::worker_message::Msg::Report(report) => match report_from_proto(&report) {
+            Ok(report) => match records.check_report(report.totals.issued) {
+                Ok(()) => WorkerEvent::Report {
+                    index,
+                    report: Box::new(report),
+                    records: std::mem::take(pending_records),
+                },
+                Err(reason) => WorkerEvent::InvalidReport { index, reason },
+            },
+            Err(error) => WorkerEvent::InvalidReport {
+                index,
+                reason: error.to_string(),
+            },
+        },
+        v1::worker_message::Msg::Heartbeat(_) => WorkerEvent::Heartbeat { index },
+        v1::worker_message::Msg::ClockPong(pong) => WorkerEvent::ClockPong {
+            index,
+            sample: ClockSample {
+                seq: pong.seq,
+                t1: pong.coordinator_send_unix_ns,
+                t2: pong.worker_receive_unix_ns,
+                t3: pong.worker_send_unix_ns,
+                t4: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(0),
+            },
+        },
+        v1::worker_message::Msg::Started(started) => WorkerEvent::Started {
+            index,
+            unix_ns: started.unix_ns,
+        },
+        v1::worker_message::Msg::Failed(failed) => WorkerEvent::Failed {
+            index,
+            reason: failed.reason,
+        },
+        v1::worker_message::Msg::Records(batch) => {
+            // A peer may not write more lines than it could have measured requests: checked
+            // before anything is written.
+            match records.take(batch.records.len()) {
+                Ok(()) => {
+                    // Held for the report that follows them on this stream: written only if
+                    // the supervisor counts it.
+                    if route.level.requests_out.is_some() {
+                        pending_records.extend(
+                            batch
+                                .records
+                                .iter()
+                                .filter_map(proto::convert::record_from_proto),
+                        );
+                    }
+                    return None;
+                }
+                Err(reason) => WorkerEvent::InvalidReport { index, reason },
+            }
+        }
+        v1::worker_message::Msg::Hello(_)
+        | v1::worker_message::Msg::Answer(_)
+        | v1::worker_message::Msg::Sealed(_) => return None,
+    })
 }
 
 /// How many request records (`--requests-out` lines) a worker may send: one per request it

@@ -146,6 +146,60 @@ impl Settings {
     }
 }
 
+/// What a person watching the run is told as it happens, one line each (the CLI prints them
+/// on stderr): join progress, a worker lost or quitting.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Notice {
+    /// `joined` of `expected` workers have joined the level `level` (empty for a run of one
+    /// level).
+    Joined {
+        joined: usize,
+        expected: usize,
+        level: String,
+    },
+    /// A worker was declared lost (`quit`: it stopped on its own and said why), and what the
+    /// run does about it.
+    WorkerLost {
+        id: String,
+        host: String,
+        reason: String,
+        quit: bool,
+        then: String,
+    },
+}
+
+impl std::fmt::Display for Notice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Notice::Joined {
+                joined,
+                expected,
+                level,
+            } => {
+                write!(f, "{joined} of {expected} workers joined")?;
+                if !level.is_empty() {
+                    write!(f, " ({level})")?;
+                }
+                Ok(())
+            }
+            Notice::WorkerLost {
+                id,
+                host,
+                reason,
+                quit,
+                then,
+            } => write!(
+                f,
+                "worker {id} ({host}) {}: {reason}; {then}",
+                if *quit { "quit" } else { "was lost" }
+            ),
+        }
+    }
+}
+
+/// Where notices go: the caller's (the CLI prints them), or nowhere.
+pub type NoticeSink = std::sync::Arc<dyn Fn(Notice) + Send + Sync>;
+
 /// What the report says about the run that the supervisor does not decide.
 #[derive(Debug, Clone)]
 pub struct RunIdentity {
@@ -155,6 +209,8 @@ pub struct RunIdentity {
     pub load: serde_json::Value,
     /// A recorded schedule or a rate: start skew matters.
     pub scheduled: bool,
+    /// Which level of the run this replay is, in words (empty for a run of one level).
+    pub level: String,
 }
 
 /// The live state of a replay, published on every tick and once at the end: the CLI draws
@@ -207,6 +263,7 @@ pub struct Supervisor {
     /// `--requests-out`: each accepted report's request records are written here, so the
     /// file and the report count the same requests (a fenced worker's are never written).
     requests_out: Option<std::sync::Arc<crate::requests_out::RequestsOut>>,
+    notices: Option<NoticeSink>,
 }
 
 /// One worker, from its join to the end of the run.
@@ -233,6 +290,12 @@ struct Slot {
     closed: bool,
     /// Accounting of a lost worker: (assigned, lost in flight).
     lost_accounting: Option<(u64, u64)>,
+    /// It said it stops on its own (and why), and when: its final report follows.
+    quitting: Option<(String, Instant)>,
+    /// It stopped on its own before its slice was done (a lost worker that said why).
+    quit: bool,
+    /// What it had not started went to the other workers.
+    handed_over: bool,
 }
 
 /// Long work that finished.
@@ -247,6 +310,12 @@ enum Background {
         result: Result<Vec<u64>, RecordingError>,
     },
 }
+
+/// Unanswered clock rounds that are sent again before a worker is declared silent.
+const CLOCK_ROUND_RETRIES: u32 = 2;
+
+/// How long a worker that said it stops has for its final report to arrive.
+const QUIT_REPORT_PATIENCE: Duration = Duration::from_secs(3);
 
 /// What woke the supervisor up.
 enum Wake {
@@ -281,6 +350,9 @@ impl Slot {
             started_unix_ns: None,
             closed: false,
             lost_accounting: None,
+            quitting: None,
+            quit: false,
+            handed_over: false,
         }
     }
 
@@ -312,6 +384,17 @@ impl Slot {
             self.control.fence(format!(
                 "this worker was declared lost ({reason}); nothing it sends from now on is counted"
             ));
+            self.lost = Some(reason);
+        }
+    }
+
+    /// A final report is in: a worker that said it stops on its own did not finish its
+    /// work: it quit, and is a lost worker under the run's policy, its final report its exact
+    /// account. (One that ends short without saying so is caught at the end: every finished
+    /// worker must account for what it was handed, `finish`.)
+    fn check_ended_early(&mut self) {
+        if let Some((reason, _)) = self.quitting.take() {
+            self.quit = true;
             self.lost = Some(reason);
         }
     }
@@ -405,6 +488,19 @@ impl Supervisor {
             feed_until: None,
             last_heartbeat: None,
             requests_out: None,
+            notices: None,
+        }
+    }
+
+    /// Tell `notices` what happens as it happens (join progress, lost workers).
+    pub fn with_notices(mut self, notices: Option<NoticeSink>) -> Supervisor {
+        self.notices = notices;
+        self
+    }
+
+    fn notify(&self, notice: Notice) {
+        if let Some(notices) = &self.notices {
+            notices(notice);
         }
     }
 
@@ -506,10 +602,21 @@ impl Supervisor {
                         joined += 1;
                     }
                     pending[index] = Some(Slot::new(id, host, control, slice));
+                    self.notify(Notice::Joined {
+                        joined,
+                        expected: workers,
+                        level: self.identity.level.clone(),
+                    });
                 }
-                WorkerEvent::Failed { reason, .. } => {
-                    return Err(RunError::Input(format!(
-                        "a worker could not start: {reason}"
+                WorkerEvent::Failed { index, reason } => {
+                    // A worker that cannot take its assignment (an altered one, an
+                    // environment it does not allow) leaves a run that cannot complete.
+                    let name = pending
+                        .get(index)
+                        .and_then(Option::as_ref)
+                        .map_or("?", |slot| slot.id.as_str());
+                    return Err(RunError::Failed(format!(
+                        "worker {name} could not start: {reason}"
                     )));
                 }
                 WorkerEvent::Gone { reason, .. } if self.settings.local_workers => {
@@ -592,12 +699,27 @@ impl Supervisor {
             } else {
                 self.settings.clock_patience
             };
-            let deadline = Instant::now() + patience;
+            let mut deadline = Instant::now() + patience;
+            let mut retries = 0;
             while waiting.contains(&true) {
                 let event = tokio::select! {
                     event = self.events.recv() => event,
                     Ok(_) = self.interrupt.wait_for(|i| *i) => {
                         return Err(RunError::Failed("interrupted before the load started".into()));
+                    }
+                    () = tokio::time::sleep_until(deadline), if retries < CLOCK_ROUND_RETRIES => {
+                        // One unanswered round on a slow or loaded path is not a dead worker:
+                        // the silent ones are pinged again, with more patience each time.
+                        retries += 1;
+                        for (slot, _) in self.slots.iter().zip(&waiting).filter(|(_, w)| **w) {
+                            tracing::debug!(worker = slot.id, retries, "clock ping unanswered; pinging again");
+                            slot.control.send(Control::ClockPing {
+                                seq,
+                                sent_unix_ns: unix_ns(SystemTime::now()),
+                            });
+                        }
+                        deadline = Instant::now() + patience * (retries + 1);
+                        continue;
                     }
                     () = tokio::time::sleep_until(deadline) => {
                         let silent: Vec<&str> = self
@@ -631,7 +753,7 @@ impl Supervisor {
                         )));
                     }
                     WorkerEvent::Failed { index, reason } => {
-                        return Err(RunError::Input(format!(
+                        return Err(RunError::Failed(format!(
                             "worker {} could not start: {reason}",
                             self.worker_name(index)
                         )));
@@ -779,6 +901,9 @@ impl Supervisor {
                     if let (Some(timeline), Some(report)) = (&mut self.timeline, &slot.latest) {
                         timeline.add_report(index, report);
                     }
+                    if slot.done {
+                        slot.check_ended_early();
+                    }
                 }
             }
             WorkerEvent::InvalidReport { reason, .. } => slot.lose(format!(
@@ -795,9 +920,12 @@ impl Supervisor {
                 return false;
             }
             WorkerEvent::Failed { reason, .. } => {
-                if slot.alive() {
-                    slot.lose(format!("it failed: {reason}"));
+                // It stops on its own: its final report follows on the same stream, and is
+                // taken before the loss, so that what it did is counted exactly.
+                if slot.alive() && slot.quitting.is_none() {
+                    slot.quitting = Some((reason, Instant::now()));
                 }
+                return false;
             }
             WorkerEvent::Gone { reason, .. } => {
                 if !slot.done {
@@ -826,6 +954,14 @@ impl Supervisor {
         }
         let unix_now = unix_ns(SystemTime::now());
         for slot in &mut self.slots {
+            if slot.alive()
+                && let Some((reason, since)) = &slot.quitting
+                && now.duration_since(*since) > QUIT_REPORT_PATIENCE
+            {
+                let reason =
+                    format!("it stopped on its own ({reason}), and its final report did not come");
+                slot.lose(reason);
+            }
             if slot.alive() && now.duration_since(slot.last_heard) > self.settings.heartbeat_timeout
             {
                 slot.lose(format!(
@@ -899,21 +1035,43 @@ impl Supervisor {
         for dead in newly_lost {
             // Its slice may be full and never read again: the feed must not wait on it.
             self.feed.drop_worker(dead);
+            let reassign = self.settings.reassign_on_loss;
             let slot = &mut self.slots[dead];
             let reason = slot.lost.clone().unwrap_or_default();
+            let then = if reassign {
+                "what it had not started goes to the other workers (--on-worker-loss reassign)"
+            } else {
+                "the run is aborted (--on-worker-loss fail)"
+            };
             self.warnings.push(format!(
-                "worker {} ({}) was lost: {reason}",
-                slot.id, slot.host
+                "worker {} ({}) {}: {reason}; {then}",
+                slot.id,
+                slot.host,
+                if slot.quit {
+                    "quit before its slice was done"
+                } else {
+                    "was lost"
+                }
             ));
+            let notice = Notice::WorkerLost {
+                id: slot.id.clone(),
+                host: slot.host.clone(),
+                reason,
+                quit: slot.quit,
+                then: then.to_owned(),
+            };
             // Fenced since it was declared lost, it is accounted for by its last accepted
-            // report: what it issued by then is its own, and what it had not answered then
-            // is lost (never replayed again); the rest goes to the survivors, once.
+            // report (a worker that quit: its final one): what it issued by then is its own,
+            // and what it had not answered then is lost (never replayed again); the rest goes
+            // to the survivors, once.
             slot.account_in_flight_as_lost();
             let issued = slot.lost_accounting.map_or(0, |(issued, _)| issued);
-            if !self.settings.reassign_on_loss {
+            self.notify(notice);
+            if !reassign {
                 self.aborted = true;
                 continue;
             }
+            let slot = &self.slots[dead];
             if slot.reassigned_in > 0 {
                 self.warnings.push(format!(
                     "worker {} had received reassigned exchanges; those it had not started are counted as not started",
@@ -938,6 +1096,7 @@ impl Supervisor {
             for &i in &survivors {
                 self.slots[i].incoming += 1;
             }
+            self.slots[dead].handed_over = true;
             self.reassigning += 1;
             let plan = self.plan.clone();
             // It re-reads the file and waits on the survivors' bounded channels at replay
@@ -1094,6 +1253,7 @@ impl Supervisor {
         let mut outcomes = Vec::new();
         let mut assigned_total = 0u64;
         let mut run_totals = SliceTotals::default();
+        let mut shortfalls = Vec::new();
         let steady = crate::faithful::steady_window(
             &slots
                 .iter()
@@ -1120,13 +1280,29 @@ impl Supervisor {
             let totals = report.totals;
             let answered = answered_by(&report);
             let (assigned, lost, not_started_here) = match slot.lost_accounting {
-                Some((issued, lost)) if !slot.done => (issued, lost, 0),
+                // Lost without a final report, or its rest handed over: it answers for what
+                // it issued.
+                Some((issued, lost)) if !slot.done || slot.handed_over => (issued, lost, 0),
                 _ => (
                     answered + totals.not_started + totals.lost,
                     totals.lost,
                     totals.not_started,
                 ),
             };
+            // A worker that finished (not lost, the run not aborted) accounts for every
+            // exchange it was handed, its own and reassigned ones.
+            if !plan.open_ended && !aborted && slot.done && slot.lost.is_none() {
+                let accounted = answered + totals.not_started + totals.lost;
+                if accounted != slot.sent {
+                    shortfalls.push(format!(
+                        "worker {} ({}) accounted for {accounted} exchanges but was handed {}: {} never reached it or were never counted",
+                        slot.id,
+                        slot.host,
+                        slot.sent,
+                        slot.sent.abs_diff(accounted)
+                    ));
+                }
+            }
             assigned_total += assigned;
             let worker_totals = SliceTotals {
                 issued: totals.issued,
@@ -1142,6 +1318,7 @@ impl Supervisor {
                 totals: worker_totals,
                 metrics: report.metrics,
                 lost: slot.lost.is_some(),
+                quit: slot.quit.then(|| slot.lost.clone().unwrap_or_default()),
                 cpu_seconds: report.cpu_seconds,
                 cores: report.cores,
                 peak_rss_bytes: report.peak_rss_bytes,
@@ -1159,6 +1336,11 @@ impl Supervisor {
                 ));
             }
         }
+        warnings.extend(
+            shortfalls
+                .iter()
+                .map(|shortfall| format!("INCOMPLETE: {shortfall}")),
+        );
         let starts: Vec<u64> = outcomes.iter().filter_map(|w| w.started_unix_ns).collect();
         let start_skew_ms = (starts.len() == outcomes.len() && !starts.is_empty()).then(|| {
             let max = starts.iter().max().copied().unwrap_or(0);
@@ -1236,6 +1418,7 @@ impl Supervisor {
             timeline: Vec::new(),
             steady,
             steady_metrics,
+            shortfalls,
         })
     }
 }

@@ -118,14 +118,21 @@ impl SessionKeys {
         Opener::new(self.to_coordinator.clone())
     }
 
-    /// Seals the slice's chunks on `Exchanges` (the coordinator's side).
-    pub fn slice_sealer(&self) -> Sealer {
-        Sealer::new(self.slice.clone())
+    /// Seals the chunks of the slice of run (level) `run_id` on `Exchanges` (the
+    /// coordinator's side). Each level's slice has a key of its own, so a chunk of one
+    /// level's stream never opens on another's, even at the same sequence number.
+    pub fn slice_sealer(&self, run_id: &str) -> Sealer {
+        Sealer::new(self.slice_key(run_id))
     }
 
-    /// Opens the slice's chunks (the worker's side).
-    pub fn slice_opener(&self) -> Opener {
-        Opener::new(self.slice.clone())
+    /// Opens the chunks of the slice of run (level) `run_id` (the worker's side).
+    pub fn slice_opener(&self, run_id: &str) -> Opener {
+        Opener::new(self.slice_key(run_id))
+    }
+
+    fn slice_key(&self, run_id: &str) -> hmac::Key {
+        let derived = hmac::sign(&self.slice, &framed(&[b"slice of run", run_id.as_bytes()]));
+        hmac::Key::new(hmac::HMAC_SHA256, derived.as_ref())
     }
 
     /// What the worker presents to open its `Exchanges` stream, in hex: a proof only this

@@ -6,8 +6,10 @@
 /// Protocol version sent in `Hello`; the coordinator refuses any other, and says so. Version
 /// 2: the token never crosses the link. Version 3: a password-authenticated key exchange
 /// (SPAKE2) replaces the token challenge, and every message after it is sealed with the
-/// session's keys (see [`auth`]).
-pub const PROTOCOL_VERSION: u32 = 3;
+/// session's keys (see [`auth`]). Version 4: a run of many levels is one run for its workers
+/// (an assignment per level on one `Join` stream, then `Done`), each slice stream is sealed
+/// under a key of its own level and must end with its sealed last chunk.
+pub const PROTOCOL_VERSION: u32 = 4;
 
 pub mod auth;
 

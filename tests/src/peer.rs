@@ -160,7 +160,10 @@ impl Peer {
             .await
             .map_err(|s| format!("slice: {}", s.message()))?
             .into_inner();
-        let mut opener = self.keys.as_deref().map(SessionKeys::slice_opener);
+        let mut opener = self
+            .keys
+            .as_deref()
+            .map(|keys| keys.slice_opener(&self.assignment.run_id));
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(async move {
             while let Ok(Some(chunk)) = slice.message().await {

@@ -45,6 +45,7 @@ fn execute(plan: RunPlan) -> (coordinator::run::RunOutcome, RunSnapshot) {
                 snapshots: Some(snapshots),
                 waiting_for_workers: &|_, _| {},
                 worker_program: bin("llm-replay"),
+                notices: None,
             })
             .await
             .expect("the run measured something");

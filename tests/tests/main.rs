@@ -5,6 +5,7 @@ mod capacity;
 mod capture;
 mod capture_limits;
 mod capture_upstream;
+mod complete_runs;
 mod connections;
 mod containers;
 mod distributed;

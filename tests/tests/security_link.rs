@@ -306,9 +306,11 @@ fn a_relay_that_rewrites_the_assignment_gets_nothing() {
         worker_err.contains("authentication check") && worker_err.contains("not trusted"),
         "the worker did not say why: {worker_err}"
     );
-    assert!(
-        matches!(code, Some(c) if c != 0),
-        "the coordinator reported success: {code:?}: {coordinator_out}"
+    // The run could not complete: exit 3, not a usage error (issue 31 item 5).
+    assert_eq!(
+        code,
+        Some(3),
+        "the coordinator's exit: {code:?}: {coordinator_out}"
     );
     assert!(
         coordinator_out.contains("authentication check"),

@@ -460,6 +460,11 @@ fn a_worker_that_gives_up_on_its_own_accounts_for_exactly_what_it_was_sent() {
         report["warnings"]
     );
     assert!(!disconnected(worker_entry(&report, "far")), "{report:#}");
+    // It stopped on its own with work left: a lost worker under `fail`, named with its
+    // reason, and the run is not a pass (issue 31 item 2).
+    assert_eq!(code, Some(3), "{}", coordinator.stderr());
+    let quit = worker_entry(&report, "far")["quit"].to_string();
+    assert!(quit.contains("coordinator went away"), "{report:#}");
     let far_code = far.wait_timeout(Duration::from_secs(10));
     assert!(matches!(far_code, Some(code) if code != 0), "{far_code:?}");
     assert!(

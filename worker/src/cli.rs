@@ -22,7 +22,9 @@ pub struct WorkerArgs {
     /// Shared secret the coordinator checks on join.
     #[arg(long, env = "LLM_REPLAY_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
-    /// Exit after one run (for Jobs); otherwise wait for the next run.
+    /// Exit after one run (for Jobs): every level of it (a sweep's levels, a capacity
+    /// search's probes) — the worker stays joined until the coordinator says the run is over.
+    /// Otherwise wait for the next run.
     #[arg(long)]
     pub once: bool,
     /// Coordinator silence after which the worker stops and exits non-zero (e.g. 5s, 500ms;
@@ -170,7 +172,7 @@ pub fn run(args: WorkerArgs) -> ExitCode {
         match result {
             Ok(()) if args.once => return ExitCode::from(exit::OK),
             Ok(()) => continue,
-            Err(error @ LinkError::Connect { .. }) if !args.once => {
+            Err(error @ (LinkError::Connect { .. } | LinkError::Join { .. })) if !args.once => {
                 eprintln!("llm-replay-worker: {error}; retrying");
             }
             Err(error) => {

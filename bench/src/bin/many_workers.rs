@@ -361,7 +361,7 @@ async fn simulate(args: &Args, id: &str, tally: &Tally) -> anyhow::Result<()> {
         .await
         .context("slice stream")?
         .into_inner();
-    let mut slice_opener = keys.get().map(|k| k.slice_opener());
+    let mut slice_opener = keys.get().map(|k| k.slice_opener(&assignment.run_id));
     let mut metrics = RunMetrics::new();
     // One connection per slot, as a real worker opens them before the start.
     for _ in 0..domain.load.concurrency.unwrap_or(1).max(1) {

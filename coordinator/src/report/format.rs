@@ -310,11 +310,21 @@ pub(super) fn capacity_answer(capacity: &CapacitySection) -> String {
                 load_value(lowest)
             )
         }
-        (Some(max), None) => format!(
+        (Some(max), None) if max >= capacity.high => format!(
             "{head}: {} holds every goal — the top of the range ({}–{}) held, so the capacity \
              is at least that",
             load_value(max),
             load_value(capacity.low),
+            load_value(capacity.high)
+        ),
+        // Cut short (interrupted, a probe that could not run) before any load failed: only
+        // what was probed is claimed.
+        (Some(max), None) => format!(
+            "{head}: {} holds every goal; no higher load was probed before the search stopped \
+             ({}), so the capacity is at least {} (the range went up to {})",
+            load_value(max),
+            capacity.stopped,
+            load_value(max),
             load_value(capacity.high)
         ),
         (None, None) => format!("{head}: no probe finished, so there is no answer"),

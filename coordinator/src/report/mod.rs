@@ -381,6 +381,10 @@ pub struct WorkerInfo {
     /// True when the connection to it was lost during the run.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub disconnected: bool,
+    /// Why it stopped on its own before its work was done (a lost worker that said why: its
+    /// link stalled one way, its slice failed its checks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quit: Option<String>,
     /// Its llm-replay version, when it reported one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
@@ -413,6 +417,9 @@ pub struct RequestTotals {
     pub status_codes: BTreeMap<u16, u64>,
     /// TLS failures by problem (`unknown issuer` → count).
     pub tls_problems: BTreeMap<String, u64>,
+    /// Why requests were never started, when the run knows (a lost worker under `fail`, an
+    /// interrupt); `None`: the run stopped first (its duration, or nothing left to send).
+    pub not_started_because: Option<String>,
 }
 
 /// The `requests` section.
@@ -919,7 +926,10 @@ impl Report {
                 )),
             }
         });
-        warnings.extend(derived_warnings(&requests));
+        warnings.extend(derived_warnings(
+            &requests,
+            input.requests.not_started_because.as_deref(),
+        ));
         warnings.extend(transport_warnings(&requests, transport.as_ref()));
         let sweep = input
             .sweep
@@ -1405,7 +1415,7 @@ fn metric_direction(metric: Metric) -> Direction {
     }
 }
 
-fn derived_warnings(requests: &RequestsSection) -> Vec<String> {
+fn derived_warnings(requests: &RequestsSection, not_started_because: Option<&str>) -> Vec<String> {
     let mut warnings = Vec::new();
     if requests.total > 0 && requests.succeeded == 0 {
         warnings.push("no request succeeded: every distribution is empty".to_string());
@@ -1426,10 +1436,16 @@ fn derived_warnings(requests: &RequestsSection) -> Vec<String> {
         ));
     }
     if requests.not_started > 0 {
-        warnings.push(format!(
-            "requests never started: {} (the run stopped first)",
-            requests.not_started
-        ));
+        warnings.push(match not_started_because {
+            Some(because) => format!(
+                "requests never started: {} ({because}; nobody sent them)",
+                requests.not_started
+            ),
+            None => format!(
+                "requests never started: {} (the run stopped first)",
+                requests.not_started
+            ),
+        });
     }
     warnings
 }

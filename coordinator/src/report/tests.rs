@@ -116,6 +116,7 @@ fn run_info() -> RunInfo {
                 lost: 1,
                 clock_offset_ms: Some(0.42),
                 disconnected: true,
+                quit: None,
                 version: None,
                 peak_rss_mb: None,
                 cpu_seconds: None,
@@ -131,6 +132,7 @@ fn run_info() -> RunInfo {
                 lost: 0,
                 clock_offset_ms: None,
                 disconnected: false,
+                quit: None,
                 version: Some("0.1.0".to_string()),
                 peak_rss_mb: Some(48.5),
                 cpu_seconds: Some(4.1),
@@ -152,6 +154,7 @@ fn totals() -> RequestTotals {
         },
         status_codes: BTreeMap::from([(200, 10), (429, 1)]),
         tls_problems: BTreeMap::new(),
+        not_started_because: None,
     }
 }
 

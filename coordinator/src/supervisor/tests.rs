@@ -84,6 +84,7 @@ fn identity() -> RunIdentity {
         target: "http://127.0.0.1:1".into(),
         load: serde_json::json!({}),
         scheduled: false,
+        level: String::new(),
     }
 }
 
@@ -1170,6 +1171,7 @@ fn started(id: &str, start_ms: f64, uncertainty_ms: f64) -> WorkerOutcome {
         totals: SliceTotals::default(),
         metrics: SparseMetrics::default(),
         lost: false,
+        quit: None,
         cpu_seconds: 0.0,
         cores: 1,
         peak_rss_bytes: 0,

@@ -8,24 +8,21 @@
 //! The link runs on its own runtime (see `cli`), apart from the load: heartbeats and aborts
 //! are never starved by thousands of open streams.
 
+mod join;
+mod level;
 mod session;
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::assignment::Assignment;
 use common::metrics::HistogramEncoding;
-use proto::auth::{HelloFields, Opener, Sealer, SessionKeys, WorkerHandshake};
 use proto::convert::AssignmentError;
 use proto::v1;
 use proto::v1::coordinator_client::CoordinatorClient;
 use tokio::sync::mpsc;
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::ReceiverStream;
 
-use crate::client::TargetClient;
 use crate::config::{ReplayConfig, TransportConfig, WorkItem};
 use crate::request::expand_headers;
 use crate::sigv4::SigV4Signer;
@@ -97,6 +94,12 @@ pub enum LinkError {
         patience: Duration,
         #[source]
         source: tonic::transport::Error,
+    },
+    #[error("could not join the coordinator at {addr} within {patience:?}: {reason}")]
+    Join {
+        addr: String,
+        patience: Duration,
+        reason: String,
     },
     #[error("invalid coordinator address {0:?}")]
     Address(String),
@@ -330,6 +333,7 @@ fn event_from_proto(message: v1::CoordinatorMessage, received_unix_ns: u64) -> C
             | Msg::Assignment(_)
             | Msg::Refused(_)
             | Msg::Challenge(_)
+            | Msg::Done(_)
             | Msg::Sealed(_),
         )
         | None => CoordinatorEvent::Alive,
@@ -368,6 +372,7 @@ fn message_to_proto(message: ToCoordinator, plain: bool) -> v1::WorkerMessage {
             },
         )),
         ToCoordinator::Heartbeat { unix_ns } => Msg::Heartbeat(v1::Heartbeat { unix_ns }),
+        ToCoordinator::Failed { reason } => Msg::Failed(v1::WorkerFailed { reason }),
     };
     v1::WorkerMessage { msg: Some(msg) }
 }
@@ -405,328 +410,26 @@ const HANDSHAKE_CAPACITY: usize = 4;
 /// flow control reaches the session), a pong or heartbeat is dropped.
 const OUTBOUND_CAPACITY: usize = 64;
 
-/// Join the coordinator and take part in one run. `load` is the runtime that carries the
-/// load (the link itself runs on the caller's runtime). `on_joined` is called once the
-/// coordinator accepted the worker.
+/// Join the coordinator once and take part in one run: every level of it (a sweep's levels,
+/// a capacity search's probes), each an assignment on the same stream, until the coordinator
+/// says the run is over (`Done`). `load` is the runtime that carries the load (the link
+/// itself runs on the caller's runtime). `on_joined` is called with each level's run id once
+/// the worker has taken that level's assignment.
 pub async fn run_once(
     options: &LinkOptions,
     load: tokio::runtime::Handle,
     on_joined: &mut dyn FnMut(&str),
 ) -> Result<(), LinkError> {
-    let mut client = connect(options).await?;
-    // One stream to the coordinator: the handshake's protocol messages, then the session's
-    // domain messages, converted as they go out.
-    let (handshake_tx, handshake_rx) = mpsc::channel::<v1::WorkerMessage>(HANDSHAKE_CAPACITY);
-    let (out_tx, out_rx) = mpsc::channel::<ToCoordinator>(OUTBOUND_CAPACITY);
-    // How reports encode their histograms: known once the assignment arrives, before any
-    // report is sent.
-    let plain = Arc::new(AtomicBool::new(false));
-    // With a token, the session's keys once the handshake set them: from then on every
-    // message but the handshake's own is sealed as it goes to the wire, in the wire's order.
-    let keys: Arc<OnceLock<Arc<SessionKeys>>> = Arc::new(OnceLock::new());
-    let outbound = {
-        let plain = Arc::clone(&plain);
-        let keys = Arc::clone(&keys);
-        let mut sealer: Option<Sealer> = None;
-        ReceiverStream::new(handshake_rx)
-            .merge(
-                ReceiverStream::new(out_rx)
-                    .map(move |message| message_to_proto(message, plain.load(Ordering::Relaxed))),
-            )
-            .map(move |message| {
-                if sealer.is_none()
-                    && let Some(keys) = keys.get()
-                {
-                    sealer = Some(keys.worker_sealer());
-                }
-                proto::auth::seal_worker_message(sealer.as_mut(), message)
-            })
-    };
-    let send = |msg: v1::worker_message::Msg| v1::WorkerMessage { msg: Some(msg) };
-    let token = options
-        .token
-        .as_deref()
-        .map(str::trim)
-        .filter(|t| !t.is_empty());
-    let mut handshake = token.map(WorkerHandshake::start);
-    let hello = v1::Hello {
-        protocol_version: proto::PROTOCOL_VERSION,
-        worker_id: options.worker_id.clone(),
-        host: options.host.clone(),
-        capacity: 0,
-        // The token itself never crosses the link: see the key exchange below.
-        token: String::new(),
-        nonce: Vec::new(),
-        pake: handshake
-            .as_ref()
-            .map(|h| h.pake_message().to_vec())
-            .unwrap_or_default(),
-    };
-    handshake_tx
-        .send(send(v1::worker_message::Msg::Hello(hello.clone())))
-        .await
-        .map_err(|_| LinkError::Protocol("outbound stream closed".into()))?;
-    // Every wait is bounded: a peer that accepts the connection and never answers is not a
-    // coordinator.
-    let answer_within = options.heartbeat_timeout;
-    let silent = |what: &str| coordinator_lost(&format!("no {what} within {answer_within:?}"));
-    let mut inbound = tokio::time::timeout(answer_within, client.join(outbound))
-        .await
-        .map_err(|_| silent("answer to the join"))?
-        .map_err(|status| LinkError::Refused(status.message().to_owned()))?
-        .into_inner();
-
-    let mut opener: Option<Opener> = None;
-    let assignment = loop {
-        let message = tokio::time::timeout(answer_within, inbound.message())
-            .await
-            .map_err(|_| silent("assignment"))?;
-        let message = match message {
-            Ok(Some(message)) => {
-                match proto::auth::open_coordinator_message(opener.as_mut(), message) {
-                    Ok(message) => message,
-                    Err(error) => {
-                        let reason = format!(
-                            "a message from the coordinator failed its authentication check ({error}): the link was altered on the way (a relay?); this worker sends nothing"
-                        );
-                        leave_saying(handshake_tx, out_tx, &mut inbound, reason.clone()).await;
-                        return Err(LinkError::Untrusted(reason));
-                    }
-                }
-            }
-            Ok(None) => return Err(coordinator_lost("its stream ended")),
-            Err(status) => return Err(LinkError::Refused(status.message().to_owned())),
+    let mut link = join::join(options).await?;
+    let mut next = link.first.take();
+    loop {
+        let assignment = match next.take() {
+            Some(assignment) => assignment,
+            None => match link.next_assignment().await? {
+                Some(assignment) => assignment,
+                None => return Ok(()),
+            },
         };
-        match message.msg {
-            Some(v1::coordinator_message::Msg::Challenge(challenge)) if opener.is_none() => {
-                let Some(started) = handshake.take() else {
-                    return Err(LinkError::Refused(
-                        "the coordinator asks for a token: give this worker --token (or LLM_REPLAY_TOKEN)".into(),
-                    ));
-                };
-                let (session, answer) = match started.finish(&HelloFields::of(&hello), &challenge) {
-                    Ok(done) => done,
-                    Err(error) => {
-                        // Said to the peer without a seal (there is no shared key): it tells
-                        // the coordinator's log why this worker leaves.
-                        let reason = format!(
-                            "the coordinator could not prove it knows this worker's token ({error}): this worker's --token is wrong, or the peer is not the coordinator the token belongs to"
-                        );
-                        leave_saying(handshake_tx, out_tx, &mut inbound, reason.clone()).await;
-                        return Err(LinkError::Untrusted(reason));
-                    }
-                };
-                let session = Arc::new(session);
-                opener = Some(session.coordinator_opener());
-                let _ = keys.set(session);
-                handshake_tx
-                    .send(send(v1::worker_message::Msg::Answer(v1::ChallengeAnswer {
-                        proof: answer,
-                    })))
-                    .await
-                    .map_err(|_| LinkError::Protocol("outbound stream closed".into()))?;
-            }
-            Some(v1::coordinator_message::Msg::Assignment(a)) => {
-                if token.is_some() && opener.is_none() {
-                    // Nothing it says is trusted: not its target, not its ${VAR}s.
-                    return Err(LinkError::Untrusted(
-                        "the peer sent an assignment without proving it knows the token".into(),
-                    ));
-                }
-                break a;
-            }
-            Some(v1::coordinator_message::Msg::Refused(r)) => {
-                return Err(LinkError::Refused(r.reason));
-            }
-            Some(v1::coordinator_message::Msg::Heartbeat(_)) => continue,
-            other => {
-                return Err(LinkError::Protocol(format!(
-                    "expected an assignment, got {other:?}"
-                )));
-            }
-        }
-    };
-    // On a blocking thread: a `--tokenizer` is inflated and built here, which takes seconds
-    // for a large one, and this runtime must go on driving the link's connection meanwhile
-    // (HTTP/2 keepalives, the coordinator's first clock ping).
-    let allow_env = options.allow_env.clone();
-    let prepared = tokio::task::spawn_blocking(move || {
-        let allowed = |var: &str| {
-            allow_env
-                .iter()
-                .any(|a| a == var)
-                .then(|| std::env::var(var).ok())
-                .flatten()
-        };
-        proto::convert::assignment_from_proto(&assignment)
-            .map_err(LinkError::from)
-            .and_then(|assignment| {
-                check_allowed_env(&assignment, &allow_env)?;
-                let config = replay_config(&assignment, &allowed)?;
-                Ok((assignment, Arc::new(config)))
-            })
-    })
-    .await
-    .unwrap_or_else(|error| {
-        Err(LinkError::Protocol(format!(
-            "the assignment could not be prepared: {error}"
-        )))
-    })
-    .and_then(|(assignment, config)| {
-        // The client is made on this runtime (its connection pool lives here).
-        let client = TargetClient::new(&config.transport)?;
-        Ok((assignment, config, client))
-    });
-    let (assignment, config, client_http) = match prepared {
-        Ok(prepared) => {
-            plain.store(
-                prepared.0.histograms == HistogramEncoding::Plain,
-                Ordering::Relaxed,
-            );
-            prepared
-        }
-        Err(error) => {
-            let _ = handshake_tx
-                .send(send(v1::worker_message::Msg::Failed(v1::WorkerFailed {
-                    reason: error.to_string(),
-                })))
-                .await;
-            return Err(error);
-        }
-    };
-    drop(handshake_tx);
-    on_joined(&assignment.run_id);
-    options.health.set(1);
-
-    // The slice arrives on its own stream; the forwarder blocks on the bounded items channel
-    // when the engine is behind, which back-pressures the coordinator through HTTP/2.
-    // With a session, the worker proves it; without a token, the assignment's key opens it.
-    let session_keys = keys.get().cloned();
-    let slice_request = client.exchanges(v1::SliceRequest {
-        run_id: assignment.run_id.clone(),
-        worker_id: options.worker_id.clone(),
-        token: match &session_keys {
-            Some(keys) => keys.slice_request_proof(&assignment.run_id, &options.worker_id),
-            None => assignment.slice_key.clone(),
-        },
-    });
-    let mut slice_opener = session_keys.as_deref().map(SessionKeys::slice_opener);
-    let mut slice = tokio::time::timeout(answer_within, slice_request)
-        .await
-        .map_err(|_| silent("slice stream"))?
-        .map_err(|status| LinkError::Protocol(format!("slice stream: {}", status.message())))?
-        .into_inner();
-    let (items_tx, items_rx) = mpsc::channel::<WorkItem>(2048);
-    let (session, session_task) = SessionHandle::spawn(
-        Session {
-            config,
-            client: client_http,
-            items: items_rx,
-            open_ended: assignment.open_ended,
-            load: load.clone(),
-            // The run's, so that both ends give up on each other after the same silence
-            // (an older coordinator does not say: this worker's own).
-            heartbeat_timeout: assignment
-                .heartbeat_timeout
-                .unwrap_or(options.heartbeat_timeout),
-            // The coordinator may ask for a longer interval when it has many workers.
-            report_interval: assignment
-                .report_interval
-                .unwrap_or(options.report_interval),
-            health: options.health.clone(),
-        },
-        out_tx,
-    );
-    let slice_session = session.clone();
-    let slice_task = load.spawn(async move {
-        loop {
-            match slice.message().await {
-                Ok(Some(chunk)) => {
-                    let chunk = match proto::auth::open_chunk(slice_opener.as_mut(), chunk) {
-                        Ok(chunk) => chunk,
-                        Err(error) => {
-                            slice_session
-                                .send(CoordinatorEvent::SliceFailed {
-                                    transport: false,
-                                    reason: format!(
-                                        "a slice chunk failed its authentication check ({error}): the link was altered on the way (a relay?)"
-                                    ),
-                                })
-                                .await;
-                            return;
-                        }
-                    };
-                    for exchange in chunk.exchanges {
-                        let item = match work_item(exchange) {
-                            Ok(item) => item,
-                            Err(reason) => {
-                                slice_session
-                                    .send(CoordinatorEvent::SliceFailed {
-                                        transport: false,
-                                        reason,
-                                    })
-                                    .await;
-                                return;
-                            }
-                        };
-                        if items_tx.send(item).await.is_err() {
-                            return;
-                        }
-                    }
-                    if chunk.last {
-                        return;
-                    }
-                }
-                Ok(None) => return,
-                Err(status) => {
-                    slice_session
-                        .send(CoordinatorEvent::SliceFailed {
-                            transport: true,
-                            reason: status.message().to_owned(),
-                        })
-                        .await;
-                    return;
-                }
-            }
-        }
-    });
-    // Every message of the coordinator becomes an event of the session, stamped as it is read.
-    let inbound_task = tokio::spawn(async move {
-        loop {
-            let event = match inbound.message().await {
-                Ok(Some(message)) => {
-                    let received = unix_ns();
-                    match proto::auth::open_coordinator_message(opener.as_mut(), message) {
-                        Ok(message) => event_from_proto(message, received),
-                        Err(error) => CoordinatorEvent::Untrusted {
-                            reason: format!(
-                                "a message from the coordinator failed its authentication check ({error}): the link was altered on the way (a relay?)"
-                            ),
-                        },
-                    }
-                }
-                Ok(None) => CoordinatorEvent::StreamEnded,
-                Err(status) => CoordinatorEvent::StreamBroke {
-                    reason: status.message().to_owned(),
-                },
-            };
-            let last = matches!(
-                event,
-                CoordinatorEvent::StreamEnded
-                    | CoordinatorEvent::StreamBroke { .. }
-                    | CoordinatorEvent::Untrusted { .. }
-            );
-            if !session.send(event).await || last {
-                return;
-            }
-        }
-    });
-    let outcome = session_task.await.unwrap_or_else(|error| {
-        Err(LinkError::Protocol(format!(
-            "the link's session failed: {error}"
-        )))
-    });
-    inbound_task.abort();
-    slice_task.abort();
-    outcome
+        level::run_level(options, &load, &mut link, *assignment, on_joined).await?;
+    }
 }

@@ -73,6 +73,11 @@ pub enum ToCoordinator {
     Heartbeat {
         unix_ns: u64,
     },
+    /// This worker stops before its work is done, and why: sent before its final report, so
+    /// the coordinator takes that report as a worker that quit, not one that finished.
+    Failed {
+        reason: String,
+    },
 }
 
 /// Records per message: a batch stays far below gRPC's 4 MiB message limit.
@@ -317,6 +322,15 @@ impl Session {
             failure.get_or_insert(coordinator_lost("its report stream closed"));
         }
         if let Some(failure) = failure {
+            // Said before the final report, on the same ordered stream: a worker that stops
+            // on its own (not told to) is a lost worker under the run's policy, with this
+            // reason, and its report is not a finished slice.
+            if !matches!(failure, LinkError::Aborted(_)) {
+                let said = ToCoordinator::Failed {
+                    reason: failure.to_string(),
+                };
+                let _ = tokio::time::timeout(LEAVE_PATIENCE, out.send(said)).await;
+            }
             // Best effort: the coordinator may still be there (an abort) and want the partial
             // numbers. The report only reaches the wire while the link runs: wait for the
             // coordinator's Finish or the end of its stream — within the heartbeat timeout
