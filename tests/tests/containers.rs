@@ -52,7 +52,15 @@ fn compose_example_hands_back_reports_and_the_coordinators_exit_code() {
     let reports = TempDir::new("compose-reports");
     set_mode(reports.path(), 0o777);
     let started = Instant::now();
-    let mut run = ComposeRun::start(&compose, &image, reports.path(), "open");
+    // With the sweep overlay: the two `--once` worker containers take every level of the
+    // sweep on one join (issue 31: before, they left after the first level).
+    let mut run = ComposeRun::start_with(
+        &compose,
+        &image,
+        reports.path(),
+        "open",
+        Some(("deploy/compose.sweep.yaml", "2,4")),
+    );
     let (code, output) = run.wait(Duration::from_secs(300));
     let wall = started.elapsed();
     eprintln!(
@@ -94,6 +102,17 @@ fn compose_example_hands_back_reports_and_the_coordinators_exit_code() {
         workers[0]["id"] != workers[1]["id"],
         "two distinct workers: {report:#}"
     );
+    let levels = report["sweep"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no sweep levels: {report:#}"));
+    assert_eq!(levels.len(), 2, "both levels of the sweep: {report:#}");
+    for level in levels {
+        assert_eq!(
+            num(level, &["requests", "succeeded"]),
+            recorded,
+            "every level replays the recording: {level:#}"
+        );
+    }
     let goals = report["goals"].as_array().expect("goals");
     assert!(
         !goals.is_empty() && goals.iter().all(|goal| goal["failed"] == false),
@@ -373,6 +392,18 @@ struct ComposeRun {
 
 impl ComposeRun {
     fn start(compose: &[String], image: &Image, reports: &Path, tag: &str) -> ComposeRun {
+        ComposeRun::start_with(compose, image, reports, tag, None)
+    }
+
+    /// The same with an overlay: a Compose file (relative to the workspace) on top of
+    /// deploy/compose.yaml, and the `LLM_REPLAY_SWEEP` it reads.
+    fn start_with(
+        compose: &[String],
+        image: &Image,
+        reports: &Path,
+        tag: &str,
+        overlay: Option<(&str, &str)>,
+    ) -> ComposeRun {
         let project = format!("llm-replay-test-{}-{}-{tag}", std::process::id(), unique());
         let env = vec![
             ("LLM_REPLAY_IMAGE".to_owned(), image.tag.clone()),
@@ -390,7 +421,19 @@ impl ComposeRun {
             // timing.
             ("LLM_REPLAY_SPEED".to_owned(), "4".to_owned()),
         ];
+        let mut env = env;
         let mut args = compose_args(compose, &project);
+        if let Some((file, sweep)) = overlay {
+            env.push(("LLM_REPLAY_SWEEP".to_owned(), sweep.to_owned()));
+            args.extend([
+                "-f".to_owned(),
+                workspace_root()
+                    .join(file)
+                    .to_str()
+                    .expect("utf-8 path")
+                    .to_owned(),
+            ]);
+        }
         args.extend(["up", "--exit-code-from", "coordinator"].map(String::from));
         let env_refs: Vec<(&str, &str)> =
             env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();

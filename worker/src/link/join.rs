@@ -50,6 +50,9 @@ pub(super) struct Link {
     pub plain: Arc<AtomicBool>,
     /// The assignment that came with the join.
     pub first: Option<Box<v1::Assignment>>,
+    /// What came for the link while a level's session was ending: the next level's
+    /// assignment, or the run's end.
+    pub pending: Option<Inbound>,
     /// The run's heartbeat timeout (from the last assignment): how long the link waits for
     /// the coordinator between levels.
     pub heartbeat_timeout: Duration,
@@ -69,11 +72,14 @@ impl Link {
     pub async fn next_assignment(&mut self) -> Result<Option<Box<v1::Assignment>>, LinkError> {
         let patience = self.heartbeat_timeout;
         loop {
-            let item = tokio::time::timeout(patience, self.inbound.recv())
-                .await
-                .map_err(|_| {
-                    coordinator_lost(&format!("no message for {patience:?} between levels"))
-                })?;
+            let item = match self.pending.take() {
+                Some(item) => Some(item),
+                None => tokio::time::timeout(patience, self.inbound.recv())
+                    .await
+                    .map_err(|_| {
+                        coordinator_lost(&format!("no message for {patience:?} between levels"))
+                    })?,
+            };
             match item {
                 Some(Inbound::Assignment(assignment)) => return Ok(Some(assignment)),
                 Some(Inbound::Done) => return Ok(None),
@@ -294,6 +300,7 @@ async fn join_once(options: &LinkOptions) -> Result<Link, JoinFailure> {
         keys: keys.get().cloned(),
         plain,
         first: Some(Box::new(assignment)),
+        pending: None,
         heartbeat_timeout: options.heartbeat_timeout,
         reader,
     })

@@ -90,6 +90,9 @@ pub(super) async fn run_level(
     let mut inbound_open = true;
     let outcome = loop {
         tokio::select! {
+            // The session's end first: what arrives after it (the next level's assignment,
+            // the run's end) is the link's, not this session's.
+            biased;
             finished = &mut session_task => {
                 break finished.unwrap_or_else(|error| {
                     Err(LinkError::Protocol(format!("the link's session failed: {error}")))
@@ -98,11 +101,13 @@ pub(super) async fn run_level(
             item = link.inbound.recv(), if inbound_open => {
                 let event = match item {
                     Some(Inbound::Event(event)) => event,
-                    Some(Inbound::Assignment(_)) => CoordinatorEvent::Untrusted {
-                        reason: "the coordinator sent a new assignment in the middle of a level".into(),
-                    },
-                    // The run is over before this level ended: the coordinator stops.
-                    Some(Inbound::Done) => CoordinatorEvent::StreamEnded,
+                    // The coordinator wrote this level's Finish before it: the session has it
+                    // and is ending; the next level's assignment (or the run's end) waits for
+                    // the link.
+                    Some(next @ (Inbound::Assignment(_) | Inbound::Done)) => {
+                        link.pending = Some(next);
+                        continue;
+                    }
                     None => {
                         inbound_open = false;
                         CoordinatorEvent::StreamEnded
