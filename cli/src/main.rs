@@ -53,16 +53,49 @@ pub(crate) fn fail(code: u8, message: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(code)
 }
 
+/// The log on stderr: one line per event, every field's value with its control characters
+/// escaped (log lines quote peers, servers and files), in colour only for a person at a
+/// terminal who did not ask for none (`NO_COLOR`): a CI or container log gets plain text.
+/// The same setup as `llm-replay-worker`'s (`worker/src/main.rs`).
 fn init_tracing() {
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("LLM_REPLAY_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
-        // Escaped, so without the subscriber's own ANSI colors: log lines quote peers.
-        .with_ansi(false)
-        .with_writer(|| print::EscapedStderr)
-        .init();
+        .fmt_fields(escaped_fields());
+    if stderr_wants_colour() {
+        // The fields are escaped already; the subscriber's own colours stay.
+        builder.with_ansi(true).with_writer(std::io::stderr).init();
+    } else {
+        // Plain text, through the escaping writer of every other stderr line the CLI writes.
+        builder
+            .with_ansi(false)
+            .with_writer(|| print::EscapedStderr)
+            .init();
+    }
+}
+
+/// Colour on stderr: a terminal, and `NO_COLOR` unset or empty (no-color.org).
+fn stderr_wants_colour() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+/// Fields as `name=value` (the message bare), each value's control characters escaped, line
+/// feeds included: one line per event.
+fn escaped_fields() -> impl for<'writer> tracing_subscriber::fmt::FormatFields<'writer> {
+    use tracing_subscriber::field::MakeExt;
+    tracing_subscriber::fmt::format::debug_fn(|writer, field, value| {
+        let value = format!("{value:?}");
+        let value = common::text::escape_controls(&value);
+        if field.name() == "message" {
+            write!(writer, "{value}")
+        } else {
+            write!(writer, "{}={value}", field.name())
+        }
+    })
+    .delimited(" ")
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {

@@ -26,6 +26,7 @@ mod otel_import;
 mod raw_server;
 mod real_traffic;
 mod repository;
+mod resend_rule;
 mod security_link;
 mod security_outputs;
 mod security_recordings;

@@ -1,12 +1,18 @@
 //! The HTTP client of the replay: TLS trust (Mozilla roots, `--target-ca`, `--insecure`),
 //! HTTP/2 by ALPN or prior knowledge (`--target-h2c`), SigV4 signing, one resend on a fresh
-//! connection when a reused connection closed before any response byte, and the cause of
-//! every transport failure.
+//! connection when a reused HTTP/1.1 connection closed before any response byte, and the
+//! cause of every transport failure.
 //!
 //! Servers such as llama.cpp close a keep-alive connection after each streamed response
 //! without saying `Connection: close`; the next request written on that pooled connection
 //! then fails before any response byte. Such a request never reached the model, so it is
-//! sent once more on a connection of its own, and counted as resent.
+//! sent once more on a connection of its own, and counted as resent. Only then: the
+//! connection must have carried an earlier request to its response (the rule of the
+//! recording proxy, `capture::upstream`, too). A request that fails on a connection opened
+//! for it, or pre-opened for the run — one the server never answered on — is failed with
+//! its cause: the server may have read it. So is a request over HTTP/2, whose server says
+//! which streams it did not process (GOAWAY, `REFUSED_STREAM`; hyper and reqwest send those
+//! again themselves).
 //!
 //! Three transports carry requests: reqwest (HTTPS, HTTP/2, SigV4, a proxy), the own
 //! HTTP/1.1 client `h1` (cleartext targets), and — only under the benchmark's internal
@@ -17,13 +23,16 @@
 //! proxy shares). A transport contributes one attempt and nothing else.
 
 use std::any::Any;
+use std::collections::HashSet;
 use std::error::Error as StdError;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::measure::TransportCause;
 use common::metrics::{HttpProtocol, TlsVersion};
+use hyper_util::client::legacy::connect::{Connected, HttpInfo};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 
@@ -189,7 +198,8 @@ pub struct Sent {
     pub sent_unix_us: u64,
     /// The first attempt's t0 plus the request time limit: the end of the whole request.
     pub deadline: tokio::time::Instant,
-    /// The request was sent a second time, on a fresh connection.
+    /// The request was sent a second time, on a fresh connection: its reused connection
+    /// closed before any response byte.
     pub resent: bool,
     pub result: Result<Response, SendFailure>,
 }
@@ -437,10 +447,13 @@ impl TargetClient {
 
     /// The rules of every send, whichever client carries it: t0 just before the write (or
     /// when a new connection the attempt had to open became ready: connection setup is
-    /// measured apart, never in TTFT); one resend on a fresh connection when the attempt
-    /// failed on its connection, after writing, before any response byte (closed or reset:
-    /// the server never answered it); the whole request, resend included, ends at the first
-    /// attempt's t0 + `timeout`; every failure named by [`classify`].
+    /// measured apart, never in TTFT); one resend on a fresh connection when the attempt's
+    /// connection was reused (it had carried an earlier request to its response) and closed
+    /// or was reset after the write, before any response byte: the server was closing a
+    /// keep-alive connection and never saw the request. On a connection opened for the
+    /// request, or pre-opened for the run, the server may have seen it: no resend. The whole
+    /// request, resend included, ends at the first attempt's t0 + `timeout`; every failure
+    /// named by [`classify`].
     async fn send_route(&self, route: &Route<'_>, url: &str, timeout: Duration) -> Sent {
         let first_t0 = Instant::now();
         let mut sent = Sent {
@@ -463,13 +476,14 @@ impl TargetClient {
         let AttemptError::Failed {
             cause,
             written,
+            reused,
             detail,
         } = failure
         else {
             sent.result = Err(SendFailure::Timeout);
             return sent;
         };
-        if !(written && resendable(cause)) {
+        if !(written && reused && resendable(cause)) {
             tracing::debug!(cause = cause.name(), error = %detail, url, "request failed before a response");
             sent.result = Err(SendFailure::Transport(cause));
             return sent;
@@ -478,7 +492,7 @@ impl TargetClient {
             cause = cause.name(),
             error = %detail,
             url,
-            "connection closed before a response; resending once on a fresh connection"
+            "reused connection closed before a response; resending once on a fresh connection"
         );
         sent.resent = true;
         sent.result = match self.attempt(route, Connection::Fresh, &mut sent).await {
@@ -583,14 +597,36 @@ impl TargetClient {
             .scope(Arc::clone(ready), client.execute(request))
             .await
         {
-            Ok(response) => Ok(Response::Reqwest(response)),
+            Ok(response) => {
+                self.connections.answered(response.extensions());
+                Ok(Response::Reqwest(response))
+            }
             Err(error) if error.is_timeout() => Err(AttemptError::Timeout),
             Err(error) => Err(AttemptError::Failed {
                 cause: classify(&error),
                 written: !error.is_connect(),
+                reused: self.reqwest_connection_reused(&error),
                 detail: chain(&error),
             }),
         }
+    }
+
+    /// Whether the HTTP/1.1 connection a failed reqwest attempt went out on had carried a
+    /// response before. Neither reqwest nor hyper-util says whether a request's connection
+    /// was reused, but the error carries the connection's info (hyper-util's `Connected`,
+    /// with its two addresses), and the connector layer keeps the connections no response
+    /// came back on yet ([`ConnectShared::unanswered`]). Unknown (no connection info) is
+    /// not reused; HTTP/2 never is (the rule covers HTTP/1.1 connections).
+    fn reqwest_connection_reused(&self, error: &reqwest::Error) -> bool {
+        if self.h2c {
+            return false;
+        }
+        let Some(connected) = connection_info(error) else {
+            return false;
+        };
+        !connected.is_negotiated_h2()
+            && ConnectionEnds::of_connected(connected)
+                .is_some_and(|ends| !self.connections.is_unanswered(ends))
     }
 
     /// One attempt through the own HTTP/1.1 client: a pooled connection (or a new one when
@@ -620,15 +656,19 @@ impl TargetClient {
                 conn
             }
         };
-        let failed = |error: h1::H1Error| AttemptError::Failed {
+        let failed = |error: h1::H1Error, reused: bool| AttemptError::Failed {
             cause: classify(&error),
             written: true,
+            reused,
             detail: error.to_string(),
         };
-        conn.write_request(exchange.head, exchange.body)
-            .await
-            .map_err(|error| failed(error.into()))?;
-        let head = conn.read_head(exchange.method).await.map_err(failed)?;
+        if let Err(error) = conn.write_request(exchange.head, exchange.body).await {
+            return Err(failed(error.into(), conn.reused_without_response()));
+        }
+        let head = match conn.read_head(exchange.method).await {
+            Ok(head) => head,
+            Err(error) => return Err(failed(error, conn.reused_without_response())),
+        };
         Ok(Response::H1(h1::Response::new(
             head,
             conn,
@@ -663,12 +703,14 @@ impl TargetClient {
                 conn
             }
         };
+        let reused = conn.reused();
         let response = conn
             .send(request)
             .await
             .map_err(|error| AttemptError::Failed {
                 cause: classify(&error),
                 written: true,
+                reused,
                 detail: error.to_string(),
             })?;
         Ok(Response::HyperConn(Box::new(hyper_conn::Response::new(
@@ -722,9 +764,10 @@ fn stamp_t0(sent: &mut Sent) {
     publish_t0(sent.t0);
 }
 
-/// A failure that may be sent again: the connection closed or was reset, after the request
-/// was written and before any byte of its response. The server never answered it (a
-/// keep-alive connection it was closing), so it is sent once more on a connection of its own.
+/// A failure cause that may be sent again, on a reused connection after the write and before
+/// any byte of the response ([`TargetClient::send_route`]): the connection closed or was
+/// reset. The server never answered it (a keep-alive connection it was closing), so it is
+/// sent once more on a connection of its own.
 fn resendable(cause: TransportCause) -> bool {
     matches!(
         cause,
@@ -776,6 +819,11 @@ enum AttemptError {
         /// The request was written (or being written): only then may it be resent. A
         /// failure opening the connection, or before, was never seen by the server.
         written: bool,
+        /// The attempt's connection had carried an earlier request to its response (taken
+        /// from the pool, not opened or pre-opened for this request), and nothing of this
+        /// request's response came back that the transport can tell: only then may it be
+        /// resent. An HTTP/2 connection never counts.
+        reused: bool,
         /// The error and its causes, for the logs (no URL: the caller logs it redacted).
         detail: String,
     },
@@ -786,6 +834,7 @@ impl AttemptError {
         AttemptError::Failed {
             cause,
             written: false,
+            reused: false,
             detail,
         }
     }
@@ -834,6 +883,48 @@ struct ConnectShared {
     negotiated_h2: AtomicBool,
     /// `--target-h2c`: HTTP/2 with prior knowledge, whatever ALPN says.
     prior_knowledge_h2: bool,
+    /// The connections opened (for a request, or ahead of the run) that no response has
+    /// come back on yet: a request that fails on one of them is not resent (the server may
+    /// have read it). Entries of connections that closed unanswered stay until a new
+    /// connection has the same two addresses: at most one per local port and target address.
+    unanswered: Mutex<HashSet<ConnectionEnds>>,
+}
+
+/// One TCP connection by its two addresses, from hyper-util's `HttpInfo` (reqwest's
+/// connections carry it, under TLS too): what names a connection in both a failed request's
+/// error and a response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct ConnectionEnds {
+    local: SocketAddr,
+    remote: SocketAddr,
+}
+
+impl ConnectionEnds {
+    fn of_info(info: &HttpInfo) -> ConnectionEnds {
+        ConnectionEnds {
+            local: info.local_addr(),
+            remote: info.remote_addr(),
+        }
+    }
+
+    fn of_connected(connected: &Connected) -> Option<ConnectionEnds> {
+        let mut extensions = http::Extensions::new();
+        connected.get_extras(&mut extensions);
+        extensions.get::<HttpInfo>().map(ConnectionEnds::of_info)
+    }
+}
+
+/// The info of the connection a failed reqwest request went out on: hyper-util's error,
+/// somewhere in reqwest's chain, carries it once a connection was taken.
+fn connection_info(error: &reqwest::Error) -> Option<&Connected> {
+    let mut current = error.source();
+    while let Some(error) = current {
+        if let Some(legacy) = error.downcast_ref::<hyper_util::client::legacy::Error>() {
+            return legacy.connect_info();
+        }
+        current = error.source();
+    }
+    None
 }
 
 tokio::task_local! {
@@ -948,8 +1039,9 @@ where
             let tls = handshake.started;
             let connect = tls.unwrap_or(ready).saturating_duration_since(started);
             let handshake_took = tls.map(|t| ready.saturating_duration_since(t));
-            let h2 = hyper_util::client::legacy::connect::Connection::connected(&conn)
-                .is_negotiated_h2();
+            let connected = hyper_util::client::legacy::connect::Connection::connected(&conn);
+            shared.opened(&connected);
+            let h2 = connected.is_negotiated_h2();
             let version = match (tls, handshake.version) {
                 (None, _) => TlsVersion::None,
                 (Some(_), Some(version)) => version,
@@ -981,6 +1073,25 @@ where
 }
 
 impl ConnectShared {
+    /// A new connection: no response has come back on it yet.
+    fn opened(&self, connected: &Connected) {
+        if let Some(ends) = ConnectionEnds::of_connected(connected) {
+            lock(&self.unanswered).insert(ends);
+        }
+    }
+
+    /// A response head came back on the connection `extensions` (a response's) name.
+    fn answered(&self, extensions: &http::Extensions) {
+        if let Some(info) = extensions.get::<HttpInfo>() {
+            lock(&self.unanswered).remove(&ConnectionEnds::of_info(info));
+        }
+    }
+
+    /// No response has come back on the connection `ends` names since it was opened.
+    fn is_unanswered(&self, ends: ConnectionEnds) -> bool {
+        lock(&self.unanswered).contains(&ends)
+    }
+
     /// Time one new connection into the run's metrics: its setup (name resolution and TCP
     /// connect) and its TLS handshake, by protocol and TLS version.
     async fn record(
@@ -1369,6 +1480,213 @@ mod tests {
             0,
             "the redirect was followed"
         );
+    }
+
+    /// What a test server does with each request on a connection.
+    #[derive(Clone, Copy)]
+    enum Reply {
+        /// A whole `200` with a 2-byte body, the connection kept alive.
+        Answer,
+        /// Close the connection without a byte of response.
+        Close,
+        /// Part of a response head, then close.
+        HalfHeadThenClose,
+    }
+
+    /// A server on 127.0.0.1:0 that treats the n-th request on each connection as
+    /// `replies[n]` (the last one for every later request); returns its URL and the bodies
+    /// of the requests it read, in order.
+    async fn scripted_server(replies: &'static [Reply]) -> (String, Arc<Mutex<Vec<String>>>) {
+        use tokio::io::AsyncWriteExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = Arc::clone(&seen);
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let log = Arc::clone(&log);
+                tokio::spawn(async move {
+                    for n in 0.. {
+                        let Some(body) = read_request(&mut socket).await else {
+                            return;
+                        };
+                        lock(&log).push(body);
+                        let reply = replies[n.min(replies.len() - 1)];
+                        let written = match reply {
+                            Reply::Answer => {
+                                socket
+                                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                                    .await
+                            }
+                            Reply::Close => return,
+                            Reply::HalfHeadThenClose => {
+                                let _ = socket.write_all(b"HTTP/1.1 200 OK\r\n").await;
+                                return;
+                            }
+                        };
+                        if written.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (url, seen)
+    }
+
+    /// One request's body (head up to the blank line, `content-length` bytes of body), or
+    /// `None` when the peer closed first.
+    async fn read_request(socket: &mut tokio::net::TcpStream) -> Option<String> {
+        use tokio::io::AsyncReadExt;
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let head_end = loop {
+            if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break at + 4;
+            }
+            match socket.read(&mut chunk).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).to_lowercase();
+        let length: usize = head
+            .lines()
+            .find_map(|line| line.strip_prefix("content-length:"))
+            .and_then(|value| value.trim().parse().ok())
+            .unwrap_or(0);
+        while buf.len() < head_end + length {
+            match socket.read(&mut chunk).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        Some(String::from_utf8_lossy(&buf[head_end..head_end + length]).into_owned())
+    }
+
+    /// Send `body` to `url` through the own HTTP/1.1 client, or through reqwest.
+    async fn post(client: &TargetClient, url: &str, body: &'static str, own_http1: bool) -> Sent {
+        let timeout = Duration::from_secs(5);
+        if own_http1 {
+            let mut headers = http::HeaderMap::new();
+            headers.insert(
+                http::header::CONTENT_TYPE,
+                "application/json".parse().expect("value"),
+            );
+            client
+                .send_prepared(
+                    http::Method::POST,
+                    url,
+                    headers,
+                    bytes::Bytes::from(body),
+                    timeout,
+                )
+                .await
+        } else {
+            client
+                .send(
+                    client.request(reqwest::Method::POST, url).body(body),
+                    timeout,
+                )
+                .await
+        }
+    }
+
+    /// Read `sent`'s whole response, so that its connection goes back to the pool.
+    async fn read_body(sent: Sent) {
+        let Ok(mut response) = sent.result else {
+            panic!("no response: {:?}", sent.result.err());
+        };
+        while let Some(_bytes) = response.chunk().await.expect("the body") {}
+    }
+
+    fn failure(sent: &Sent) -> Option<SendFailure> {
+        sent.result.as_ref().err().copied()
+    }
+
+    /// The server read the request on the connection opened for it and closed: it may have
+    /// acted on it, so the request fails with its cause and is not sent again (either
+    /// transport).
+    #[tokio::test]
+    async fn a_request_whose_new_connection_closes_after_the_write_is_not_resent() {
+        for own_http1 in [true, false] {
+            let (url, seen) = scripted_server(&[Reply::Close]).await;
+            let client = TargetClient::new(&TransportConfig::default()).expect("client");
+            let sent = post(&client, &url, "one", own_http1).await;
+            assert_eq!(
+                failure(&sent),
+                Some(SendFailure::Transport(TransportCause::ClosedBeforeResponse)),
+                "own_http1 {own_http1}"
+            );
+            assert!(!sent.resent, "own_http1 {own_http1}");
+            assert_eq!(*lock(&seen), ["one"], "own_http1 {own_http1}");
+        }
+    }
+
+    /// A connection opened before the run carried no request: the server has answered
+    /// nothing on it, and a close after the write is not resent either. (An `http://`
+    /// target's connections are pre-opened for the own HTTP/1.1 client; reqwest's, for
+    /// `https://`, in `tests/tests/resend_rule.rs`.)
+    #[tokio::test]
+    async fn a_request_whose_pre_opened_connection_closes_after_the_write_is_not_resent() {
+        let (url, seen) = scripted_server(&[Reply::Close]).await;
+        let client = TargetClient::new(&TransportConfig::default()).expect("client");
+        assert_eq!(client.preconnect(&url, 1, Duration::from_secs(5)).await, 1);
+        let sent = post(&client, &url, "one", true).await;
+        assert_eq!(
+            client.spare_connections(),
+            0,
+            "the pre-opened one was taken"
+        );
+        assert_eq!(
+            failure(&sent),
+            Some(SendFailure::Transport(TransportCause::ClosedBeforeResponse))
+        );
+        assert!(!sent.resent);
+        assert_eq!(*lock(&seen), ["one"]);
+    }
+
+    /// A keep-alive connection that answered one request closes when the next arrives,
+    /// without a byte: the server did not take it, and it is sent once more on a new
+    /// connection, which answers (either transport).
+    #[tokio::test]
+    async fn a_request_whose_reused_connection_closes_before_any_byte_is_resent_once() {
+        for own_http1 in [true, false] {
+            let (url, seen) = scripted_server(&[Reply::Answer, Reply::Close]).await;
+            let client = TargetClient::new(&TransportConfig::default()).expect("client");
+            let first = post(&client, &url, "one", own_http1).await;
+            assert!(!first.resent);
+            read_body(first).await;
+            let second = post(&client, &url, "two", own_http1).await;
+            assert_eq!(
+                second.result.as_ref().map(Response::status).ok(),
+                Some(http::StatusCode::OK),
+                "own_http1 {own_http1}: {:?}",
+                failure(&second)
+            );
+            assert!(second.resent, "own_http1 {own_http1}");
+            assert!(second.first_t0 < second.t0, "t0 is the resend's");
+            assert_eq!(*lock(&seen), ["one", "two", "two"], "own_http1 {own_http1}");
+        }
+    }
+
+    /// Part of a response head came back before the reused connection closed: the server
+    /// took the request, and it is not sent again (the own HTTP/1.1 client sees the bytes).
+    #[tokio::test]
+    async fn a_reused_connection_closed_inside_the_response_head_is_not_resent() {
+        let (url, seen) = scripted_server(&[Reply::Answer, Reply::HalfHeadThenClose]).await;
+        let client = TargetClient::new(&TransportConfig::default()).expect("client");
+        read_body(post(&client, &url, "one", true).await).await;
+        let second = post(&client, &url, "two", true).await;
+        assert!(
+            matches!(failure(&second), Some(SendFailure::Transport(_))),
+            "{:?}",
+            failure(&second)
+        );
+        assert!(!second.resent);
+        assert_eq!(*lock(&seen), ["one", "two"]);
     }
 
     #[test]

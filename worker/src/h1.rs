@@ -144,6 +144,7 @@ pub async fn connect(authority: &str) -> io::Result<Conn> {
         buf: Vec::new(),
         pos: 0,
         reused: false,
+        heard: false,
     })
 }
 
@@ -153,15 +154,21 @@ pub struct Conn {
     /// `buf[pos..]` is read and not yet used.
     buf: Vec<u8>,
     pos: usize,
-    /// It carried a request before (a failure before any response byte may then be the
-    /// server closing an idle connection: the request is safe to resend).
+    /// It carried an earlier request to the end of its response (a connection opened for
+    /// this request, or before the run, never did).
     reused: bool,
+    /// Bytes of a response came back since the latest request was written.
+    heard: bool,
 }
 
 impl Conn {
-    /// Whether it was taken from the pool rather than opened for this request.
-    pub fn reused(&self) -> bool {
-        self.reused
+    /// It carried an earlier request to the end of its response, and nothing of the latest
+    /// request's response came back: a close or reset now is the server closing a
+    /// keep-alive connection it took for idle, and it never saw the request (the client's
+    /// resend rule). A connection opened for the request, or pre-opened for the run, never
+    /// qualifies: the server may have read the request on it.
+    pub fn reused_without_response(&self) -> bool {
+        self.reused && !self.heard
     }
 
     /// A waiting connection is still usable when a read would wait: the server closed it
@@ -201,6 +208,7 @@ impl Conn {
 
     /// Write a request: `head` then `body`, as few writes as the socket allows.
     pub async fn write_request(&mut self, head: &[u8], body: &[u8]) -> io::Result<()> {
+        self.heard = false;
         let (mut head, mut body) = (head, body);
         while !head.is_empty() || !body.is_empty() {
             let written = if head.is_empty() {
@@ -251,6 +259,7 @@ impl Conn {
                 });
             }
             any_byte = true;
+            self.heard = true;
         }
     }
 }

@@ -45,9 +45,18 @@ pub struct Conn {
     driver: http1::Connection<TokioIo<TcpStream>, Full<Bytes>>,
     /// The connection future finished (closed or failed): it is never polled again.
     ended: bool,
+    /// It carried an earlier request to the end of its response (a connection opened for
+    /// this request, or before the run, never did).
+    reused: bool,
 }
 
 impl Conn {
+    /// It carried an earlier request to the end of its response: the client's resend rule
+    /// (hyper does not say whether bytes of the failed response came back).
+    pub fn reused(&self) -> bool {
+        self.reused
+    }
+
     /// Poll the connection future, unless it ended; true once it has.
     fn drive(&mut self, cx: &mut Context<'_>) -> bool {
         if !self.ended && Pin::new(&mut self.driver).poll(cx).is_ready() {
@@ -122,6 +131,7 @@ pub async fn connect(authority: &str, read_buffer: usize) -> Result<Conn, ConnEr
         sender,
         driver,
         ended: false,
+        reused: false,
     })
 }
 
@@ -270,10 +280,11 @@ impl Response {
 
     /// The body ended: the connection goes back to the pool unless it ended too.
     fn release(&mut self) {
-        if let Some(conn) = self.conn.take()
+        if let Some(mut conn) = self.conn.take()
             && !conn.ended
             && !conn.sender.is_closed()
         {
+            conn.reused = true;
             self.pool.put(&self.authority, conn);
         }
     }
