@@ -15,6 +15,7 @@ mod faithful;
 mod faithful_tokens;
 mod faults;
 mod goals;
+mod handover_pace;
 mod hardening;
 mod hostile_peers;
 mod html_report;

@@ -56,7 +56,8 @@ pub struct WorkItem {
     pub cancel_after: Option<Duration>,
     /// The recorded think time before this turn (closed sessions; not on a first turn).
     pub think: Option<Duration>,
-    /// Handed over from a lost worker: sent once due and no earlier than it arrived; its
-    /// lateness on arrival and its order are not this worker's.
+    /// Handed over from a lost worker: on a recorded schedule it keeps its recorded pace
+    /// (its offset plus the hand-over's delay, never before it arrived: `engine::hand_over`);
+    /// its lateness on arrival and its order are not this worker's.
     pub reassigned: bool,
 }

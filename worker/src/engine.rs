@@ -16,6 +16,9 @@
 //! built when its item arrives ([`prepare`]), and send times come from the pacer thread
 //! ([`common::pacer`], sub-millisecond) rather than tokio's millisecond timer.
 //!
+//! Exchanges handed over from a lost worker keep their recorded pace on a recorded schedule:
+//! late ones are delayed together rather than sent at once ([`hand_over`]).
+//!
 //! Asked for steady metrics, it marks each request *steady* ([`is_steady`]) for the metrics
 //! actor: sent at or after the instant the load reached its target, and, in an unpaced
 //! closed loop, not one of the first `concurrency` requests (the first wave, sent together
@@ -42,6 +45,11 @@ use crate::config::{Arrival, ReplayConfig, Schedule, WorkItem};
 use crate::metrics_actor::{Finished, MetricsHandle, RecordMeta};
 use crate::request::{PreparedRequest, prepare};
 
+mod hand_over;
+
+pub use hand_over::{HandOverCounters, HandOverSpan};
+use hand_over::{HandOverMark, HandOvers};
+
 /// The instant the run starts, in both clocks.
 #[derive(Debug, Clone, Copy)]
 pub struct StartAt {
@@ -63,6 +71,9 @@ pub struct LiveCounters {
     /// Wall-clock instant the load reached its target (Unix µs), 0 before: the start on a
     /// schedule or rate, the moment every concurrency slot was first taken in a closed loop.
     pub target_reached_unix_us: AtomicU64,
+    /// What was sent of the exchanges handed over from lost workers: read
+    /// [`HandOverCounters::span`].
+    pub hand_over: HandOverCounters,
 }
 
 /// Wait until `at` precisely: the pacer thread sleeps on a futex with a nanosecond timeout
@@ -166,16 +177,18 @@ pub struct EngineRun {
 /// early comes after short ones started later): up to `window` items are read ahead into a
 /// min-heap and the earliest is sent when its time comes. An item that arrives after a
 /// later-scheduled one was already sent (it was further out of order than the window) is sent
-/// at once, late, and counted; nothing is dropped. In the other modes items go out in order.
+/// at once, late, and counted; nothing is dropped. An item handed over from a lost worker is
+/// placed by [`HandOvers::place`] (its recorded offset plus the hand-over's delay) and is
+/// never out of order. In the other modes items go out in order.
 struct Feed {
     items: mpsc::Receiver<WorkItem>,
-    /// Read-ahead on a recorded schedule: `Reverse((at, arrival seq))` orders earliest first,
+    /// Read-ahead on a recorded schedule: `Reverse((due, arrival seq))` orders earliest first,
     /// ties in file order.
     pending: BinaryHeap<Reverse<Pending>>,
     window: usize,
     closed: bool,
     arrivals: u64,
-    /// Latest recorded offset sent so far (ms).
+    /// Latest recorded offset of this worker's own exchanges sent so far (ms).
     latest_sent_ms: f64,
     /// Items sent after a later-scheduled one.
     sent_out_of_order: u64,
@@ -184,14 +197,18 @@ struct Feed {
     session_starts: Option<HashMap<String, f64>>,
     /// Builds each item's request as it arrives.
     config: Arc<ReplayConfig>,
+    /// The replay's start and speed: the recorded clock handed-over items are placed on.
+    start: Instant,
+    speed: f64,
+    /// The delay of handed-over items, and what was sent of each hand-over.
+    hand_overs: HandOvers,
 }
 
 struct Pending {
-    at_ms: f64,
+    /// When it is due on the recorded clock (ms after the start × speed): its recorded
+    /// offset, a closed session's start, or a handed-over item's place.
+    due_ms: f64,
     arrival: u64,
-    /// When a reassigned item (handed over from a lost worker) arrived: it is due no
-    /// earlier, and it is never out of order (it could not have come sooner).
-    reassigned_at: Option<Instant>,
     item: Arrived,
 }
 
@@ -199,6 +216,9 @@ struct Pending {
 struct Arrived {
     item: Sendable,
     request: PreparedRequest,
+    /// Handed over from a lost worker: its lateness and order are not this worker's, and its
+    /// send is counted with its hand-over.
+    hand_over: Option<HandOverMark>,
 }
 
 /// What a request's task keeps of its work item once the request is built: the recorded
@@ -255,7 +275,7 @@ impl Arrived {
             pin_in_frames,
             cancel_after,
             think,
-            reassigned: _,
+            reassigned,
         } = item;
         Arrived {
             item: Sendable {
@@ -269,6 +289,7 @@ impl Arrived {
                 cancel: Cancel::plan(config, index, cancel_after),
             },
             request,
+            hand_over: reassigned.then_some(HandOverMark::OWN_TIME),
         }
     }
 }
@@ -289,8 +310,8 @@ impl PartialOrd for Pending {
 
 impl Ord for Pending {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.at_ms
-            .total_cmp(&other.at_ms)
+        self.due_ms
+            .total_cmp(&other.due_ms)
             .then(self.arrival.cmp(&other.arrival))
     }
 }
@@ -314,12 +335,16 @@ enum Next {
 impl Feed {
     fn push(&mut self, item: WorkItem) {
         // An item without an offset goes out at once, in file order among its kind.
-        let mut at_ms = item.exchange.at_ms.unwrap_or(f64::NEG_INFINITY);
-        let reassigned_at = item.reassigned.then(Instant::now);
-        let item = Arrived::new(item, &self.config);
+        let mut due_ms = item.exchange.at_ms.unwrap_or(f64::NEG_INFINITY);
+        let mut item = Arrived::new(item, &self.config);
+        if item.hand_over.is_some() {
+            let placed = self.hand_overs.place(due_ms, self.recorded_now_ms());
+            due_ms = placed.due_ms;
+            item.hand_over = Some(placed.mark);
+        }
         if let (Some(starts), Some(session)) = (&mut self.session_starts, &item.item.session) {
             match starts.get(session) {
-                Some(start) => at_ms = at_ms.min(*start),
+                Some(start) => due_ms = due_ms.min(*start),
                 None => {
                     if starts.len() >= 4 * self.window.max(1024) {
                         // Sessions that started before everything sent so far: a later turn
@@ -328,17 +353,26 @@ impl Feed {
                         let sent = self.latest_sent_ms;
                         starts.retain(|_, start| *start >= sent);
                     }
-                    starts.insert(session.clone(), at_ms);
+                    starts.insert(session.clone(), due_ms);
                 }
             }
         }
         self.arrivals += 1;
         self.pending.push(Reverse(Pending {
-            at_ms,
+            due_ms,
             arrival: self.arrivals,
-            reassigned_at,
             item,
         }));
+    }
+
+    /// Now on the recorded clock: ms since the start × speed (negative before it).
+    fn recorded_now_ms(&self) -> f64 {
+        let now = Instant::now();
+        let since_start_s = match now.checked_duration_since(self.start) {
+            Some(after) => after.as_secs_f64(),
+            None => -self.start.duration_since(now).as_secs_f64(),
+        };
+        since_start_s * 1000.0 * self.speed
     }
 
     /// Read ahead whatever has already arrived, up to the window.
@@ -361,13 +395,14 @@ impl Feed {
 
     fn pop(&mut self) -> Option<Arrived> {
         let Reverse(pending) = self.pending.pop()?;
-        if pending.at_ms.is_finite() {
-            // A reassigned item comes after later ones were sent because its worker was
-            // lost, not because the recording is out of order.
-            if pending.at_ms < self.latest_sent_ms && pending.reassigned_at.is_none() {
+        // A handed-over item comes after later ones were sent because its worker was lost,
+        // not because the recording is out of order; and its place is not this worker's
+        // schedule, which later items of its own are judged against.
+        if pending.due_ms.is_finite() && pending.item.hand_over.is_none() {
+            if pending.due_ms < self.latest_sent_ms {
                 self.sent_out_of_order += 1;
             }
-            self.latest_sent_ms = self.latest_sent_ms.max(pending.at_ms);
+            self.latest_sent_ms = self.latest_sent_ms.max(pending.due_ms);
         }
         Some(pending.item)
     }
@@ -399,12 +434,12 @@ impl Feed {
                 }
                 continue;
             };
-            // A reassigned item is due no earlier than it arrived: its lateness before that
-            // is the lost worker's, not this one's schedule lag.
-            let intended = head.at_ms.is_finite().then(|| {
-                let due = start + offset(head.at_ms / 1000.0 / speed);
-                head.reassigned_at.map_or(due, |arrived| due.max(arrived))
-            });
+            // A handed-over item is placed no earlier than it arrived: its lateness before
+            // that is the lost worker's, not this one's schedule lag.
+            let intended = head
+                .due_ms
+                .is_finite()
+                .then(|| start + offset(head.due_ms / 1000.0 / speed));
             let now = Instant::now();
             if let (Some(deadline), Some(due)) = (deadline, intended)
                 && due >= deadline
@@ -445,8 +480,8 @@ impl Feed {
         self.pending
             .iter()
             .map(|Reverse(p)| {
-                if p.at_ms.is_finite() {
-                    p.at_ms / 1000.0 / speed
+                if p.due_ms.is_finite() {
+                    p.due_ms / 1000.0 / speed
                 } else {
                     0.0
                 }
@@ -608,6 +643,9 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
         sent_out_of_order: 0,
         session_starts: closed_sessions.then(HashMap::new),
         config: Arc::clone(&config),
+        start: start.instant,
+        speed: recorded_speed.unwrap_or(1.0),
+        hand_overs: HandOvers::new(recorded_speed.unwrap_or(1.0)),
     };
 
     // Connection timings go to the run's metrics; the first wave's connections open before
@@ -744,7 +782,15 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
             break;
         }
 
-        let Arrived { item, request } = item;
+        let Arrived {
+            item,
+            request,
+            hand_over,
+        } = item;
+        if let Some(mark) = hand_over {
+            let now_us = unix_nanos(SystemTime::now()) / 1000;
+            feed.hand_overs.sent(mark, now_us, &counters.hand_over);
+        }
         let previous_turn = match &item.session {
             Some(session) => {
                 let (done_tx, done_rx) = oneshot::channel::<Instant>();
@@ -859,6 +905,7 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
         }
     }
     totals.sent_out_of_order = feed.sent_out_of_order;
+    feed.hand_overs.log_sent();
     counters
         .sent_out_of_order
         .store(feed.sent_out_of_order, Ordering::Relaxed);
@@ -1383,6 +1430,9 @@ async fn measure_one(
 
 #[cfg(test)]
 mod cancel_tests;
+
+#[cfg(test)]
+mod hand_over_tests;
 
 #[cfg(test)]
 mod tests {
