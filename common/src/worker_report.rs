@@ -28,6 +28,22 @@ pub struct WorkerReport<M = RunMetrics> {
     /// reached its target, the closed loop's first wave left out), when the assignment asked
     /// for them (`RequestOptions::steady_metrics`).
     pub steady: Option<M>,
+    /// Exchanges handed over from a lost worker that this worker sent, and when: the
+    /// coordinator marks the interval in the run's timeline and names it.
+    pub hand_over: Option<HandOverSpan>,
+}
+
+/// Exchanges handed over from a lost worker that one worker sent (worker clock, Unix µs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct HandOverSpan {
+    /// Hand-overs that arrived late and were delayed to keep their recorded spacing.
+    pub hand_overs: u64,
+    /// Handed-over exchanges sent.
+    pub exchanges: u64,
+    pub first_sent_unix_us: u64,
+    pub last_sent_unix_us: u64,
+    /// The delay the last one was sent with (µs).
+    pub delay_us: u64,
 }
 
 /// A report as the coordinator keeps it: its histograms sparse (the non-zero buckets only),

@@ -66,6 +66,13 @@ pub fn report_to_proto_as(report: &WorkerReport, encoding: HistogramEncoding) ->
             .steady
             .as_ref()
             .map(|steady| metrics_to_proto(steady, &SliceTotals::default(), encoding)),
+        hand_over: report.hand_over.map(|span| v1::HandOver {
+            hand_overs: span.hand_overs,
+            exchanges: span.exchanges,
+            first_sent_unix_us: span.first_sent_unix_us,
+            last_sent_unix_us: span.last_sent_unix_us,
+            delay_us: span.delay_us,
+        }),
         ..Default::default()
     };
     timeline_to_report(&report.timeline, &mut message);
@@ -274,6 +281,16 @@ pub fn report_from_proto(report: &v1::Report) -> Result<ReceivedReport, ReportDe
         cores: report.cores,
         timeline,
         steady,
+        hand_over: report
+            .hand_over
+            .as_ref()
+            .map(|span| common::worker_report::HandOverSpan {
+                hand_overs: span.hand_overs,
+                exchanges: span.exchanges,
+                first_sent_unix_us: span.first_sent_unix_us,
+                last_sent_unix_us: span.last_sent_unix_us.max(span.first_sent_unix_us),
+                delay_us: span.delay_us,
+            }),
     })
 }
 

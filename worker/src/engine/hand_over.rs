@@ -20,24 +20,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-/// What a worker replayed of the exchanges handed over to it, as a report would carry it
-/// (read with [`HandOverCounters::span`]). Instants are the worker's wall clock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct HandOverSpan {
-    /// Hand-overs that arrived late and were delayed (one that moved the delay by less than
-    /// [`NEW_HAND_OVER`] counts with the one before). 0 when none arrived late, or when the
-    /// load is paced by a rate or by slots, which no hand-over changes.
-    pub hand_overs: u64,
-    /// Handed-over exchanges sent.
-    pub exchanges: u64,
-    /// When the scheduler released the first of them (Unix µs).
-    pub first_sent_unix_us: u64,
-    /// When it released the last of them so far (Unix µs).
-    pub last_sent_unix_us: u64,
-    /// The delay the last one was sent with (µs): how far behind its recording the
-    /// handed-over traffic ran.
-    pub delay_us: u64,
-}
+/// What a worker replayed of the exchanges handed over to it, as its reports carry it (read
+/// with [`HandOverCounters::span`]). Instants are the worker's wall clock.
+pub use common::worker_report::HandOverSpan;
 
 /// [`HandOverSpan`] as the engine updates it while it sends (one writer, the scheduler; any
 /// reader): atomics, all 0 until a handed-over exchange is sent.

@@ -246,6 +246,7 @@ impl Session {
                         cores: common::process::available_cores(),
                         timeline: with_target_reached(snapshot.timeline, &counters),
                         steady: snapshot.steady,
+                        hand_over: counters.hand_over.span(),
                     };
                     if out.send(ToCoordinator::Report(Box::new(report))).await.is_err() {
                         failure.get_or_insert(coordinator_lost("its report stream closed"));
@@ -255,7 +256,6 @@ impl Session {
                 }
                 event = events.recv(), if failure.is_none() => match event {
                     Some(CoordinatorEvent::Abort { reason }) => {
-                        tracing::warn!(reason, "run aborted by the coordinator");
                         failure = Some(LinkError::Aborted(reason));
                         let _ = abort_tx.send(true);
                     }
@@ -280,7 +280,6 @@ impl Session {
                         let _ = abort_tx.send(true);
                     }
                     Some(CoordinatorEvent::Untrusted { reason }) => {
-                        tracing::error!(reason, "stopped: the coordinator's link is not trusted");
                         failure = Some(LinkError::Untrusted(reason));
                         let _ = abort_tx.send(true);
                     }
@@ -317,6 +316,7 @@ impl Session {
             cores: common::process::available_cores(),
             timeline: with_target_reached(snapshot.timeline, &counters),
             steady: snapshot.steady,
+            hand_over: counters.hand_over.span(),
         }));
         if records_sent.is_err() {
             failure.get_or_insert(coordinator_lost("its report stream closed"));
