@@ -49,7 +49,8 @@ pub const MAX_TRACKED_PEERS: usize = 4096;
 const EVICTED_AT_ONCE: usize = MAX_TRACKED_PEERS / 8;
 
 /// A peer's failures (or refusals) after which the coordinator warns, then again at every
-/// power of two: a few lines however long the attack lasts.
+/// power of two: a few lines however long the attack lasts. A peer's first failure is logged
+/// too, with its reason: a worker started with a wrong token says so once.
 const WARN_AFTER: u64 = 10;
 
 /// The longest worker id or host name a Hello may carry. A worker's default id is its host
@@ -238,7 +239,14 @@ impl PeerGate {
         record.next_slot = record.next_slot.max(now + spacing(record.failures));
         let failures = record.failures;
         drop(peers);
-        if worth_a_warning(failures) {
+        if failures == 1 {
+            tracing::warn!(
+                peer = %ShownPeer(peer),
+                worker = %loggable(worker_id),
+                reason = %cut_and_escape(reason, LOGGABLE_REASON_CHARS),
+                "refused a worker: its token handshake failed (this address's next failures are logged at the {WARN_AFTER}th and then at powers of two)"
+            );
+        } else if worth_a_warning(failures) {
             tracing::warn!(
                 peer = %ShownPeer(peer),
                 failures,
@@ -701,6 +709,12 @@ mod tests {
             gate.admit_at(peer, now + Duration::from_millis(2_500)),
             Admission::Proceed(Duration::from_millis(700))
         );
+    }
+
+    #[test]
+    fn warnings_thin_out_as_failures_repeat() {
+        let warned: Vec<u64> = (1..=1_000).filter(|n| worth_a_warning(*n)).collect();
+        assert_eq!(warned, [10, 16, 32, 64, 128, 256, 512]);
     }
 
     #[test]
