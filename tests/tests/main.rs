@@ -21,6 +21,7 @@ mod hostile_peers;
 mod html_report;
 mod ingress;
 mod library_run;
+mod link_flood;
 mod live_metrics;
 mod memory;
 mod otel_import;
