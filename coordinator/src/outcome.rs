@@ -81,4 +81,18 @@ pub struct ReplayResult {
     /// Workers that finished without accounting for everything they were handed (each
     /// named, with the counts): the replay did not do all its work.
     pub shortfalls: Vec<String>,
+    /// When workers sent exchanges handed over from a lost one (coordinator clock, Unix µs).
+    pub hand_overs: Vec<HandOverMark>,
+}
+
+/// Exchanges handed over from a lost worker that one survivor sent, and when.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HandOverMark {
+    pub worker: String,
+    pub exchanges: u64,
+    /// First and last sent, in the coordinator's clock (Unix µs).
+    pub from_unix_us: u64,
+    pub to_unix_us: u64,
+    /// How far behind their recorded time they went out (to keep the recorded pace), ms.
+    pub delay_ms: f64,
 }

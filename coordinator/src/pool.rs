@@ -20,6 +20,10 @@ const LINK_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
 /// How long the end of a run waits for the worker link to close.
 const SERVER_SHUTDOWN_PATIENCE: Duration = Duration::from_secs(2);
 
+/// The largest message read before a worker is authenticated (its Hello, its answer to the
+/// token challenge, its slice request): a real one is a few hundred bytes.
+const PRE_AUTH_MESSAGE_LIMIT: usize = 8 * 1024;
+
 /// How often joined workers hear from the coordinator between levels (a probe being judged,
 /// the next level being prepared).
 const IDLE_HEARTBEAT: Duration = Duration::from_secs(1);
@@ -192,7 +196,12 @@ fn serve(
     let mut builder = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(LINK_KEEPALIVE_INTERVAL))
-        .http2_keepalive_timeout(Some(config.heartbeat_timeout));
+        .http2_keepalive_timeout(Some(config.heartbeat_timeout))
+        // Before the handshake nothing is authenticated: its messages are read only up to a
+        // few KiB (`link_guard`); sealed messages after it have the service's own limit.
+        .layer(crate::link_guard::PreAuthLimitLayer::new(
+            PRE_AUTH_MESSAGE_LIMIT,
+        ));
     if let Some(tls) = &config.tls {
         builder = builder
             .tls_config(tls_server_config(tls)?)

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::assignment::Assignment;
 use common::metrics::RequestRecord;
@@ -22,6 +22,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 
+use crate::link_guard::{Admission, PeerGate, check_hello_fields, loggable};
 use crate::shard::{SliceChunk, SliceSender};
 use tonic::{Request, Response, Status, Streaming};
 
@@ -206,62 +207,6 @@ struct PendingSlice {
     handed: Arc<AtomicU64>,
 }
 
-/// Spaces out token handshakes while they fail: an impostor tests one token guess per
-/// handshake (SPAKE2 gives it nothing to test offline), so after a failure each next
-/// handshake waits its turn, `FAILED_HANDSHAKE_SPACING` after the previous one, for
-/// `FAILED_HANDSHAKE_MEMORY` after the last failure. Honest workers of a run without
-/// failures never wait.
-#[derive(Default)]
-struct HandshakeGate {
-    state: Mutex<GateState>,
-}
-
-#[derive(Default)]
-struct GateState {
-    failures: u64,
-    last_failure: Option<Instant>,
-    next_slot: Option<Instant>,
-}
-
-const FAILED_HANDSHAKE_SPACING: Duration = Duration::from_millis(100);
-const FAILED_HANDSHAKE_MEMORY: Duration = Duration::from_secs(30);
-/// Failed handshakes after which the coordinator warns that someone may be guessing.
-const FAILED_HANDSHAKE_WARNING: u64 = 10;
-
-impl HandshakeGate {
-    /// How long this handshake waits before it starts.
-    fn wait(&self) -> Duration {
-        let mut state = self.state.lock().expect("gate lock is never poisoned");
-        let now = Instant::now();
-        let recent = state
-            .last_failure
-            .is_some_and(|at| now.duration_since(at) < FAILED_HANDSHAKE_MEMORY);
-        if !recent {
-            return Duration::ZERO;
-        }
-        let slot = state.next_slot.map_or(now, |next| next.max(now));
-        state.next_slot = Some(slot + FAILED_HANDSHAKE_SPACING);
-        slot - now
-    }
-
-    /// A handshake failed (wrong confirmation, or none).
-    fn failed(&self, worker: &str, reason: &str) {
-        let mut state = self.state.lock().expect("gate lock is never poisoned");
-        state.failures += 1;
-        state.last_failure = Some(Instant::now());
-        if state.failures == FAILED_HANDSHAKE_WARNING
-            || (state.failures > FAILED_HANDSHAKE_WARNING && state.failures.is_power_of_two())
-        {
-            tracing::warn!(
-                failures = state.failures,
-                worker,
-                reason,
-                "token handshakes keep failing: a worker with a wrong token, or someone guessing it (each failure now spaces the next handshake {FAILED_HANDSHAKE_SPACING:?})"
-            );
-        }
-    }
-}
-
 /// Who holds which of a level's join slots. Until every slot is taken at once, a worker that
 /// leaves frees its slot (a restarted worker may take it again, under the same id); from
 /// then on the level is running and nobody can join it.
@@ -407,7 +352,8 @@ pub struct ServiceState {
     /// Each enlisted worker's slice stream, behind the key its assignment carries or its
     /// session's proof for the level.
     slices: Mutex<HashMap<String, PendingSlice>>,
-    handshakes: HandshakeGate,
+    /// Failed token handshakes spaced per peer (`link_guard`).
+    handshakes: PeerGate,
 }
 
 impl ServiceState {
@@ -418,7 +364,7 @@ impl ServiceState {
             members: Mutex::new(Vec::new()),
             level: Mutex::new(None),
             slices: Mutex::new(HashMap::new()),
-            handshakes: HandshakeGate::default(),
+            handshakes: PeerGate::default(),
         }
     }
 
@@ -670,6 +616,15 @@ fn message_of(msg: v1::coordinator_message::Msg) -> Result<v1::CoordinatorMessag
     Ok(v1::CoordinatorMessage { msg: Some(msg) })
 }
 
+/// A join stream that says why the worker is refused, and ends.
+fn refused_stream(reason: String) -> Response<JoinStream> {
+    let (tx, rx) = mpsc::channel(1);
+    let _ = tx.try_send(message_of(v1::coordinator_message::Msg::Refused(
+        v1::Refused { reason },
+    )));
+    Response::new(Box::pin(ReceiverStream::new(rx)))
+}
+
 type JoinStream = Pin<Box<dyn Stream<Item = Result<v1::CoordinatorMessage, Status>> + Send>>;
 type SliceStream = Pin<Box<dyn Stream<Item = Result<v1::ExchangeChunk, Status>> + Send>>;
 
@@ -682,29 +637,40 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<Streaming<v1::WorkerMessage>>,
     ) -> Result<Response<Self::JoinStream>, Status> {
+        let peer = request.remote_addr().map(|addr| addr.ip());
         let mut inbound = request.into_inner();
         let hello = match tokio::time::timeout(Duration::from_secs(10), inbound.message()).await {
             Ok(Ok(Some(v1::WorkerMessage {
                 msg: Some(v1::worker_message::Msg::Hello(hello)),
             }))) => hello,
+            // Refused on the way (`link_guard::PreAuthLimitLayer`: a message too large to be
+            // read before the handshake): the peer hears why.
+            Ok(Err(status)) => return Err(status),
             _ => {
                 return Err(Status::invalid_argument(
                     "expected Hello as the first message",
                 ));
             }
         };
+        if let Err(reason) = check_hello_fields(&hello.worker_id, &hello.host) {
+            // A malformed Hello is a failed handshake: it spaces that peer, and the gate logs
+            // it thinned; what the peer sent is never logged whole.
+            if self.state.token.is_some() {
+                self.state
+                    .handshakes
+                    .failed(peer, &hello.worker_id, &reason);
+            }
+            tracing::debug!(peer = ?peer, reason, "refused a worker");
+            return Ok(refused_stream(reason));
+        }
         if hello.protocol_version != proto::PROTOCOL_VERSION {
             let reason = format!(
                 "protocol version {} is not supported (this coordinator speaks {})",
                 hello.protocol_version,
                 proto::PROTOCOL_VERSION
             );
-            tracing::warn!(worker = hello.worker_id, reason, "refused a worker");
-            let (tx, rx) = mpsc::channel(1);
-            let _ = tx.try_send(message_of(v1::coordinator_message::Msg::Refused(
-                v1::Refused { reason },
-            )));
-            return Ok(Response::new(Box::pin(ReceiverStream::new(rx))));
+            tracing::warn!(worker = %loggable(&hello.worker_id), reason, "refused a worker");
+            return Ok(refused_stream(reason));
         }
         // The response stream goes back at once: the challenge is a round trip on it. Once
         // the handshake has set the session's keys, every message but the challenge is
@@ -729,6 +695,7 @@ impl Coordinator for CoordinatorService {
         };
         tokio::spawn(serve_worker(
             self.state.clone(),
+            peer,
             hello,
             inbound,
             control_tx,
@@ -789,13 +756,14 @@ impl Coordinator for CoordinatorService {
 /// forwarded as events of the level it takes part in.
 async fn serve_worker(
     state: Arc<ServiceState>,
+    peer: Option<std::net::IpAddr>,
     hello: v1::Hello,
     mut inbound: Streaming<v1::WorkerMessage>,
     control_tx: ToWorker,
     keys_slot: Arc<OnceLock<Arc<SessionKeys>>>,
 ) {
     let refuse = |control_tx: ToWorker, reason: String| {
-        let worker = hello.worker_id.clone();
+        let worker = loggable(&hello.worker_id);
         async move {
             tracing::warn!(worker, reason, "refused a worker");
             let _ = control_tx
@@ -807,20 +775,39 @@ async fn serve_worker(
     };
     let session = match &state.token {
         Some(token) => {
-            let wait = state.handshakes.wait();
-            if !wait.is_zero() {
-                tokio::time::sleep(wait).await;
+            match state.handshakes.admit(peer) {
+                Admission::Proceed(wait) => {
+                    if !wait.is_zero() {
+                        tokio::time::sleep(wait).await;
+                    }
+                }
+                Admission::Refuse(reason) => {
+                    // Logged (thinned) by the gate.
+                    let _ = control_tx
+                        .send(message_of(v1::coordinator_message::Msg::Refused(
+                            v1::Refused { reason },
+                        )))
+                        .await;
+                    return;
+                }
             }
             match handshake(token, &hello, &mut inbound, &control_tx).await {
                 Ok(keys) => {
+                    state.handshakes.succeeded(peer);
                     let keys = Arc::new(keys);
                     // From here on the response stream seals what it sends.
                     let _ = keys_slot.set(Arc::clone(&keys));
                     Some(keys)
                 }
                 Err(reason) => {
-                    state.handshakes.failed(&hello.worker_id, &reason);
-                    return refuse(control_tx, reason).await;
+                    state.handshakes.failed(peer, &hello.worker_id, &reason);
+                    // Logged (thinned) by the gate.
+                    let _ = control_tx
+                        .send(message_of(v1::coordinator_message::Msg::Refused(
+                            v1::Refused { reason },
+                        )))
+                        .await;
+                    return;
                 }
             }
         }
@@ -1134,25 +1121,6 @@ async fn handshake(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn handshakes_wait_only_after_a_failure_and_then_one_by_one() {
-        let gate = HandshakeGate::default();
-        assert_eq!(gate.wait(), Duration::ZERO);
-        assert_eq!(gate.wait(), Duration::ZERO);
-        gate.failed("w", "wrong token");
-        // The next handshakes take turns, each FAILED_HANDSHAKE_SPACING after the last.
-        let waits: Vec<Duration> = (0..4).map(|_| gate.wait()).collect();
-        assert!(waits[0] <= Duration::from_millis(1), "{waits:?}");
-        for pair in waits.windows(2) {
-            let step = pair[1].saturating_sub(pair[0]);
-            assert!(
-                step >= FAILED_HANDSHAKE_SPACING - Duration::from_millis(5)
-                    && step <= FAILED_HANDSHAKE_SPACING + Duration::from_millis(5),
-                "{waits:?}"
-            );
-        }
-    }
 
     #[test]
     fn request_records_are_bounded_by_what_the_worker_was_handed_and_reports() {

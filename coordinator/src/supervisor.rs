@@ -311,6 +311,37 @@ enum Background {
     },
 }
 
+/// Mark the timeline's intervals in which a survivor sent handed-over exchanges.
+fn mark_hand_overs(result: &mut ReplayResult, started_at: SystemTime) {
+    let start_s = unix_ns(started_at) as f64 / 1e9;
+    for mark in &result.hand_overs {
+        let from = mark.from_unix_us as f64 / 1e6 - start_s;
+        let to = mark.to_unix_us as f64 / 1e6 - start_s;
+        for point in &mut result.timeline {
+            if point.t_s >= from && point.t_s - point.dt_s <= to {
+                point.hand_over = true;
+            }
+        }
+    }
+}
+
+/// A survivor's hand-over span in the coordinator's clock.
+fn hand_over_mark(
+    worker: &str,
+    span: common::worker_report::HandOverSpan,
+    clock: ClockEstimate,
+) -> crate::outcome::HandOverMark {
+    let to_coordinator =
+        |unix_us: u64| (unix_us as i128 - i128::from(clock.offset_ns) / 1_000).max(0) as u64;
+    crate::outcome::HandOverMark {
+        worker: worker.to_owned(),
+        exchanges: span.exchanges,
+        from_unix_us: to_coordinator(span.first_sent_unix_us),
+        to_unix_us: to_coordinator(span.last_sent_unix_us),
+        delay_ms: span.delay_us as f64 / 1_000.0,
+    }
+}
+
 /// Unanswered clock rounds that are sent again before a worker is declared silent.
 const CLOCK_ROUND_RETRIES: u32 = 2;
 
@@ -535,6 +566,7 @@ impl Supervisor {
             .map(|timeline| timeline.finish(self.slots.iter().map(|s| s.latest.as_deref())));
         let mut result = self.finish(started_at, duration)?;
         result.timeline = timeline.unwrap_or_default();
+        mark_hand_overs(&mut result, started_at);
         if let Some(progress) = progress {
             // The final numbers are the report's, accounting of lost workers included.
             let metrics = &result.metrics;
@@ -707,21 +739,22 @@ impl Supervisor {
                     Ok(_) = self.interrupt.wait_for(|i| *i) => {
                         return Err(RunError::Failed("interrupted before the load started".into()));
                     }
-                    () = tokio::time::sleep_until(deadline), if retries < CLOCK_ROUND_RETRIES => {
-                        // One unanswered round on a slow or loaded path is not a dead worker:
-                        // the silent ones are pinged again, with more patience each time.
-                        retries += 1;
-                        for (slot, _) in self.slots.iter().zip(&waiting).filter(|(_, w)| **w) {
-                            tracing::debug!(worker = slot.id, retries, "clock ping unanswered; pinging again");
-                            slot.control.send(Control::ClockPing {
-                                seq,
-                                sent_unix_ns: unix_ns(SystemTime::now()),
-                            });
-                        }
-                        deadline = Instant::now() + patience * (retries + 1);
-                        continue;
-                    }
                     () = tokio::time::sleep_until(deadline) => {
+                        if retries < CLOCK_ROUND_RETRIES {
+                            // One unanswered round on a slow or loaded path is not a dead
+                            // worker: the silent ones are pinged again, with more patience
+                            // each time.
+                            retries += 1;
+                            for (slot, _) in self.slots.iter().zip(&waiting).filter(|(_, w)| **w) {
+                                tracing::debug!(worker = slot.id, retries, "clock ping unanswered; pinging again");
+                                slot.control.send(Control::ClockPing {
+                                    seq,
+                                    sent_unix_ns: unix_ns(SystemTime::now()),
+                                });
+                            }
+                            deadline = Instant::now() + patience * (retries + 1);
+                            continue;
+                        }
                         let silent: Vec<&str> = self
                             .slots
                             .iter()
@@ -1254,6 +1287,7 @@ impl Supervisor {
         let mut assigned_total = 0u64;
         let mut run_totals = SliceTotals::default();
         let mut shortfalls = Vec::new();
+        let mut hand_overs = Vec::new();
         let steady = crate::faithful::steady_window(
             &slots
                 .iter()
@@ -1265,6 +1299,9 @@ impl Supervisor {
         );
         for slot in slots {
             let report = slot.latest.map(|r| *r).unwrap_or_default();
+            if let Some(span) = report.hand_over.filter(|span| span.exchanges > 0) {
+                hand_overs.push(hand_over_mark(&slot.id, span, slot.clock));
+            }
             merged.merge_sparse(&report.metrics);
             if let Some(steady) = &report.steady {
                 steady_metrics
@@ -1341,6 +1378,17 @@ impl Supervisor {
                 .iter()
                 .map(|shortfall| format!("INCOMPLETE: {shortfall}")),
         );
+        let run_start_us = unix_ns(started_at) / 1_000;
+        warnings.extend(hand_overs.iter().map(|mark| {
+            format!(
+                "worker {} sent {} exchanges handed over from a lost worker between {:.1} s and {:.1} s of the run, {:.0} ms after their recorded times (their recorded pace kept): the timeline marks that stretch, whose numbers carry the lost worker's load too",
+                mark.worker,
+                mark.exchanges,
+                mark.from_unix_us.saturating_sub(run_start_us) as f64 / 1e6,
+                mark.to_unix_us.saturating_sub(run_start_us) as f64 / 1e6,
+                mark.delay_ms
+            )
+        }));
         let starts: Vec<u64> = outcomes.iter().filter_map(|w| w.started_unix_ns).collect();
         let start_skew_ms = (starts.len() == outcomes.len() && !starts.is_empty()).then(|| {
             let max = starts.iter().max().copied().unwrap_or(0);
@@ -1419,6 +1467,7 @@ impl Supervisor {
             steady,
             steady_metrics,
             shortfalls,
+            hand_overs,
         })
     }
 }

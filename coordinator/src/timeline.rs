@@ -264,6 +264,7 @@ impl RunTimeline {
             output_tokens: open.counters.output_tokens,
             errors: open.counters.failed(),
             in_flight: self.workers.iter().flatten().map(|w| w.in_flight).sum(),
+            hand_over: false,
         });
         self.last_closed = Some((open, start));
         self.closed_until_s = t;

@@ -1139,6 +1139,13 @@ mod tests {
             cores: 4,
             timeline: CompletionTimeline::default(),
             steady: Some(steady),
+            hand_over: Some(common::worker_report::HandOverSpan {
+                hand_overs: 1,
+                exchanges: 40,
+                first_sent_unix_us: 5_000,
+                last_sent_unix_us: 8_000,
+                delay_us: 2_000_000,
+            }),
         };
         // Both encodings: V2+DEFLATE (older coordinators) and plain V2 (this one asks).
         let deflated = report_to_proto(&report);
@@ -1148,6 +1155,7 @@ mod tests {
             let back = report_from_proto(&wire).expect("decodes");
             assert_eq!(back.seq, 7);
             assert!(back.is_final);
+            assert_eq!(back.hand_over, report.hand_over);
             assert_eq!(back.metrics.counters, report.metrics.counters);
             // Every bucket of every histogram, connections too, lands where it was.
             let sent = SparseMetrics::from(&report.metrics);

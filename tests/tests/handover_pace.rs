@@ -170,6 +170,27 @@ fn measure_hand_over_pace() -> Result<(), String> {
         handed_over.len() as u64,
         "the survivor's log of its hand-overs:\n{said}"
     );
+    // The report names the hand-over (its survivor, its size) and marks its stretch of the
+    // timeline (issue 31 item 9).
+    let warnings = report["warnings"].to_string();
+    assert!(
+        warnings.contains(&format!(
+            "sent {} exchanges handed over from a lost worker",
+            handed_over.len()
+        )),
+        "{warnings}"
+    );
+    let marked = report["timeline"]
+        .as_array()
+        .expect("timeline")
+        .iter()
+        .filter(|p| p["hand_over"] == true)
+        .count();
+    assert!(
+        marked >= 1,
+        "no timeline interval marked: {:#}",
+        report["timeline"]
+    );
 
     if densest_sent > allowed {
         return Err(format!(

@@ -261,6 +261,7 @@ impl Load {
                 cores: 1,
                 timeline: self.timeline.clone(),
                 steady: None,
+                hand_over: None,
             },
             self.encoding,
         )

@@ -319,6 +319,10 @@ pub struct TimelinePoint {
     pub errors: u64,
     /// Requests sent and not yet answered at the end of the interval.
     pub in_flight: u64,
+    /// A worker sent exchanges handed over from a lost worker in this interval: its numbers
+    /// carry the lost worker's load too.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hand_over: bool,
 }
 
 /// The `run` section. Filled in by the coordinator; also the builder's input.

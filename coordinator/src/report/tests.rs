@@ -198,6 +198,7 @@ fn sample_timeline() -> Vec<TimelinePoint> {
             output_tokens: tokens as u64,
             errors,
             in_flight,
+            hand_over: false,
         },
     )
     .collect()

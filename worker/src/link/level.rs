@@ -98,7 +98,9 @@ pub(super) async fn run_level(
                     Err(LinkError::Protocol(format!("the link's session failed: {error}")))
                 });
             }
-            item = link.inbound.recv(), if inbound_open => {
+            // Once the next level's assignment (or the run's end) is in, what follows it is
+            // the next level's: it stays queued for the next session.
+            item = link.inbound.recv(), if inbound_open && link.pending.is_none() => {
                 let event = match item {
                     Some(Inbound::Event(event)) => event,
                     // The coordinator wrote this level's Finish before it: the session has it
