@@ -1060,7 +1060,8 @@ fn request_totals(result: &ReplayResult) -> RequestTotals {
             Some("the run was interrupted".into())
         } else if result.aborted {
             Some(
-                "a worker was lost or quit, and the run was aborted (--on-worker-loss fail)".into(),
+                "a worker was lost or quit, and the run was aborted (--on-worker-loss fail); no worker reported sending them"
+                    .into(),
             )
         } else {
             None

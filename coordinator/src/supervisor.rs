@@ -311,6 +311,36 @@ enum Background {
     },
 }
 
+/// A finished worker that did not account for every exchange it was handed (`accounted`:
+/// answered, not started and lost by its final report), in words.
+fn shortfall(id: &str, host: &str, handed: u64, accounted: u64) -> String {
+    format!(
+        "worker {id} ({host}) accounted for {accounted} exchanges but was handed {handed}: {} never reached it or were never counted",
+        handed.abs_diff(accounted)
+    )
+}
+
+/// What the report says of each hand-over: who sent it, how much, when, how late.
+fn hand_over_warnings(
+    hand_overs: &[crate::outcome::HandOverMark],
+    started_at: SystemTime,
+) -> Vec<String> {
+    let run_start_us = unix_ns(started_at) / 1_000;
+    hand_overs
+        .iter()
+        .map(|mark| {
+            format!(
+                "worker {} sent {} exchanges handed over from a lost worker between {:.1} s and {:.1} s of the run, {:.0} ms after their recorded times (their recorded pace kept): the timeline marks that stretch, whose numbers carry the lost worker's load too",
+                mark.worker,
+                mark.exchanges,
+                mark.from_unix_us.saturating_sub(run_start_us) as f64 / 1e6,
+                mark.to_unix_us.saturating_sub(run_start_us) as f64 / 1e6,
+                mark.delay_ms
+            )
+        })
+        .collect()
+}
+
 /// Mark the timeline's intervals in which a survivor sent handed-over exchanges.
 fn mark_hand_overs(result: &mut ReplayResult, started_at: SystemTime) {
     let start_s = unix_ns(started_at) as f64 / 1e9;
@@ -1328,16 +1358,10 @@ impl Supervisor {
             };
             // A worker that finished (not lost, the run not aborted) accounts for every
             // exchange it was handed, its own and reassigned ones.
-            if !plan.open_ended && !aborted && slot.done && slot.lost.is_none() {
+            if !plan.open_ended && !aborted {
                 let accounted = answered + totals.not_started + totals.lost;
-                if accounted != slot.sent {
-                    shortfalls.push(format!(
-                        "worker {} ({}) accounted for {accounted} exchanges but was handed {}: {} never reached it or were never counted",
-                        slot.id,
-                        slot.host,
-                        slot.sent,
-                        slot.sent.abs_diff(accounted)
-                    ));
+                if slot.done && slot.lost.is_none() && accounted != slot.sent {
+                    shortfalls.push(shortfall(&slot.id, &slot.host, slot.sent, accounted));
                 }
             }
             assigned_total += assigned;
@@ -1378,17 +1402,7 @@ impl Supervisor {
                 .iter()
                 .map(|shortfall| format!("INCOMPLETE: {shortfall}")),
         );
-        let run_start_us = unix_ns(started_at) / 1_000;
-        warnings.extend(hand_overs.iter().map(|mark| {
-            format!(
-                "worker {} sent {} exchanges handed over from a lost worker between {:.1} s and {:.1} s of the run, {:.0} ms after their recorded times (their recorded pace kept): the timeline marks that stretch, whose numbers carry the lost worker's load too",
-                mark.worker,
-                mark.exchanges,
-                mark.from_unix_us.saturating_sub(run_start_us) as f64 / 1e6,
-                mark.to_unix_us.saturating_sub(run_start_us) as f64 / 1e6,
-                mark.delay_ms
-            )
-        }));
+        warnings.extend(hand_over_warnings(&hand_overs, started_at));
         let starts: Vec<u64> = outcomes.iter().filter_map(|w| w.started_unix_ns).collect();
         let start_skew_ms = (starts.len() == outcomes.len() && !starts.is_empty()).then(|| {
             let max = starts.iter().max().copied().unwrap_or(0);

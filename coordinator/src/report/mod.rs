@@ -1442,7 +1442,7 @@ fn derived_warnings(requests: &RequestsSection, not_started_because: Option<&str
     if requests.not_started > 0 {
         warnings.push(match not_started_because {
             Some(because) => format!(
-                "requests never started: {} ({because}; nobody sent them)",
+                "requests never started: {} ({because})",
                 requests.not_started
             ),
             None => format!(

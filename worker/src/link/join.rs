@@ -163,23 +163,7 @@ async fn join_once(options: &LinkOptions) -> Result<Link, JoinFailure> {
     // With a token, the session's keys once the handshake set them: from then on every
     // message but the handshake's own is sealed as it goes to the wire, in the wire's order.
     let keys: Arc<OnceLock<Arc<SessionKeys>>> = Arc::new(OnceLock::new());
-    let outbound = {
-        let plain = Arc::clone(&plain);
-        let keys = Arc::clone(&keys);
-        let mut sealer = None;
-        ReceiverStream::new(handshake_rx)
-            .merge(ReceiverStream::new(out_rx).map(move |message| {
-                message_to_proto(message, plain.load(std::sync::atomic::Ordering::Relaxed))
-            }))
-            .map(move |message| {
-                if sealer.is_none()
-                    && let Some(keys) = keys.get()
-                {
-                    sealer = Some(keys.worker_sealer());
-                }
-                proto::auth::seal_worker_message(sealer.as_mut(), message)
-            })
-    };
+    let outbound = outbound_stream(handshake_rx, out_rx, Arc::clone(&plain), Arc::clone(&keys));
     let send = |msg: v1::worker_message::Msg| v1::WorkerMessage { msg: Some(msg) };
     let token = options
         .token
@@ -304,6 +288,29 @@ async fn join_once(options: &LinkOptions) -> Result<Link, JoinFailure> {
         heartbeat_timeout: options.heartbeat_timeout,
         reader,
     })
+}
+
+/// The one stream to the coordinator: the handshake's protocol messages, then the session's
+/// domain messages converted as they go out, each sealed once the session has keys.
+fn outbound_stream(
+    handshake_rx: mpsc::Receiver<v1::WorkerMessage>,
+    out_rx: mpsc::Receiver<ToCoordinator>,
+    plain: Arc<AtomicBool>,
+    keys: Arc<OnceLock<Arc<SessionKeys>>>,
+) -> impl tokio_stream::Stream<Item = v1::WorkerMessage> + Send + 'static {
+    let mut sealer = None;
+    ReceiverStream::new(handshake_rx)
+        .merge(ReceiverStream::new(out_rx).map(move |message| {
+            message_to_proto(message, plain.load(std::sync::atomic::Ordering::Relaxed))
+        }))
+        .map(move |message| {
+            if sealer.is_none()
+                && let Some(keys) = keys.get()
+            {
+                sealer = Some(keys.worker_sealer());
+            }
+            proto::auth::seal_worker_message(sealer.as_mut(), message)
+        })
 }
 
 /// A failed `Join` call: the coordinator's own refusal is final, a transport failure is not.
