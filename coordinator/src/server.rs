@@ -66,6 +66,12 @@ pub enum WorkerEvent {
         index: usize,
         reason: String,
     },
+    /// It asks to start the first `own_prefix` exchanges of its own slice (protocol 5): the
+    /// supervisor records the claim, then grants it.
+    Claim {
+        index: usize,
+        own_prefix: u64,
+    },
     Gone {
         index: usize,
         reason: String,
@@ -101,6 +107,10 @@ pub enum Control {
         reason: String,
     },
     Finish,
+    /// The worker may start the first `own_prefix` exchanges of its own slice.
+    Grant {
+        own_prefix: u64,
+    },
 }
 
 /// The supervisor's handle on one worker's control stream (a bounded channel that this
@@ -169,6 +179,7 @@ fn control_to_proto(control: Control) -> v1::coordinator_message::Msg {
         Control::Heartbeat { unix_ns } => Msg::Heartbeat(v1::Heartbeat { unix_ns }),
         Control::Abort { reason } => Msg::Abort(v1::Abort { reason }),
         Control::Finish => Msg::Finish(v1::Finish {}),
+        Control::Grant { own_prefix } => Msg::Grant(v1::Grant { own_prefix }),
     }
 }
 
@@ -988,6 +999,10 @@ fn event_of(
         v1::worker_message::Msg::Failed(failed) => WorkerEvent::Failed {
             index,
             reason: failed.reason,
+        },
+        v1::worker_message::Msg::Claim(claim) => WorkerEvent::Claim {
+            index,
+            own_prefix: claim.own_prefix,
         },
         v1::worker_message::Msg::Records(batch) => {
             // A peer may not write more lines than it could have measured requests: checked

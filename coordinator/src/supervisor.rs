@@ -296,6 +296,11 @@ struct Slot {
     quit: bool,
     /// What it had not started went to the other workers.
     handed_over: bool,
+    /// The prefix of its own slice it was granted (protocol 5): it started nothing beyond.
+    claimed: u64,
+    /// Lost by silence: own exchanges it was granted beyond its last report, which may have
+    /// reached the server (counted lost, never handed over).
+    maybe_sent: u64,
 }
 
 /// Long work that finished.
@@ -414,15 +419,42 @@ impl Slot {
             quitting: None,
             quit: false,
             handed_over: false,
+            claimed: 0,
+            maybe_sent: 0,
         }
     }
 
     /// Account for the worker from its last accepted report: what it issued is assigned to
-    /// it, and what it had not answered then was in flight and is lost.
-    fn account_in_flight_as_lost(&mut self) {
+    /// it, and what it had not answered then was in flight and is lost. A worker lost by
+    /// silence may also have started what it was granted after that report: those are
+    /// assigned to it and lost too (they may have reached the server). A worker that quit
+    /// said exactly what it did in its final report.
+    /// Returns where the hand-over of its own slice begins: the first own exchange it can
+    /// never have started.
+    fn account_in_flight_as_lost(&mut self) -> u64 {
         let answered = self.answered();
         let issued = self.reported().issued.max(answered);
-        self.lost_accounting = Some((issued, issued - answered));
+        let own_issued = issued.saturating_sub(self.reassigned_in);
+        self.maybe_sent = if self.quit {
+            0
+        } else {
+            self.claimed.saturating_sub(own_issued)
+        };
+        let assigned = issued + self.maybe_sent;
+        self.lost_accounting = Some((assigned, assigned - answered));
+        own_issued + self.maybe_sent
+    }
+
+    /// A claim of its own slice's first `own_prefix` exchanges: recorded, then granted. A
+    /// lost, finished or quitting worker is granted nothing more.
+    fn claim(&mut self, own_prefix: u64) {
+        if !self.alive() || self.quitting.is_some() {
+            return;
+        }
+        self.claimed = self.claimed.max(own_prefix);
+        self.control.send(Control::Grant {
+            own_prefix: self.claimed,
+        });
     }
 
     fn reported(&self) -> SliceTotals {
@@ -940,6 +972,7 @@ impl Supervisor {
             | WorkerEvent::ClockPong { index, .. }
             | WorkerEvent::Started { index, .. }
             | WorkerEvent::Failed { index, .. }
+            | WorkerEvent::Claim { index, .. }
             | WorkerEvent::Gone { index, .. } => *index,
         };
         let Some(slot) = self.slots.get_mut(index) else {
@@ -988,6 +1021,11 @@ impl Supervisor {
                 if slot.alive() && slot.quitting.is_none() {
                     slot.quitting = Some((reason, Instant::now()));
                 }
+                return false;
+            }
+            WorkerEvent::Claim { own_prefix, .. } => {
+                slot.last_heard = Instant::now();
+                slot.claim(own_prefix);
                 return false;
             }
             WorkerEvent::Gone { reason, .. } => {
@@ -1127,8 +1165,13 @@ impl Supervisor {
             // report (a worker that quit: its final one): what it issued by then is its own,
             // and what it had not answered then is lost (never replayed again); the rest goes
             // to the survivors, once.
-            slot.account_in_flight_as_lost();
-            let issued = slot.lost_accounting.map_or(0, |(issued, _)| issued);
+            let from = slot.account_in_flight_as_lost();
+            if slot.maybe_sent > 0 {
+                self.warnings.push(format!(
+                    "worker {} was lost without a final report: {} exchanges it was granted after its last report may have reached the server; they are counted lost, and not sent again",
+                    slot.id, slot.maybe_sent
+                ));
+            }
             self.notify(notice);
             if !reassign {
                 self.aborted = true;
@@ -1141,7 +1184,6 @@ impl Supervisor {
                     slot.id
                 ));
             }
-            let own_issued = issued.saturating_sub(slot.reassigned_in);
             // Everything it had not started goes to the survivors still taking exchanges.
             let survivors: Vec<usize> = (0..self.slots.len())
                 .filter(|&i| self.slots[i].alive() && !self.slots[i].closed)
@@ -1168,7 +1210,7 @@ impl Supervisor {
                 .spawn_blocking(move || Background::Reassigned {
                     dead,
                     survivors,
-                    result: feed_reassigned(&plan, dead, own_issued, &senders),
+                    result: feed_reassigned(&plan, dead, from, &senders),
                 });
         }
     }

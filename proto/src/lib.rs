@@ -8,8 +8,10 @@
 /// (SPAKE2) replaces the token challenge, and every message after it is sealed with the
 /// session's keys (see [`auth`]). Version 4: a run of many levels is one run for its workers
 /// (an assignment per level on one `Join` stream, then `Done`), each slice stream is sealed
-/// under a key of its own level and must end with its sealed last chunk.
-pub const PROTOCOL_VERSION: u32 = 4;
+/// under a key of its own level and must end with its sealed last chunk. Version 5: a worker
+/// starts an exchange of its own slice only once the coordinator granted its claim (`Claim`,
+/// `Grant`), so a lost worker's exchanges are handed over without duplicates.
+pub const PROTOCOL_VERSION: u32 = 5;
 
 pub mod auth;
 

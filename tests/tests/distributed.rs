@@ -214,14 +214,30 @@ fn worker_loss_with_reassign_replays_everything() {
         0.0,
         "{report:#}"
     );
-    // Every exchange reached the server at least once: the dead worker's unstarted ones were
-    // replayed by the others.
-    let seen: std::collections::BTreeSet<u64> = request_log(&run.mock_log)
+    // Every exchange reached the server at most once: the killed worker started only what
+    // the coordinator had granted it (protocol 5), and only what was never granted went to
+    // the others. What it was granted but may never have sent is counted lost (it was
+    // killed: nobody can know), so every exchange the server never saw is counted lost.
+    let mut seen = std::collections::BTreeMap::<u64, usize>::new();
+    for exchange in request_log(&run.mock_log)
         .into_iter()
         .filter_map(|(_, exchange)| exchange)
+    {
+        *seen.entry(exchange).or_default() += 1;
+    }
+    let twice: Vec<u64> = seen
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(i, _)| *i)
         .collect();
-    let missing: Vec<u64> = (0..400).filter(|i| !seen.contains(i)).collect();
-    assert!(missing.is_empty(), "never replayed: {missing:?}");
+    assert!(twice.is_empty(), "reached the server twice: {twice:?}");
+    let missing = (0..400).filter(|i| !seen.contains_key(i)).count();
+    let lost = num(&report, &["requests", "lost"]);
+    eprintln!("never reached the server: {missing}; counted lost: {lost}");
+    assert!(
+        missing as f64 <= lost,
+        "{missing} never reached the server, {lost} counted lost: {report:#}"
+    );
     assert!(
         report["warnings"].to_string().contains("reassigned"),
         "{}",

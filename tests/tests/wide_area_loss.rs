@@ -565,3 +565,105 @@ fn reassigned_exchanges_are_neither_lag_nor_out_of_order_on_the_survivor() {
     assert!(late.len() <= 2, "lag of handed-over exchanges: {late:?}");
     assert_eq!(near.wait_timeout(Duration::from_secs(10)), Some(0));
 }
+
+/// Issue 31 items 8 and 9: a worker lost by silence — its link stalls both ways for good —
+/// is handed over without duplicates: it started only what the coordinator granted
+/// (protocol 5), the survivor gets only what was never granted, and what was granted after
+/// the lost worker's last report is counted lost (it may have reached the server), never
+/// "not started". Returns the coordinator's exit code, the report, and how many times the
+/// server saw each exchange.
+fn silent_loss(policy: &str) -> (Option<i32>, serde_json::Value, BTreeMap<u64, usize>) {
+    let dir = TempDir::new(&format!("silent-loss-{policy}"));
+    let log = dir.join("requests.jsonl");
+    let mock = mock(&log);
+    let recording = dir.join("rec.jsonl");
+    // 600 exchanges 10 ms apart: 6 s of a recorded schedule, 50 a second on each worker.
+    write_chat_recording(&recording, 600, 20, Some(10.0));
+    let report_path = dir.join("report.json");
+    let (mut coordinator, addr) = coordinator(
+        &[
+            path(&recording),
+            "--target",
+            &mock.url,
+            "--tag-requests",
+            "--on-worker-loss",
+            policy,
+            "--heartbeat-timeout",
+            "2s",
+            "--report-json",
+            path(&report_path),
+        ],
+        2,
+        &[],
+    );
+    let link = DelayLink::start(
+        &addr,
+        Direction::delay(Duration::from_millis(5)),
+        Direction::delay(Duration::from_millis(5)),
+    );
+    let _near = worker(&addr, "near", &[], &[]);
+    let _far = worker(link.addr(), "far", &[], &[]);
+    assert!(requests_flowed(&log, 60), "{}", coordinator.stderr());
+    // Nothing more passes either way: the coordinator hears nothing from `far` (not even a
+    // final report), and `far` hears no grant.
+    link.set_stalled(true);
+    let code = coordinator.wait_timeout(Duration::from_secs(60));
+    eprintln!("{}", coordinator.stderr());
+    let report = read_report(&report_path);
+    let mut seen: BTreeMap<u64, usize> = BTreeMap::new();
+    for (_, exchange) in request_log(&log) {
+        *seen.entry(exchange.expect("tagged")).or_default() += 1;
+    }
+    (code, report, seen)
+}
+
+#[test]
+fn a_silent_worker_is_handed_over_without_duplicates() {
+    let _parallel = parallel_lock();
+    let (code, report, seen) = silent_loss("reassign");
+    assert_eq!(code, Some(0), "{report:#}");
+    identity_holds(&report, 600.0);
+    let r = |k: &str| num(&report, &["requests", k]);
+    let twice: Vec<u64> = seen
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(i, _)| *i)
+        .collect();
+    assert!(twice.is_empty(), "reached the server twice: {twice:?}");
+    // Not started is only what nobody sent: here, nothing.
+    assert_eq!(r("not_started"), 0.0, "{report:#}");
+    // What the server never saw is counted lost (granted to the lost worker, perhaps never
+    // sent), and the lost worker's granted-but-unreported exchanges are named.
+    let never_seen = 600 - seen.len();
+    eprintln!(
+        "never reached the server: {never_seen}; counted lost: {}",
+        r("lost")
+    );
+    assert!(
+        r("lost") >= never_seen as f64,
+        "{never_seen} never reached the server, {} counted lost: {report:#}",
+        r("lost")
+    );
+    let warnings = report["warnings"].to_string();
+    assert!(
+        warnings.contains("may have reached the server"),
+        "{warnings}"
+    );
+    assert!(disconnected(worker_entry(&report, "far")), "{report:#}");
+}
+
+#[test]
+fn a_silent_workers_sends_are_lost_not_unstarted_under_fail() {
+    let _parallel = parallel_lock();
+    let (code, report, seen) = silent_loss("fail");
+    assert_ne!(code, Some(0), "{report:#}");
+    identity_holds(&report, 600.0);
+    let not_started = num(&report, &["requests", "not_started"]);
+    // Every exchange the server saw was sent: none of them is counted "not started".
+    assert!(
+        seen.len() as f64 + not_started <= 600.0,
+        "{} reached the server, yet {not_started} of 600 are counted not started: {report:#}",
+        seen.len()
+    );
+    assert!(seen.values().all(|n| *n == 1), "{seen:?}");
+}

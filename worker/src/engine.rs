@@ -45,6 +45,7 @@ use crate::config::{Arrival, ReplayConfig, Schedule, WorkItem};
 use crate::metrics_actor::{Finished, MetricsHandle, RecordMeta};
 use crate::request::{PreparedRequest, prepare};
 
+pub mod claims;
 mod hand_over;
 
 pub use hand_over::{HandOverCounters, HandOverSpan};
@@ -74,6 +75,13 @@ pub struct LiveCounters {
     /// What was sent of the exchanges handed over from lost workers: read
     /// [`HandOverCounters::span`].
     pub hand_over: HandOverCounters,
+}
+
+/// What the load model alone says goes out at once: a closed loop's concurrency, an open
+/// loop's rate over a quarter second.
+fn first_claim(load: &crate::config::LoadModel) -> u64 {
+    let by_rate = load.rate.map_or(0, |rate| (rate * 0.25).ceil() as u64);
+    (load.concurrency.unwrap_or(0) as u64).max(by_rate)
 }
 
 /// Wait until `at` precisely: the pacer thread sleeps on a futex with a nanosecond timeout
@@ -168,6 +176,9 @@ pub struct EngineRun {
     /// The items loop until the duration ends.
     pub open_ended: bool,
     pub counters: Arc<LiveCounters>,
+    /// Linked to a coordinator (protocol 5): an own exchange starts only once granted
+    /// ([`claims`]); `None` runs ungated.
+    pub claims: Option<Arc<claims::ClaimLink>>,
 }
 
 /// Where the scheduler takes its next item from.
@@ -202,6 +213,10 @@ struct Feed {
     speed: f64,
     /// The delay of handed-over items, and what was sent of each hand-over.
     hand_overs: HandOvers,
+    /// Own exchanges arrived so far: the next one's ordinal (what claims count).
+    own_arrivals: u64,
+    /// Claims and grants, when linked to a coordinator.
+    gate: Option<claims::Gate>,
 }
 
 struct Pending {
@@ -219,6 +234,9 @@ struct Arrived {
     /// Handed over from a lost worker: its lateness and order are not this worker's, and its
     /// send is counted with its hand-over.
     hand_over: Option<HandOverMark>,
+    /// Its ordinal among this worker's own exchanges (claims count them); `None` for a
+    /// handed-over one.
+    own: Option<u64>,
 }
 
 /// What a request's task keeps of its work item once the request is built: the recorded
@@ -266,7 +284,7 @@ impl Cancel {
 
 impl Arrived {
     /// Build `item`'s request under `config` and keep of the item what its task needs.
-    fn new(mut item: WorkItem, config: &ReplayConfig) -> Arrived {
+    fn new(mut item: WorkItem, config: &ReplayConfig, own: Option<u64>) -> Arrived {
         let request = prepare(&mut item, config);
         let WorkItem {
             index,
@@ -290,6 +308,7 @@ impl Arrived {
             },
             request,
             hand_over: reassigned.then_some(HandOverMark::OWN_TIME),
+            own,
         }
     }
 }
@@ -333,10 +352,36 @@ enum Next {
 }
 
 impl Feed {
+    /// An item as it arrives: its own ordinal given, its request built.
+    fn arrive(&mut self, item: WorkItem) -> Arrived {
+        let own = (!item.reassigned).then(|| {
+            self.own_arrivals += 1;
+            self.own_arrivals - 1
+        });
+        Arrived::new(item, &self.config, own)
+    }
+
+    /// Claim `item` (and what follows it at the current pace) as it is taken or waited for.
+    fn cover(&mut self, item: &Arrived) {
+        if let (Some(gate), Some(own)) = (&mut self.gate, item.own) {
+            gate.cover(own);
+        }
+    }
+
     fn push(&mut self, item: WorkItem) {
         // An item without an offset goes out at once, in file order among its kind.
         let mut due_ms = item.exchange.at_ms.unwrap_or(f64::NEG_INFINITY);
-        let mut item = Arrived::new(item, &self.config);
+        let mut item = self.arrive(item);
+        // Due within the look-ahead (it may be out of order): claimed as it arrives.
+        if let (Some(gate), Some(own)) = (&self.gate, item.own) {
+            let soon_ms =
+                self.recorded_now_ms() + gate.lookahead().as_secs_f64() * 1000.0 * self.speed;
+            if due_ms <= soon_ms
+                && let Some(gate) = &mut self.gate
+            {
+                gate.cover_only(own);
+            }
+        }
         if item.hand_over.is_some() {
             let placed = self.hand_overs.place(due_ms, self.recorded_now_ms());
             due_ms = placed.due_ms;
@@ -395,6 +440,7 @@ impl Feed {
 
     fn pop(&mut self) -> Option<Arrived> {
         let Reverse(pending) = self.pending.pop()?;
+        self.cover(&pending.item);
         // A handed-over item comes after later ones were sent because its worker was lost,
         // not because the recording is out of order; and its place is not this worker's
         // schedule, which later items of its own are judged against.
@@ -452,6 +498,10 @@ impl Feed {
                 let item = self.pop().expect("the heap has a head");
                 return Next::Item(item, intended);
             };
+            // Waited for: claimed before the wait, so its grant is in by its time.
+            if let (Some(gate), Some(own)) = (&mut self.gate, head.item.own) {
+                gate.cover(own);
+            }
             let room = !self.closed && self.pending.len() < self.window;
             // At the deadline at the latest: what is due after it is not started.
             let wake = deadline.map_or(when, |deadline| when.min(deadline));
@@ -565,7 +615,8 @@ impl Pacing {
         let Some(item) = item else {
             return Next::Done;
         };
-        let item = Arrived::new(item, &feed.config);
+        let item = feed.arrive(item);
+        feed.cover(&item);
         let Pacing::Rate {
             rate,
             arrival,
@@ -610,6 +661,7 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
         mut abort,
         open_ended,
         counters,
+        claims,
     } = run;
     let load = &config.load;
     let permits = load.concurrency.map(|c| Arc::new(Semaphore::new(c.max(1))));
@@ -646,7 +698,12 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
         start: start.instant,
         speed: recorded_speed.unwrap_or(1.0),
         hand_overs: HandOvers::new(recorded_speed.unwrap_or(1.0)),
+        own_arrivals: 0,
+        gate: claims.map(|link| claims::Gate::new(link, first_claim(load))),
     };
+    if let Some(gate) = &mut feed.gate {
+        gate.claim_first_wave();
+    }
 
     // Connection timings go to the run's metrics; the first wave's connections open before
     // the start, so none of them is set up inside a measured TTFT.
@@ -781,11 +838,20 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
             totals.not_started += 1;
             break;
         }
+        // An own exchange starts once the coordinator granted it.
+        if let (Some(gate), Some(own)) = (&mut feed.gate, item.own)
+            && !gate.admit(own, &mut abort).await
+        {
+            aborted = true;
+            totals.not_started += 1;
+            break 'items;
+        }
 
         let Arrived {
             item,
             request,
             hand_over,
+            ..
         } = item;
         if let Some(mark) = hand_over {
             let now_us = unix_nanos(SystemTime::now()) / 1000;
@@ -906,6 +972,9 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
     }
     totals.sent_out_of_order = feed.sent_out_of_order;
     feed.hand_overs.log_sent();
+    if let Some(gate) = &feed.gate {
+        gate.log_waits();
+    }
     counters
         .sent_out_of_order
         .store(feed.sent_out_of_order, Ordering::Relaxed);
@@ -1507,6 +1576,7 @@ mod tests {
             abort,
             open_ended: false,
             counters: Arc::default(),
+            claims: None,
         };
         let totals = tokio::time::timeout(Duration::from_secs(60), replay(run))
             .await
@@ -1678,6 +1748,7 @@ mod tests {
             abort,
             open_ended: false,
             counters: Arc::default(),
+            claims: None,
         };
         let totals = tokio::time::timeout(Duration::from_secs(60), replay(run))
             .await

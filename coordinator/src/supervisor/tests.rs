@@ -534,6 +534,72 @@ async fn a_silent_worker_is_lost_and_its_exchanges_go_to_the_survivor() {
     );
 }
 
+/// Issue 31, item 9 (protocol 5): a worker starts only what it was granted. One lost by
+/// silence after claims beyond its last report hands over only what it was never granted
+/// (nothing reaches the server twice); what it was granted but never reported is counted
+/// lost — it may have been sent — not handed over and not "not started".
+#[tokio::test(start_paused = true)]
+async fn a_silent_workers_granted_exchanges_are_lost_and_only_the_rest_is_handed_over() {
+    let recording = Recording::new("claims", 20);
+    let harness = start_supervisor(settings(2, true), plan(&recording, 2, 20));
+    let mut w0 = FakeWorker::join(&harness, 0, 0).await;
+    let mut w1 = FakeWorker::join(&harness, 1, 0).await;
+    tokio::join!(w0.sync_until_start(), w1.sync_until_start());
+    let _alive = keep_alive(harness.events.clone(), 0);
+    tokio::join!(w0.receive(10), w1.receive(10));
+    // Worker 1 claims its first 7, is granted them, reports 4 started (3 answered), then
+    // goes silent.
+    w1.send(WorkerEvent::Claim {
+        index: 1,
+        own_prefix: 7,
+    })
+    .await;
+    assert_eq!(w1.next_order().await, Control::Grant { own_prefix: 7 });
+    w1.report(
+        false,
+        3,
+        SliceTotals {
+            issued: 4,
+            ..SliceTotals::default()
+        },
+    )
+    .await;
+    // Only its 3 never-granted exchanges reach the survivor.
+    w0.receive(13).await;
+    let mut reassigned: Vec<u64> = w0.received[10..].to_vec();
+    reassigned.sort_unstable();
+    let mut ungranted: Vec<u64> = w1.received[7..].to_vec();
+    ungranted.sort_unstable();
+    assert_eq!(reassigned, ungranted, "exactly the never-granted exchanges");
+    w0.report_all(false).await;
+    w0.until_slice_closed().await;
+    assert_eq!(w0.received.len(), 13, "nothing more was handed over");
+    w0.report_all(true).await;
+    assert_eq!(w0.next_order().await, Control::Finish);
+
+    let result = harness
+        .run
+        .await
+        .expect("no panic")
+        .expect("the run completes");
+    assert_eq!(result.metrics.counters.succeeded, 13 + 3);
+    assert_eq!(
+        result.totals.lost,
+        1 + 3,
+        "the one in flight, and the 3 granted after its last report"
+    );
+    assert_eq!(result.totals.not_started, 0);
+    let assigned: Vec<u64> = result.workers.iter().map(|w| w.assigned).collect();
+    assert_eq!(assigned, vec![13, 7]);
+    assert!(
+        result.warnings.iter().any(|w| w.contains(
+            "3 exchanges it was granted after its last report may have reached the server"
+        )),
+        "{:?}",
+        result.warnings
+    );
+}
+
 /// Issue 19, item 4: a lost worker is fenced. It is told to stop (an abort naming its
 /// loss); the reports its stalled link delivers afterwards — up to a final one that accounts
 /// for its whole slice — are not counted; what it had not started by its last report before

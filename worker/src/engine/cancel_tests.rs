@@ -474,6 +474,7 @@ async fn a_cancel_rate_of_half_cancels_about_half_and_the_same_ones_for_a_seed()
             abort,
             open_ended: false,
             counters: Arc::default(),
+            claims: None,
         };
         let totals = tokio::time::timeout(Duration::from_secs(60), replay(run))
             .await

@@ -156,6 +156,7 @@ async fn handed_over_exchanges_are_sent_at_their_recorded_spacing() {
         abort,
         open_ended: false,
         counters: Arc::clone(&counters),
+        claims: None,
     };
     let replay = tokio::spawn(replay(run));
 

@@ -70,6 +70,7 @@ pub(super) async fn run_level(
             return Err(error);
         }
     };
+    let claims = crate::engine::claims::ClaimLink::new();
     let (session, mut session_task) = SessionHandle::spawn(
         Session {
             config,
@@ -83,10 +84,11 @@ pub(super) async fn run_level(
                 .report_interval
                 .unwrap_or(options.report_interval),
             health: options.health.clone(),
+            claims: Some(claims.clone()),
         },
         link.out.clone(),
     );
-    let slice_task = load.spawn(read_slice(slice, session.clone()));
+    let slice_task = load.spawn(read_slice(slice, session.clone(), claims));
     let mut inbound_open = true;
     let outcome = loop {
         tokio::select! {
@@ -197,7 +199,11 @@ async fn open_slice(
 /// Read the slice into the engine's items on the load runtime; a chunk that fails its check,
 /// an exchange that does not check out, a broken stream, or a stream that ends before its
 /// last chunk fails the slice (the session stops the load and says why).
-async fn read_slice(slice: OpenSlice, session: SessionHandle) {
+async fn read_slice(
+    slice: OpenSlice,
+    session: SessionHandle,
+    claims: Arc<crate::engine::claims::ClaimLink>,
+) {
     let OpenSlice {
         tx,
         mut stream,
@@ -238,8 +244,13 @@ async fn read_slice(slice: OpenSlice, session: SessionHandle) {
         for exchange in chunk.exchanges {
             match work_item(exchange) {
                 Ok(item) => {
+                    let own = !item.reassigned;
                     if tx.send(item).await.is_err() {
                         return;
+                    }
+                    // Claims never name an own exchange the engine has not been handed.
+                    if own {
+                        claims.received_one();
                     }
                 }
                 Err(reason) => return failed(false, reason).await,

@@ -327,6 +327,9 @@ fn event_from_proto(message: v1::CoordinatorMessage, received_unix_ns: u64) -> C
             reason: abort.reason,
         },
         Some(Msg::Finish(_)) => CoordinatorEvent::Finish,
+        Some(Msg::Grant(grant)) => CoordinatorEvent::Grant {
+            own_prefix: grant.own_prefix,
+        },
         // A heartbeat, or anything this late in the run that means nothing but "alive".
         Some(
             Msg::Heartbeat(_)
@@ -373,6 +376,7 @@ fn message_to_proto(message: ToCoordinator, plain: bool) -> v1::WorkerMessage {
         )),
         ToCoordinator::Heartbeat { unix_ns } => Msg::Heartbeat(v1::Heartbeat { unix_ns }),
         ToCoordinator::Failed { reason } => Msg::Failed(v1::WorkerFailed { reason }),
+        ToCoordinator::Claim { own_prefix } => Msg::Claim(v1::Claim { own_prefix }),
     };
     v1::WorkerMessage { msg: Some(msg) }
 }

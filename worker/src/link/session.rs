@@ -39,6 +39,8 @@ pub enum CoordinatorEvent {
     Abort { reason: String },
     /// The coordinator has the final report: the session may end.
     Finish,
+    /// The coordinator granted the first `own_prefix` exchanges of this worker's own slice.
+    Grant { own_prefix: u64 },
     /// Any other message (a heartbeat): the coordinator is alive.
     Alive,
     /// The coordinator closed its stream.
@@ -78,6 +80,10 @@ pub enum ToCoordinator {
     Failed {
         reason: String,
     },
+    /// The engine asks to start the first `own_prefix` exchanges of its own slice.
+    Claim {
+        own_prefix: u64,
+    },
 }
 
 /// Records per message: a batch stays far below gRPC's 4 MiB message limit.
@@ -102,6 +108,8 @@ pub struct Session {
     /// Interval between reports (and heartbeats).
     pub report_interval: Duration,
     pub health: Arc<HealthState>,
+    /// Claims and grants of the own slice (`engine::claims`); `None` runs ungated.
+    pub claims: Option<Arc<engine::claims::ClaimLink>>,
 }
 
 /// The handle of a running session: a cheap clone of its events' sender.
@@ -145,6 +153,7 @@ impl Session {
             heartbeat_timeout,
             report_interval,
             health,
+            claims,
         } = self;
         let silence = || coordinator_lost(&format!("no message for {heartbeat_timeout:?}"));
 
@@ -173,6 +182,12 @@ impl Session {
                     Some(CoordinatorEvent::SliceFailed { transport, reason }) => {
                         slice_failure.get_or_insert(slice_error(transport, &reason));
                     }
+                    Some(CoordinatorEvent::Grant { own_prefix }) => {
+                        last_heard = Instant::now();
+                        if let Some(claims) = &claims {
+                            claims.grant(own_prefix);
+                        }
+                    }
                     Some(CoordinatorEvent::Finish | CoordinatorEvent::Alive) => last_heard = Instant::now(),
                 },
                 _ = tokio::time::sleep_until(last_heard + heartbeat_timeout) => return Err(silence()),
@@ -199,7 +214,9 @@ impl Session {
             abort: abort_rx,
             open_ended,
             counters: counters.clone(),
+            claims: claims.clone(),
         }));
+        let mut claimer = claims.clone().map(engine::claims::Claimer::new);
         health.set(2);
         let mut failure: Option<LinkError> = None;
         if let Some(slice_failure) = slice_failure {
@@ -254,7 +271,19 @@ impl Session {
                     }
                     let _ = out.try_send(ToCoordinator::Heartbeat { unix_ns: unix_ns() });
                 }
+                own_prefix = next_claim(&mut claimer), if failure.is_none() => {
+                    if out.send(ToCoordinator::Claim { own_prefix }).await.is_err() {
+                        failure.get_or_insert(coordinator_lost("its report stream closed"));
+                        let _ = abort_tx.send(true);
+                    }
+                }
                 event = events.recv(), if failure.is_none() => match event {
+                    Some(CoordinatorEvent::Grant { own_prefix }) => {
+                        last_heard = Instant::now();
+                        if let Some(claims) = &claims {
+                            claims.grant(own_prefix);
+                        }
+                    }
                     Some(CoordinatorEvent::Abort { reason }) => {
                         failure = Some(LinkError::Aborted(reason));
                         let _ = abort_tx.send(true);
@@ -357,6 +386,14 @@ impl Session {
 /// How long a worker that stops because of a failure gives its final report to reach the
 /// wire when the coordinator may not answer.
 const LEAVE_PATIENCE: Duration = Duration::from_secs(1);
+
+/// The next claim to send; never, without claims.
+async fn next_claim(claimer: &mut Option<engine::claims::Claimer>) -> u64 {
+    match claimer {
+        Some(claimer) => claimer.next_claim().await,
+        None => std::future::pending().await,
+    }
+}
 
 /// Until the coordinator's Finish, or the end of its stream.
 async fn until_finished(events: &mut mpsc::Receiver<CoordinatorEvent>) {

@@ -65,6 +65,7 @@ fn spawn_session_with(target: &str, steady_metrics: bool) -> Harness {
             heartbeat_timeout: HEARTBEAT,
             report_interval: INTERVAL,
             health: health.clone(),
+            claims: None,
         },
         out_tx,
     );
