@@ -301,6 +301,8 @@ struct Slot {
     /// Lost by silence: own exchanges it was granted beyond its last report, which may have
     /// reached the server (counted lost, never handed over).
     maybe_sent: u64,
+    /// A grant went out since the last heartbeat round.
+    granted_since_heartbeat: bool,
 }
 
 /// Long work that finished.
@@ -421,6 +423,7 @@ impl Slot {
             handed_over: false,
             claimed: 0,
             maybe_sent: 0,
+            granted_since_heartbeat: false,
         }
     }
 
@@ -455,6 +458,7 @@ impl Slot {
         self.control.send(Control::Grant {
             own_prefix: self.claimed,
         });
+        self.granted_since_heartbeat = true;
     }
 
     fn reported(&self) -> SliceTotals {
@@ -1070,7 +1074,9 @@ impl Supervisor {
                     self.settings.heartbeat_timeout
                 ));
             }
-            if heartbeat {
+            // A grant since the last heartbeat said the coordinator is alive: it takes the
+            // heartbeat's place (claims and grants cost the link no extra messages).
+            if heartbeat && !std::mem::take(&mut slot.granted_since_heartbeat) {
                 slot.control.send(Control::Heartbeat { unix_ns: unix_now });
             }
         }

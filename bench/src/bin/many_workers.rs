@@ -58,6 +58,9 @@ struct Args {
     /// Joins spread over this long (a thousand workers do not dial in the same millisecond).
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     join_spread: Duration,
+    /// Issue without claiming (as a protocol 4 worker did): for an A/B of the claims' cost.
+    #[arg(long, env = "LLM_REPLAY_SIM_NO_CLAIMS")]
+    no_claims: bool,
     /// Worker ids are PREFIX-0, PREFIX-1, ...
     #[arg(long, default_value = "sim")]
     id_prefix: String,
@@ -158,6 +161,47 @@ struct Load {
     jitter: u64,
     /// How the reports encode their histograms (as the assignment asks a real worker).
     encoding: common::metrics::HistogramEncoding,
+    /// Protocol 5, as a real worker: an exchange is issued only once granted; claims go
+    /// ahead of need (two concurrencies' worth), at most every 100 ms unless blocked.
+    granted: u64,
+    claimed: u64,
+}
+
+impl Load {
+    /// What it would claim, as the engine's `claims::Gate` does: `ahead` (the concurrency, at
+    /// least 4) beyond what it issued, raised once half of it is used, within what arrived.
+    fn want(&self) -> u64 {
+        let received = self.issued + self.queued + self.not_started;
+        let ahead = (self.concurrency as u64).max(4);
+        let target = received.min(self.issued + ahead);
+        if target >= self.claimed + (ahead / 2).max(1) || self.blocked() {
+            target
+        } else {
+            self.claimed
+        }
+    }
+
+    fn blocked(&self) -> bool {
+        self.queued > 0 && self.issued >= self.granted
+    }
+
+    /// A claim that cannot wait for the next report (the first, or one it waits for).
+    fn urgent_claim(&mut self) -> Option<u64> {
+        let want = self.want();
+        (want > self.claimed && (self.claimed == 0 || self.blocked())).then(|| {
+            self.claimed = want;
+            want
+        })
+    }
+
+    /// At a report: the claim that takes the heartbeat's place, if any.
+    fn report_claim(&mut self) -> Option<u64> {
+        let want = self.want();
+        (want > self.claimed).then(|| {
+            self.claimed = want;
+            want
+        })
+    }
 }
 
 impl Load {
@@ -178,7 +222,10 @@ impl Load {
             }
             return;
         }
-        while self.queued > 0 && self.in_flight.len() < self.concurrency {
+        while self.queued > 0
+            && self.in_flight.len() < self.concurrency
+            && self.issued < self.granted
+        {
             self.queued -= 1;
             self.issued += 1;
             self.in_flight
@@ -384,6 +431,8 @@ async fn simulate(args: &Args, id: &str, tally: &Tally) -> anyhow::Result<()> {
         encoding: domain.histograms,
         started: None,
         jitter: 0x9e37_79b9_7f4a_7c15 ^ (id.len() as u64) ^ unix_ns(),
+        granted: if args.no_claims { u64::MAX } else { 0 },
+        claimed: if args.no_claims { u64::MAX } else { 0 },
     };
     let duration = domain.load.duration;
     let mut seq = 0u64;
@@ -399,6 +448,12 @@ async fn simulate(args: &Args, id: &str, tally: &Tally) -> anyhow::Result<()> {
         load.issue(now);
         if load.done(now) {
             break;
+        }
+        if let Some(own_prefix) = load.urgent_claim() {
+            out.send(message(v1::worker_message::Msg::Claim(v1::Claim {
+                own_prefix,
+            })))
+            .await?;
         }
         let next_due = load.in_flight.front().map(|(due, _)| *due);
         let start_due = load.started.filter(|s| *s > now);
@@ -419,9 +474,17 @@ async fn simulate(args: &Args, id: &str, tally: &Tally) -> anyhow::Result<()> {
                 }
                 seq += 1;
                 out.send(message(v1::worker_message::Msg::Report(load.report(seq, false)))).await?;
-                let _ = out.try_send(message(v1::worker_message::Msg::Heartbeat(v1::Heartbeat {
-                    unix_ns: unix_ns(),
-                })));
+                // As a real worker: a claim takes the heartbeat's place.
+                match load.report_claim() {
+                    Some(own_prefix) => {
+                        out.send(message(v1::worker_message::Msg::Claim(v1::Claim { own_prefix }))).await?;
+                    }
+                    None => {
+                        let _ = out.try_send(message(v1::worker_message::Msg::Heartbeat(v1::Heartbeat {
+                            unix_ns: unix_ns(),
+                        })));
+                    }
+                }
             }
             chunk = slice.message(), if !load.slice_closed => match chunk {
                 Ok(Some(chunk)) => {
@@ -459,6 +522,7 @@ async fn simulate(args: &Args, id: &str, tally: &Tally) -> anyhow::Result<()> {
                         load.deadline = duration.map(|d| at + d);
                         ticker.reset();
                     }
+                    Msg::Grant(grant) => load.granted = load.granted.max(grant.own_prefix),
                     Msg::Abort(abort) => bail!("aborted: {}", abort.reason),
                     Msg::Finish(_) => bail!("Finish before the final report"),
                     _ => {}

@@ -9,11 +9,15 @@
 //! (handed-over exchanges are never handed over again, so they are not claimed). The engine
 //! asks ahead of need — the exchanges it takes next plus a look-ahead of its recent pace —
 //! so a grant is normally in long before the send time; a send that has to wait for one is
-//! counted and logged. The look-ahead is four claim-to-grant round trips plus the claims'
-//! spacing, within [`MIN_LOOKAHEAD`]..[`MAX_LOOKAHEAD`]: short, because what a worker lost
-//! by silence was granted but never reported is neither handed over nor known to be sent
-//! (it is counted lost). A worker whose link to the coordinator stalls runs out of grants
-//! after that look-ahead and waits: it never runs far ahead of what the coordinator knows.
+//! counted and logged. Claims cost the link nothing more: a claim takes the place of the
+//! heartbeat that follows each report (one per report interval), and the coordinator's grant
+//! the place of its next heartbeat; only a claim the engine waits for, or the first, goes
+//! out at once. So the look-ahead is two report intervals plus four claim-to-grant round
+//! trips, within [`MIN_LOOKAHEAD`]..[`MAX_LOOKAHEAD`]: no longer, because what a worker
+//! lost by silence was granted but never reported is neither handed over nor known to be
+//! sent (it is counted lost). A worker whose link to the coordinator stalls runs out of
+//! grants after that look-ahead and waits: it never runs far ahead of what the coordinator
+//! knows.
 //!
 //! Three parties share a [`ClaimLink`]: the slice reader counts the own exchanges it hands to
 //! the engine (a claim never names one that has not arrived), the engine raises its target
@@ -26,19 +30,16 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, watch};
 
-/// The look-ahead's bounds, and its value before a round trip was measured.
-const MIN_LOOKAHEAD: Duration = Duration::from_millis(250);
-const MAX_LOOKAHEAD: Duration = Duration::from_secs(2);
-const FIRST_LOOKAHEAD: Duration = Duration::from_secs(1);
+/// The look-ahead's bounds, and the round trip assumed before one was measured.
+const MIN_LOOKAHEAD: Duration = Duration::from_millis(500);
+const MAX_LOOKAHEAD: Duration = Duration::from_secs(5);
+const FIRST_ROUND_TRIP: Duration = Duration::from_millis(250);
 
 /// The fewest exchanges claimed ahead of the one taken.
 const MIN_AHEAD: u64 = 4;
 
 /// The pace is measured over windows this long.
 const PACE_WINDOW: Duration = Duration::from_millis(250);
-
-/// At most one claim this often, unless the engine is waiting for one.
-const CLAIM_EVERY: Duration = Duration::from_millis(100);
 
 /// The state the slice reader, the engine and the session share.
 #[derive(Debug)]
@@ -57,10 +58,13 @@ pub struct ClaimLink {
     outstanding: std::sync::Mutex<Option<(u64, Instant)>>,
     /// Claim-to-grant round trip, µs (rises at once, decays slowly); 0 before the first.
     round_trip_us: AtomicU64,
+    /// How often the session claims (its report interval).
+    claim_every: Duration,
 }
 
 impl ClaimLink {
-    pub fn new() -> Arc<ClaimLink> {
+    /// `claim_every`: the session's report interval, at which it claims.
+    pub fn new(claim_every: Duration) -> Arc<ClaimLink> {
         Arc::new(ClaimLink {
             received: AtomicU64::new(0),
             target: AtomicU64::new(0),
@@ -69,15 +73,17 @@ impl ClaimLink {
             granted: watch::Sender::new(0),
             outstanding: std::sync::Mutex::new(None),
             round_trip_us: AtomicU64::new(0),
+            claim_every,
         })
     }
 
     /// How far ahead of its pace the engine claims (see the module's text).
     pub fn lookahead(&self) -> Duration {
-        match self.round_trip_us.load(Ordering::Relaxed) {
-            0 => FIRST_LOOKAHEAD,
-            us => (Duration::from_micros(us) * 4 + CLAIM_EVERY).clamp(MIN_LOOKAHEAD, MAX_LOOKAHEAD),
-        }
+        let round_trip = match self.round_trip_us.load(Ordering::Relaxed) {
+            0 => FIRST_ROUND_TRIP,
+            us => Duration::from_micros(us),
+        };
+        (self.claim_every * 2 + round_trip * 4).clamp(MIN_LOOKAHEAD, MAX_LOOKAHEAD)
     }
 
     fn sent_claim(&self, own_prefix: u64) {
@@ -148,38 +154,35 @@ impl ClaimLink {
 pub struct Claimer {
     link: Arc<ClaimLink>,
     sent: u64,
-    next_at: tokio::time::Instant,
 }
 
 impl Claimer {
     pub fn new(link: Arc<ClaimLink>) -> Claimer {
-        Claimer {
-            link,
-            sent: 0,
-            next_at: tokio::time::Instant::now(),
-        }
+        Claimer { link, sent: 0 }
     }
 
-    /// The next claim to send: once the claimable prefix grew, at most every
-    /// [`CLAIM_EVERY`] — at once when the engine waits for it. Cancel-safe.
-    pub async fn next_claim(&mut self) -> u64 {
+    /// At a report: the claim that takes the place of the heartbeat, if the claimable
+    /// prefix grew.
+    pub fn on_report(&mut self) -> Option<u64> {
+        let wanted = self.link.claimable();
+        (wanted > self.sent).then(|| self.send(wanted))
+    }
+
+    fn send(&mut self, wanted: u64) -> u64 {
+        self.sent = wanted;
+        self.link.sent_claim(wanted);
+        wanted
+    }
+
+    /// A claim that cannot wait for the next report: the first one, or one the engine waits
+    /// for. Cancel-safe.
+    pub async fn urgent(&mut self) -> u64 {
         loop {
             let wanted = self.link.claimable();
-            if wanted > self.sent {
-                let now = tokio::time::Instant::now();
-                if now >= self.next_at || self.link.blocked.load(Ordering::Relaxed) {
-                    self.sent = wanted;
-                    self.next_at = now + CLAIM_EVERY;
-                    self.link.sent_claim(wanted);
-                    return wanted;
-                }
-                tokio::select! {
-                    _ = self.link.changed.notified() => {}
-                    _ = tokio::time::sleep_until(self.next_at) => {}
-                }
-            } else {
-                self.link.changed.notified().await;
+            if wanted > self.sent && (self.sent == 0 || self.link.blocked.load(Ordering::Relaxed)) {
+                return self.send(wanted);
             }
+            self.link.changed.notified().await;
         }
     }
 }
@@ -195,6 +198,9 @@ pub struct Gate {
     window_first: u64,
     /// Own exchanges taken per second, in the last full window.
     pace: f64,
+    /// The target last raised: it is raised again only half a look-ahead later, so a claim
+    /// goes out every half look-ahead at most (not one per exchange).
+    last_want: u64,
     /// Sends that waited for a grant, and the longest wait.
     pub waits: u64,
     pub longest_wait: Duration,
@@ -212,6 +218,7 @@ impl Gate {
             window_start: Instant::now(),
             window_first: 0,
             pace: 0.0,
+            last_want: 0,
             waits: 0,
             longest_wait: Duration::ZERO,
         }
@@ -219,7 +226,14 @@ impl Gate {
 
     /// Claim what the engine will send first, before the start.
     pub fn claim_first_wave(&mut self) {
-        self.link.want(self.min_ahead);
+        self.raise(self.min_ahead);
+    }
+
+    fn raise(&mut self, target: u64) {
+        if target > self.last_want {
+            self.last_want = target;
+            self.link.want(target);
+        }
     }
 
     /// The engine takes (or is about to wait for) own exchange `ordinal`: claim it and
@@ -232,14 +246,19 @@ impl Gate {
             self.window_start = now;
             self.window_first = ordinal;
         }
-        let ahead = (self.pace * self.link.lookahead().as_secs_f64()).ceil() as u64;
-        self.link
-            .want(ordinal.saturating_add(1 + ahead.max(self.min_ahead)));
+        let ahead =
+            ((self.pace * self.link.lookahead().as_secs_f64()).ceil() as u64).max(self.min_ahead);
+        let target = ordinal.saturating_add(1 + ahead);
+        // Half the look-ahead is still granted ahead of this one: no claim yet.
+        if target >= self.last_want.saturating_add((ahead / 2).max(1)) || ordinal >= self.last_want
+        {
+            self.raise(target);
+        }
     }
 
     /// Claim exactly up to `ordinal` (an exchange due within the look-ahead).
     pub fn cover_only(&mut self, ordinal: u64) {
-        self.link.want(ordinal.saturating_add(1));
+        self.raise(ordinal.saturating_add(1));
     }
 
     /// How far ahead the engine claims now.
@@ -252,7 +271,8 @@ impl Gate {
         if *self.granted.borrow() > ordinal {
             return true;
         }
-        self.cover(ordinal);
+        let ahead = self.min_ahead;
+        self.raise(ordinal.saturating_add(1 + ahead));
         let began = Instant::now();
         self.link.blocked.store(true, Ordering::Relaxed);
         self.link.changed.notify_one();
@@ -285,18 +305,21 @@ mod tests {
 
     #[tokio::test]
     async fn a_claim_never_names_what_has_not_arrived_and_waits_for_its_grant() {
-        let link = ClaimLink::new();
+        let link = ClaimLink::new(Duration::from_millis(500));
         let mut gate = Gate::new(link.clone(), 4);
         let mut claimer = Claimer::new(link.clone());
         gate.claim_first_wave();
         // Nothing arrived: nothing to claim.
-        let early = tokio::time::timeout(Duration::from_millis(50), claimer.next_claim()).await;
+        let early = tokio::time::timeout(Duration::from_millis(50), claimer.urgent()).await;
         assert!(early.is_err(), "{early:?}");
+        assert_eq!(claimer.on_report(), None);
         for _ in 0..10 {
             link.received_one();
         }
-        // The first wave (the minimum look-ahead, 4).
-        assert_eq!(claimer.next_claim().await, 4);
+        // The first wave (the minimum look-ahead, 4), at once.
+        assert_eq!(claimer.urgent().await, 4);
+        // Nothing more wanted: no claim at the next report.
+        assert_eq!(claimer.on_report(), None);
         let (_abort_tx, mut abort) = watch::channel(false);
         let admitted = tokio::time::timeout(Duration::from_millis(50), gate.admit(0, &mut abort));
         assert!(admitted.await.is_err(), "admitted without a grant");
@@ -316,7 +339,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_abort_ends_a_wait_for_a_grant() {
-        let link = ClaimLink::new();
+        let link = ClaimLink::new(Duration::from_millis(500));
         let mut gate = Gate::new(link.clone(), 4);
         let (abort_tx, mut abort) = watch::channel(false);
         let waiting = tokio::spawn(async move { gate.admit(0, &mut abort).await });

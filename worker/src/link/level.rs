@@ -70,7 +70,11 @@ pub(super) async fn run_level(
             return Err(error);
         }
     };
-    let claims = crate::engine::claims::ClaimLink::new();
+    // The coordinator may ask for a longer interval when it has many workers.
+    let report_interval = assignment
+        .report_interval
+        .unwrap_or(options.report_interval);
+    let claims = crate::engine::claims::ClaimLink::new(report_interval);
     let (session, mut session_task) = SessionHandle::spawn(
         Session {
             config,
@@ -79,10 +83,7 @@ pub(super) async fn run_level(
             open_ended: assignment.open_ended,
             load: load.clone(),
             heartbeat_timeout: link.heartbeat_timeout,
-            // The coordinator may ask for a longer interval when it has many workers.
-            report_interval: assignment
-                .report_interval
-                .unwrap_or(options.report_interval),
+            report_interval,
             health: options.health.clone(),
             claims: Some(claims.clone()),
         },

@@ -269,9 +269,20 @@ impl Session {
                         failure.get_or_insert(coordinator_lost("its report stream closed"));
                         let _ = abort_tx.send(true);
                     }
-                    let _ = out.try_send(ToCoordinator::Heartbeat { unix_ns: unix_ns() });
+                    // A claim takes the heartbeat's place (`engine::claims`): never dropped.
+                    match claimer.as_mut().and_then(engine::claims::Claimer::on_report) {
+                        Some(own_prefix) => {
+                            if out.send(ToCoordinator::Claim { own_prefix }).await.is_err() {
+                                failure.get_or_insert(coordinator_lost("its report stream closed"));
+                                let _ = abort_tx.send(true);
+                            }
+                        }
+                        None => {
+                            let _ = out.try_send(ToCoordinator::Heartbeat { unix_ns: unix_ns() });
+                        }
+                    }
                 }
-                own_prefix = next_claim(&mut claimer), if failure.is_none() => {
+                own_prefix = urgent_claim(&mut claimer), if failure.is_none() => {
                     if out.send(ToCoordinator::Claim { own_prefix }).await.is_err() {
                         failure.get_or_insert(coordinator_lost("its report stream closed"));
                         let _ = abort_tx.send(true);
@@ -387,10 +398,10 @@ impl Session {
 /// wire when the coordinator may not answer.
 const LEAVE_PATIENCE: Duration = Duration::from_secs(1);
 
-/// The next claim to send; never, without claims.
-async fn next_claim(claimer: &mut Option<engine::claims::Claimer>) -> u64 {
+/// A claim that cannot wait for the next report; never, without claims.
+async fn urgent_claim(claimer: &mut Option<engine::claims::Claimer>) -> u64 {
     match claimer {
-        Some(claimer) => claimer.next_claim().await,
+        Some(claimer) => claimer.urgent().await,
         None => std::future::pending().await,
     }
 }
