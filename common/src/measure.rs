@@ -216,10 +216,13 @@ pub struct RequestOutcome {
     /// Input tokens the server reported serving from its prompt cache.
     pub cached_input_tokens: Option<u64>,
     /// A stream of at least [`COALESCED_MIN_FRAMES`] content frames whose content arrived
-    /// all at once: within [`COALESCED_SPAN_US`], or [`COALESCED_FRAMES_PER_READ`] or more
-    /// content frames per read on average. Something on the path (a buffering proxy or
-    /// gateway) held the stream and delivered it in one piece: its TTFT is its latency and
-    /// its ITL is the speed of a read loop, not of the model.
+    /// all at once or in a few bursts: within [`COALESCED_SPAN_US`], or
+    /// [`COALESCED_FRAMES_PER_READ`] or more content frames per burst on average, a burst
+    /// being the content reads that arrived within [`COALESCED_BURST_GAP_US`] of each other
+    /// (whatever the HTTP framing: one 16 KiB TLS record of chunked SSE is many chunks, read
+    /// one by one within microseconds). Something on the path (a buffering proxy or gateway)
+    /// held the stream and delivered it in blocks: its TTFT is late and its ITL is the speed
+    /// of a read loop, not of the model.
     pub coalesced: bool,
 }
 
@@ -229,9 +232,13 @@ pub const COALESCED_MIN_FRAMES: u64 = 4;
 /// A stream whose first and last content frames are at most this far apart (µs) arrived in
 /// one piece: no model streams four tokens within a millisecond to a client over a network.
 pub const COALESCED_SPAN_US: u64 = 1_000;
-/// A stream whose reads carried this many content frames each on average was coalesced on
-/// the way, however long the reads took (a large buffered body comes in several reads).
+/// A stream whose bursts carried this many content frames each on average was coalesced on
+/// the way, however long the stream took (a buffered stream comes in a block per buffer).
 pub const COALESCED_FRAMES_PER_READ: u64 = 8;
+/// Content reads at most this far apart (µs) arrived together: the pieces of one buffer
+/// flushed at once. A model streaming a token every millisecond (faster than any served
+/// model to one user) still gives reads a millisecond apart.
+pub const COALESCED_BURST_GAP_US: u64 = 250;
 
 impl RequestOutcome {
     /// A failure with no timing.
@@ -303,9 +310,12 @@ struct MeterState {
     /// The first error frame's message, cleaned (`error_text::clean_message`).
     error_message: Option<String>,
     now_us: u64,
-    /// Reads that delivered at least one content frame, and the content frames counted
-    /// when the current read began (to tell whether it delivered any).
-    content_reads: u64,
+    /// Bursts of reads that delivered content (reads within [`COALESCED_BURST_GAP_US`] of
+    /// the previous content read are one burst), the last content read's instant, and the
+    /// content frames counted when the current read began (to tell whether it delivered
+    /// any).
+    content_bursts: u64,
+    last_content_read_us: Option<u64>,
     frames_before_read: u64,
     /// The generated text of every kind, concatenated, when asked for
     /// ([`StreamMeter::keep_text`]): what `--tokenizer` counts after the stream ends.
@@ -371,7 +381,14 @@ impl StreamMeter {
         let state = &mut self.state;
         let fed = self.parser.feed(bytes, &mut |event| state.on_event(event));
         if self.state.content_frames > self.state.frames_before_read {
-            self.state.content_reads += 1;
+            let state = &mut self.state;
+            if state
+                .last_content_read_us
+                .is_none_or(|last| t_us.saturating_sub(last) > COALESCED_BURST_GAP_US)
+            {
+                state.content_bursts += 1;
+            }
+            state.last_content_read_us = Some(t_us);
         }
         fed
     }
@@ -508,7 +525,7 @@ impl MeterState {
             _ => return false,
         };
         span <= COALESCED_SPAN_US
-            || frames >= COALESCED_FRAMES_PER_READ.saturating_mul(self.content_reads.max(1))
+            || frames >= COALESCED_FRAMES_PER_READ.saturating_mul(self.content_bursts.max(1))
     }
 }
 
@@ -905,6 +922,44 @@ mod tests {
 
     fn token(i: usize) -> String {
         format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"t{i}\"}}}}]}}\n\n")
+    }
+
+    /// Issue 33, item 1: a stream a buffering ingress flushes every 16 KiB arrives as a few
+    /// blocks, each read chunk by chunk (one read per transfer-encoding chunk) within
+    /// microseconds: coalesced, whatever the number of reads. A server streaming a token
+    /// every millisecond, read a token at a time, with a client that fell behind now and
+    /// then (a few tokens in one read): not coalesced.
+    #[test]
+    fn blocks_read_chunk_by_chunk_are_coalesced_and_a_fast_paced_stream_is_not() {
+        // 200 tokens in three blocks (at 1.0 s, 1.9 s and 2.1 s), each token its own read
+        // 3 µs after the previous one.
+        let mut meter = StreamMeter::new(Family::OpenAiChat);
+        for (block, start_us) in [
+            (0..90, 1_000_000u64),
+            (90..180, 1_900_000),
+            (180..200, 2_100_000),
+        ] {
+            for (k, i) in block.enumerate() {
+                meter
+                    .on_read(start_us + 3 * k as u64, token(i).as_bytes())
+                    .expect("frame");
+            }
+        }
+        meter.on_read(2_100_100, b"data: [DONE]\n\n").expect("done");
+        assert!(meter.finish(2_100_100, false).coalesced);
+        // 200 tokens 1 ms apart; every 20th read carries 4 tokens (the client was late).
+        let mut meter = StreamMeter::new(Family::OpenAiChat);
+        let mut i = 0;
+        let mut t = 20_000u64;
+        while i < 200 {
+            let n = if i % 20 == 0 { 4 } else { 1 };
+            let part: String = (i..(i + n).min(200)).map(token).collect();
+            meter.on_read(t, part.as_bytes()).expect("frames");
+            i += n;
+            t += 1_000 * n as u64;
+        }
+        meter.on_read(t, b"data: [DONE]\n\n").expect("done");
+        assert!(!meter.finish(t, false).coalesced);
     }
 
     #[test]

@@ -96,8 +96,8 @@ pub(super) const COALESCED_MARKER: &str = "‡";
 
 /// The legend of [`COALESCED_MARKER`], shown under the comparison when a row has it.
 pub(super) const COALESCED_NOTE: &str = "‡ coalesced: many streams arrived in one piece \
-     (a buffering proxy or gateway?), so this ITL, TTST or token-rate change measures the \
-     delivery, not the model; see the warnings";
+     or in a few blocks (a buffering proxy or gateway?), so this TTFT, ITL, TTST or \
+     token-rate change measures the delivery, not the model; see the warnings";
 
 /// True when a comparison row carries [`COALESCED_MARKER`].
 pub(super) fn any_coalesced(report: &Report) -> bool {
@@ -134,7 +134,7 @@ pub(super) fn coalesced_line(report: &Report) -> Option<String> {
         return None;
     }
     Some(format!(
-        "{} of {} streams ({:.1} %) arrived in one piece (a buffering proxy?)",
+        "{} of {} streams ({:.1} %) arrived in one piece or in blocks (a buffering proxy?)",
         transport.coalesced_streams,
         transport.streams_checked,
         transport.coalesced_share_pct.unwrap_or(0.0)

@@ -234,8 +234,8 @@ pub struct ConnectionEntry {
 }
 
 /// A coalesced share (percent of checked streams) at or above this on either side marks
-/// the baseline changes of ITL, TTST and the per-user token rate (`Change::coalesced`) and
-/// warns: those numbers then measure the proxy's delivery, not the model.
+/// the baseline changes of TTFT, ITL, TTST and the per-user token rate (`Change::coalesced`)
+/// and warns: those numbers then measure the proxy's delivery, not the model.
 pub const COALESCED_WARN_SHARE_PCT: f64 = 10.0;
 
 impl TransportSection {
@@ -268,8 +268,9 @@ fn coalesced_share_pct(coalesced: u64, checked: u64) -> Option<f64> {
     (checked > 0).then(|| 100.0 * coalesced as f64 / checked as f64)
 }
 
-/// Mark the changes of the metrics coalescing distorts (ITL, TTST, per-user token rate)
-/// when either side's coalesced share reaches [`COALESCED_WARN_SHARE_PCT`].
+/// Mark the changes of the metrics coalescing distorts (TTFT: the first token waits for the
+/// first buffer; ITL, TTST, per-user token rate) when either side's coalesced share reaches
+/// [`COALESCED_WARN_SHARE_PCT`].
 fn mark_coalesced(changes: &mut BTreeMap<String, Change>, shares: [Option<f64>; 2]) {
     if !shares
         .iter()
@@ -278,8 +279,13 @@ fn mark_coalesced(changes: &mut BTreeMap<String, Change>, shares: [Option<f64>; 
     {
         return;
     }
-    let distorted = [Metric::Itl, Metric::Ttst, Metric::TokensPerSecondPerUser]
-        .map(|metric| format!("{}.", metric.json_key()));
+    let distorted = [
+        Metric::Ttft,
+        Metric::Itl,
+        Metric::Ttst,
+        Metric::TokensPerSecondPerUser,
+    ]
+    .map(|metric| format!("{}.", metric.json_key()));
     for (key, change) in changes.iter_mut() {
         if distorted.iter().any(|prefix| key.starts_with(prefix)) {
             change.coalesced = true;
@@ -1468,8 +1474,8 @@ fn transport_warnings(
         && share >= COALESCED_WARN_SHARE_PCT
     {
         warnings.push(format!(
-            "{} of {} streams ({share:.1} %) arrived in one piece (every content frame within one read or 1 ms): \
-             their TTFT is their whole latency and their ITL and tokens/s per user measure a read loop, not the model. \
+            "{} of {} streams ({share:.1} %) arrived in one piece or in a few blocks (their content frames within microseconds of each other, in bursts separated by long gaps): \
+             their TTFT waited for the first block (up to their whole latency) and their ITL and tokens/s per user measure a read loop, not the model. \
              Likely cause: a buffering reverse proxy or gateway between the workers and the server \
              (nginx: `proxy_buffering off;` for the streaming location, or the server sending `X-Accel-Buffering: no`; \
              nginx buffers SSE for HTTP/1.1 clients but not for HTTP/2 ones)",
