@@ -2,6 +2,7 @@
 //! real sockets on loopback. One binary, shared fixtures in `fixtures`.
 
 mod capacity;
+mod capacity_answers;
 mod capture;
 mod capture_limits;
 mod capture_upstream;

@@ -917,7 +917,7 @@ fn capacity_charts(capacity: &CapacitySection) -> Vec<Chart> {
             let failed: Vec<(f64, f64)> = capacity
                 .probes
                 .iter()
-                .filter(|p| !p.passed)
+                .filter(|p| !p.passed && p.incomplete.is_none())
                 .filter_map(value_at)
                 .collect();
             let cap = knee_y_cap(goal.threshold, &passed, &failed);
