@@ -563,6 +563,7 @@ async fn search(
                 index,
                 &probe,
                 &search.answer(),
+                search.repeat(),
                 began.elapsed(),
             ));
         }
@@ -679,19 +680,24 @@ fn probe_line(
     index: usize,
     probe: &ProbeSection,
     answer: &crate::capacity::Answer,
+    repeat: Option<crate::capacity::Repeat>,
     elapsed: std::time::Duration,
 ) -> String {
     let dimension = find_max.dimension;
     let result = if probe.passed { "passed" } else { "FAILED" };
     let stall = if probe.client_stall && !probe.passed {
-        " (client stalled: runs again)"
+        " (the client stalled)"
     } else {
         ""
     };
     let decided = match (probe.decided, probe.runs) {
         (Some(true), Some(runs)) => format!("; decided: holds ({runs} run{})", plural(runs)),
         (Some(false), Some(runs)) => format!("; decided: fails ({runs} run{})", plural(runs)),
-        _ => "; undecided: runs again".to_owned(),
+        _ => "; undecided".to_owned(),
+    };
+    let next = match repeat {
+        Some(why) => format!(", runs again: {}", why.text()),
+        None => String::new(),
     };
     let bracket = match (answer.max, answer.min_failing) {
         (Some(max), Some(fail)) => format!(
@@ -704,7 +710,7 @@ fn probe_line(
         (None, None) => "nothing decided yet".to_owned(),
     };
     format!(
-        "search: probe {index} at {} {result}{stall} in {:.1} s{decided} · bracket: {bracket} · {:.0} s so far",
+        "search: probe {index} at {} {result}{stall} in {:.1} s{decided}{next} · bracket: {bracket} · {:.0} s so far",
         dimension.show(probe.value),
         probe.duration_s,
         elapsed.as_secs_f64()

@@ -70,7 +70,8 @@ fn signal(signal: &str, pid: u32) {
 
 /// The server of the rate search: 8 slots, each request 460 ms (TTFT 20 ms, then 22 more
 /// tokens 20 ms apart): it completes 8 / 0.46 s = 17.4 requests/s. Below that rate, with
-/// constant arrivals, no request waits for a slot (TTFT 20 ms); above it the queue grows by
+/// constant arrivals (`--arrival constant`: Poisson bursts queue well below the capacity,
+/// which is what users feel but not the server's capacity), no request waits for a slot (TTFT 20 ms); above it the queue grows by
 /// (rate − 17.4) requests each second, and a 2 s probe at 20/s ends with requests waiting
 /// ~0.3 s for a slot, so `llm.ttft-p95 > 150` fails a little above 17.4.
 fn eight_slots_of_460ms() -> MockServer {
@@ -112,6 +113,8 @@ fn rate_search_without_arrival_times_answers_the_servers_capacity() {
                 "12:24",
                 "--find-max-precision",
                 "10%",
+                "--arrival",
+                "constant",
                 "--duration",
                 "2s",
                 "--no-server-metrics",
