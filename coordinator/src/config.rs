@@ -1174,6 +1174,56 @@ mod tests {
         }
     }
 
+    /// Issue 32: a search sets each probe's load, so a recording without arrival times
+    /// gets no implicit closed loop of 1 (a rate probe is an open loop); `--concurrency N`
+    /// with `--find-max concurrency` is the first load, within the range.
+    #[test]
+    fn a_search_has_no_implicit_closed_loop_and_starts_at_the_given_concurrency() {
+        let goal = ["--fail-if", "llm.ttft-p95 > 60"];
+        let plain = config(&[]).expect("valid");
+        assert_eq!(
+            plain.load.concurrency,
+            Some(1),
+            "a plain run's closed loop of 1"
+        );
+        let rate = config(&[&["--find-max", "rate"][..], &goal].concat()).expect("valid");
+        assert_eq!(rate.load.concurrency, None);
+        let capped = config(&[&["--find-max", "rate", "--concurrency", "4"][..], &goal].concat())
+            .expect("valid");
+        assert_eq!(
+            capped.load.concurrency,
+            Some(4),
+            "a cap the user gave stays"
+        );
+        let start = config(
+            &[
+                &["--find-max", "concurrency", "--concurrency", "8"][..],
+                &goal,
+            ]
+            .concat(),
+        )
+        .expect("valid");
+        assert_eq!(start.find_max.expect("search").start, 8.0);
+        let message = error(
+            &[
+                &[
+                    "--find-max",
+                    "concurrency",
+                    "--find-max-range",
+                    "1:64",
+                    "--concurrency",
+                    "100",
+                ][..],
+                &goal,
+            ]
+            .concat(),
+        );
+        assert!(
+            message.contains("first load") && message.contains("1:64"),
+            "{message}"
+        );
+    }
+
     #[test]
     fn cancel_rate_and_delay_are_checked() {
         let off = config(&[]).expect("valid");

@@ -504,6 +504,9 @@ async fn search(
     let mut failed = None;
     let mut cut_short: Option<String> = None;
     let began = std::time::Instant::now();
+    if let Some(sink) = &inputs.hooks.search_lines {
+        sink(&search_estimate(find_max, config, inputs.pass_span_ms));
+    }
     while let Step::Probe(value) = search.next() {
         let (probe_config, load) = probe_config(config, find_max.dimension, value);
         let index = results.len() + 1;
@@ -580,6 +583,9 @@ async fn search(
     }) {
         answer.stopped = why;
     }
+    if let Some(suggestion) = batching_suggestion(find_max, &answer, &probes) {
+        answer.stopped = format!("{}; {suggestion}", answer.stopped);
+    }
     let main = match answer.max {
         Some(max) => probes.iter().rposition(|p| p.value == max && p.passed),
         None => None,
@@ -602,6 +608,85 @@ async fn search(
             duration_s: Some(began.elapsed().as_secs_f64()),
         }),
     })
+}
+
+/// When even the lowest load fails a goal that more load could meet — a throughput floor
+/// (`llm.request-throughput < 5`, `llm.goodput < 2`): a batching server fills its batches
+/// only under load — say so and suggest a range that starts higher.
+fn batching_suggestion(
+    find_max: FindMax,
+    answer: &crate::capacity::Answer,
+    probes: &[ProbeSection],
+) -> Option<String> {
+    if answer.max.is_some() || answer.min_failing? > find_max.low {
+        return None;
+    }
+    let floors: Vec<&str> = probes
+        .iter()
+        .rev()
+        .find(|p| p.incomplete.is_none() && !p.passed)?
+        .goals
+        .iter()
+        .filter(|g| g.failed && matches!(g.op, crate::goals::Op::Lt | crate::goals::Op::Le))
+        .filter(|g| g.metric.contains("throughput") || g.metric.ends_with("goodput"))
+        .map(|g| g.expr.as_str())
+        .collect();
+    if floors.is_empty() {
+        return None;
+    }
+    let dimension = find_max.dimension;
+    let higher = if dimension.integer() {
+        (find_max.low * 4.0).min(find_max.high)
+    } else {
+        find_max.low * 4.0
+    };
+    Some(format!(
+        "{} asks for a minimum that more load may reach (a batching server fills its batches only under load): try --find-max-range {}:{} or a --sweep-concurrency to see the curve",
+        floors.join(", "),
+        crate::capacity::show_number(higher.min(find_max.high)),
+        crate::capacity::show_number(find_max.high)
+    ))
+}
+
+/// The line a search starts with: its range and start, what one probe costs, and an
+/// estimate of the whole search (a ramp of a few doublings from the start, the bisection
+/// the precision needs, one confirmation) — before any load is sent.
+fn search_estimate(find_max: FindMax, config: &RunConfig, pass_span_ms: f64) -> String {
+    let dimension = find_max.dimension;
+    let per_probe = |load: f64| -> Option<f64> {
+        let budget = config.load.duration.map(|d| d.as_secs_f64());
+        let by_requests = config.load.requests.map(|n| n as f64);
+        match dimension {
+            Dimension::Speed => Some(budget.unwrap_or(pass_span_ms / 1000.0 / load)),
+            Dimension::Rate => budget.or(by_requests.map(|n| n / load)),
+            Dimension::Concurrency => budget,
+        }
+    };
+    let bisections = (100.0 / find_max.precision_pct).log2().ceil().max(1.0);
+    let probes = 3.0 + bisections + 1.0;
+    let cost = match per_probe(find_max.start) {
+        Some(seconds) => {
+            // Loads around the start and up to 8× it: the average probe costs about what a
+            // probe at twice the start does, plus a second to start and drain it.
+            let typical = per_probe(find_max.start * 2.0).unwrap_or(seconds) + 1.0;
+            format!(
+                "a probe at {} takes about {seconds:.0} s; a knee within 8× of the start takes about {probes:.0} probes, ~{:.0} s",
+                dimension.show(find_max.start),
+                probes * typical
+            )
+        }
+        None => format!(
+            "each probe replays the whole recording; a knee within 8× of the start takes about {probes:.0} probes"
+        ),
+    };
+    format!(
+        "search: --find-max {} from {} over {}–{}, precision {} %: {cost}",
+        dimension.name(),
+        dimension.show(find_max.start),
+        crate::capacity::show_number(find_max.low),
+        crate::capacity::show_number(find_max.high),
+        crate::capacity::show_number(find_max.precision_pct)
+    )
 }
 
 /// Why a probe could not complete (it then decides nothing), or `None`.
