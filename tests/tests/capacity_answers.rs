@@ -100,27 +100,37 @@ fn rate_search_without_arrival_times_answers_the_servers_capacity() {
     let dir = TempDir::new("find-max-rate-no-at");
     let rec = dir.join("rec.jsonl");
     write_chat_recording(&rec, 1000, 23, None);
+    let lines = dir.join("requests.jsonl");
     for run in 1..=3 {
+        let requests_out = if run == 1 {
+            vec!["--requests-out", path_str(&lines)]
+        } else {
+            Vec::new()
+        };
         let out = llm_replay(
             &[
-                "run",
-                path_str(&rec),
-                "--target",
-                &mock.url,
-                "--find-max",
-                "rate",
-                "--find-max-range",
-                "12:24",
-                "--find-max-precision",
-                "10%",
-                "--arrival",
-                "constant",
-                "--duration",
-                "2s",
-                "--no-server-metrics",
-                "--fail-if",
-                "llm.ttft-p95 > 150",
-            ],
+                &[
+                    "run",
+                    path_str(&rec),
+                    "--target",
+                    &mock.url,
+                    "--find-max",
+                    "rate",
+                    "--find-max-range",
+                    "12:24",
+                    "--find-max-precision",
+                    "10%",
+                    "--arrival",
+                    "constant",
+                    "--duration",
+                    "2s",
+                    "--no-server-metrics",
+                    "--fail-if",
+                    "llm.ttft-p95 > 150",
+                ],
+                &requests_out[..],
+            ]
+            .concat(),
             Some(&dir.join(&format!("search-{run}.json"))),
         );
         assert_eq!(
@@ -147,6 +157,32 @@ fn rate_search_without_arrival_times_answers_the_servers_capacity() {
                 "run {run}: the probe at {rate}/s sent {sent} requests in 2 s: {probe:#}"
             );
         }
+        if run == 1 {
+            requests_carry_their_probe(&lines, &report);
+        }
+    }
+}
+
+/// Each `--requests-out` line of a search names its probe (1-based index) and load, and
+/// every probe's succeeded requests are there under its index.
+fn requests_carry_their_probe(lines: &Path, report: &Value) {
+    let probes = report["capacity"]["probes"].as_array().expect("probes");
+    let mut per_probe = vec![0u64; probes.len()];
+    let text = std::fs::read_to_string(lines).expect("requests-out");
+    for line in text.lines() {
+        let line: Value = serde_json::from_str(line).expect("json line");
+        let index = line["probe"].as_u64().expect("probe index") as usize;
+        assert!((1..=probes.len()).contains(&index), "{line}");
+        assert_eq!(line["load"], probes[index - 1]["value"], "{line}");
+        per_probe[index - 1] += u64::from(line["outcome"] == "succeeded");
+    }
+    for (index, probe) in probes.iter().enumerate() {
+        assert_eq!(
+            per_probe[index] as f64,
+            num(probe, &["requests", "succeeded"]),
+            "probe {}: {probe:#}",
+            index + 1
+        );
     }
 }
 
