@@ -606,6 +606,9 @@ async fn search(
             probes,
             start: Some(find_max.start),
             duration_s: Some(began.elapsed().as_secs_f64()),
+            sample_interval_s: judge
+                .scraper
+                .map(|_| config.server_metrics.interval.as_secs_f64()),
         }),
     })
 }

@@ -286,6 +286,15 @@ pub(super) fn probe_notes(capacity: &CapacitySection) -> Vec<String> {
     lines
 }
 
+/// `1 s`, `250 ms`: a sampling interval as a header says it.
+pub(super) fn duration_text(seconds: f64) -> String {
+    if seconds >= 1.0 {
+        format!("{} s", load_value(seconds))
+    } else {
+        format!("{} ms", load_value(seconds * 1000.0))
+    }
+}
+
 /// True when two loads of the search are the same load (a load is probed again as it was).
 fn same_load(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)

@@ -530,9 +530,17 @@ fn capacity(out: &mut String, report: &Report) {
     };
     let with_server = capacity.probes.iter().any(|p| p.server.is_some());
     let (server_head, server_rule) = if with_server {
-        (" Server queue max |", "--:|")
+        (
+            format!(
+                " {} |",
+                plain(&format::capitalized(
+                    &server_side::sampled_queue_max_header(capacity.sample_interval_s)
+                ))
+            ),
+            "--:|",
+        )
     } else {
-        ("", "")
+        (String::new(), "")
     };
     let _ = writeln!(
         out,

@@ -172,6 +172,10 @@ pub struct CapacitySection {
     /// Seconds the whole search took, every probe and the pauses between them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration_s: Option<f64>,
+    /// The server's metrics were scraped every this many seconds: gauges (queue depth,
+    /// running requests) are samples, and a peak between two scrapes is not seen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample_interval_s: Option<f64>,
 }
 
 /// One probe of the capacity search: a full replay at one load.

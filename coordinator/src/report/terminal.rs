@@ -378,8 +378,9 @@ fn capacity_table(capacity: &CapacitySection) -> TextTable {
         header.push("goodput req/s");
     }
     let with_server = capacity.probes.iter().any(|p| p.server.is_some());
+    let queue_header = server_side::sampled_queue_max_header(capacity.sample_interval_s);
     if with_server {
-        header.push(QUEUE_MAX_HEADER);
+        header.push(&queue_header);
     }
     header.push("failed goals");
     let failed_column = header.len() - 1;

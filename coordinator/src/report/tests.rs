@@ -1517,6 +1517,7 @@ fn capacity_section() -> CapacitySection {
         probes,
         start: Some(1.0),
         duration_s: Some(301.0),
+        sample_interval_s: Some(1.0),
     }
 }
 
@@ -2203,15 +2204,22 @@ fn sweep_and_capacity_tables_gain_the_server_queue_max() {
         );
         probe.server = Some(server);
     }
+    // The capacity table's queue is a sampled gauge: the header says so, with the
+    // interval (issue 32: a true peak of 11 showed as 9 between two scrapes).
     let terminal = render_terminal(&capacity, false);
     assert!(
-        terminal.contains("server queue max") && terminal.contains("101"),
+        terminal.contains("server queue max (sampled every 1 s)") && terminal.contains("101"),
         "{terminal}"
     );
     let markdown = render_markdown(&capacity);
-    assert!(markdown.contains("Server queue max"), "{markdown}");
+    assert!(
+        markdown.contains("Server queue max (sampled every 1 s)"),
+        "{markdown}"
+    );
     let html = render_html(&capacity);
-    assert!(html.contains("<th>Server queue max</th>") && html.contains(">101<"));
+    assert!(
+        html.contains("<th>Server queue max (sampled every 1 s)</th>") && html.contains(">101<")
+    );
 }
 
 #[test]
