@@ -230,6 +230,9 @@ async fn replay_command(args: RunArgs, live: &mut Option<LiveServer>) -> ExitCod
                 ));
             },
             notices: Some(notice_printer(remote_workers)),
+            search_lines: Some(std::sync::Arc::new(|line: &str| {
+                print::stderr_line(&format!("llm-replay: {line}"));
+            })),
         })
         .await;
     // The progress line is complete before the report is printed: the line's task draws

@@ -88,6 +88,12 @@ impl Dimension {
     }
 }
 
+/// A number as the search's text shows it: up to four significant digits, no trailing
+/// zeros.
+pub fn show_number(value: f64) -> String {
+    trim_number(value)
+}
+
 /// Up to four significant digits, no trailing zeros.
 fn trim_number(value: f64) -> String {
     let text = if value >= 100.0 {
@@ -109,9 +115,37 @@ pub struct FindMax {
     pub high: f64,
     /// `--find-max-precision`, percent.
     pub precision_pct: f64,
+    /// The first load probed: LOW, ×1 for a speed search whose range holds it, or the
+    /// `--concurrency` given with `--find-max concurrency`. The search ramps up from it
+    /// while loads hold, and halves down toward LOW when it fails.
+    pub start: f64,
 }
 
 impl FindMax {
+    /// The default first load: ×1 for speed (today's traffic) when the range holds it, else
+    /// LOW.
+    pub fn default_start(dimension: Dimension, low: f64, high: f64) -> f64 {
+        if dimension == Dimension::Speed && low <= 1.0 && 1.0 <= high {
+            1.0
+        } else {
+            low
+        }
+    }
+
+    /// Start at `start` (`--concurrency N` with `--find-max concurrency`), which must lie in
+    /// the range.
+    pub fn starting_at(mut self, start: f64) -> anyhow::Result<FindMax> {
+        if !(self.low..=self.high).contains(&start) {
+            bail!(
+                "--concurrency {start} with --find-max concurrency is the search's first load: it must lie in --find-max-range {}:{}",
+                trim_number(self.low),
+                trim_number(self.high)
+            );
+        }
+        self.start = start;
+        Ok(self)
+    }
+
     /// Validate `--find-max`, `--find-max-range` and `--find-max-precision` (`None` when no
     /// search was asked for).
     pub fn from_options(
@@ -151,6 +185,7 @@ impl FindMax {
             low,
             high,
             precision_pct,
+            start: FindMax::default_start(dimension, low, high),
         }))
     }
 }
@@ -200,9 +235,19 @@ pub fn near_limit(goals: &[GoalResult]) -> bool {
         if matches!(goal.op, Op::Eq | Op::Ne) {
             return false;
         }
+        // A share at its bound (100 % good, 0 % errors) is as far from any limit as it can
+        // be: no noise moves it past a threshold within the margin.
+        if is_share(&goal.metric) && (value <= 0.0 || value >= 100.0) {
+            return false;
+        }
         let margin = NEAR_LIMIT_FRACTION * goal.threshold.abs();
         (value - goal.threshold).abs() <= margin
     })
+}
+
+/// Whether a goal's metric is a percentage of requests (0 to 100).
+fn is_share(metric: &str) -> bool {
+    !metric.ends_with(".change") && (metric.ends_with("-share") || metric.ends_with("error-rate"))
 }
 
 /// The search's next step.
@@ -212,6 +257,49 @@ pub enum Step {
     Probe(f64),
     /// The search is over: read [`Search::answer`].
     Done,
+}
+
+/// One run's result, as the search weighs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RunResult {
+    /// Every goal held.
+    pub passed: bool,
+    /// A goal's value was within [`NEAR_LIMIT_FRACTION`] of its threshold.
+    pub near_limit: bool,
+    /// The workers flagged their own sending as stalled or saturated during the run: a
+    /// failure then says nothing of the server.
+    pub client_stall: bool,
+}
+
+/// What the search made of one run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Recorded {
+    /// The load's decision once its runs decided it (`None`: another run follows).
+    pub decision: Option<bool>,
+    /// Runs that counted toward the decision (a failure under a client stall does not).
+    pub runs: u32,
+}
+
+/// Why the next probe repeats a load already run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Repeat {
+    /// The first run was near a goal's limit: majority of up to three.
+    NearLimit,
+    /// The last run failed while the workers' own sending stalled.
+    ClientStall,
+    /// The answer rests on this load failing, decided by one run so far.
+    ConfirmFailure,
+}
+
+impl Repeat {
+    /// The reason as the report says it.
+    pub fn text(self) -> &'static str {
+        match self {
+            Repeat::NearLimit => "near a goal's limit",
+            Repeat::ClientStall => "the last run failed while the client stalled",
+            Repeat::ConfirmFailure => "confirming the failure the answer rests on",
+        }
+    }
 }
 
 /// The answer of a finished (or stopped) search.
@@ -225,33 +313,44 @@ pub struct Answer {
     pub stopped: String,
 }
 
+/// A load the search decided failing, and whether a second run confirmed it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Failure {
+    value: f64,
+    confirmed: bool,
+}
+
 /// The search's state: what was decided, and the load under test.
 #[derive(Debug, Clone)]
 pub struct Search {
     find_max: FindMax,
     best_pass: Option<f64>,
-    lowest_fail: Option<f64>,
-    ramping: bool,
+    /// Every load decided failing (the lowest bounds the answer).
+    failures: Vec<Failure>,
     /// The load under test and its runs so far (passed?).
     current: f64,
     runs: Vec<bool>,
-    /// The first run at the current load was near a goal's limit.
-    near: bool,
+    /// Every run at the current load, stalled ones included.
+    tries: usize,
+    /// The current load's runs are decided by majority (near a limit, or a confirmation).
+    majority: bool,
+    repeat: Option<Repeat>,
     probes: usize,
     stopped: Option<String>,
 }
 
 impl Search {
-    /// A search over `find_max`'s range, starting at LOW.
+    /// A search over `find_max`'s range, starting at its start load.
     pub fn new(find_max: FindMax) -> Search {
         Search {
             find_max,
             best_pass: None,
-            lowest_fail: None,
-            ramping: true,
-            current: find_max.low,
+            failures: Vec::new(),
+            current: find_max.start,
             runs: Vec::new(),
-            near: false,
+            tries: 0,
+            majority: false,
+            repeat: None,
             probes: 0,
             stopped: None,
         }
@@ -266,32 +365,69 @@ impl Search {
         }
     }
 
-    /// Which run of its load the next probe is (1-based).
+    /// Which run of its load the next probe is (1-based, stalled runs included).
     pub fn attempt(&self) -> u32 {
-        self.runs.len() as u32 + 1
+        self.tries as u32 + 1
     }
 
-    /// Take one probe's result at the current load. Returns the load's decision once its
-    /// runs decide it (`None` while a confirmation is still to run).
-    pub fn record(&mut self, passed: bool, near_limit: bool) -> Option<bool> {
+    /// Why the next probe repeats its load (`None`: a first run).
+    pub fn repeat(&self) -> Option<Repeat> {
+        self.repeat
+    }
+
+    /// The lowest load decided failing so far.
+    fn lowest_fail(&self) -> Option<Failure> {
+        self.failures
+            .iter()
+            .copied()
+            .min_by(|a, b| a.value.total_cmp(&b.value))
+    }
+
+    /// Take one probe's result at the current load.
+    pub fn record(&mut self, run: RunResult) -> Recorded {
         self.probes += 1;
-        if self.runs.is_empty() {
-            self.near = near_limit;
+        self.tries += 1;
+        if run.client_stall && !run.passed && self.tries < MAX_RUNS_PER_LOAD {
+            // The client, not the server, failed this run: it decides nothing.
+            self.repeat = Some(Repeat::ClientStall);
+            return self.undecided();
         }
-        self.runs.push(passed);
+        if self.runs.is_empty() && run.near_limit {
+            self.majority = true;
+        }
+        self.runs.push(run.passed);
+        let runs = self.runs.len() as u32;
         let decision = self.decision();
         match decision {
             Some(passed) => {
+                let confirmed = runs > 1;
                 self.runs.clear();
-                self.near = false;
-                self.decide(passed);
+                self.tries = 0;
+                self.majority = false;
+                self.repeat = None;
+                self.decide(passed, confirmed);
             }
-            None if self.probes >= MAX_PROBES => {
-                self.stopped = Some(format!("stopped after {MAX_PROBES} probes"));
+            None => {
+                self.repeat = Some(if self.repeat == Some(Repeat::ConfirmFailure) {
+                    Repeat::ConfirmFailure
+                } else {
+                    Repeat::NearLimit
+                });
+                return self.undecided();
             }
-            None => {}
         }
-        decision
+        Recorded { decision, runs }
+    }
+
+    /// A run that left its load undecided: stop at the probe cap, else run it again.
+    fn undecided(&mut self) -> Recorded {
+        if self.probes >= MAX_PROBES {
+            self.stopped = Some(format!("stopped after {MAX_PROBES} probes"));
+        }
+        Recorded {
+            decision: None,
+            runs: self.runs.len() as u32,
+        }
     }
 
     /// The current load's decision from its runs: one run far from every limit decides;
@@ -299,74 +435,49 @@ impl Search {
     fn decision(&self) -> Option<bool> {
         let passes = self.runs.iter().filter(|p| **p).count();
         let fails = self.runs.len() - passes;
-        if !self.near {
+        if !self.majority {
             return self.runs.first().copied();
         }
         let needed = MAX_RUNS_PER_LOAD / 2 + 1;
         if passes >= needed {
             Some(true)
-        } else if fails >= needed {
-            Some(false)
+        } else if fails >= needed || self.runs.len() >= MAX_RUNS_PER_LOAD {
+            Some(passes > fails)
         } else {
             None
         }
     }
 
-    fn decide(&mut self, passed: bool) {
-        let FindMax {
-            dimension,
-            low,
-            high,
-            precision_pct,
-        } = self.find_max;
+    fn decide(&mut self, passed: bool, confirmed: bool) {
         let value = self.current;
+        // A load decided again (a confirmation) replaces its earlier decision.
+        self.failures.retain(|f| f.value != value);
         if passed {
             self.best_pass = Some(self.best_pass.map_or(value, |b| b.max(value)));
+            // A confirmation that passed overturns the failure: the loads above it that
+            // failed still bound the search.
+            self.failures.retain(|f| f.value > value);
         } else {
-            self.lowest_fail = Some(self.lowest_fail.map_or(value, |f| f.min(value)));
-            self.ramping = false;
+            self.failures.push(Failure { value, confirmed });
         }
-        let next = match (self.best_pass, self.lowest_fail) {
-            (None, Some(_)) => {
-                self.stopped = Some(format!(
-                    "even the lowest load, {}, fails a goal",
-                    dimension.show(low)
-                ));
+        let next = match self.next_load() {
+            Ok(next) => next,
+            Err(stopped) => {
+                // The answer rests on the lowest failure: one run alone never decides it.
+                if let Some(fail) = self.lowest_fail().filter(|f| !f.confirmed) {
+                    self.current = fail.value;
+                    self.runs = vec![false];
+                    self.tries = 1;
+                    self.majority = true;
+                    self.repeat = Some(Repeat::ConfirmFailure);
+                    if self.probes >= MAX_PROBES {
+                        self.stopped = Some(format!("stopped after {MAX_PROBES} probes"));
+                    }
+                    return;
+                }
+                self.stopped = Some(stopped);
                 return;
             }
-            (Some(best), None) => {
-                if best >= high {
-                    self.stopped = Some(format!(
-                        "the top of the range, {}, holds every goal",
-                        dimension.show(high)
-                    ));
-                    return;
-                }
-                let doubled = if dimension.integer() {
-                    (best * 2.0).max(best + 1.0)
-                } else {
-                    best * 2.0
-                };
-                doubled.min(high)
-            }
-            (Some(best), Some(fail)) => {
-                let close = (fail - best) / best * 100.0 <= precision_pct
-                    || (dimension.integer() && fail - best <= 1.0);
-                if close {
-                    self.stopped = Some(format!(
-                        "the highest passing and the lowest failing load are within {}%",
-                        trim_number(precision_pct)
-                    ));
-                    return;
-                }
-                let middle = (best + fail) / 2.0;
-                if dimension.integer() {
-                    middle.floor()
-                } else {
-                    middle
-                }
-            }
-            (None, None) => unreachable!("a decision was just recorded"),
         };
         if self.probes >= MAX_PROBES {
             self.stopped = Some(format!("stopped after {MAX_PROBES} probes"));
@@ -375,11 +486,69 @@ impl Search {
         self.current = next;
     }
 
-    /// The answer so far (final once [`Search::next`] is [`Step::Done`]).
+    /// The next load to probe from what is decided, or why the search is over.
+    fn next_load(&self) -> Result<f64, String> {
+        let FindMax {
+            dimension,
+            low,
+            high,
+            precision_pct,
+            ..
+        } = self.find_max;
+        let integer = dimension.integer();
+        match (self.best_pass, self.lowest_fail().map(|f| f.value)) {
+            (None, Some(fail)) if fail <= low => Err(format!(
+                "even the lowest load, {}, fails a goal",
+                dimension.show(low)
+            )),
+            // The start failed: halve toward LOW until a load holds.
+            (None, Some(fail)) => {
+                let half = if integer {
+                    (fail / 2.0).floor()
+                } else {
+                    fail / 2.0
+                };
+                Ok(half.max(low))
+            }
+            (Some(best), None) if best >= high => Err(format!(
+                "the top of the range, {}, holds every goal",
+                dimension.show(high)
+            )),
+            (Some(best), None) => {
+                let doubled = if integer {
+                    (best * 2.0).max(best + 1.0)
+                } else {
+                    best * 2.0
+                };
+                Ok(doubled.min(high))
+            }
+            (Some(best), Some(fail)) => {
+                if integer && fail - best <= 1.0 {
+                    return Err(format!(
+                        "neighbours: {} holds and {} fails",
+                        dimension.show(best),
+                        dimension.show(fail)
+                    ));
+                }
+                if (fail - best) / best * 100.0 <= precision_pct {
+                    return Err(format!(
+                        "the highest passing and the lowest failing load are within {}%",
+                        trim_number(precision_pct)
+                    ));
+                }
+                let middle = (best + fail) / 2.0;
+                Ok(if integer { middle.floor() } else { middle })
+            }
+            (None, None) => Err("no load was decided".to_owned()),
+        }
+    }
+
+    /// The answer so far (final once [`Search::next`] is [`Step::Done`]): the bracket the
+    /// decided loads establish, never a load that was not decided.
     pub fn answer(&self) -> Answer {
         Answer {
             max: self.best_pass,
-            min_failing: self.lowest_fail,
+            min_failing: self.lowest_fail().map(|f| f.value),
             stopped: self
                 .stopped
                 .clone()
@@ -398,16 +567,34 @@ mod tests {
             low,
             high,
             precision_pct: 5.0,
+            start: low,
+        }
+    }
+
+    fn run(passed: bool, near_limit: bool) -> RunResult {
+        RunResult {
+            passed,
+            near_limit,
+            client_stall: false,
         }
     }
 
     /// Run a search against a deterministic knee: loads ≤ `knee` pass. Returns the probes.
     fn against_knee(find_max: FindMax, knee: f64) -> (Answer, Vec<f64>) {
+        against(find_max, |value, _| value <= knee)
+    }
+
+    /// Run a search whose `n`-th probe (0-based) at `value` passes when `passes` says so.
+    fn against(
+        find_max: FindMax,
+        mut passes: impl FnMut(f64, usize) -> bool,
+    ) -> (Answer, Vec<f64>) {
         let mut search = Search::new(find_max);
         let mut probes = Vec::new();
         while let Step::Probe(value) = search.next() {
+            let passed = passes(value, probes.len());
             probes.push(value);
-            search.record(value <= knee, false);
+            search.record(run(passed, false));
         }
         (search.answer(), probes)
     }
@@ -433,12 +620,14 @@ mod tests {
             assert!(probes.len() <= 24, "knee {knee}: {probes:?}");
         }
         let (_, probes) = against_knee(concurrency(1.0, 4096.0), 16.0);
+        // The failure the answer rests on is run twice.
         assert_eq!(
             probes,
-            [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 24.0, 20.0, 18.0, 17.0]
+            [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 24.0, 20.0, 18.0, 17.0, 17.0]
         );
-        let (_, probes) = against_knee(concurrency(1.0, 4096.0), 4.0);
-        assert_eq!(probes, [1.0, 2.0, 4.0, 8.0, 6.0, 5.0]);
+        let (answer, probes) = against_knee(concurrency(1.0, 4096.0), 4.0);
+        assert_eq!(probes, [1.0, 2.0, 4.0, 8.0, 6.0, 5.0, 5.0]);
+        assert_eq!(answer.stopped, "neighbours: 4 holds and 5 fails");
     }
 
     #[test]
@@ -448,6 +637,7 @@ mod tests {
             low: 0.1,
             high: 1000.0,
             precision_pct: 5.0,
+            start: 1.0,
         };
         for knee in [0.1, 0.37, 1.0, 2.5, 77.0, 999.0] {
             let (answer, probes) = against_knee(find_max, knee);
@@ -465,7 +655,7 @@ mod tests {
     fn the_ends_of_the_range() {
         let (answer, probes) = against_knee(concurrency(4.0, 64.0), 0.0);
         assert_eq!((answer.max, answer.min_failing), (None, Some(4.0)));
-        assert_eq!(probes, [4.0]);
+        assert_eq!(probes, [4.0, 4.0]);
         assert!(answer.stopped.contains("lowest load"), "{}", answer.stopped);
         let (answer, probes) = against_knee(concurrency(4.0, 50.0), 1e9);
         assert_eq!((answer.max, answer.min_failing), (Some(50.0), None));
@@ -481,21 +671,94 @@ mod tests {
     fn a_probe_near_a_limit_is_decided_by_the_majority() {
         let mut search = Search::new(concurrency(1.0, 8.0));
         // 1 passes near the limit; its confirmation fails; the third run passes: 2 of 3.
-        assert_eq!(search.record(true, true), None);
+        assert_eq!(search.record(run(true, true)).decision, None);
         assert_eq!(search.attempt(), 2);
+        assert_eq!(search.repeat(), Some(Repeat::NearLimit));
         assert_eq!(search.next(), Step::Probe(1.0));
-        assert_eq!(search.record(false, false), None);
-        assert_eq!(search.record(true, false), Some(true));
+        assert_eq!(search.record(run(false, false)).decision, None);
+        let third = search.record(run(true, false));
+        assert_eq!((third.decision, third.runs), (Some(true), 3));
         assert_eq!(search.next(), Step::Probe(2.0));
-        // 2 fails near the limit, and again: decided failing after two runs.
-        assert_eq!(search.record(false, true), None);
-        assert_eq!(search.record(false, true), Some(false));
+        // 2 fails near the limit, and again: decided failing after two runs, confirmed.
+        assert_eq!(search.record(run(false, true)).decision, None);
+        assert_eq!(search.record(run(false, true)).decision, Some(false));
         assert_eq!(search.next(), Step::Done);
         assert_eq!(search.answer().max, Some(1.0));
         // Far from every limit, one run decides.
         let mut search = Search::new(concurrency(1.0, 8.0));
-        assert_eq!(search.record(true, false), Some(true));
+        assert_eq!(search.record(run(true, false)).decision, Some(true));
         assert_eq!(search.next(), Step::Probe(2.0));
+    }
+
+    /// Issue 32: one stall far from the limit failed ×2 on a server that holds ×8.3. The
+    /// answer rests on that failure, so it runs again before the search stops; two passes
+    /// overturn it and the search climbs on to the real knee.
+    #[test]
+    fn a_lone_false_failure_is_overturned_by_its_confirmation() {
+        let find_max = FindMax {
+            dimension: Dimension::Speed,
+            low: 0.1,
+            high: 1000.0,
+            precision_pct: 5.0,
+            start: 1.0,
+        };
+        let (answer, probes) = against(find_max, |value, n| {
+            // The second probe (×2) stalls; every other run sees the server as it is.
+            n != 1 && value <= 8.3
+        });
+        assert_eq!(&probes[..3], [1.0, 2.0, 1.5]);
+        let (max, fail) = (answer.max.expect("max"), answer.min_failing.expect("fail"));
+        assert!(max <= 8.3 && fail > 8.3, "{max} {fail}: {probes:?}");
+        assert!((fail - max) / max <= 0.05, "{max} {fail}");
+        assert!(probes.len() <= 24, "{probes:?}");
+    }
+
+    /// A failure the workers flag as their own stall decides nothing: the load runs again.
+    #[test]
+    fn a_failure_under_a_client_stall_runs_again() {
+        let mut search = Search::new(concurrency(1.0, 8.0));
+        let stalled = search.record(RunResult {
+            passed: false,
+            near_limit: false,
+            client_stall: true,
+        });
+        assert_eq!((stalled.decision, stalled.runs), (None, 0));
+        assert_eq!(search.repeat(), Some(Repeat::ClientStall));
+        assert_eq!((search.next(), search.attempt()), (Step::Probe(1.0), 2));
+        let quiet = search.record(run(true, false));
+        assert_eq!((quiet.decision, quiet.runs), (Some(true), 1));
+        assert_eq!(search.next(), Step::Probe(2.0));
+        // A load that stalls on every try is decided by its last run.
+        let mut search = Search::new(concurrency(1.0, 8.0));
+        let stall = RunResult {
+            passed: false,
+            near_limit: false,
+            client_stall: true,
+        };
+        assert_eq!(search.record(stall).decision, None);
+        assert_eq!(search.record(stall).decision, None);
+        assert_eq!(search.record(stall).decision, Some(false));
+    }
+
+    /// A speed search starts at ×1 (today's traffic) and halves only when ×1 fails.
+    #[test]
+    fn speed_starts_at_today_and_goes_down_only_when_it_fails() {
+        let find_max = FindMax::from_options(Some("speed"), None, None)
+            .expect("valid")
+            .expect("asked");
+        assert_eq!(find_max.start, 1.0);
+        let (answer, probes) = against_knee(find_max, 0.3);
+        assert_eq!(&probes[..3], [1.0, 0.5, 0.25]);
+        let (max, fail) = (answer.max.expect("max"), answer.min_failing.expect("fail"));
+        assert!(max <= 0.3 && fail > 0.3 && (fail - max) / max <= 0.05);
+        let (_, probes) = against_knee(find_max, 3.0);
+        assert_eq!(&probes[..3], [1.0, 2.0, 4.0]);
+        // --concurrency N with --find-max concurrency is the first load.
+        let start = concurrency(1.0, 64.0).starting_at(8.0).expect("in range");
+        let (answer, probes) = against_knee(start, 5.0);
+        assert_eq!(probes, [8.0, 4.0, 6.0, 5.0, 6.0]);
+        assert_eq!(answer.max, Some(5.0));
+        assert!(concurrency(1.0, 64.0).starting_at(100.0).is_err());
     }
 
     #[test]
@@ -553,5 +816,17 @@ mod tests {
         assert!(!near_limit(&[goal(53.0, Op::Gt)]));
         assert!(!near_limit(&[goal(135.0, Op::Gt)]));
         assert!(!near_limit(&[goal(60.0, Op::Eq)]));
+        // A good share of 100 % against `good-share < 95` is as far as it can be.
+        let share = |value: f64| GoalResult {
+            expr: "llm.good-share < 95".into(),
+            metric: "llm.good-share".into(),
+            op: Op::Lt,
+            value: Some(value),
+            threshold: 95.0,
+            failed: value < 95.0,
+            note: None,
+        };
+        assert!(!near_limit(&[share(100.0)]));
+        assert!(near_limit(&[share(99.0)]));
     }
 }

@@ -519,6 +519,53 @@ pub fn load_tokenizer(path: &Path) -> anyhow::Result<RunTokenizer> {
     })
 }
 
+/// What `--find-max` is checked against: the rest of the run's options.
+struct SearchContext {
+    concurrency: Option<usize>,
+    has_goals: bool,
+    sweeping: bool,
+    has_arrival_times: bool,
+    asap: bool,
+}
+
+/// `--find-max` checked against the other options; `--concurrency N` with `--find-max
+/// concurrency` is the search's first load.
+fn search_options(
+    find_max: Option<crate::capacity::FindMax>,
+    context: SearchContext,
+) -> anyhow::Result<Option<crate::capacity::FindMax>> {
+    use crate::capacity::Dimension;
+    let Some(find_max) = find_max else {
+        return Ok(None);
+    };
+    let find_max = match context.concurrency {
+        Some(start) if find_max.dimension == Dimension::Concurrency => {
+            find_max.starting_at(start as f64)?
+        }
+        _ => find_max,
+    };
+    if !context.has_goals {
+        bail!(
+            "--find-max {}: needs at least one --fail-if goal: the search looks for the largest load at which every goal holds (e.g. --fail-if 'llm.ttft-p95 > 800')",
+            find_max.dimension.name()
+        );
+    }
+    if context.sweeping {
+        bail!("--find-max and --sweep-concurrency are exclusive: each chooses the loads to replay");
+    }
+    if find_max.dimension == Dimension::Speed && !context.has_arrival_times {
+        bail!(
+            "--find-max speed scales the recorded schedule: the recording has no arrival times (at_ms); use --find-max rate or concurrency"
+        );
+    }
+    if find_max.dimension == Dimension::Speed && context.asap {
+        bail!(
+            "--find-max speed scales the recorded schedule: it cannot be used with --schedule asap"
+        );
+    }
+    Ok(Some(find_max))
+}
+
 /// `--cancel-rate P%` and `--cancel-after D`: a rate from 0 to 100 (`P` or `P%`), a delay
 /// only with a rate.
 fn cancel_options(
@@ -920,31 +967,16 @@ impl RunArgs {
                 .or(file.find_max_precision)
                 .as_deref(),
         )?;
-        if let Some(find_max) = &find_max {
-            if goals.is_empty() {
-                bail!(
-                    "--find-max {}: needs at least one --fail-if goal: the search looks for the largest load at which every goal holds (e.g. --fail-if 'llm.ttft-p95 > 800')",
-                    find_max.dimension.name()
-                );
-            }
-            if !self.sweep_concurrency.is_empty() {
-                bail!(
-                    "--find-max and --sweep-concurrency are exclusive: each chooses the loads to replay"
-                );
-            }
-            if find_max.dimension == crate::capacity::Dimension::Speed && !has_arrival_times {
-                bail!(
-                    "--find-max speed scales the recorded schedule: the recording has no arrival times (at_ms); use --find-max rate or concurrency"
-                );
-            }
-            if find_max.dimension == crate::capacity::Dimension::Speed
-                && schedule.as_deref() == Some("asap")
-            {
-                bail!(
-                    "--find-max speed scales the recorded schedule: it cannot be used with --schedule asap"
-                );
-            }
-        }
+        let find_max = search_options(
+            find_max,
+            SearchContext {
+                concurrency,
+                has_goals: !goals.is_empty(),
+                sweeping: !self.sweep_concurrency.is_empty(),
+                has_arrival_times,
+                asap: schedule.as_deref() == Some("asap"),
+            },
+        )?;
         let no_server_metrics = self.no_server_metrics || file.no_server_metrics.unwrap_or(false);
         let mut extra_metrics = file.server_metrics.clone();
         extra_metrics.extend(self.server_metrics.iter().cloned());
@@ -992,7 +1024,10 @@ impl RunArgs {
                 } else {
                     Schedule::Asap
                 },
-                concurrency: if recorded_schedule || rate.is_some() {
+                // A closed loop of 1 by default, unless the arrivals are set (a schedule, a
+                // rate) or a search sets the load of each probe: then only a cap the user
+                // gave limits the requests in flight (issue 32: a rate probe is an open loop).
+                concurrency: if recorded_schedule || rate.is_some() || find_max.is_some() {
                     concurrency
                 } else {
                     Some(concurrency.unwrap_or(1))
@@ -1137,6 +1172,56 @@ mod tests {
             Ok(_) => panic!("{args:?} was accepted"),
             Err(error) => format!("{error:#}"),
         }
+    }
+
+    /// Issue 32: a search sets each probe's load, so a recording without arrival times
+    /// gets no implicit closed loop of 1 (a rate probe is an open loop); `--concurrency N`
+    /// with `--find-max concurrency` is the first load, within the range.
+    #[test]
+    fn a_search_has_no_implicit_closed_loop_and_starts_at_the_given_concurrency() {
+        let goal = ["--fail-if", "llm.ttft-p95 > 60"];
+        let plain = config(&[]).expect("valid");
+        assert_eq!(
+            plain.load.concurrency,
+            Some(1),
+            "a plain run's closed loop of 1"
+        );
+        let rate = config(&[&["--find-max", "rate"][..], &goal].concat()).expect("valid");
+        assert_eq!(rate.load.concurrency, None);
+        let capped = config(&[&["--find-max", "rate", "--concurrency", "4"][..], &goal].concat())
+            .expect("valid");
+        assert_eq!(
+            capped.load.concurrency,
+            Some(4),
+            "a cap the user gave stays"
+        );
+        let start = config(
+            &[
+                &["--find-max", "concurrency", "--concurrency", "8"][..],
+                &goal,
+            ]
+            .concat(),
+        )
+        .expect("valid");
+        assert_eq!(start.find_max.expect("search").start, 8.0);
+        let message = error(
+            &[
+                &[
+                    "--find-max",
+                    "concurrency",
+                    "--find-max-range",
+                    "1:64",
+                    "--concurrency",
+                    "100",
+                ][..],
+                &goal,
+            ]
+            .concat(),
+        );
+        assert!(
+            message.contains("first load") && message.contains("1:64"),
+            "{message}"
+        );
     }
 
     #[test]

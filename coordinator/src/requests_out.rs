@@ -24,6 +24,9 @@ struct Inner {
     lines: u64,
     /// The first write error; reported at the end, never silently dropped.
     error: Option<std::io::Error>,
+    /// During a `--find-max` search: the probe whose records arrive now (1-based index,
+    /// load), written on each line.
+    probe: Option<(usize, f64)>,
 }
 
 impl RequestsOut {
@@ -36,6 +39,7 @@ impl RequestsOut {
                 out: BufWriter::with_capacity(256 << 10, file),
                 lines: 0,
                 error: None,
+                probe: None,
             }),
         })
     }
@@ -45,14 +49,26 @@ impl RequestsOut {
         &self.path
     }
 
+    /// The probe whose records the next batches carry (probes run one after another, and a
+    /// probe's records all arrive before its replay returns).
+    pub fn set_probe(&self, probe: Option<(usize, f64)>) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.probe = probe;
+    }
+
     /// Append the records one worker sent.
     pub fn write(&self, worker: &str, records: &[RequestRecord]) {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if inner.error.is_some() {
             return;
         }
+        let probe = inner.probe;
         for record in records {
-            let line = record_line(worker, record);
+            let mut line = record_line(worker, record);
+            if let (Some((index, load)), Some(fields)) = (probe, line.as_object_mut()) {
+                fields.insert("probe".to_owned(), index.into());
+                fields.insert("load".to_owned(), load.into());
+            }
             let written = serde_json::to_writer(&mut inner.out, &line)
                 .map_err(std::io::Error::from)
                 .and_then(|()| inner.out.write_all(b"\n"));

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use common::load::Schedule;
 use tokio::sync::watch;
 
-use crate::capacity::{Dimension, FindMax, Search, Step};
+use crate::capacity::{Dimension, FindMax, RunResult, Search, Step};
 use crate::config::{BaselineSource, GlobalLoad, RunArgs, RunConfig, WorkerSource};
 use crate::goals::{Goal, parse_goals};
 use crate::outcome::{ReplayResult, RunError};
@@ -60,7 +60,13 @@ pub struct RunHooks<'a> {
     /// Told what happens as it happens: join progress (and the level it is for), a worker
     /// lost or quitting. `None`: nobody is told (the report says it all the same).
     pub notices: Option<crate::supervisor::NoticeSink>,
+    /// Told one line per `--find-max` probe as it is decided (probe number, load, result,
+    /// the bracket so far, the search's time). `None`: nobody is told.
+    pub search_lines: Option<SearchLineSink>,
 }
+
+/// Where a search's per-probe lines go.
+pub type SearchLineSink = Arc<dyn Fn(&str) + Send + Sync>;
 
 /// A finished run: its report, and what it means for the exit code.
 #[derive(Debug)]
@@ -286,28 +292,12 @@ impl RunPlan {
             mut capacity,
             main: main_index,
         } = replayed?;
-        if let Some(error) = &level_failed {
-            warnings.push(match &capacity {
-                Some(capacity) => format!(
-                    "the search stopped: a probe could not run: {}; the probes before it are reported{}",
-                    error.error,
-                    match capacity.max {
-                        Some(max) => format!(
-                            " (the highest load that held so far: {})",
-                            capacity_value(capacity, max)
-                        ),
-                        None => String::new(),
-                    }
-                ),
-                None => format!(
-                    "the sweep stopped: a level{} could not run: {}; the levels before it are reported",
-                    error
-                        .level
-                        .map_or_else(String::new, |c| format!(" (concurrency {c})")),
-                    error.error
-                ),
-            });
-        }
+        warnings.extend(level_warnings(
+            &config,
+            &results,
+            capacity.as_ref(),
+            level_failed.as_ref(),
+        ));
         // A failure writing --requests-out is a failed run like a report that cannot be
         // written: said in the report, and by the CLI after the other outputs.
         let mut requests_out_failed = None;
@@ -513,11 +503,19 @@ async fn search(
     let mut probes: Vec<ProbeSection> = Vec::new();
     let mut failed = None;
     let mut cut_short: Option<String> = None;
+    let began = std::time::Instant::now();
+    if let Some(sink) = &inputs.hooks.search_lines {
+        sink(&search_estimate(find_max, config, inputs.pass_span_ms));
+    }
     while let Step::Probe(value) = search.next() {
         let (probe_config, load) = probe_config(config, find_max.dimension, value);
+        let index = results.len() + 1;
+        if let Some(out) = &inputs.requests_out {
+            out.set_probe(Some((index, value)));
+        }
         let setup = ReplaySetup {
             config: &probe_config,
-            load,
+            load: load.clone(),
             target: inputs.target.to_owned(),
             tag_requests: inputs.tag_requests,
             exchanges: inputs.exchanges,
@@ -526,12 +524,7 @@ async fn search(
             interrupt: inputs.hooks.interrupt.clone(),
             progress: inputs.hooks.snapshots.clone(),
             pool: inputs.pool,
-            level: format!(
-                "probe {}: {} {}",
-                results.len() + 1,
-                find_max.dimension.name(),
-                value
-            ),
+            level: format!("probe {index}: {} {}", find_max.dimension.name(), value),
             notices: inputs.hooks.notices.clone(),
         };
         let level = (find_max.dimension == Dimension::Concurrency).then_some(value as usize);
@@ -544,24 +537,43 @@ async fn search(
             Err(error) => return Err(error),
         };
         let mut probe = judge.judge(value, search.attempt(), &result).await;
-        let incomplete = result.aborted || result.interrupted || unusable(&result, &probes);
-        if incomplete {
-            cut_short = Some(if result.interrupted {
-                format!("interrupted during the probe at {value}")
-            } else if result.aborted {
-                format!("a worker was lost during the probe at {value}")
-            } else {
-                format!("the probe at {value} could not measure the server")
-            });
-        }
-        results.push((level, result));
-        if incomplete {
+        probe.repeat = search.repeat().map(|why| why.text().to_owned());
+        let capped = capped_note(&load, &result);
+        probe.client_stall = capped.is_none() && client_stalled(&result);
+        probe.notes.extend(capped);
+        probe.notes.extend(few_requests_note(&probe));
+        if let Some(reason) = incomplete(&result, &probes) {
+            let shown = find_max.dimension.show(value);
+            cut_short = Some(format!("{reason} during the probe at {shown}"));
+            // Neither passed nor failed: it decides nothing.
+            probe.incomplete = Some(reason.to_owned());
+            probe.passed = false;
+            results.push((level, result));
             probes.push(probe);
             break;
         }
-        let near = crate::capacity::near_limit(&probe.goals);
-        probe.decided = search.record(probe.passed, near);
+        results.push((level, result));
+        let recorded = search.record(RunResult {
+            passed: probe.passed,
+            near_limit: crate::capacity::near_limit(&probe.goals),
+            client_stall: probe.client_stall,
+        });
+        probe.decided = recorded.decision;
+        probe.runs = recorded.decision.map(|_| recorded.runs);
+        if let Some(sink) = &inputs.hooks.search_lines {
+            sink(&probe_line(
+                find_max,
+                index,
+                &probe,
+                &search.answer(),
+                search.repeat(),
+                began.elapsed(),
+            ));
+        }
         probes.push(probe);
+    }
+    if let Some(out) = &inputs.requests_out {
+        out.set_probe(None);
     }
     let mut answer = search.answer();
     if let Some(why) = cut_short.or_else(|| {
@@ -570,6 +582,9 @@ async fn search(
             .map(|f: &LevelFailed| format!("a probe could not run: {}", f.error))
     }) {
         answer.stopped = why;
+    }
+    if let Some(suggestion) = batching_suggestion(find_max, &answer, &probes) {
+        answer.stopped = format!("{}; {suggestion}", answer.stopped);
     }
     let main = match answer.max {
         Some(max) => probes.iter().rposition(|p| p.value == max && p.passed),
@@ -589,8 +604,209 @@ async fn search(
             high: find_max.high,
             stopped: answer.stopped,
             probes,
+            start: Some(find_max.start),
+            duration_s: Some(began.elapsed().as_secs_f64()),
+            sample_interval_s: judge
+                .scraper
+                .map(|_| config.server_metrics.interval.as_secs_f64()),
         }),
     })
+}
+
+/// When even the lowest load fails a goal that more load could meet — a throughput floor
+/// (`llm.request-throughput < 5`, `llm.goodput < 2`): a batching server fills its batches
+/// only under load — say so and suggest a range that starts higher.
+fn batching_suggestion(
+    find_max: FindMax,
+    answer: &crate::capacity::Answer,
+    probes: &[ProbeSection],
+) -> Option<String> {
+    if answer.max.is_some() || answer.min_failing? > find_max.low {
+        return None;
+    }
+    let floors: Vec<&str> = probes
+        .iter()
+        .rev()
+        .find(|p| p.incomplete.is_none() && !p.passed)?
+        .goals
+        .iter()
+        .filter(|g| g.failed && matches!(g.op, crate::goals::Op::Lt | crate::goals::Op::Le))
+        .filter(|g| g.metric.contains("throughput") || g.metric.ends_with("goodput"))
+        .map(|g| g.expr.as_str())
+        .collect();
+    if floors.is_empty() {
+        return None;
+    }
+    let dimension = find_max.dimension;
+    let higher = if dimension.integer() {
+        (find_max.low * 4.0).min(find_max.high)
+    } else {
+        find_max.low * 4.0
+    };
+    Some(format!(
+        "{} asks for a minimum that more load may reach (a batching server fills its batches only under load): try --find-max-range {}:{} or a --sweep-concurrency to see the curve",
+        floors.join(", "),
+        crate::capacity::show_number(higher.min(find_max.high)),
+        crate::capacity::show_number(find_max.high)
+    ))
+}
+
+/// The line a search starts with: its range and start, what one probe costs, and an
+/// estimate of the whole search (a ramp of a few doublings from the start, the bisection
+/// the precision needs, one confirmation) — before any load is sent.
+fn search_estimate(find_max: FindMax, config: &RunConfig, pass_span_ms: f64) -> String {
+    let dimension = find_max.dimension;
+    let per_probe = |load: f64| -> Option<f64> {
+        let budget = config.load.duration.map(|d| d.as_secs_f64());
+        let by_requests = config.load.requests.map(|n| n as f64);
+        match dimension {
+            Dimension::Speed => Some(budget.unwrap_or(pass_span_ms / 1000.0 / load)),
+            Dimension::Rate => budget.or(by_requests.map(|n| n / load)),
+            Dimension::Concurrency => budget,
+        }
+    };
+    let bisections = (100.0 / find_max.precision_pct).log2().ceil().max(1.0);
+    let probes = 3.0 + bisections + 1.0;
+    let cost = match per_probe(find_max.start) {
+        Some(seconds) => {
+            // Loads around the start and up to 8× it: the average probe costs about what a
+            // probe at twice the start does, plus a second to start and drain it.
+            let typical = per_probe(find_max.start * 2.0).unwrap_or(seconds) + 1.0;
+            format!(
+                "a probe at {} takes about {seconds:.0} s; a knee within 8× of the start takes about {probes:.0} probes, ~{:.0} s",
+                dimension.show(find_max.start),
+                probes * typical
+            )
+        }
+        None => format!(
+            "each probe replays the whole recording; a knee within 8× of the start takes about {probes:.0} probes"
+        ),
+    };
+    format!(
+        "search: --find-max {} from {} over {}–{}, precision {} %: {cost}",
+        dimension.name(),
+        dimension.show(find_max.start),
+        crate::capacity::show_number(find_max.low),
+        crate::capacity::show_number(find_max.high),
+        crate::capacity::show_number(find_max.precision_pct)
+    )
+}
+
+/// Why a probe could not complete (it then decides nothing), or `None`.
+fn incomplete(result: &ReplayResult, earlier: &[ProbeSection]) -> Option<&'static str> {
+    if result.interrupted {
+        Some("interrupted")
+    } else if result.aborted {
+        Some("aborted: a worker was lost")
+    } else if unusable(result, earlier) {
+        Some("could not measure the server")
+    } else {
+        None
+    }
+}
+
+/// Whether the workers flagged their own sending during a replay: the supervisor tells a
+/// worker that sent late while idle ("the machine or the network stalled it") from a
+/// saturated one; either way the client, not the server, set the pace, and a failure
+/// then says nothing of the server.
+fn client_stalled(result: &ReplayResult) -> bool {
+    result
+        .warnings
+        .iter()
+        .any(|warning| warning.contains("stalled it") || warning.contains("was saturated"))
+}
+
+/// `offered 100/s, sent 2.3/s: capped by --concurrency 1`, when the user's cap on
+/// requests in flight bounded an open loop's offered rate (sends waited for a free slot).
+/// The rate sent is the requests sent over their intended span plus the latest send's lag.
+fn capped_note(load: &GlobalLoad, result: &ReplayResult) -> Option<String> {
+    let (Some(rate), Some(cap)) = (load.rate, load.concurrency) else {
+        return None;
+    };
+    let issued = result.totals.issued as f64;
+    let lag = result.metrics.stats(common::metrics::Metric::ScheduleLag)?;
+    if issued < 2.0 {
+        return None;
+    }
+    let sent = issued / (issued / rate + lag.max.max(0.0) / 1000.0);
+    (sent < 0.9 * rate).then(|| {
+        format!(
+            "offered {}/s, sent {sent:.1}/s: capped by --concurrency {cap} (a send waited for a free slot)",
+            crate::capacity::show_number(rate)
+        )
+    })
+}
+
+/// Requests a percentile needs before one request cannot decide it alone: at least two in
+/// the tail beyond it (p95: 40, p99: 200, p90: 20, p50: 4).
+fn requests_for_percentile(percentile: f64) -> u64 {
+    (2.0 / (1.0 - percentile / 100.0)).ceil() as u64
+}
+
+/// `the verdict on llm.ttft-p95 rests on 12 requests; 40 put two past p95`, when a
+/// percentile goal was judged on fewer requests than it needs.
+fn few_requests_note(probe: &ProbeSection) -> Option<String> {
+    let judged = probe.requests.succeeded;
+    probe.goals.iter().find_map(|goal| {
+        let stat = goal.metric.rsplit('-').next()?;
+        let percentile: f64 = stat.strip_prefix('p')?.parse().ok()?;
+        let needed = requests_for_percentile(percentile);
+        (judged < needed).then(|| {
+            format!(
+                "the verdict on {} rests on {judged} requests; {needed} put two past p{}",
+                goal.metric,
+                crate::capacity::show_number(percentile)
+            )
+        })
+    })
+}
+
+/// One line per probe as it is decided: its number, load, result, the verdicts so far
+/// and the bracket, and the search's time so far.
+fn probe_line(
+    find_max: FindMax,
+    index: usize,
+    probe: &ProbeSection,
+    answer: &crate::capacity::Answer,
+    repeat: Option<crate::capacity::Repeat>,
+    elapsed: std::time::Duration,
+) -> String {
+    let dimension = find_max.dimension;
+    let result = if probe.passed { "passed" } else { "FAILED" };
+    let stall = if probe.client_stall && !probe.passed {
+        " (the client stalled)"
+    } else {
+        ""
+    };
+    let decided = match (probe.decided, probe.runs) {
+        (Some(true), Some(runs)) => format!("; decided: holds ({runs} run{})", plural(runs)),
+        (Some(false), Some(runs)) => format!("; decided: fails ({runs} run{})", plural(runs)),
+        _ => "; undecided".to_owned(),
+    };
+    let next = match repeat {
+        Some(why) => format!(", runs again: {}", why.text()),
+        None => String::new(),
+    };
+    let bracket = match (answer.max, answer.min_failing) {
+        (Some(max), Some(fail)) => format!(
+            "{} holds, {} fails",
+            dimension.show(max),
+            dimension.show(fail)
+        ),
+        (Some(max), None) => format!("{} holds, nothing failed yet", dimension.show(max)),
+        (None, Some(fail)) => format!("nothing held yet, {} fails", dimension.show(fail)),
+        (None, None) => "nothing decided yet".to_owned(),
+    };
+    format!(
+        "search: probe {index} at {} {result}{stall} in {:.1} s{decided}{next} · bracket: {bracket} · {:.0} s so far",
+        dimension.show(probe.value),
+        probe.duration_s,
+        elapsed.as_secs_f64()
+    )
+}
+
+fn plural(n: u32) -> &'static str {
+    if n == 1 { "" } else { "s" }
 }
 
 /// A probe that cannot say anything about the load: nothing reached the target, or (before
@@ -689,6 +905,11 @@ impl ProbeJudge<'_> {
             attempt,
             decided: None,
             server: report.server,
+            runs: None,
+            repeat: None,
+            incomplete: None,
+            client_stall: false,
+            notes: Vec::new(),
         }
     }
 }
@@ -785,6 +1006,48 @@ fn attach_server_sections(
         let (from, to) = window_of(result);
         level.server = Some(log.section(from, to, run_start));
     }
+}
+
+/// What the levels earned beyond each replay's own warnings: a `--rate` run whose
+/// `--concurrency` cap bounded the offered load, and a sweep level or probe that could not
+/// run.
+fn level_warnings(
+    config: &RunConfig,
+    results: &[(Option<usize>, ReplayResult)],
+    capacity: Option<&CapacitySection>,
+    level_failed: Option<&LevelFailed>,
+) -> Vec<String> {
+    let mut warnings = Vec::new();
+    if capacity.is_none()
+        && let Some((_, last)) = results.last()
+        && let Some(note) = capped_note(&config.load, last)
+    {
+        warnings.push(note);
+    }
+    let Some(error) = level_failed else {
+        return warnings;
+    };
+    warnings.push(match capacity {
+        Some(capacity) => format!(
+            "the search stopped: a probe could not run: {}; the probes before it are reported{}",
+            error.error,
+            match capacity.max {
+                Some(max) => format!(
+                    " (the highest load that held so far: {})",
+                    capacity_value(capacity, max)
+                ),
+                None => String::new(),
+            }
+        ),
+        None => format!(
+            "the sweep stopped: a level{} could not run: {}; the levels before it are reported",
+            error
+                .level
+                .map_or_else(String::new, |c| format!(" (concurrency {c})")),
+            error.error
+        ),
+    });
+    warnings
 }
 
 /// A capacity value as the report's dimension reads it.

@@ -46,6 +46,7 @@ fn execute(plan: RunPlan) -> (coordinator::run::RunOutcome, RunSnapshot) {
                 waiting_for_workers: &|_, _| {},
                 worker_program: bin("llm-replay"),
                 notices: None,
+                search_lines: None,
             })
             .await
             .expect("the run measured something");

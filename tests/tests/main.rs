@@ -3,6 +3,7 @@
 
 mod buffered_streams;
 mod capacity;
+mod capacity_answers;
 mod capture;
 mod capture_limits;
 mod capture_upstream;

@@ -231,13 +231,67 @@ pub(super) fn capitalized(text: &str) -> String {
     })
 }
 
-/// `passed`, `FAILED`, `passed (run 2)`: a probe's own result.
+/// `passed`, `FAILED`, `passed (run 2)`, `FAILED, client stalled (run 1)`, `interrupted`,
+/// with `· decided by 2 runs` on the run that decided its load: a probe's own result.
 pub(super) fn probe_result(probe: &ProbeSection) -> String {
-    let result = if probe.passed { "passed" } else { "FAILED" };
+    if let Some(incomplete) = &probe.incomplete {
+        return incomplete.clone();
+    }
+    let mut result = if probe.passed { "passed" } else { "FAILED" }.to_string();
+    if probe.client_stall && !probe.passed {
+        result.push_str(", client stalled");
+    }
     if probe.attempt > 1 {
-        format!("{result} (run {})", probe.attempt)
+        result.push_str(&format!(" (run {})", probe.attempt));
+    }
+    match probe.runs {
+        Some(runs) if runs > 1 || probe.attempt > 1 => {
+            let plural = if runs == 1 { "" } else { "s" };
+            result.push_str(&format!(" · decided by {runs} run{plural}"));
+        }
+        _ => {}
+    }
+    result
+}
+
+/// `11 probes in 42.3 s, from 1`: the whole search's size and time (every probe, not the
+/// answer's alone).
+pub(super) fn search_time(capacity: &CapacitySection) -> String {
+    let n = capacity.probes.len();
+    let probes = if n == 1 { "probe" } else { "probes" };
+    let time = capacity
+        .duration_s
+        .unwrap_or_else(|| capacity.probes.iter().map(|p| p.duration_s).sum());
+    let from = capacity
+        .start
+        .map_or_else(String::new, |start| format!(", from {}", load_value(start)));
+    format!("{n} {probes} in {time:.1} s{from}")
+}
+
+/// `probe 3 (×2): offered ...`: each probe's notes and repeat reason, one line each.
+pub(super) fn probe_notes(capacity: &CapacitySection) -> Vec<String> {
+    let mut lines = Vec::new();
+    for (i, probe) in capacity.probes.iter().enumerate() {
+        let head = format!("probe {} ({})", i + 1, load_value(probe.value));
+        if let Some(why) = &probe.repeat {
+            lines.push(format!("{head}: run again, {why}"));
+        }
+        if probe.client_stall && !probe.passed {
+            lines.push(format!(
+                "{head}: the workers flagged their own sending as stalled: this failure decides nothing"
+            ));
+        }
+        lines.extend(probe.notes.iter().map(|note| format!("{head}: {note}")));
+    }
+    lines
+}
+
+/// `1 s`, `250 ms`: a sampling interval as a header says it.
+pub(super) fn duration_text(seconds: f64) -> String {
+    if seconds >= 1.0 {
+        format!("{} s", load_value(seconds))
     } else {
-        result.to_string()
+        format!("{} ms", load_value(seconds * 1000.0))
     }
 }
 
@@ -252,7 +306,7 @@ fn failed_goals_at(capacity: &CapacitySection, value: f64) -> Vec<String> {
         .probes
         .iter()
         .rev()
-        .find(|p| !p.passed && same_load(p.value, value))
+        .find(|p| !p.passed && p.incomplete.is_none() && same_load(p.value, value))
         .map_or_else(Vec::new, |p| p.failed_goals.clone())
 }
 
@@ -277,18 +331,16 @@ pub(super) fn capacity_answer(capacity: &CapacitySection) -> String {
             } else {
                 f64::INFINITY
             };
-            let closeness = if gap_pct <= capacity.precision_pct + 1e-9 {
-                format!("within {} %", load_value(capacity.precision_pct))
-            } else if capacity.dimension == "concurrency" && min_failing - max <= 1.0 {
+            let closeness = if capacity.dimension == "concurrency" && min_failing - max <= 1.0 {
                 // Whole users: nothing lies between, whatever the precision asked.
-                format!(
-                    "the next concurrency up ({} % asked)",
-                    load_value(capacity.precision_pct)
-                )
+                "neighbours: nothing lies between".to_string()
+            } else if gap_pct <= capacity.precision_pct + 1e-9 {
+                format!("within {} %", load_value(capacity.precision_pct))
             } else {
                 format!(
-                    "{gap_pct:.0} % apart, wider than the {} % asked",
-                    load_value(capacity.precision_pct)
+                    "{gap_pct:.0} % apart, wider than the {} % asked (the search stopped: {})",
+                    load_value(capacity.precision_pct),
+                    capacity.stopped
                 )
             };
             format!(
@@ -298,6 +350,16 @@ pub(super) fn capacity_answer(capacity: &CapacitySection) -> String {
                 failed_goals_text(&failed_goals_at(capacity, min_failing))
             )
         }
+        // Cut short after the first load failed, before any lower one was decided.
+        (None, Some(lowest)) if lowest > capacity.low * (1.0 + 1e-9) => format!(
+            "{head}: {} fails{}; no lower load was decided before the search stopped ({}), so \
+             the capacity is below {} (the range went down to {})",
+            load_value(lowest),
+            failed_goals_text(&failed_goals_at(capacity, lowest)),
+            capacity.stopped,
+            load_value(lowest),
+            load_value(capacity.low)
+        ),
         (None, Some(lowest)) => {
             let goals = failed_goals_at(capacity, lowest);
             let why = if goals.is_empty() {

@@ -826,7 +826,8 @@ fn capacity(out: &mut String, report: &Report) {
     }
     let with_server = capacity.probes.iter().any(|p| p.server.is_some());
     if with_server {
-        let _ = write!(out, "<th>{}</th>", format::capitalized(QUEUE_MAX_HEADER));
+        let header = server_side::sampled_queue_max_header(capacity.sample_interval_s);
+        let _ = write!(out, "<th>{}</th>", esc(&format::capitalized(&header)));
     }
     let _ = writeln!(
         out,
@@ -917,7 +918,7 @@ fn capacity_charts(capacity: &CapacitySection) -> Vec<Chart> {
             let failed: Vec<(f64, f64)> = capacity
                 .probes
                 .iter()
-                .filter(|p| !p.passed)
+                .filter(|p| !p.passed && p.incomplete.is_none())
                 .filter_map(value_at)
                 .collect();
             let cap = knee_y_cap(goal.threshold, &passed, &failed);

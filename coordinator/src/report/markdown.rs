@@ -530,9 +530,17 @@ fn capacity(out: &mut String, report: &Report) {
     };
     let with_server = capacity.probes.iter().any(|p| p.server.is_some());
     let (server_head, server_rule) = if with_server {
-        (" Server queue max |", "--:|")
+        (
+            format!(
+                " {} |",
+                plain(&format::capitalized(
+                    &server_side::sampled_queue_max_header(capacity.sample_interval_s)
+                ))
+            ),
+            "--:|",
+        )
     } else {
-        ("", "")
+        (String::new(), "")
     };
     let _ = writeln!(
         out,
@@ -566,7 +574,13 @@ fn capacity(out: &mut String, report: &Report) {
                 "| {} | {} | {} {} | {} | {} |{goodput}{queue} {failed} |",
                 i + 1,
                 format::load_value(probe.value),
-                if probe.passed { "✅" } else { "❌" },
+                if probe.incomplete.is_some() {
+                    "⏸"
+                } else if probe.passed {
+                    "✅"
+                } else {
+                    "❌"
+                },
                 format::probe_result(probe),
                 plain(&probe.judged_on),
                 plain(&format::probe_values(probe)),
@@ -581,7 +595,15 @@ fn capacity(out: &mut String, report: &Report) {
             " |".repeat(columns - 2)
         )
     });
-    let _ = writeln!(out, "\nSearch: {}.", plain(&capacity.stopped));
+    let _ = writeln!(
+        out,
+        "\nSearch: {} ({}).",
+        plain(&capacity.stopped),
+        plain(&format::search_time(capacity))
+    );
+    for line in format::probe_notes(capacity) {
+        let _ = writeln!(out, "- {}", plain(&line));
+    }
 }
 
 fn sweep(out: &mut String, report: &Report) {

@@ -165,6 +165,17 @@ pub struct CapacitySection {
     pub stopped: String,
     /// Every probe, in the order it ran (a confirmation is a probe of its own).
     pub probes: Vec<ProbeSection>,
+    /// The first load probed (LOW, ×1 for speed, or `--concurrency` for a concurrency
+    /// search).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<f64>,
+    /// Seconds the whole search took, every probe and the pauses between them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_s: Option<f64>,
+    /// The server's metrics were scraped every this many seconds: gauges (queue depth,
+    /// running requests) are samples, and a peak between two scrapes is not seen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample_interval_s: Option<f64>,
 }
 
 /// One probe of the capacity search: a full replay at one load.
@@ -199,6 +210,25 @@ pub struct ProbeSection {
     /// What the search concluded for this load once its runs were in (majority of up to 3
     /// runs when the first was near a limit); `null` while undecided.
     pub decided: Option<bool>,
+    /// On the run that decided its load: how many runs the decision counted (a failure
+    /// under a client stall counts for nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runs: Option<u32>,
+    /// Why this run repeats a load already run (near a goal's limit, a client stall,
+    /// confirming the failure the answer rests on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeat: Option<String>,
+    /// The probe did not complete (`interrupted`, a worker lost, nothing measured): it is
+    /// neither passed nor failed, and decides nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incomplete: Option<String>,
+    /// The workers flagged their own sending as stalled or saturated during this run.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub client_stall: bool,
+    /// What else the verdict rests on: a cap that bounded the offered load, a stall, a
+    /// percentile judged on few requests.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// The `transport` section: how the workers reached the target. A buffering proxy and the

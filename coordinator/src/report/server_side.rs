@@ -332,6 +332,18 @@ pub(super) fn queue_max_cell(server: Option<&ServerSection>) -> String {
 /// Header of the sweep and capacity tables' column.
 pub(super) const QUEUE_MAX_HEADER: &str = "server queue max";
 
+/// The capacity table's queue column: the largest *scraped* queue depth, a sample every
+/// interval, so a queue that peaked between two scrapes shows lower than it was.
+pub(super) fn sampled_queue_max_header(interval_s: Option<f64>) -> String {
+    match interval_s {
+        Some(seconds) => format!(
+            "{QUEUE_MAX_HEADER} (sampled every {})",
+            super::format::duration_text(seconds)
+        ),
+        None => format!("{QUEUE_MAX_HEADER} (sampled)"),
+    }
+}
+
 /// One plotted series: the family's name and its connected runs of `(t_s, value)`.
 pub(super) type TimeSeries = (String, Vec<Vec<(f64, f64)>>);
 

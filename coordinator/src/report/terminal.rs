@@ -280,30 +280,7 @@ pub fn render_terminal(report: &Report, color: bool) -> String {
     }
 
     if let Some(capacity) = &report.capacity {
-        out.push('\n');
-        title(
-            &mut out,
-            &format!(
-                "Capacity search ({}, range {}–{}, precision {} %): probes in the order they ran",
-                format::dimension_label(&capacity.dimension),
-                format::load_value(capacity.low),
-                format::load_value(capacity.high),
-                format::load_value(capacity.precision_pct)
-            ),
-        );
-        out.push_str(&capacity_table(capacity).render(color));
-        let _ = writeln!(out, "  search: {}", capacity.stopped);
-        let answer = format::capacity_answer(capacity);
-        let code = if capacity.max.is_some() {
-            ANSI_GREEN
-        } else {
-            ANSI_RED
-        };
-        if color {
-            let _ = writeln!(out, "{ANSI_BOLD}{code}{answer}{ANSI_RESET}");
-        } else {
-            let _ = writeln!(out, "{answer}");
-        }
+        capacity_block(&mut out, capacity, color);
     }
 
     if !report.goals.is_empty() {
@@ -345,6 +322,46 @@ pub fn render_terminal(report: &Report, color: bool) -> String {
     out
 }
 
+/// The capacity search: its header (range, precision, the whole search's time), the probes,
+/// their notes, how it stopped and the answer.
+fn capacity_block(out: &mut String, capacity: &CapacitySection, color: bool) {
+    out.push('\n');
+    let title = |out: &mut String, text: &str| {
+        if color {
+            let _ = writeln!(out, "{ANSI_BOLD}{text}{ANSI_RESET}");
+        } else {
+            let _ = writeln!(out, "{text}");
+        }
+    };
+    title(
+        out,
+        &format!(
+            "Capacity search ({}, range {}–{}, precision {} %; {}): probes in the order they ran",
+            format::dimension_label(&capacity.dimension),
+            format::load_value(capacity.low),
+            format::load_value(capacity.high),
+            format::load_value(capacity.precision_pct),
+            format::search_time(capacity)
+        ),
+    );
+    out.push_str(&capacity_table(capacity).render(color));
+    for line in format::probe_notes(capacity) {
+        let _ = writeln!(out, "  {line}");
+    }
+    let _ = writeln!(out, "  search: {}", capacity.stopped);
+    let answer = format::capacity_answer(capacity);
+    let code = if capacity.max.is_some() {
+        ANSI_GREEN
+    } else {
+        ANSI_RED
+    };
+    if color {
+        let _ = writeln!(out, "{ANSI_BOLD}{code}{answer}{ANSI_RESET}");
+    } else {
+        let _ = writeln!(out, "{answer}");
+    }
+}
+
 /// The probes of a capacity search, one row each in the order they ran: the load, its
 /// result (and which run at that load), what the goals were judged on, each goal's value
 /// (one column per goal), the goodput with `--slo`, and the goals that failed.
@@ -361,8 +378,9 @@ fn capacity_table(capacity: &CapacitySection) -> TextTable {
         header.push("goodput req/s");
     }
     let with_server = capacity.probes.iter().any(|p| p.server.is_some());
+    let queue_header = server_side::sampled_queue_max_header(capacity.sample_interval_s);
     if with_server {
-        header.push(QUEUE_MAX_HEADER);
+        header.push(&queue_header);
     }
     header.push("failed goals");
     let failed_column = header.len() - 1;

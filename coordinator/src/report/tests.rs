@@ -1484,6 +1484,11 @@ fn probe(value: f64, attempt: u32, ttft_p95: f64, failed: u64, good: u64) -> Pro
         duration_s: 31.5,
         attempt,
         decided: None,
+        runs: None,
+        repeat: None,
+        incomplete: None,
+        client_stall: false,
+        notes: Vec::new(),
     }
 }
 
@@ -1513,6 +1518,9 @@ fn capacity_section() -> CapacitySection {
         high: 4096.0,
         stopped: "no concurrency between the highest passing and the lowest failing".to_string(),
         probes,
+        start: Some(1.0),
+        duration_s: Some(301.0),
+        sample_interval_s: Some(1.0),
     }
 }
 
@@ -1601,7 +1609,7 @@ fn the_terminal_lists_probes_in_order_then_the_answer() {
     let lines: Vec<&str> = text
         .lines()
         .skip_while(|l| {
-            !l.starts_with("Capacity search (concurrency, range 1–4096, precision 5 %)")
+            !l.starts_with("Capacity search (concurrency, range 1–4096, precision 5 %;")
         })
         .collect();
     // The header, then one row per probe: its index and its load, in the order they ran.
@@ -1645,7 +1653,7 @@ fn the_capacity_answer_reads_each_outcome() {
     assert_eq!(
         answer,
         "Capacity (concurrency): 16 holds every goal; 17 fails (llm.ttft-p95 > 60) — \
-         the next concurrency up (5 % asked)"
+         neighbours: nothing lies between"
     );
     capacity.max = Some(40.0);
     capacity.min_failing = Some(42.0);
@@ -1662,6 +1670,23 @@ fn the_capacity_answer_reads_each_outcome() {
         format::capacity_answer(&capacity),
         "Capacity (concurrency): even the lowest load (1) fails: llm.ttft-p95 > 60; \
          llm.error-rate > 1; llm.good-share < 90"
+    );
+    // Stopped (Ctrl-C) after the start, 8, failed and before a lower load was decided: no
+    // claim about the range's bottom.
+    capacity.min_failing = Some(8.0);
+    capacity.stopped = "interrupted during the probe at 4".to_string();
+    capacity.probes.push(probe(8.0, 1, 2400.0, 0, 4));
+    let mut interrupted = probe(4.0, 1, 20.0, 0, 100);
+    interrupted.incomplete = Some("interrupted".to_string());
+    interrupted.passed = false;
+    assert_eq!(format::probe_result(&interrupted), "interrupted");
+    let answer = format::capacity_answer(&capacity);
+    assert!(
+        answer.starts_with("Capacity (concurrency): 8 fails (llm.ttft-p95 > 60")
+            && answer.contains("; no lower load was decided before the search stopped")
+            && !answer.contains("lowest")
+            && !answer.contains("held"),
+        "{answer}"
     );
     capacity.dimension = "rate".to_string();
     capacity.max = Some(100_000.0);
@@ -2182,15 +2207,22 @@ fn sweep_and_capacity_tables_gain_the_server_queue_max() {
         );
         probe.server = Some(server);
     }
+    // The capacity table's queue is a sampled gauge: the header says so, with the
+    // interval (issue 32: a true peak of 11 showed as 9 between two scrapes).
     let terminal = render_terminal(&capacity, false);
     assert!(
-        terminal.contains("server queue max") && terminal.contains("101"),
+        terminal.contains("server queue max (sampled every 1 s)") && terminal.contains("101"),
         "{terminal}"
     );
     let markdown = render_markdown(&capacity);
-    assert!(markdown.contains("Server queue max"), "{markdown}");
+    assert!(
+        markdown.contains("Server queue max (sampled every 1 s)"),
+        "{markdown}"
+    );
     let html = render_html(&capacity);
-    assert!(html.contains("<th>Server queue max</th>") && html.contains(">101<"));
+    assert!(
+        html.contains("<th>Server queue max (sampled every 1 s)</th>") && html.contains(">101<")
+    );
 }
 
 #[test]
