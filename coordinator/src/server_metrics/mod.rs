@@ -46,10 +46,14 @@
 //! - histogram → `{type: "histogram", count, sum, p50, p90, p99}` from the bucket deltas
 //!   between the same two rounds (a drop of `_count` is a reset), quantiles interpolated
 //!   linearly within the bucket as Prometheus' `histogram_quantile` does, in the metric's
-//!   own unit; quantiles are 0 when the window saw no observation.
+//!   own unit, except a family of seconds ([`in_seconds`]: its name ends `_seconds`, or it
+//!   is a known server's timing family): its `sum` and quantiles are in milliseconds,
+//!   `unit: "ms"`, so every time a goal reads is in ms; quantiles are 0 when the window saw
+//!   no observation.
 //! - timeline: per round inside the window (or the fallback round), the known families'
 //!   ([`known_families`]) gauge values, their counters' rate since the previous round,
-//!   and their histograms' mean observation since the previous round.
+//!   and their histograms' mean observation since the previous round (in ms for a family
+//!   of seconds).
 
 mod known;
 mod parse;
@@ -60,7 +64,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-pub use known::{KnownFamily, Role, known_families, role_of};
+pub use known::{KnownFamily, Role, in_seconds, known_families, role_of};
 pub use parse::{MAX_SERIES, ParseError};
 pub use scrape::{MAX_BODY_BYTES, ScrapeClientOptions, ScrapeEndpoint, Scraper, request_timeout};
 
@@ -123,14 +127,70 @@ pub enum ServerMetric {
         count: f64,
         /// Sum of the observations.
         sum: f64,
-        /// Median, in the metric's unit.
+        /// Median, in the metric's unit (`unit`).
         p50: f64,
         /// 90th percentile.
         p90: f64,
         /// 99th percentile.
         p99: f64,
+        /// `ms` when the family is one of seconds and `sum` and the quantiles were
+        /// converted to milliseconds; absent when they are in the family's own unit (every
+        /// other histogram, and a seconds family in a report saved before the conversion:
+        /// [`ServerMetric::in_ms`] converts those).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        unit: Option<ServerUnit>,
     },
 }
+
+/// The unit a histogram's statistics were converted to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ServerUnit {
+    /// Milliseconds (from a family of seconds).
+    #[serde(rename = "ms")]
+    Ms,
+}
+
+impl ServerMetric {
+    /// This metric with every time in milliseconds: a histogram of family `name` measured
+    /// in seconds ([`in_seconds`]) whose statistics are still in seconds gets its `sum` and
+    /// quantiles × 1000 and `unit: ms`; anything else is returned as it is. Goals and the
+    /// report read server histograms through it, so a time is in ms whichever version
+    /// wrote the report.
+    pub fn in_ms(self, name: &str) -> ServerMetric {
+        match self {
+            ServerMetric::Histogram {
+                count,
+                sum,
+                p50,
+                p90,
+                p99,
+                unit: None,
+            } if in_seconds(name) => ServerMetric::Histogram {
+                count,
+                sum: sum * MS_PER_SECOND,
+                p50: p50 * MS_PER_SECOND,
+                p90: p90 * MS_PER_SECOND,
+                p99: p99 * MS_PER_SECOND,
+                unit: Some(ServerUnit::Ms),
+            },
+            other => other,
+        }
+    }
+
+    /// True for a histogram whose times are in milliseconds.
+    pub fn is_ms(&self) -> bool {
+        matches!(
+            self,
+            ServerMetric::Histogram {
+                unit: Some(ServerUnit::Ms),
+                ..
+            }
+        )
+    }
+}
+
+/// Milliseconds in a second.
+const MS_PER_SECOND: f64 = 1_000.0;
 
 /// The known families at one round.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -252,28 +312,7 @@ impl ScrapeLog {
 
         let mut metrics = BTreeMap::new();
         for (name, kind) in &kinds {
-            let metric = match kind {
-                Kind::Gauge => self.gauge_stats(&filled, name, &gauge_rounds),
-                Kind::Counter => span.map(|(start, end)| {
-                    let delta = counter_increase(&filled, name, start, end);
-                    let seconds = seconds_between(self.rounds[start].at, self.rounds[end].at);
-                    ServerMetric::Counter {
-                        delta,
-                        rate: if seconds > 0.0 { delta / seconds } else { 0.0 },
-                    }
-                }),
-                Kind::Histogram => span.map(|(start, end)| {
-                    let delta = histogram_increase(&filled, name, start, end);
-                    ServerMetric::Histogram {
-                        count: delta.count,
-                        sum: delta.sum,
-                        p50: histogram_quantile(0.5, &delta.buckets),
-                        p90: histogram_quantile(0.9, &delta.buckets),
-                        p99: histogram_quantile(0.99, &delta.buckets),
-                    }
-                }),
-            };
-            if let Some(metric) = metric {
+            if let Some(metric) = self.window_metric(&filled, name, *kind, &gauge_rounds, span) {
                 metrics.insert((*name).to_owned(), metric);
             }
         }
@@ -285,37 +324,82 @@ impl ScrapeLog {
             .collect();
         let timeline = gauge_rounds
             .iter()
-            .map(|&i| {
-                let mut values = BTreeMap::new();
-                for &(name, kind) in &known {
-                    let value = match kind {
-                        Kind::Gauge => gauge_sum(&filled[i], name),
-                        Kind::Counter if i > 0 => {
-                            let seconds = seconds_between(self.rounds[i - 1].at, self.rounds[i].at);
-                            (seconds > 0.0)
-                                .then(|| counter_increase(&filled, name, i - 1, i) / seconds)
-                        }
-                        Kind::Histogram if i > 0 => {
-                            let delta = histogram_increase(&filled, name, i - 1, i);
-                            (delta.count > 0.0).then(|| delta.sum / delta.count)
-                        }
-                        Kind::Counter | Kind::Histogram => None,
-                    };
-                    if let Some(value) = value.filter(|value| value.is_finite()) {
-                        values.insert(name.to_owned(), value);
-                    }
-                }
-                ServerPoint {
-                    t_s: signed_seconds(run_start, self.rounds[i].at),
-                    values,
-                }
-            })
+            .map(|&i| self.timeline_point(&filled, &known, i, run_start))
             .collect();
 
         ServerSection {
             endpoints,
             metrics,
             timeline,
+        }
+    }
+
+    /// Family `name`'s statistics over the window: a gauge over `gauge_rounds`, a counter
+    /// or histogram between the rounds of `span`; a histogram of seconds in ms.
+    fn window_metric(
+        &self,
+        filled: &[Vec<Option<&Families>>],
+        name: &str,
+        kind: Kind,
+        gauge_rounds: &[usize],
+        span: Option<(usize, usize)>,
+    ) -> Option<ServerMetric> {
+        match kind {
+            Kind::Gauge => self.gauge_stats(filled, name, gauge_rounds),
+            Kind::Counter => span.map(|(start, end)| {
+                let delta = counter_increase(filled, name, start, end);
+                let seconds = seconds_between(self.rounds[start].at, self.rounds[end].at);
+                ServerMetric::Counter {
+                    delta,
+                    rate: if seconds > 0.0 { delta / seconds } else { 0.0 },
+                }
+            }),
+            Kind::Histogram => span.map(|(start, end)| {
+                let delta = histogram_increase(filled, name, start, end);
+                ServerMetric::Histogram {
+                    count: delta.count,
+                    sum: delta.sum,
+                    p50: histogram_quantile(0.5, &delta.buckets),
+                    p90: histogram_quantile(0.9, &delta.buckets),
+                    p99: histogram_quantile(0.99, &delta.buckets),
+                    unit: None,
+                }
+                .in_ms(name)
+            }),
+        }
+    }
+
+    /// The `known` families at round `i`: gauge values, counters' rate and histograms'
+    /// mean (in ms for a family of seconds) since the previous round.
+    fn timeline_point(
+        &self,
+        filled: &[Vec<Option<&Families>>],
+        known: &[(&str, Kind)],
+        i: usize,
+        run_start: SystemTime,
+    ) -> ServerPoint {
+        let mut values = BTreeMap::new();
+        for &(name, kind) in known {
+            let value = match kind {
+                Kind::Gauge => gauge_sum(&filled[i], name),
+                Kind::Counter if i > 0 => {
+                    let seconds = seconds_between(self.rounds[i - 1].at, self.rounds[i].at);
+                    (seconds > 0.0).then(|| counter_increase(filled, name, i - 1, i) / seconds)
+                }
+                Kind::Histogram if i > 0 => {
+                    let delta = histogram_increase(filled, name, i - 1, i);
+                    let scale = if in_seconds(name) { MS_PER_SECOND } else { 1.0 };
+                    (delta.count > 0.0).then(|| scale * delta.sum / delta.count)
+                }
+                Kind::Counter | Kind::Histogram => None,
+            };
+            if let Some(value) = value.filter(|value| value.is_finite()) {
+                values.insert(name.to_owned(), value);
+            }
+        }
+        ServerPoint {
+            t_s: signed_seconds(run_start, self.rounds[i].at),
+            values,
         }
     }
 

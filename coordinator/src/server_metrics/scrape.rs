@@ -430,7 +430,9 @@ fn tls_config(options: &ScrapeClientOptions) -> Result<rustls::ClientConfig, Str
 
 /// Mozilla roots and the extra CAs, or an extra CA presented as the server's own
 /// certificate (a self-signed one with `CA:TRUE`, which webpki refuses as an end
-/// certificate): it must still name the host, and the handshake's signatures are checked.
+/// certificate): it must still name the host and be within its validity dates (webpki's
+/// refusal for the dates is kept, with them named), and the handshake's signatures are
+/// checked.
 #[derive(Debug)]
 struct WebPkiOrPinned {
     webpki: Arc<rustls::client::WebPkiServerVerifier>,
@@ -454,6 +456,10 @@ impl rustls::client::danger::ServerCertVerifier for WebPkiOrPinned {
             now,
         ) {
             Ok(verified) => Ok(verified),
+            // webpki checks the end certificate's validity dates before refusing a CA
+            // certificate as a server's own: an expired (or not yet valid) pinned certificate
+            // keeps that refusal, worded as for any chain, with its dates (as curl does).
+            Err(error) if refused_for_dates(&error) => Err(error),
             Err(error)
                 if self
                     .pinned
@@ -490,6 +496,17 @@ impl rustls::client::danger::ServerCertVerifier for WebPkiOrPinned {
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
         self.webpki.supported_verify_schemes()
     }
+}
+
+/// True when the certificate was refused for its validity dates (expired, not yet valid).
+fn refused_for_dates(error: &rustls::Error) -> bool {
+    use rustls::CertificateError as C;
+    matches!(
+        error,
+        rustls::Error::InvalidCertificate(
+            C::Expired | C::ExpiredContext { .. } | C::NotValidYet | C::NotValidYetContext { .. }
+        )
+    )
 }
 
 /// `--insecure`: accept any certificate, still checking the handshake's signatures.

@@ -168,19 +168,22 @@ fn histogram_quantiles_from_bucket_deltas() {
         p50,
         p90,
         p99,
+        unit,
     }) = section.metrics.get("h_seconds").copied()
     else {
         panic!("no histogram: {section:?}");
     };
+    // A family of seconds is given in ms (every time a goal reads is in ms).
+    assert_eq!(unit, Some(ServerUnit::Ms));
     // Deltas: ≤0.1: 10, ≤0.5: 60, ≤1: 95, +Inf: 100.
     assert!(close(count, 100.0));
-    assert!(close(sum, 42.0));
-    // p50: rank 50 in (0.1, 0.5]: 0.1 + 0.4 × (50 − 10) / 50.
-    assert!(close(p50, 0.42), "{p50}");
-    // p90: rank 90 in (0.5, 1]: 0.5 + 0.5 × (90 − 60) / 35.
-    assert!(close(p90, 0.5 + 0.5 * 30.0 / 35.0), "{p90}");
+    assert!(close(sum, 42_000.0));
+    // p50: rank 50 in (0.1, 0.5]: 0.1 + 0.4 × (50 − 10) / 50 s.
+    assert!(close(p50, 420.0), "{p50}");
+    // p90: rank 90 in (0.5, 1]: 0.5 + 0.5 × (90 − 60) / 35 s.
+    assert!(close(p90, 1_000.0 * (0.5 + 0.5 * 30.0 / 35.0)), "{p90}");
     // p99: rank 99 in the +Inf bucket: the highest finite bound.
-    assert!(close(p99, 1.0), "{p99}");
+    assert!(close(p99, 1_000.0), "{p99}");
     assert_eq!(histogram_quantile(0.5, &[]), 0.0);
     assert_eq!(
         histogram_quantile(0.5, &[(1.0, 0.0), (f64::INFINITY, 0.0)]),
@@ -211,9 +214,14 @@ fn histograms_sum_across_endpoints_and_survive_a_reset() {
         ],
     );
     let section = log.section(at(0.0), at(1.0), at(0.0));
-    let Some(ServerMetric::Histogram { count, p50, .. }) = section.metrics.get("h").copied() else {
+    let Some(ServerMetric::Histogram {
+        count, p50, unit, ..
+    }) = section.metrics.get("h").copied()
+    else {
         panic!("no histogram");
     };
+    // Not a family of seconds: its own unit.
+    assert_eq!(unit, None);
     assert!(close(count, 4.0));
     // Deltas: ≤1: 1 + 2 = 3 of 4; rank 2 in (0, 1]: 2/3.
     assert!(close(p50, 2.0 / 3.0), "{p50}");
