@@ -20,6 +20,8 @@ mod hardening;
 mod hostile_peers;
 mod html_report;
 mod ingress;
+mod ingress_certificates;
+mod ingress_server_units;
 mod library_run;
 mod link_flood;
 mod live_metrics;
