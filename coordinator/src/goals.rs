@@ -338,13 +338,19 @@ pub fn server_type_stats(metric: &ServerMetric) -> (&'static str, &'static [Serv
 /// The expressions of the `server.NAME.STAT` goals whose family the server did not expose,
 /// though at least one endpoint answered (a scrape that did not fail): most likely a typo or
 /// another server's name, which the run reports as a usage error (exit 2) rather than a
-/// failed goal. Empty when there is no server section or when no endpoint answered (then
-/// nothing can be told about the names: the goals just fail with a note).
+/// failed goal. Empty when there is no server section or when no endpoint answered with
+/// series of one server (then nothing can be told about the names: the goals just fail with
+/// a note).
 pub fn unknown_server_metrics(goals: &[Goal], server: Option<&ServerSection>) -> Vec<String> {
     let Some(server) = server else {
         return Vec::new();
     };
-    if !server.endpoints.iter().any(|e| e.scrapes > e.errors) {
+    // A mixed endpoint's families are left out of the section: they tell nothing either.
+    if !server
+        .endpoints
+        .iter()
+        .any(|e| e.scrapes > e.errors && e.mixed.is_none())
+    {
         return Vec::new();
     }
     goals
@@ -1337,12 +1343,14 @@ mod tests {
                     scrapes: if answered { 10 } else { 0 },
                     errors: 0,
                     note: None,
+                    mixed: None,
                 },
                 ServerEndpoint {
                     url: "http://gpu:9400/metrics".into(),
                     scrapes: 0,
                     errors: 0,
                     note: Some("connection refused".into()),
+                    mixed: None,
                 },
             ],
             metrics: if answered {

@@ -20,6 +20,7 @@ mod hardening;
 mod hostile_peers;
 mod html_report;
 mod ingress;
+mod ingress_balancer;
 mod ingress_certificates;
 mod ingress_server_units;
 mod library_run;

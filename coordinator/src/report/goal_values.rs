@@ -109,7 +109,15 @@ impl SectionValues<'_> {
                 )
             };
         }
+        let mixed: Vec<String> = server
+            .endpoints
+            .iter()
+            .filter_map(|e| e.mixed.as_ref().map(|m| format!("{}: {m}", e.url)))
+            .collect();
         match server.metrics.get(&q.name) {
+            None if !mixed.is_empty() => {
+                format!("no value: {} is not stated ({})", q.name, mixed.join("; "))
+            }
             None => format!(
                 "no value: {} was not exposed by {}",
                 q.name,

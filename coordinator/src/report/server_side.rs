@@ -80,11 +80,13 @@ pub(super) fn server_view(report: &Report) -> Option<ServerView> {
             url: escape_controls(&e.url).into_owned(),
             scrapes: e.scrapes,
             errors: e.errors,
-            note: e
-                .note
-                .as_deref()
+            // A mixed endpoint's finding is its note: every renderer shows it.
+            note: [e.note.as_deref(), e.mixed.as_deref()]
+                .into_iter()
+                .flatten()
                 .map(|n| escape_controls(n).into_owned())
-                .unwrap_or_default(),
+                .collect::<Vec<_>>()
+                .join("; "),
         })
         .collect();
     let mut rows = Vec::new();

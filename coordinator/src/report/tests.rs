@@ -1971,12 +1971,14 @@ fn sample_server() -> ServerSection {
                 scrapes: 6,
                 errors: 0,
                 note: None,
+                mixed: None,
             },
             ServerEndpoint {
                 url: "http://gpu-a:9400/metrics".to_string(),
                 scrapes: 0,
                 errors: 1,
                 note: Some("unreachable: connection refused".to_string()),
+                mixed: None,
             },
         ],
         metrics,
@@ -2144,6 +2146,7 @@ fn an_unanswered_server_is_a_note() {
             scrapes: 0,
             errors: 0,
             note: Some("no Prometheus metrics (HTTP 404)".to_string()),
+            mixed: None,
         }],
         ..ServerSection::default()
     });

@@ -97,6 +97,11 @@ pub struct ServerEndpoint {
     /// Why it was dropped (no Prometheus metrics, unreachable...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// Set when its series cannot be one server's (counters that went backwards between
+    /// scrapes more than once: a load balancer alternating replicas): what was seen. Its
+    /// families are then left out of `metrics` and `timeline`, never differenced as one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mixed: Option<String>,
 }
 
 /// One family's statistics over a window (see the module doc for their definitions).
@@ -249,7 +254,8 @@ impl ScrapeLog {
         to: SystemTime,
         run_start: SystemTime,
     ) -> ServerSection {
-        let filled = self.filled();
+        let mixed = self.mixed_endpoints(from, to);
+        let filled = self.filled(&mixed);
         let window: Vec<usize> = (0..self.rounds.len())
             .filter(|&i| self.rounds[i].at >= from && self.rounds[i].at <= to)
             .collect();
@@ -297,6 +303,7 @@ impl ScrapeLog {
                     .filter(|&&at| at >= errors_from && at <= to)
                     .count() as u64,
                 note: endpoint.note.clone(),
+                mixed: mixed.get(e).cloned().flatten(),
             })
             .collect();
 
@@ -403,14 +410,40 @@ impl ScrapeLog {
         }
     }
 
+    /// Per endpoint, what shows its series cannot be one server's over the rounds that bound
+    /// or fall in `[from, to]`: a counter (or a histogram's count) that went backwards
+    /// between consecutive scrapes in two intervals or more. One backward step is a restart
+    /// (a reset, counted from zero); alternating replicas behind a load balancer step back
+    /// about every other scrape.
+    fn mixed_endpoints(&self, from: SystemTime, to: SystemTime) -> Vec<Option<String>> {
+        let (Some(first), Some(last)) = (self.bounding(from, false), self.bounding(to, true))
+        else {
+            return vec![None; self.endpoints.len()];
+        };
+        let (first, last) = (first.min(last), first.max(last));
+        (0..self.endpoints.len())
+            .map(|e| {
+                let scrapes: Vec<&Families> = self.rounds[first..=last]
+                    .iter()
+                    .filter_map(|round| round.values.get(e).and_then(Option::as_ref))
+                    .collect();
+                mixed_series(&scrapes)
+            })
+            .collect()
+    }
+
     /// Per round, each endpoint's latest scrape at or before it (carried forward over
     /// failed scrapes).
-    fn filled(&self) -> Vec<Vec<Option<&Families>>> {
+    /// An endpoint whose series are `mixed` is left out (never `Some`).
+    fn filled(&self, mixed: &[Option<String>]) -> Vec<Vec<Option<&Families>>> {
         let mut latest: Vec<Option<&Families>> = vec![None; self.endpoints.len()];
         self.rounds
             .iter()
             .map(|round| {
                 for (e, value) in round.values.iter().enumerate() {
+                    if mixed.get(e).is_some_and(Option::is_some) {
+                        continue;
+                    }
                     if let (Some(value), Some(slot)) = (value, latest.get_mut(e)) {
                         *slot = Some(value);
                     }
@@ -474,6 +507,56 @@ impl Kind {
             FamilyValue::Counter(_) => Kind::Counter,
             FamilyValue::Histogram { .. } => Kind::Histogram,
         }
+    }
+}
+
+/// What shows that one endpoint's consecutive `scrapes` are not one server's: counters
+/// (or histogram counts) that went backwards in two intervals or more; `None` otherwise.
+fn mixed_series(scrapes: &[&Families]) -> Option<String> {
+    let mut backwards = 0;
+    let mut example: Option<(&str, f64, f64)> = None;
+    for pair in scrapes.windows(2) {
+        let (before, after) = (pair[0], pair[1]);
+        let went_back = after.iter().find_map(|(name, value)| {
+            let now = monotonic_value(value)?;
+            let then = before.get(name).and_then(monotonic_value)?;
+            (now < then).then_some((name.as_str(), then, now))
+        });
+        if let Some(step) = went_back {
+            backwards += 1;
+            example.get_or_insert(step);
+        }
+    }
+    let (name, then, now) = example?;
+    (backwards >= 2).then(|| {
+        format!(
+            "mixed series: counters went backwards in {backwards} of {} intervals between \
+             scrapes ({} from {} to {}): the scrapes reach more than one server (a load \
+             balancer in front of replicas?), so this endpoint's numbers are left out, never \
+             differenced as one server's; scrape each replica with --server-metrics URL",
+            scrapes.len() - 1,
+            common::text::escape_controls(name),
+            number_text(then),
+            number_text(now),
+        )
+    })
+}
+
+/// A counter's value, or a histogram's count: what only grows on one server.
+fn monotonic_value(value: &FamilyValue) -> Option<f64> {
+    match value {
+        FamilyValue::Counter(value) => Some(*value),
+        FamilyValue::Histogram { count, .. } => Some(*count),
+        FamilyValue::Gauge(_) => None,
+    }
+}
+
+/// A whole number without decimals, others with two.
+fn number_text(value: f64) -> String {
+    if value.fract() == 0.0 && value.abs() < 1e15 {
+        format!("{value:.0}")
+    } else {
+        format!("{value:.2}")
     }
 }
 

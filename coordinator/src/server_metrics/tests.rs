@@ -274,6 +274,7 @@ fn the_section_serialises_with_its_type_tags() {
             scrapes: 3,
             errors: 0,
             note: None,
+            mixed: None,
         }],
         metrics: BTreeMap::from([
             (
@@ -582,4 +583,40 @@ async fn finishing_during_the_probe_waits_for_one_timeout_at_most() {
     assert_eq!(section.endpoints.len(), 1);
     assert!(section.endpoints[0].note.is_some());
     assert!(section.metrics.is_empty());
+}
+
+#[test]
+fn scrapes_alternating_replicas_are_mixed_and_left_out() {
+    let counter = |value: f64| families(&format!("# TYPE c_total counter\nc_total {value}\n"));
+    // Through a balancer: replica A (1000 and growing), replica B (10 and growing) in turn.
+    let alternating = log(
+        1,
+        [1000.0, 10.0, 1100.0, 20.0, 1200.0]
+            .into_iter()
+            .enumerate()
+            .map(|(i, value)| (i as f64, vec![Some(counter(value))]))
+            .collect(),
+    );
+    let section = alternating.section(at(0.0), at(4.0), at(0.0));
+    let mixed = section.endpoints[0].mixed.as_deref().expect("named mixed");
+    assert!(mixed.contains("backwards in 2 of 4 intervals"), "{mixed}");
+    assert!(mixed.contains("c_total from 1000 to 10"), "{mixed}");
+    assert!(!section.metrics.contains_key("c_total"), "{section:?}");
+    assert_eq!(section.endpoints[0].scrapes, 5);
+
+    // One server that restarted once: a reset, counted from zero, not mixed.
+    let restarted = log(
+        1,
+        [100.0, 200.0, 5.0, 50.0]
+            .into_iter()
+            .enumerate()
+            .map(|(i, value)| (i as f64, vec![Some(counter(value))]))
+            .collect(),
+    );
+    let section = restarted.section(at(0.0), at(3.0), at(0.0));
+    assert_eq!(section.endpoints[0].mixed, None);
+    let Some(ServerMetric::Counter { delta, .. }) = section.metrics.get("c_total").copied() else {
+        panic!("no counter: {section:?}");
+    };
+    assert!(close(delta, 100.0 + 5.0 + 45.0), "{delta}");
 }
