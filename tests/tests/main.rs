@@ -22,6 +22,7 @@ mod html_report;
 mod ingress;
 mod ingress_balancer;
 mod ingress_certificates;
+mod ingress_failure_share;
 mod ingress_server_units;
 mod library_run;
 mod link_flood;
