@@ -620,3 +620,94 @@ fn scrapes_alternating_replicas_are_mixed_and_left_out() {
     };
     assert!(close(delta, 100.0 + 5.0 + 45.0), "{delta}");
 }
+
+/// A server that answers `/metrics` with a 307 to `location` and `/metrics/` with
+/// Prometheus text when the scrape's `authorization` header came along; the requests' paths
+/// and whether each carried the header.
+async fn redirecting(location: &'static str) -> (SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("local addr");
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = Arc::clone(&seen);
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let log = Arc::clone(&log);
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buffer = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match socket.read(&mut buffer).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buffer[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+                let path = head.split_whitespace().nth(1).unwrap_or("").to_owned();
+                let authorized = head.contains("authorization: bearer t");
+                log.lock()
+                    .expect("log")
+                    .push(format!("{path} {authorized}"));
+                let response = if path == "/metrics" {
+                    format!(
+                        "HTTP/1.1 307 Temporary Redirect\r\nLocation: {location}\r\n\
+                         Content-Length: 0\r\nConnection: close\r\n\r\n"
+                    )
+                } else {
+                    let body = "# TYPE g gauge\ng 1\n";
+                    format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\
+                         Connection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                };
+                let _ = socket.write_all(response.as_bytes()).await;
+                let _ = socket.shutdown().await;
+            });
+        }
+    });
+    (addr, seen)
+}
+
+#[tokio::test]
+async fn a_redirect_is_followed_within_the_origin_only() {
+    // LiteLLM: `/metrics` → `/metrics/` on the same origin, with the endpoint's header.
+    let (same, seen) = redirecting("/metrics/").await;
+    let scraper = Scraper::start(
+        vec![endpoint(same)],
+        Duration::from_secs(10),
+        &ScrapeClientOptions::default(),
+    );
+    let log = scraper.finish().await;
+    let now = SystemTime::now();
+    let section = log.section(now, now, now);
+    assert_eq!(section.endpoints[0].note, None, "{section:?}");
+    assert!(section.endpoints[0].scrapes >= 1, "{section:?}");
+    assert!(section.metrics.contains_key("g"), "{section:?}");
+    let paths = seen.lock().expect("log").clone();
+    assert!(
+        paths.contains(&"/metrics/ true".to_owned()),
+        "followed with its header: {paths:?}"
+    );
+
+    // Another origin: not followed, the Location and the fix named.
+    let (elsewhere, elsewhere_seen) = redirecting("/metrics/").await;
+    let location: &'static str = Box::leak(format!("http://{elsewhere}/metrics/").into_boxed_str());
+    let (cross, _) = redirecting(location).await;
+    let scraper = Scraper::start(
+        vec![endpoint(cross)],
+        Duration::from_secs(10),
+        &ScrapeClientOptions::default(),
+    );
+    let log = scraper.finish().await;
+    let section = log.section(now, SystemTime::now(), now);
+    let note = section.endpoints[0].note.clone().expect("a note");
+    assert!(note.contains("HTTP 307 to http://"), "{note}");
+    assert!(
+        note.contains(&format!("--server-metrics {location}")),
+        "{note}"
+    );
+    assert!(
+        elsewhere_seen.lock().expect("log").is_empty(),
+        "nothing reached the other origin"
+    );
+}
