@@ -11,14 +11,16 @@
 //! metric family the server exposed at `/metrics`: `server.NAME.STAT`, NAME as the report
 //! keys it (`vllm:num_requests_waiting`, or `family{label="value"}` for a family kept per
 //! label) and STAT one of the keys of its type (gauge `avg min max last`, counter `delta
-//! rate`, histogram `count sum p50 p90 p99`). Which names exist is only known once the server
-//! answered: [`unknown_server_metrics`] tells the run which ones it never exposed.
+//! rate`, histogram `count sum p50 p90 p99`), in the family's own unit except times: a
+//! histogram of seconds reads in ms, as every time a goal reads does. Which names exist is
+//! only known once the server answered: [`unknown_server_metrics`] tells the run which ones
+//! it never exposed.
 
 use std::fmt;
 
 use common::metrics::{Metric, Stats, Unit};
 
-use crate::server_metrics::{ServerMetric, ServerSection};
+use crate::server_metrics::{ServerMetric, ServerSection, in_seconds};
 
 /// Suffix that turns a metric into its percent change against the baseline.
 pub const CHANGE_SUFFIX: &str = ".change";
@@ -83,7 +85,8 @@ pub enum Quantity {
     /// `--slo`.
     GoodShare,
     /// `server.NAME.STAT`: one statistic of a metric family the server exposed at
-    /// `/metrics` (`server.vllm:num_requests_waiting.max`), in the metric's own unit.
+    /// `/metrics` (`server.vllm:num_requests_waiting.max`), in the metric's own unit, except
+    /// a histogram of seconds: in ms.
     Server(ServerQuantity),
 }
 
@@ -335,13 +338,19 @@ pub fn server_type_stats(metric: &ServerMetric) -> (&'static str, &'static [Serv
 /// The expressions of the `server.NAME.STAT` goals whose family the server did not expose,
 /// though at least one endpoint answered (a scrape that did not fail): most likely a typo or
 /// another server's name, which the run reports as a usage error (exit 2) rather than a
-/// failed goal. Empty when there is no server section or when no endpoint answered (then
-/// nothing can be told about the names: the goals just fail with a note).
+/// failed goal. Empty when there is no server section or when no endpoint answered with
+/// series of one server (then nothing can be told about the names: the goals just fail with
+/// a note).
 pub fn unknown_server_metrics(goals: &[Goal], server: Option<&ServerSection>) -> Vec<String> {
     let Some(server) = server else {
         return Vec::new();
     };
-    if !server.endpoints.iter().any(|e| e.scrapes > e.errors) {
+    // A mixed endpoint's families are left out of the section: they tell nothing either.
+    if !server
+        .endpoints
+        .iter()
+        .any(|e| e.scrapes > e.errors && e.mixed.is_none())
+    {
         return Vec::new();
     }
     goals
@@ -424,16 +433,16 @@ impl Quantity {
     }
 
     /// The display unit of the value (`ms`, `tokens/s`, `%`), empty for counts. A server
-    /// metric keeps its own unit: seconds for a `_seconds` histogram's statistics, `/s` for a
-    /// counter's rate, none otherwise.
+    /// metric keeps its own unit, except a histogram of seconds (`in_seconds`), whose `sum`
+    /// and quantiles are in ms; `/s` for a counter's rate, none otherwise.
     pub fn unit(&self) -> &'static str {
         match self {
             Quantity::Server(q) => match q.stat {
                 ServerStat::Rate => "/s",
                 ServerStat::Sum | ServerStat::P50 | ServerStat::P90 | ServerStat::P99
-                    if q.name.ends_with("_seconds") =>
+                    if in_seconds(&q.name) =>
                 {
-                    "s"
+                    "ms"
                 }
                 _ => "",
             },
@@ -825,8 +834,9 @@ fn valid_names_listing() -> String {
     ));
     lines.push(format!(
         "  {SERVER_PREFIX}NAME.STAT: a metric family the server exposes at /metrics, in its own \
-         unit (e.g. {SERVER_PREFIX}vllm:num_requests_waiting.max), STAT one of avg min max last \
-         (gauges), delta rate (counters), count sum p50 p90 p99 (histograms)"
+         unit except times, in ms (e.g. {SERVER_PREFIX}vllm:num_requests_waiting.max, \
+         {SERVER_PREFIX}vllm:time_to_first_token_seconds.p90 > 500), STAT one of avg min max \
+         last (gauges), delta rate (counters), count sum p50 p90 p99 (histograms)"
     ));
     lines.join("\n")
 }
@@ -1287,10 +1297,11 @@ mod tests {
             "vllm:time_to_first_token_seconds".to_string(),
             ServerMetric::Histogram {
                 count: 30.0,
-                sum: 3.3,
-                p50: 0.1,
-                p90: 0.2,
-                p99: 0.25,
+                sum: 3_300.0,
+                p50: 100.0,
+                p90: 200.0,
+                p99: 250.0,
+                unit: Some(crate::server_metrics::ServerUnit::Ms),
             },
         );
         metrics.insert(
@@ -1301,6 +1312,19 @@ mod tests {
                 p50: 0.0,
                 p90: 0.0,
                 p99: 0.0,
+                unit: Some(crate::server_metrics::ServerUnit::Ms),
+            },
+        );
+        // As a report saved before times were converted holds it: in seconds.
+        metrics.insert(
+            "tgi_request_duration".to_string(),
+            ServerMetric::Histogram {
+                count: 10.0,
+                sum: 4.0,
+                p50: 0.4,
+                p90: 0.5,
+                p99: 0.6,
+                unit: None,
             },
         );
         metrics.insert(
@@ -1319,12 +1343,14 @@ mod tests {
                     scrapes: if answered { 10 } else { 0 },
                     errors: 0,
                     note: None,
+                    mixed: None,
                 },
                 ServerEndpoint {
                     url: "http://gpu:9400/metrics".into(),
                     scrapes: 0,
                     errors: 0,
                     note: Some("connection refused".into()),
+                    mixed: None,
                 },
             ],
             metrics: if answered {
@@ -1382,7 +1408,13 @@ mod tests {
             goal("server.vllm:time_to_first_token_seconds.p99 > 1")
                 .metric
                 .unit(),
-            "s"
+            "ms"
+        );
+        assert_eq!(
+            goal("server.vllm:time_to_first_token_seconds.count > 1")
+                .metric
+                .unit(),
+            ""
         );
         assert_eq!(
             goal("server.vllm:generation_tokens_total.rate < 1")
@@ -1436,9 +1468,16 @@ mod tests {
         let rate = result("server.vllm:generation_tokens_total.rate < 50", &report);
         assert_eq!(rate.value, Some(90.0));
         assert!(!rate.failed);
+        // Times are in ms: a threshold written in the family's seconds fails.
         let ttft = result("server.vllm:time_to_first_token_seconds.p99 > 0.3", &report);
-        assert_eq!(ttft.value, Some(0.25));
+        assert_eq!(ttft.value, Some(250.0));
+        assert!(ttft.failed);
+        let ttft = result("server.vllm:time_to_first_token_seconds.p99 > 300", &report);
         assert!(!ttft.failed);
+        // A saved report's family of seconds still in seconds reads in ms too.
+        let saved = result("server.tgi_request_duration.p90 > 1", &report);
+        assert_eq!(saved.value, Some(500.0));
+        assert!(saved.failed);
         let labelled = result(
             "server.nv_trt_llm_request_metrics{request_type=\"waiting\"}.max > 4",
             &report,

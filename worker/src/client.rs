@@ -485,6 +485,7 @@ impl TargetClient {
         };
         if !(written && reused && resendable(cause)) {
             tracing::debug!(cause = cause.name(), error = %detail, url, "request failed before a response");
+            warn_first_tls_failure(cause, &detail);
             sent.result = Err(SendFailure::Transport(cause));
             return sent;
         }
@@ -500,6 +501,7 @@ impl TargetClient {
             Err(AttemptError::Timeout) => Err(SendFailure::Timeout),
             Err(AttemptError::Failed { cause, detail, .. }) => {
                 tracing::debug!(cause = cause.name(), error = %detail, url, "request failed before a response");
+                warn_first_tls_failure(cause, &detail);
                 Err(SendFailure::Transport(cause))
             }
         };
@@ -1292,7 +1294,8 @@ fn unix_micros(t: SystemTime) -> u64 {
 /// people make for a private server (`openssl req -x509 ... -addext subjectAltName=...`) is
 /// self-signed with `CA:TRUE`: webpki refuses a CA certificate as the server's own, while
 /// curl `--cacert` and Python's `ssl` accept it as given. Such a pinned certificate must
-/// still name the target's host, and the handshake's signatures are still checked against
+/// still name the target's host and be within its validity dates (webpki's refusal for the
+/// dates is kept, with them named), and the handshake's signatures are still checked against
 /// it.
 #[derive(Debug)]
 struct WebPkiOrPinned {
@@ -1317,6 +1320,10 @@ impl rustls::client::danger::ServerCertVerifier for WebPkiOrPinned {
             now,
         ) {
             Ok(verified) => Ok(verified),
+            // webpki checks the end certificate's validity dates before refusing a CA
+            // certificate as a server's own: an expired (or not yet valid) pinned certificate
+            // keeps that refusal, worded as for any chain, with its dates (as curl does).
+            Err(error) if refused_for_dates(&error) => Err(error),
             Err(error)
                 if self
                     .pinned
@@ -1353,6 +1360,33 @@ impl rustls::client::danger::ServerCertVerifier for WebPkiOrPinned {
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
         self.webpki.supported_verify_schemes()
     }
+}
+
+/// The worker's first TLS failure, logged as a warning with rustls's own words (an expired
+/// certificate's dates, the names a certificate holds), once per process: the report counts
+/// TLS failures by problem only, and every later one is counted there, not logged.
+fn warn_first_tls_failure(cause: TransportCause, detail: &str) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if let TransportCause::Tls(problem) = cause
+        && !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed)
+    {
+        tracing::warn!(
+            problem = problem.description(),
+            error = %detail,
+            "TLS with the target failed (later TLS failures are counted in the report, not logged)"
+        );
+    }
+}
+
+/// True when the certificate was refused for its validity dates (expired, not yet valid).
+fn refused_for_dates(error: &rustls::Error) -> bool {
+    use rustls::CertificateError as C;
+    matches!(
+        error,
+        rustls::Error::InvalidCertificate(
+            C::Expired | C::ExpiredContext { .. } | C::NotValidYet | C::NotValidYetContext { .. }
+        )
+    )
 }
 
 /// `--insecure`: accept any certificate, but still check the handshake signatures so the

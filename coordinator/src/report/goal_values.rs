@@ -27,12 +27,14 @@ impl GoalValues for SectionValues<'_> {
         let requests = || self.requests;
         match quantity {
             Quantity::Server(q) => {
-                let metric = self.server?.metrics.get(&q.name)?;
+                // Every time a goal reads is in ms (a report saved before the conversion
+                // holds a family of seconds in seconds).
+                let metric = self.server?.metrics.get(&q.name)?.in_ms(&q.name);
                 // A histogram without observations has no percentiles (the section says
                 // 0): a gate must not pass on them.
-                let unobserved = matches!(metric, ServerMetric::Histogram { count, .. } if *count <= 0.0)
+                let unobserved = matches!(metric, ServerMetric::Histogram { count, .. } if count <= 0.0)
                     && matches!(q.stat, ServerStat::P50 | ServerStat::P90 | ServerStat::P99);
-                q.stat.of(metric).filter(|v| v.is_finite() && !unobserved)
+                q.stat.of(&metric).filter(|v| v.is_finite() && !unobserved)
             }
             Quantity::Stat { metric, stat } => llm.stats(*metric).map(|s| stat.of(&s)),
             Quantity::OutputThroughput => llm.output_tokens_per_second,
@@ -107,7 +109,15 @@ impl SectionValues<'_> {
                 )
             };
         }
+        let mixed: Vec<String> = server
+            .endpoints
+            .iter()
+            .filter_map(|e| e.mixed.as_ref().map(|m| format!("{}: {m}", e.url)))
+            .collect();
         match server.metrics.get(&q.name) {
+            None if !mixed.is_empty() => {
+                format!("no value: {} is not stated ({})", q.name, mixed.join("; "))
+            }
             None => format!(
                 "no value: {} was not exposed by {}",
                 q.name,

@@ -669,7 +669,7 @@ fn server(out: &mut String, report: &Report) {
                 out,
                 "<tr><td><code>{}</code></td><td>{kind}</td><td>{}</td></tr>",
                 esc(name),
-                esc(&server_side::summary(metric))
+                esc(&server_side::summary(name, metric))
             );
         }
         let _ = writeln!(out, "</table>\n</details>");

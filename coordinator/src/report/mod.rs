@@ -1007,6 +1007,12 @@ impl Report {
     /// Evaluate `goals` on this report and attach the results.
     pub fn with_goals(mut self, goals: &[Goal]) -> Report {
         self.goals = self.evaluate_goals(goals);
+        if goals.is_empty()
+            && let Some(warning) = failures_without_goals(&self.requests)
+            && !self.warnings.contains(&warning)
+        {
+            self.warnings.push(warning);
+        }
         self
     }
 
@@ -1453,6 +1459,26 @@ fn metric_direction(metric: Metric) -> Direction {
         Unit::TokensPerSecond => Direction::HigherIsBetter,
         Unit::Tokens => Direction::Neither,
     }
+}
+
+/// The share of failed requests above which a run without goals warns: nothing else would
+/// tell a CI job that its exit 0 hides them.
+pub const FAILED_SHARE_WARNING_PCT: f64 = 5.0;
+
+/// A run without goals whose failed share (`llm.error-rate`) is above
+/// [`FAILED_SHARE_WARNING_PCT`] exits 0: say so, with the goal that would catch it. `None` when
+/// nothing succeeded (that has its own warning) or the share is within the bound.
+fn failures_without_goals(requests: &RequestsSection) -> Option<String> {
+    let share = requests.error_rate_pct()?;
+    (requests.succeeded > 0 && share > FAILED_SHARE_WARNING_PCT).then(|| {
+        format!(
+            "{share:.1} % of requests failed ({} of {} that got an outcome) and no goal was set, \
+             so the run passes: add --fail-if 'llm.error-rate > {FAILED_SHARE_WARNING_PCT}' to \
+             fail it",
+            requests.failed,
+            requests.succeeded + requests.failed + requests.ended_early
+        )
+    })
 }
 
 fn derived_warnings(requests: &RequestsSection, not_started_because: Option<&str>) -> Vec<String> {

@@ -80,11 +80,13 @@ pub(super) fn server_view(report: &Report) -> Option<ServerView> {
             url: escape_controls(&e.url).into_owned(),
             scrapes: e.scrapes,
             errors: e.errors,
-            note: e
-                .note
-                .as_deref()
+            // A mixed endpoint's finding is its note: every renderer shows it.
+            note: [e.note.as_deref(), e.mixed.as_deref()]
+                .into_iter()
+                .flatten()
                 .map(|n| escape_controls(n).into_owned())
-                .unwrap_or_default(),
+                .collect::<Vec<_>>()
+                .join("; "),
         })
         .collect();
     let mut rows = Vec::new();
@@ -202,7 +204,7 @@ fn role_rows(role: Role, name: &str, metric: &ServerMetric, llm: &LlmSection) ->
             format!("{} in {} requests", number(*sum), number(*count)),
         )],
         // A family of an unexpected type for its role: its own numbers, as they are.
-        _ => vec![row(label.to_string(), summary(metric))],
+        _ => vec![row(label.to_string(), summary(name, metric))],
     }
 }
 
@@ -215,27 +217,28 @@ fn timing_rows(
     metric: &ServerMetric,
     client: Option<&Stats>,
 ) -> Vec<ServerRow> {
+    // A family of seconds is in ms already, or converted here (a report saved before the
+    // conversion); a family of ms is as it is.
     let ServerMetric::Histogram {
         count,
         p50,
         p90,
         p99,
         ..
-    } = metric
+    } = metric.in_ms(name)
     else {
         return Vec::new();
     };
-    let to_ms = timing_ms_scale(name);
     let stats: [(&str, f64, Option<f64>); 3] = [
-        ("p50", *p50, client.map(|s| s.p50)),
-        ("p90", *p90, client.map(|s| s.p90)),
-        ("p99", *p99, client.map(|s| s.p99)),
+        ("p50", p50, client.map(|s| s.p50)),
+        ("p90", p90, client.map(|s| s.p90)),
+        ("p99", p99, client.map(|s| s.p99)),
     ];
     let ms = |v: Option<f64>| v.map_or_else(|| NO_VALUE.to_string(), |v| format!("{v:.2}"));
     stats
         .into_iter()
         .map(|(stat, value, client)| {
-            let server = (*count > 0.0 && value.is_finite()).then_some(value * to_ms);
+            let server = (count > 0.0 && value.is_finite()).then_some(value);
             ServerRow {
                 what: format!("{label} {stat} (ms)"),
                 measure: label,
@@ -251,24 +254,15 @@ fn timing_rows(
         .collect()
 }
 
-/// The factor from a known timing family's unit to ms: by its name's suffix (`_seconds`,
-/// `_milliseconds`, `_ms`), and seconds otherwise, as every known server's timing families
-/// are (TGI's `tgi_request_duration` has no suffix).
-fn timing_ms_scale(name: &str) -> f64 {
-    let family = name.split('{').next().unwrap_or(name);
-    if family.ends_with("_milliseconds") || family.ends_with("_ms") {
-        1.0
-    } else {
-        1_000.0
-    }
-}
-
 /// KV-cache usage is a fraction of 1 for every known server (`server_metrics::Role`):
 /// shown in percent.
 const PERCENT: f64 = 100.0;
 
-/// A family's numbers by its type, for a family of an unexpected type or of no role.
-pub(super) fn summary(metric: &ServerMetric) -> String {
+/// A family's numbers by its type, for a family of an unexpected type or of no role (a
+/// histogram of seconds in ms, with its unit).
+pub(super) fn summary(name: &str, metric: &ServerMetric) -> String {
+    let metric = metric.in_ms(name);
+    let unit = if metric.is_ms() { " ms" } else { "" };
     match metric {
         ServerMetric::Gauge {
             avg,
@@ -278,12 +272,12 @@ pub(super) fn summary(metric: &ServerMetric) -> String {
         } => format!(
             "avg {:.2} · min {} · max {} · last {}",
             avg,
-            number(*min),
-            number(*max),
-            number(*last)
+            number(min),
+            number(max),
+            number(last)
         ),
         ServerMetric::Counter { delta, rate } => {
-            format!("{} over the run ({rate:.2}/s)", number(*delta))
+            format!("{} over the run ({rate:.2}/s)", number(delta))
         }
         ServerMetric::Histogram {
             count,
@@ -291,13 +285,14 @@ pub(super) fn summary(metric: &ServerMetric) -> String {
             p50,
             p90,
             p99,
+            ..
         } => format!(
-            "count {} · sum {} · p50 {} · p90 {} · p99 {}",
-            number(*count),
-            number(*sum),
-            number(*p50),
-            number(*p90),
-            number(*p99)
+            "count {} · sum {}{unit} · p50 {}{unit} · p90 {}{unit} · p99 {}{unit}",
+            number(count),
+            number(sum),
+            number(p50),
+            number(p90),
+            number(p99)
         ),
     }
 }

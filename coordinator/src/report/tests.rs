@@ -1947,20 +1947,23 @@ fn sample_server() -> ServerSection {
             "vllm:time_to_first_token_seconds".to_string(),
             ServerMetric::Histogram {
                 count: 9.0,
-                sum: 1.08,
-                p50: 0.11,
-                p90: 0.18,
-                p99: 0.24,
+                sum: 1_080.0,
+                p50: 110.0,
+                p90: 180.0,
+                p99: 240.0,
+                unit: Some(crate::server_metrics::ServerUnit::Ms),
             },
         ),
         (
             "vllm:e2e_request_latency_seconds".to_string(),
+            // In seconds, as a report saved before times were converted holds it.
             ServerMetric::Histogram {
                 count: 9.0,
                 sum: 9.9,
                 p50: 1.1,
                 p90: 1.15,
                 p99: 1.18,
+                unit: None,
             },
         ),
         ("process_cpu_seconds_total".to_string(), counter(12.5, 2.78)),
@@ -1996,12 +1999,14 @@ fn sample_server() -> ServerSection {
                 scrapes: 6,
                 errors: 0,
                 note: None,
+                mixed: None,
             },
             ServerEndpoint {
                 url: "http://gpu-a:9400/metrics".to_string(),
                 scrapes: 0,
                 errors: 1,
                 note: Some("unreachable: connection refused".to_string()),
+                mixed: None,
             },
         ],
         metrics,
@@ -2169,6 +2174,7 @@ fn an_unanswered_server_is_a_note() {
             scrapes: 0,
             errors: 0,
             note: Some("no Prometheus metrics (HTTP 404)".to_string()),
+            mixed: None,
         }],
         ..ServerSection::default()
     });

@@ -254,6 +254,19 @@ pub fn role_of(name: &str) -> Option<Role> {
         .map(|known| known.role)
 }
 
+/// True for a histogram family measured in seconds: its name (before any `{label}`) ends
+/// `_seconds`, or it is a known server's timing family (TTFT, latency) without a
+/// `_milliseconds`/`_ms` suffix — TGI's `tgi_request_duration` is in seconds too. Its
+/// statistics are reported in ms (`ServerMetric::in_ms`).
+pub fn in_seconds(name: &str) -> bool {
+    let family = name.split('{').next().unwrap_or(name);
+    if family.ends_with("_seconds") {
+        return true;
+    }
+    let timing = matches!(role_of(name), Some(Role::ServerTtft | Role::ServerLatency));
+    timing && !(family.ends_with("_milliseconds") || family.ends_with("_ms"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -267,5 +280,15 @@ mod tests {
         assert_eq!(role_of("vllm:num_requests_waiting"), Some(Role::QueueDepth));
         assert_eq!(role_of("sglang:token_usage"), Some(Role::KvCacheUsage));
         assert_eq!(role_of("vllm:unknown"), None);
+    }
+
+    #[test]
+    fn families_of_seconds_are_named_or_known() {
+        assert!(in_seconds("vllm:time_to_first_token_seconds"));
+        assert!(in_seconds("h_seconds{model=\"m\"}"));
+        assert!(in_seconds("tgi_request_duration"));
+        assert!(!in_seconds("vllm:request_prompt_tokens"));
+        assert!(!in_seconds("h_milliseconds"));
+        assert!(!in_seconds("process_cpu_seconds_total"));
     }
 }

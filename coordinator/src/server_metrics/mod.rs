@@ -46,10 +46,14 @@
 //! - histogram → `{type: "histogram", count, sum, p50, p90, p99}` from the bucket deltas
 //!   between the same two rounds (a drop of `_count` is a reset), quantiles interpolated
 //!   linearly within the bucket as Prometheus' `histogram_quantile` does, in the metric's
-//!   own unit; quantiles are 0 when the window saw no observation.
+//!   own unit, except a family of seconds ([`in_seconds`]: its name ends `_seconds`, or it
+//!   is a known server's timing family): its `sum` and quantiles are in milliseconds,
+//!   `unit: "ms"`, so every time a goal reads is in ms; quantiles are 0 when the window saw
+//!   no observation.
 //! - timeline: per round inside the window (or the fallback round), the known families'
 //!   ([`known_families`]) gauge values, their counters' rate since the previous round,
-//!   and their histograms' mean observation since the previous round.
+//!   and their histograms' mean observation since the previous round (in ms for a family
+//!   of seconds).
 
 mod known;
 mod parse;
@@ -60,7 +64,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-pub use known::{KnownFamily, Role, known_families, role_of};
+pub use known::{KnownFamily, Role, in_seconds, known_families, role_of};
 pub use parse::{MAX_SERIES, ParseError};
 pub use scrape::{MAX_BODY_BYTES, ScrapeClientOptions, ScrapeEndpoint, Scraper, request_timeout};
 
@@ -93,6 +97,11 @@ pub struct ServerEndpoint {
     /// Why it was dropped (no Prometheus metrics, unreachable...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// Set when its series cannot be one server's (counters that went backwards between
+    /// scrapes more than once: a load balancer alternating replicas): what was seen. Its
+    /// families are then left out of `metrics` and `timeline`, never differenced as one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mixed: Option<String>,
 }
 
 /// One family's statistics over a window (see the module doc for their definitions).
@@ -123,14 +132,70 @@ pub enum ServerMetric {
         count: f64,
         /// Sum of the observations.
         sum: f64,
-        /// Median, in the metric's unit.
+        /// Median, in the metric's unit (`unit`).
         p50: f64,
         /// 90th percentile.
         p90: f64,
         /// 99th percentile.
         p99: f64,
+        /// `ms` when the family is one of seconds and `sum` and the quantiles were
+        /// converted to milliseconds; absent when they are in the family's own unit (every
+        /// other histogram, and a seconds family in a report saved before the conversion:
+        /// [`ServerMetric::in_ms`] converts those).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        unit: Option<ServerUnit>,
     },
 }
+
+/// The unit a histogram's statistics were converted to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ServerUnit {
+    /// Milliseconds (from a family of seconds).
+    #[serde(rename = "ms")]
+    Ms,
+}
+
+impl ServerMetric {
+    /// This metric with every time in milliseconds: a histogram of family `name` measured
+    /// in seconds ([`in_seconds`]) whose statistics are still in seconds gets its `sum` and
+    /// quantiles × 1000 and `unit: ms`; anything else is returned as it is. Goals and the
+    /// report read server histograms through it, so a time is in ms whichever version
+    /// wrote the report.
+    pub fn in_ms(self, name: &str) -> ServerMetric {
+        match self {
+            ServerMetric::Histogram {
+                count,
+                sum,
+                p50,
+                p90,
+                p99,
+                unit: None,
+            } if in_seconds(name) => ServerMetric::Histogram {
+                count,
+                sum: sum * MS_PER_SECOND,
+                p50: p50 * MS_PER_SECOND,
+                p90: p90 * MS_PER_SECOND,
+                p99: p99 * MS_PER_SECOND,
+                unit: Some(ServerUnit::Ms),
+            },
+            other => other,
+        }
+    }
+
+    /// True for a histogram whose times are in milliseconds.
+    pub fn is_ms(&self) -> bool {
+        matches!(
+            self,
+            ServerMetric::Histogram {
+                unit: Some(ServerUnit::Ms),
+                ..
+            }
+        )
+    }
+}
+
+/// Milliseconds in a second.
+const MS_PER_SECOND: f64 = 1_000.0;
 
 /// The known families at one round.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -189,7 +254,8 @@ impl ScrapeLog {
         to: SystemTime,
         run_start: SystemTime,
     ) -> ServerSection {
-        let filled = self.filled();
+        let mixed = self.mixed_endpoints(from, to);
+        let filled = self.filled(&mixed);
         let window: Vec<usize> = (0..self.rounds.len())
             .filter(|&i| self.rounds[i].at >= from && self.rounds[i].at <= to)
             .collect();
@@ -237,6 +303,7 @@ impl ScrapeLog {
                     .filter(|&&at| at >= errors_from && at <= to)
                     .count() as u64,
                 note: endpoint.note.clone(),
+                mixed: mixed.get(e).cloned().flatten(),
             })
             .collect();
 
@@ -252,28 +319,7 @@ impl ScrapeLog {
 
         let mut metrics = BTreeMap::new();
         for (name, kind) in &kinds {
-            let metric = match kind {
-                Kind::Gauge => self.gauge_stats(&filled, name, &gauge_rounds),
-                Kind::Counter => span.map(|(start, end)| {
-                    let delta = counter_increase(&filled, name, start, end);
-                    let seconds = seconds_between(self.rounds[start].at, self.rounds[end].at);
-                    ServerMetric::Counter {
-                        delta,
-                        rate: if seconds > 0.0 { delta / seconds } else { 0.0 },
-                    }
-                }),
-                Kind::Histogram => span.map(|(start, end)| {
-                    let delta = histogram_increase(&filled, name, start, end);
-                    ServerMetric::Histogram {
-                        count: delta.count,
-                        sum: delta.sum,
-                        p50: histogram_quantile(0.5, &delta.buckets),
-                        p90: histogram_quantile(0.9, &delta.buckets),
-                        p99: histogram_quantile(0.99, &delta.buckets),
-                    }
-                }),
-            };
-            if let Some(metric) = metric {
+            if let Some(metric) = self.window_metric(&filled, name, *kind, &gauge_rounds, span) {
                 metrics.insert((*name).to_owned(), metric);
             }
         }
@@ -285,31 +331,7 @@ impl ScrapeLog {
             .collect();
         let timeline = gauge_rounds
             .iter()
-            .map(|&i| {
-                let mut values = BTreeMap::new();
-                for &(name, kind) in &known {
-                    let value = match kind {
-                        Kind::Gauge => gauge_sum(&filled[i], name),
-                        Kind::Counter if i > 0 => {
-                            let seconds = seconds_between(self.rounds[i - 1].at, self.rounds[i].at);
-                            (seconds > 0.0)
-                                .then(|| counter_increase(&filled, name, i - 1, i) / seconds)
-                        }
-                        Kind::Histogram if i > 0 => {
-                            let delta = histogram_increase(&filled, name, i - 1, i);
-                            (delta.count > 0.0).then(|| delta.sum / delta.count)
-                        }
-                        Kind::Counter | Kind::Histogram => None,
-                    };
-                    if let Some(value) = value.filter(|value| value.is_finite()) {
-                        values.insert(name.to_owned(), value);
-                    }
-                }
-                ServerPoint {
-                    t_s: signed_seconds(run_start, self.rounds[i].at),
-                    values,
-                }
-            })
+            .map(|&i| self.timeline_point(&filled, &known, i, run_start))
             .collect();
 
         ServerSection {
@@ -319,14 +341,109 @@ impl ScrapeLog {
         }
     }
 
+    /// Family `name`'s statistics over the window: a gauge over `gauge_rounds`, a counter
+    /// or histogram between the rounds of `span`; a histogram of seconds in ms.
+    fn window_metric(
+        &self,
+        filled: &[Vec<Option<&Families>>],
+        name: &str,
+        kind: Kind,
+        gauge_rounds: &[usize],
+        span: Option<(usize, usize)>,
+    ) -> Option<ServerMetric> {
+        match kind {
+            Kind::Gauge => self.gauge_stats(filled, name, gauge_rounds),
+            Kind::Counter => span.map(|(start, end)| {
+                let delta = counter_increase(filled, name, start, end);
+                let seconds = seconds_between(self.rounds[start].at, self.rounds[end].at);
+                ServerMetric::Counter {
+                    delta,
+                    rate: if seconds > 0.0 { delta / seconds } else { 0.0 },
+                }
+            }),
+            Kind::Histogram => span.map(|(start, end)| {
+                let delta = histogram_increase(filled, name, start, end);
+                ServerMetric::Histogram {
+                    count: delta.count,
+                    sum: delta.sum,
+                    p50: histogram_quantile(0.5, &delta.buckets),
+                    p90: histogram_quantile(0.9, &delta.buckets),
+                    p99: histogram_quantile(0.99, &delta.buckets),
+                    unit: None,
+                }
+                .in_ms(name)
+            }),
+        }
+    }
+
+    /// The `known` families at round `i`: gauge values, counters' rate and histograms'
+    /// mean (in ms for a family of seconds) since the previous round.
+    fn timeline_point(
+        &self,
+        filled: &[Vec<Option<&Families>>],
+        known: &[(&str, Kind)],
+        i: usize,
+        run_start: SystemTime,
+    ) -> ServerPoint {
+        let mut values = BTreeMap::new();
+        for &(name, kind) in known {
+            let value = match kind {
+                Kind::Gauge => gauge_sum(&filled[i], name),
+                Kind::Counter if i > 0 => {
+                    let seconds = seconds_between(self.rounds[i - 1].at, self.rounds[i].at);
+                    (seconds > 0.0).then(|| counter_increase(filled, name, i - 1, i) / seconds)
+                }
+                Kind::Histogram if i > 0 => {
+                    let delta = histogram_increase(filled, name, i - 1, i);
+                    let scale = if in_seconds(name) { MS_PER_SECOND } else { 1.0 };
+                    (delta.count > 0.0).then(|| scale * delta.sum / delta.count)
+                }
+                Kind::Counter | Kind::Histogram => None,
+            };
+            if let Some(value) = value.filter(|value| value.is_finite()) {
+                values.insert(name.to_owned(), value);
+            }
+        }
+        ServerPoint {
+            t_s: signed_seconds(run_start, self.rounds[i].at),
+            values,
+        }
+    }
+
+    /// Per endpoint, what shows its series cannot be one server's over the rounds that bound
+    /// or fall in `[from, to]`: a counter (or a histogram's count) that went backwards
+    /// between consecutive scrapes in two intervals or more. One backward step is a restart
+    /// (a reset, counted from zero); alternating replicas behind a load balancer step back
+    /// about every other scrape.
+    fn mixed_endpoints(&self, from: SystemTime, to: SystemTime) -> Vec<Option<String>> {
+        let (Some(first), Some(last)) = (self.bounding(from, false), self.bounding(to, true))
+        else {
+            return vec![None; self.endpoints.len()];
+        };
+        let (first, last) = (first.min(last), first.max(last));
+        (0..self.endpoints.len())
+            .map(|e| {
+                let scrapes: Vec<&Families> = self.rounds[first..=last]
+                    .iter()
+                    .filter_map(|round| round.values.get(e).and_then(Option::as_ref))
+                    .collect();
+                mixed_series(&scrapes)
+            })
+            .collect()
+    }
+
     /// Per round, each endpoint's latest scrape at or before it (carried forward over
     /// failed scrapes).
-    fn filled(&self) -> Vec<Vec<Option<&Families>>> {
+    /// An endpoint whose series are `mixed` is left out (never `Some`).
+    fn filled(&self, mixed: &[Option<String>]) -> Vec<Vec<Option<&Families>>> {
         let mut latest: Vec<Option<&Families>> = vec![None; self.endpoints.len()];
         self.rounds
             .iter()
             .map(|round| {
                 for (e, value) in round.values.iter().enumerate() {
+                    if mixed.get(e).is_some_and(Option::is_some) {
+                        continue;
+                    }
                     if let (Some(value), Some(slot)) = (value, latest.get_mut(e)) {
                         *slot = Some(value);
                     }
@@ -390,6 +507,56 @@ impl Kind {
             FamilyValue::Counter(_) => Kind::Counter,
             FamilyValue::Histogram { .. } => Kind::Histogram,
         }
+    }
+}
+
+/// What shows that one endpoint's consecutive `scrapes` are not one server's: counters
+/// (or histogram counts) that went backwards in two intervals or more; `None` otherwise.
+fn mixed_series(scrapes: &[&Families]) -> Option<String> {
+    let mut backwards = 0;
+    let mut example: Option<(&str, f64, f64)> = None;
+    for pair in scrapes.windows(2) {
+        let (before, after) = (pair[0], pair[1]);
+        let went_back = after.iter().find_map(|(name, value)| {
+            let now = monotonic_value(value)?;
+            let then = before.get(name).and_then(monotonic_value)?;
+            (now < then).then_some((name.as_str(), then, now))
+        });
+        if let Some(step) = went_back {
+            backwards += 1;
+            example.get_or_insert(step);
+        }
+    }
+    let (name, then, now) = example?;
+    (backwards >= 2).then(|| {
+        format!(
+            "mixed series: counters went backwards in {backwards} of {} intervals between \
+             scrapes ({} from {} to {}): the scrapes reach more than one server (a load \
+             balancer in front of replicas?), so this endpoint's numbers are left out, never \
+             differenced as one server's; scrape each replica with --server-metrics URL",
+            scrapes.len() - 1,
+            common::text::escape_controls(name),
+            number_text(then),
+            number_text(now),
+        )
+    })
+}
+
+/// A counter's value, or a histogram's count: what only grows on one server.
+fn monotonic_value(value: &FamilyValue) -> Option<f64> {
+    match value {
+        FamilyValue::Counter(value) => Some(*value),
+        FamilyValue::Histogram { count, .. } => Some(*count),
+        FamilyValue::Gauge(_) => None,
+    }
+}
+
+/// A whole number without decimals, others with two.
+fn number_text(value: f64) -> String {
+    if value.fract() == 0.0 && value.abs() < 1e15 {
+        format!("{value:.0}")
+    } else {
+        format!("{value:.2}")
     }
 }
 

@@ -11,8 +11,9 @@
 //!
 //! TLS trusts what the workers trust for the target: Mozilla's roots, the `--target-ca`
 //! PEM contents (also as pinned end certificates, as `worker::client` does), or nothing
-//! with `--insecure`. Redirects are not followed: an endpoint's headers may carry the
-//! target's credentials, which must not reach another origin.
+//! with `--insecure`. A redirect is followed within the endpoint's origin only (at most 3):
+//! an endpoint's headers may carry the target's credentials, which must not reach another
+//! origin; a redirect elsewhere is the answer, named with its Location in the note.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -137,6 +138,12 @@ impl Drop for Scraper {
 enum ScrapeFailure {
     #[error("no Prometheus metrics (HTTP {0})")]
     Status(u16),
+    #[error(
+        "no Prometheus metrics (HTTP {status} to {location}: not followed, as it leaves the \
+         endpoint's origin or redirects more than 3 times, so no credentials go there; scrape \
+         it with --server-metrics {location} if it is the server's)"
+    )]
+    Redirect { status: u16, location: String },
     #[error("answered {0}, not Prometheus text")]
     ContentType(String),
     #[error("not Prometheus text: {0}")]
@@ -307,6 +314,14 @@ async fn fetch(client: &reqwest::Client, endpoint: &ScrapeEndpoint) -> Fetched {
         }
     };
     let status = response.status();
+    if status.is_redirection()
+        && let Some(location) = redirect_location(&response)
+    {
+        return failed(ScrapeFailure::Redirect {
+            status: status.as_u16(),
+            location,
+        });
+    }
     if !status.is_success() {
         return failed(ScrapeFailure::Status(status.as_u16()));
     }
@@ -361,6 +376,18 @@ async fn fetch(client: &reqwest::Client, endpoint: &ScrapeEndpoint) -> Fetched {
     }
 }
 
+/// Where a redirect not followed points, resolved against the URL answered, credentials
+/// redacted and control characters escaped (it comes from the server).
+fn redirect_location(response: &reqwest::Response) -> Option<String> {
+    let location = response
+        .headers()
+        .get(reqwest::header::LOCATION)?
+        .to_str()
+        .ok()?;
+    let resolved = response.url().join(location).ok()?;
+    Some(common::text::escape_controls(&redact_url(resolved.as_str())).into_owned())
+}
+
 /// An error and its causes on one line (reqwest's own message names no cause).
 fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
@@ -376,15 +403,43 @@ fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-/// The HTTP client: rustls with ring, the workers' trust, no redirects, HTTP/2 by ALPN.
+/// The HTTP client: rustls with ring, the workers' trust, same-origin redirects only,
+/// HTTP/2 by ALPN.
 fn build_client(options: &ScrapeClientOptions) -> Result<reqwest::Client, String> {
     let tls = tls_config(options)?;
     reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
+        .redirect(same_origin_redirects())
         .pool_max_idle_per_host(2)
         .tls_backend_preconfigured(tls)
         .build()
         .map_err(|error| format!("could not build the HTTP client: {}", error_chain(&error)))
+}
+
+/// At most this many redirects are followed for one scrape.
+const MAX_REDIRECTS: usize = 3;
+
+/// Follow a redirect within the same origin (scheme, host and port: LiteLLM's
+/// `/metrics` → `/metrics/`), at most [`MAX_REDIRECTS`]; never to another origin, where the
+/// endpoint's headers (the target's credentials) must not go: that 3xx is the answer.
+fn same_origin_redirects() -> reqwest::redirect::Policy {
+    reqwest::redirect::Policy::custom(|attempt| {
+        let same = attempt
+            .previous()
+            .last()
+            .is_some_and(|from| same_origin(from, attempt.url()));
+        if same && attempt.previous().len() <= MAX_REDIRECTS {
+            attempt.follow()
+        } else {
+            attempt.stop()
+        }
+    })
+}
+
+/// True when `a` and `b` have one origin: scheme, host and port.
+fn same_origin(a: &reqwest::Url, b: &reqwest::Url) -> bool {
+    a.scheme() == b.scheme()
+        && a.host_str() == b.host_str()
+        && a.port_or_known_default() == b.port_or_known_default()
 }
 
 /// The rustls configuration: Mozilla roots plus the extra CAs (each also trusted as a
@@ -430,7 +485,9 @@ fn tls_config(options: &ScrapeClientOptions) -> Result<rustls::ClientConfig, Str
 
 /// Mozilla roots and the extra CAs, or an extra CA presented as the server's own
 /// certificate (a self-signed one with `CA:TRUE`, which webpki refuses as an end
-/// certificate): it must still name the host, and the handshake's signatures are checked.
+/// certificate): it must still name the host and be within its validity dates (webpki's
+/// refusal for the dates is kept, with them named), and the handshake's signatures are
+/// checked.
 #[derive(Debug)]
 struct WebPkiOrPinned {
     webpki: Arc<rustls::client::WebPkiServerVerifier>,
@@ -454,6 +511,10 @@ impl rustls::client::danger::ServerCertVerifier for WebPkiOrPinned {
             now,
         ) {
             Ok(verified) => Ok(verified),
+            // webpki checks the end certificate's validity dates before refusing a CA
+            // certificate as a server's own: an expired (or not yet valid) pinned certificate
+            // keeps that refusal, worded as for any chain, with its dates (as curl does).
+            Err(error) if refused_for_dates(&error) => Err(error),
             Err(error)
                 if self
                     .pinned
@@ -490,6 +551,17 @@ impl rustls::client::danger::ServerCertVerifier for WebPkiOrPinned {
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
         self.webpki.supported_verify_schemes()
     }
+}
+
+/// True when the certificate was refused for its validity dates (expired, not yet valid).
+fn refused_for_dates(error: &rustls::Error) -> bool {
+    use rustls::CertificateError as C;
+    matches!(
+        error,
+        rustls::Error::InvalidCertificate(
+            C::Expired | C::ExpiredContext { .. } | C::NotValidYet | C::NotValidYetContext { .. }
+        )
+    )
 }
 
 /// `--insecure`: accept any certificate, still checking the handshake's signatures.

@@ -168,19 +168,22 @@ fn histogram_quantiles_from_bucket_deltas() {
         p50,
         p90,
         p99,
+        unit,
     }) = section.metrics.get("h_seconds").copied()
     else {
         panic!("no histogram: {section:?}");
     };
+    // A family of seconds is given in ms (every time a goal reads is in ms).
+    assert_eq!(unit, Some(ServerUnit::Ms));
     // Deltas: ≤0.1: 10, ≤0.5: 60, ≤1: 95, +Inf: 100.
     assert!(close(count, 100.0));
-    assert!(close(sum, 42.0));
-    // p50: rank 50 in (0.1, 0.5]: 0.1 + 0.4 × (50 − 10) / 50.
-    assert!(close(p50, 0.42), "{p50}");
-    // p90: rank 90 in (0.5, 1]: 0.5 + 0.5 × (90 − 60) / 35.
-    assert!(close(p90, 0.5 + 0.5 * 30.0 / 35.0), "{p90}");
+    assert!(close(sum, 42_000.0));
+    // p50: rank 50 in (0.1, 0.5]: 0.1 + 0.4 × (50 − 10) / 50 s.
+    assert!(close(p50, 420.0), "{p50}");
+    // p90: rank 90 in (0.5, 1]: 0.5 + 0.5 × (90 − 60) / 35 s.
+    assert!(close(p90, 1_000.0 * (0.5 + 0.5 * 30.0 / 35.0)), "{p90}");
     // p99: rank 99 in the +Inf bucket: the highest finite bound.
-    assert!(close(p99, 1.0), "{p99}");
+    assert!(close(p99, 1_000.0), "{p99}");
     assert_eq!(histogram_quantile(0.5, &[]), 0.0);
     assert_eq!(
         histogram_quantile(0.5, &[(1.0, 0.0), (f64::INFINITY, 0.0)]),
@@ -211,9 +214,14 @@ fn histograms_sum_across_endpoints_and_survive_a_reset() {
         ],
     );
     let section = log.section(at(0.0), at(1.0), at(0.0));
-    let Some(ServerMetric::Histogram { count, p50, .. }) = section.metrics.get("h").copied() else {
+    let Some(ServerMetric::Histogram {
+        count, p50, unit, ..
+    }) = section.metrics.get("h").copied()
+    else {
         panic!("no histogram");
     };
+    // Not a family of seconds: its own unit.
+    assert_eq!(unit, None);
     assert!(close(count, 4.0));
     // Deltas: ≤1: 1 + 2 = 3 of 4; rank 2 in (0, 1]: 2/3.
     assert!(close(p50, 2.0 / 3.0), "{p50}");
@@ -266,6 +274,7 @@ fn the_section_serialises_with_its_type_tags() {
             scrapes: 3,
             errors: 0,
             note: None,
+            mixed: None,
         }],
         metrics: BTreeMap::from([
             (
@@ -574,4 +583,131 @@ async fn finishing_during_the_probe_waits_for_one_timeout_at_most() {
     assert_eq!(section.endpoints.len(), 1);
     assert!(section.endpoints[0].note.is_some());
     assert!(section.metrics.is_empty());
+}
+
+#[test]
+fn scrapes_alternating_replicas_are_mixed_and_left_out() {
+    let counter = |value: f64| families(&format!("# TYPE c_total counter\nc_total {value}\n"));
+    // Through a balancer: replica A (1000 and growing), replica B (10 and growing) in turn.
+    let alternating = log(
+        1,
+        [1000.0, 10.0, 1100.0, 20.0, 1200.0]
+            .into_iter()
+            .enumerate()
+            .map(|(i, value)| (i as f64, vec![Some(counter(value))]))
+            .collect(),
+    );
+    let section = alternating.section(at(0.0), at(4.0), at(0.0));
+    let mixed = section.endpoints[0].mixed.as_deref().expect("named mixed");
+    assert!(mixed.contains("backwards in 2 of 4 intervals"), "{mixed}");
+    assert!(mixed.contains("c_total from 1000 to 10"), "{mixed}");
+    assert!(!section.metrics.contains_key("c_total"), "{section:?}");
+    assert_eq!(section.endpoints[0].scrapes, 5);
+
+    // One server that restarted once: a reset, counted from zero, not mixed.
+    let restarted = log(
+        1,
+        [100.0, 200.0, 5.0, 50.0]
+            .into_iter()
+            .enumerate()
+            .map(|(i, value)| (i as f64, vec![Some(counter(value))]))
+            .collect(),
+    );
+    let section = restarted.section(at(0.0), at(3.0), at(0.0));
+    assert_eq!(section.endpoints[0].mixed, None);
+    let Some(ServerMetric::Counter { delta, .. }) = section.metrics.get("c_total").copied() else {
+        panic!("no counter: {section:?}");
+    };
+    assert!(close(delta, 100.0 + 5.0 + 45.0), "{delta}");
+}
+
+/// A server that answers `/metrics` with a 307 to `location` and `/metrics/` with
+/// Prometheus text when the scrape's `authorization` header came along; the requests' paths
+/// and whether each carried the header.
+async fn redirecting(location: &'static str) -> (SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("local addr");
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = Arc::clone(&seen);
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let log = Arc::clone(&log);
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buffer = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match socket.read(&mut buffer).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buffer[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+                let path = head.split_whitespace().nth(1).unwrap_or("").to_owned();
+                let authorized = head.contains("authorization: bearer t");
+                log.lock()
+                    .expect("log")
+                    .push(format!("{path} {authorized}"));
+                let response = if path == "/metrics" {
+                    format!(
+                        "HTTP/1.1 307 Temporary Redirect\r\nLocation: {location}\r\n\
+                         Content-Length: 0\r\nConnection: close\r\n\r\n"
+                    )
+                } else {
+                    let body = "# TYPE g gauge\ng 1\n";
+                    format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\
+                         Connection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                };
+                let _ = socket.write_all(response.as_bytes()).await;
+                let _ = socket.shutdown().await;
+            });
+        }
+    });
+    (addr, seen)
+}
+
+#[tokio::test]
+async fn a_redirect_is_followed_within_the_origin_only() {
+    // LiteLLM: `/metrics` → `/metrics/` on the same origin, with the endpoint's header.
+    let (same, seen) = redirecting("/metrics/").await;
+    let scraper = Scraper::start(
+        vec![endpoint(same)],
+        Duration::from_secs(10),
+        &ScrapeClientOptions::default(),
+    );
+    let log = scraper.finish().await;
+    let now = SystemTime::now();
+    let section = log.section(now, now, now);
+    assert_eq!(section.endpoints[0].note, None, "{section:?}");
+    assert!(section.endpoints[0].scrapes >= 1, "{section:?}");
+    assert!(section.metrics.contains_key("g"), "{section:?}");
+    let paths = seen.lock().expect("log").clone();
+    assert!(
+        paths.contains(&"/metrics/ true".to_owned()),
+        "followed with its header: {paths:?}"
+    );
+
+    // Another origin: not followed, the Location and the fix named.
+    let (elsewhere, elsewhere_seen) = redirecting("/metrics/").await;
+    let location: &'static str = Box::leak(format!("http://{elsewhere}/metrics/").into_boxed_str());
+    let (cross, _) = redirecting(location).await;
+    let scraper = Scraper::start(
+        vec![endpoint(cross)],
+        Duration::from_secs(10),
+        &ScrapeClientOptions::default(),
+    );
+    let log = scraper.finish().await;
+    let section = log.section(now, SystemTime::now(), now);
+    let note = section.endpoints[0].note.clone().expect("a note");
+    assert!(note.contains("HTTP 307 to http://"), "{note}");
+    assert!(
+        note.contains(&format!("--server-metrics {location}")),
+        "{note}"
+    );
+    assert!(
+        elsewhere_seen.lock().expect("log").is_empty(),
+        "nothing reached the other origin"
+    );
 }
