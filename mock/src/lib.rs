@@ -49,10 +49,11 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 
 use body::{CancelWatch, Ending, TimedBody, TokenCounts};
+use metrics::Grouping;
 pub use recorded::Recorded;
 use recorded::{Lookup, RecordedResponse};
 pub use synth::{DEFAULT_TOKENS, MAX_REQUESTED_TOKENS, TOKEN_WORDS, token_text};
-use synth::{Grouping, MidStreamFault, OutputWords, SynthPlan, SynthSchedule};
+use synth::{MidStreamFault, OutputWords, SynthPlan, SynthSchedule};
 pub use tokenized::{MockTokenizer, MockTokenizerError};
 
 /// Largest request body the mock reads; bigger ones get 413.

@@ -291,6 +291,27 @@ impl Drop for WaitingGuard {
     }
 }
 
+/// How a synthetic stream's tokens fall on its frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Grouping {
+    /// One token per frame.
+    OnePerFrame,
+    /// Every `n`-th token frame carries two tokens.
+    PairEvery(u64),
+}
+
+impl Grouping {
+    /// Tokens carried by token frame `k` (0-based, token frames only) of a stream of
+    /// `tokens`; 0 past its last.
+    pub(crate) fn tokens_of(self, k: u64, tokens: u64) -> u64 {
+        let (before, wanted) = match self {
+            Grouping::OnePerFrame => (k, 1),
+            Grouping::PairEvery(n) => (k + k / n, 1 + u64::from((k + 1).is_multiple_of(n))),
+        };
+        tokens.saturating_sub(before).min(wanted)
+    }
+}
+
 /// Which frames of a response carry how many content tokens.
 #[derive(Debug, Clone)]
 pub(crate) enum FrameTokens {
@@ -303,7 +324,7 @@ pub(crate) enum FrameTokens {
     Grouped {
         start: usize,
         tokens: u64,
-        grouping: crate::synth::Grouping,
+        grouping: Grouping,
     },
     /// Per frame, as counted in a recorded response.
     Listed(Arc<[u64]>),

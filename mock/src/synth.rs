@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use super::body::{Ending, PlannedFrame};
 use super::tokenized::MockTokenizer;
+use crate::metrics::Grouping;
 
 /// Words the synthetic tokens cycle through (one token = one word, the first without its
 /// leading space), so clients can check they read every token.
@@ -51,27 +52,6 @@ pub fn token_text(i: u64) -> (&'static str, &'static str) {
 /// and vLLM's streams sometimes do: counting frames then undercounts the tokens by 1 in 13
 /// (≈ 7.7 %), which a client must not mistake for the output length.
 pub(crate) const PAIR_EVERY: u64 = 12;
-
-/// How a synthetic stream's tokens fall on its frames.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Grouping {
-    /// One token per frame.
-    OnePerFrame,
-    /// Every `n`-th token frame carries two tokens.
-    PairEvery(u64),
-}
-
-impl Grouping {
-    /// Tokens carried by token frame `k` (0-based, token frames only) of a stream of
-    /// `tokens`; 0 past its last.
-    pub(crate) fn tokens_of(self, k: u64, tokens: u64) -> u64 {
-        let (before, wanted) = match self {
-            Grouping::OnePerFrame => (k, 1),
-            Grouping::PairEvery(n) => (k + k / n, 1 + u64::from((k + 1).is_multiple_of(n))),
-        };
-        tokens.saturating_sub(before).min(wanted)
-    }
-}
 
 /// The words of synthetic output: [`TOKEN_WORDS`], or `--tokenizer`'s.
 #[derive(Clone, Copy)]

@@ -94,7 +94,9 @@ async fn max_tokens_gives_exactly_that_many_tokens_with_exact_usage() {
         assert_eq!(usage["prompt_tokens"], input);
         // Every 12th token frame carries two tokens: frames undercount the tokens.
         let expected_frames = (0..max)
-            .take_while(|&k| synth::Grouping::PairEvery(synth::PAIR_EVERY).tokens_of(k, max) > 0)
+            .take_while(|&k| {
+                crate::metrics::Grouping::PairEvery(synth::PAIR_EVERY).tokens_of(k, max) > 0
+            })
             .count();
         assert_eq!(deltas.len(), expected_frames, "max_tokens {max}");
         if max >= 13 {
