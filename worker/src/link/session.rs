@@ -22,7 +22,7 @@ use super::{HealthState, LinkError, coordinator_lost, unix_ns};
 use crate::client::TargetClient;
 use crate::config::{ReplayConfig, WorkItem};
 use crate::engine::{self, StartAt};
-use crate::metrics_actor::{Judging, MetricsHandle};
+use crate::metrics_actor::{Judging, MetricsHandle, Snapshot};
 
 /// What the coordinator (or the worker's slice stream) told the session.
 #[derive(Debug, Clone, PartialEq)]
@@ -139,6 +139,8 @@ impl SessionHandle {
 }
 
 impl Session {
+    /// The session, start to end: wait for the start, run the engine while reporting, then
+    /// leave with the final report.
     async fn run(
         self,
         mut events: mpsc::Receiver<CoordinatorEvent>,
@@ -155,44 +157,13 @@ impl Session {
             health,
             claims,
         } = self;
-        let silence = || coordinator_lost(&format!("no message for {heartbeat_timeout:?}"));
-
-        // Before the start: answer clock pings, and give up on a silent coordinator. A slice
-        // failure is kept for the start (as the load cannot have begun, it only stops it).
-        let mut last_heard = Instant::now();
-        let mut slice_failure: Option<LinkError> = None;
-        let start_unix_ns = loop {
-            tokio::select! {
-                event = events.recv() => match event {
-                    Some(CoordinatorEvent::Start { start_unix_ns }) => break start_unix_ns,
-                    Some(CoordinatorEvent::ClockPing { seq, coordinator_send_unix_ns, received_unix_ns }) => {
-                        last_heard = Instant::now();
-                        let _ = out.try_send(ToCoordinator::ClockPong {
-                            seq,
-                            coordinator_send_unix_ns,
-                            worker_receive_unix_ns: received_unix_ns,
-                        });
-                    }
-                    Some(CoordinatorEvent::Abort { reason }) => return Err(LinkError::Aborted(reason)),
-                    Some(CoordinatorEvent::StreamEnded) | None => {
-                        return Err(coordinator_lost("its stream ended before the start"));
-                    }
-                    Some(CoordinatorEvent::StreamBroke { reason }) => return Err(coordinator_lost(&reason)),
-                    Some(CoordinatorEvent::Untrusted { reason }) => return Err(LinkError::Untrusted(reason)),
-                    Some(CoordinatorEvent::SliceFailed { transport, reason }) => {
-                        slice_failure.get_or_insert(slice_error(transport, &reason));
-                    }
-                    Some(CoordinatorEvent::Grant { own_prefix }) => {
-                        last_heard = Instant::now();
-                        if let Some(claims) = &claims {
-                            claims.grant(own_prefix);
-                        }
-                    }
-                    Some(CoordinatorEvent::Finish | CoordinatorEvent::Alive) => last_heard = Instant::now(),
-                },
-                _ = tokio::time::sleep_until(last_heard + heartbeat_timeout) => return Err(silence()),
-            }
+        let mut before = BeforeStart {
+            last_heard: Instant::now(),
+            slice_failure: None,
         };
+        let start_unix_ns = before
+            .until_start(&mut events, &out, heartbeat_timeout, claims.as_deref())
+            .await?;
         let now_ns = unix_ns();
         let start = StartAt {
             instant: std::time::Instant::now()
@@ -205,7 +176,7 @@ impl Session {
             MetricsHandle::spawn(Judging::from_options(&config.options))
         };
         let counters = Arc::new(engine::LiveCounters::default());
-        let mut engine_task = load.spawn(engine::replay(engine::EngineRun {
+        let engine_task = load.spawn(engine::replay(engine::EngineRun {
             config,
             client,
             items,
@@ -216,137 +187,243 @@ impl Session {
             counters: counters.clone(),
             claims: claims.clone(),
         }));
-        let mut claimer = claims.clone().map(engine::claims::Claimer::new);
         health.set(2);
-        let mut failure: Option<LinkError> = None;
-        if let Some(slice_failure) = slice_failure {
-            failure = Some(slice_failure);
-            let _ = abort_tx.send(true);
+        let mut running = Running {
+            out,
+            abort: abort_tx,
+            metrics,
+            counters,
+            claimer: claims.clone().map(engine::claims::Claimer::new),
+            claims,
+            failure: None,
+            seq: 0,
+            started_sent: false,
+            last_heard: before.last_heard,
+            heartbeat_timeout,
+        };
+        if let Some(slice_failure) = before.slice_failure {
+            running.fail(slice_failure);
         }
-        let mut started_sent = false;
-        let mut seq = 0u64;
-        let mut ticker = tokio::time::interval(report_interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let totals = loop {
-            tokio::select! {
-                finished = &mut engine_task => match finished {
-                    Ok(totals) => break totals,
-                    Err(error) => {
-                        // Never silent zeros: a failed engine is a failed worker.
-                        failure.get_or_insert(LinkError::Protocol(format!("the load engine failed: {error}")));
-                        break SliceTotals::default();
-                    }
-                },
-                _ = ticker.tick() => {
-                    if !started_sent {
-                        let started = counters.started_unix_ns.load(Ordering::Relaxed);
-                        if started > 0 {
-                            started_sent = true;
-                            let _ = out.try_send(ToCoordinator::Started { unix_ns: started });
-                        }
-                    }
-                    let snapshot = metrics.snapshot().await;
-                    if send_records(&out, snapshot.records).await.is_err() {
-                        failure.get_or_insert(coordinator_lost("its report stream closed"));
-                        let _ = abort_tx.send(true);
-                    }
-                    seq += 1;
-                    let report = WorkerReport {
-                        seq,
-                        is_final: false,
-                        metrics: snapshot.metrics,
-                        totals: live_totals(&counters),
-                        status_codes: snapshot.status_codes,
-                        tls_problems: snapshot.tls_problems,
-                        cpu_seconds: common::process::cpu_seconds(),
-                        peak_rss_bytes: common::process::peak_rss_bytes(),
-                        cores: common::process::available_cores(),
-                        timeline: with_target_reached(snapshot.timeline, &counters),
-                        steady: snapshot.steady,
-                        hand_over: counters.hand_over.span(),
-                    };
-                    if out.send(ToCoordinator::Report(Box::new(report))).await.is_err() {
-                        failure.get_or_insert(coordinator_lost("its report stream closed"));
-                        let _ = abort_tx.send(true);
-                    }
-                    // A claim takes the heartbeat's place (`engine::claims`): never dropped.
-                    match claimer.as_mut().and_then(engine::claims::Claimer::on_report) {
-                        Some(own_prefix) => {
-                            if out.send(ToCoordinator::Claim { own_prefix }).await.is_err() {
-                                failure.get_or_insert(coordinator_lost("its report stream closed"));
-                                let _ = abort_tx.send(true);
-                            }
-                        }
-                        None => {
-                            let _ = out.try_send(ToCoordinator::Heartbeat { unix_ns: unix_ns() });
-                        }
+        let totals = running
+            .until_engine_ends(engine_task, &mut events, report_interval)
+            .await;
+        health.set(3);
+        running.leave(totals, &mut events).await
+    }
+}
+
+/// The session before the start: answers clock pings, takes grants, and gives up on a silent
+/// coordinator. A slice failure is kept for the start (as the load cannot have begun, it only
+/// stops it).
+struct BeforeStart {
+    last_heard: Instant,
+    slice_failure: Option<LinkError>,
+}
+
+impl BeforeStart {
+    /// The start instant (the worker's wall clock, Unix ns), or why the session ends first.
+    async fn until_start(
+        &mut self,
+        events: &mut mpsc::Receiver<CoordinatorEvent>,
+        out: &mpsc::Sender<ToCoordinator>,
+        heartbeat_timeout: Duration,
+        claims: Option<&engine::claims::ClaimLink>,
+    ) -> Result<u64, LinkError> {
+        loop {
+            let event = tokio::select! {
+                event = events.recv() => event,
+                _ = tokio::time::sleep_until(self.last_heard + heartbeat_timeout) => {
+                    return Err(silence(heartbeat_timeout));
+                }
+            };
+            match event {
+                Some(CoordinatorEvent::Start { start_unix_ns }) => return Ok(start_unix_ns),
+                Some(CoordinatorEvent::ClockPing {
+                    seq,
+                    coordinator_send_unix_ns,
+                    received_unix_ns,
+                }) => {
+                    self.last_heard = Instant::now();
+                    answer_ping(out, seq, coordinator_send_unix_ns, received_unix_ns);
+                }
+                Some(CoordinatorEvent::Abort { reason }) => return Err(LinkError::Aborted(reason)),
+                Some(CoordinatorEvent::StreamEnded) | None => {
+                    return Err(coordinator_lost("its stream ended before the start"));
+                }
+                Some(CoordinatorEvent::StreamBroke { reason }) => {
+                    return Err(coordinator_lost(&reason));
+                }
+                Some(CoordinatorEvent::Untrusted { reason }) => {
+                    return Err(LinkError::Untrusted(reason));
+                }
+                Some(CoordinatorEvent::SliceFailed { transport, reason }) => {
+                    self.slice_failure
+                        .get_or_insert(slice_error(transport, &reason));
+                }
+                Some(CoordinatorEvent::Grant { own_prefix }) => {
+                    self.last_heard = Instant::now();
+                    if let Some(claims) = claims {
+                        claims.grant(own_prefix);
                     }
                 }
-                own_prefix = urgent_claim(&mut claimer), if failure.is_none() => {
-                    if out.send(ToCoordinator::Claim { own_prefix }).await.is_err() {
-                        failure.get_or_insert(coordinator_lost("its report stream closed"));
-                        let _ = abort_tx.send(true);
-                    }
-                }
-                event = events.recv(), if failure.is_none() => match event {
-                    Some(CoordinatorEvent::Grant { own_prefix }) => {
-                        last_heard = Instant::now();
-                        if let Some(claims) = &claims {
-                            claims.grant(own_prefix);
-                        }
-                    }
-                    Some(CoordinatorEvent::Abort { reason }) => {
-                        failure = Some(LinkError::Aborted(reason));
-                        let _ = abort_tx.send(true);
-                    }
-                    Some(CoordinatorEvent::ClockPing { seq, coordinator_send_unix_ns, received_unix_ns }) => {
-                        last_heard = Instant::now();
-                        let _ = out.try_send(ToCoordinator::ClockPong {
-                            seq,
-                            coordinator_send_unix_ns,
-                            worker_receive_unix_ns: received_unix_ns,
-                        });
-                    }
-                    Some(CoordinatorEvent::SliceFailed { transport, reason }) => {
-                        failure = Some(slice_error(transport, &reason));
-                        let _ = abort_tx.send(true);
-                    }
-                    Some(CoordinatorEvent::StreamEnded) | None => {
-                        failure = Some(coordinator_lost("its stream ended"));
-                        let _ = abort_tx.send(true);
-                    }
-                    Some(CoordinatorEvent::StreamBroke { reason }) => {
-                        failure = Some(coordinator_lost(&reason));
-                        let _ = abort_tx.send(true);
-                    }
-                    Some(CoordinatorEvent::Untrusted { reason }) => {
-                        failure = Some(LinkError::Untrusted(reason));
-                        let _ = abort_tx.send(true);
-                    }
-                    Some(CoordinatorEvent::Start { .. } | CoordinatorEvent::Finish | CoordinatorEvent::Alive) => {
-                        last_heard = Instant::now();
-                    }
-                },
-                _ = tokio::time::sleep_until(last_heard + heartbeat_timeout), if failure.is_none() => {
-                    failure = Some(silence());
-                    let _ = abort_tx.send(true);
+                Some(CoordinatorEvent::Finish | CoordinatorEvent::Alive) => {
+                    self.last_heard = Instant::now();
                 }
             }
-        };
-
-        health.set(3);
-        let started = counters.started_unix_ns.load(Ordering::Relaxed);
-        if !started_sent && started > 0 {
-            let _ = out.try_send(ToCoordinator::Started { unix_ns: started });
         }
-        let snapshot = metrics.snapshot().await;
-        // The records go before the final report, on the same stream, so the coordinator has
-        // every one of them when it reads the final counts.
-        let records_sent = send_records(&out, snapshot.records).await;
-        seq += 1;
-        let report = ToCoordinator::Report(Box::new(WorkerReport {
-            seq,
-            is_final: true,
+    }
+}
+
+/// The session while the engine runs, and as it leaves.
+struct Running {
+    out: mpsc::Sender<ToCoordinator>,
+    abort: watch::Sender<bool>,
+    metrics: MetricsHandle,
+    counters: Arc<engine::LiveCounters>,
+    claims: Option<Arc<engine::claims::ClaimLink>>,
+    claimer: Option<engine::claims::Claimer>,
+    /// Why this worker stops early; the first reason wins, and the load is stopped.
+    failure: Option<LinkError>,
+    seq: u64,
+    started_sent: bool,
+    last_heard: Instant,
+    heartbeat_timeout: Duration,
+}
+
+impl Running {
+    /// Keep the first reason to stop, and stop the load.
+    fn fail(&mut self, failure: LinkError) {
+        self.failure.get_or_insert(failure);
+        let _ = self.abort.send(true);
+    }
+
+    fn report_stream_closed(&mut self) {
+        self.fail(coordinator_lost("its report stream closed"));
+    }
+
+    /// Report every interval and act on the coordinator's events until the engine ends;
+    /// its totals (a failed engine is a failed worker, never silent zeros).
+    async fn until_engine_ends(
+        &mut self,
+        mut engine_task: JoinHandle<SliceTotals>,
+        events: &mut mpsc::Receiver<CoordinatorEvent>,
+        report_interval: Duration,
+    ) -> SliceTotals {
+        let mut ticker = tokio::time::interval(report_interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let listening = self.failure.is_none();
+            tokio::select! {
+                finished = &mut engine_task => match finished {
+                    Ok(totals) => return totals,
+                    Err(error) => {
+                        self.fail(LinkError::Protocol(format!("the load engine failed: {error}")));
+                        return SliceTotals::default();
+                    }
+                },
+                _ = ticker.tick() => self.report_interval().await,
+                own_prefix = urgent_claim(&mut self.claimer), if listening => {
+                    self.send_claim(own_prefix).await;
+                }
+                event = events.recv(), if listening => self.on_event(event),
+                _ = tokio::time::sleep_until(self.last_heard + self.heartbeat_timeout), if listening => {
+                    self.fail(silence(self.heartbeat_timeout));
+                }
+            }
+        }
+    }
+
+    /// One coordinator event while the load runs.
+    fn on_event(&mut self, event: Option<CoordinatorEvent>) {
+        match event {
+            Some(CoordinatorEvent::Grant { own_prefix }) => {
+                self.last_heard = Instant::now();
+                if let Some(claims) = &self.claims {
+                    claims.grant(own_prefix);
+                }
+            }
+            Some(CoordinatorEvent::Abort { reason }) => self.fail(LinkError::Aborted(reason)),
+            Some(CoordinatorEvent::ClockPing {
+                seq,
+                coordinator_send_unix_ns,
+                received_unix_ns,
+            }) => {
+                self.last_heard = Instant::now();
+                answer_ping(&self.out, seq, coordinator_send_unix_ns, received_unix_ns);
+            }
+            Some(CoordinatorEvent::SliceFailed { transport, reason }) => {
+                self.fail(slice_error(transport, &reason));
+            }
+            Some(CoordinatorEvent::StreamEnded) | None => {
+                self.fail(coordinator_lost("its stream ended"));
+            }
+            Some(CoordinatorEvent::StreamBroke { reason }) => self.fail(coordinator_lost(&reason)),
+            Some(CoordinatorEvent::Untrusted { reason }) => {
+                self.fail(LinkError::Untrusted(reason));
+            }
+            Some(
+                CoordinatorEvent::Start { .. } | CoordinatorEvent::Finish | CoordinatorEvent::Alive,
+            ) => self.last_heard = Instant::now(),
+        }
+    }
+
+    /// `Started` once the load has begun (sent once; a later report stands for a dropped one).
+    fn send_started(&mut self) {
+        let started = self.counters.started_unix_ns.load(Ordering::Relaxed);
+        if !self.started_sent && started > 0 {
+            self.started_sent = true;
+            let _ = self
+                .out
+                .try_send(ToCoordinator::Started { unix_ns: started });
+        }
+    }
+
+    /// The interval's records and report, then a claim in the heartbeat's place (never
+    /// dropped), or the heartbeat.
+    async fn report_interval(&mut self) {
+        self.send_started();
+        let mut snapshot = self.metrics.snapshot().await;
+        if send_records(&self.out, std::mem::take(&mut snapshot.records))
+            .await
+            .is_err()
+        {
+            self.report_stream_closed();
+        }
+        let report = self.report(snapshot, live_totals(&self.counters), false);
+        if self.out.send(report).await.is_err() {
+            self.report_stream_closed();
+        }
+        match self
+            .claimer
+            .as_mut()
+            .and_then(engine::claims::Claimer::on_report)
+        {
+            Some(own_prefix) => self.send_claim(own_prefix).await,
+            None => {
+                let _ = self
+                    .out
+                    .try_send(ToCoordinator::Heartbeat { unix_ns: unix_ns() });
+            }
+        }
+    }
+
+    async fn send_claim(&mut self, own_prefix: u64) {
+        if self
+            .out
+            .send(ToCoordinator::Claim { own_prefix })
+            .await
+            .is_err()
+        {
+            self.report_stream_closed();
+        }
+    }
+
+    /// The next report (cumulative; `is_final` for the last).
+    fn report(&mut self, snapshot: Snapshot, totals: SliceTotals, is_final: bool) -> ToCoordinator {
+        self.seq += 1;
+        ToCoordinator::Report(Box::new(WorkerReport {
+            seq: self.seq,
+            is_final,
             metrics: snapshot.metrics,
             totals,
             status_codes: snapshot.status_codes,
@@ -354,44 +431,83 @@ impl Session {
             cpu_seconds: common::process::cpu_seconds(),
             peak_rss_bytes: common::process::peak_rss_bytes(),
             cores: common::process::available_cores(),
-            timeline: with_target_reached(snapshot.timeline, &counters),
+            timeline: with_target_reached(snapshot.timeline, &self.counters),
             steady: snapshot.steady,
-            hand_over: counters.hand_over.span(),
-        }));
-        if records_sent.is_err() {
-            failure.get_or_insert(coordinator_lost("its report stream closed"));
-        }
-        if let Some(failure) = failure {
-            // Said before the final report, on the same ordered stream: a worker that stops
-            // on its own (not told to) is a lost worker under the run's policy, with this
-            // reason, and its report is not a finished slice.
-            if !matches!(failure, LinkError::Aborted(_)) {
-                let said = ToCoordinator::Failed {
-                    reason: failure.to_string(),
-                };
-                let _ = tokio::time::timeout(LEAVE_PATIENCE, out.send(said)).await;
-            }
-            // Best effort: the coordinator may still be there (an abort) and want the partial
-            // numbers. The report only reaches the wire while the link runs: wait for the
-            // coordinator's Finish or the end of its stream — within the heartbeat timeout
-            // after an abort (the coordinator is there and answers), a second otherwise (it
-            // may never answer; a second is plenty to write the report).
-            let _ = tokio::time::timeout(LEAVE_PATIENCE, out.send(report)).await;
-            let patience = match failure {
-                LinkError::Aborted(_) => heartbeat_timeout,
-                _ => LEAVE_PATIENCE,
-            };
-            let _ = tokio::time::timeout(patience, until_finished(&mut events)).await;
-            return Err(failure);
-        }
-        out.send(report)
-            .await
-            .map_err(|_| coordinator_lost("its report stream closed"))?;
-        // Wait for the coordinator's Finish (or the end of its stream) so the report is
-        // delivered.
-        let _ = tokio::time::timeout(heartbeat_timeout, until_finished(&mut events)).await;
-        Ok(())
+            hand_over: self.counters.hand_over.span(),
+        }))
     }
+
+    /// The final records and report, then the coordinator's Finish; a worker that stops on
+    /// its own says why first.
+    async fn leave(
+        mut self,
+        totals: SliceTotals,
+        events: &mut mpsc::Receiver<CoordinatorEvent>,
+    ) -> Result<(), LinkError> {
+        self.send_started();
+        let mut snapshot = self.metrics.snapshot().await;
+        // The records go before the final report, on the same stream, so the coordinator has
+        // every one of them when it reads the final counts.
+        if send_records(&self.out, std::mem::take(&mut snapshot.records))
+            .await
+            .is_err()
+        {
+            self.failure
+                .get_or_insert(coordinator_lost("its report stream closed"));
+        }
+        let report = self.report(snapshot, totals, true);
+        let heartbeat_timeout = self.heartbeat_timeout;
+        let Some(failure) = self.failure.take() else {
+            self.out
+                .send(report)
+                .await
+                .map_err(|_| coordinator_lost("its report stream closed"))?;
+            // Wait for the coordinator's Finish (or the end of its stream) so the report is
+            // delivered.
+            let _ = tokio::time::timeout(heartbeat_timeout, until_finished(events)).await;
+            return Ok(());
+        };
+        // Said before the final report, on the same ordered stream: a worker that stops on
+        // its own (not told to) is a lost worker under the run's policy, with this reason,
+        // and its report is not a finished slice.
+        if !matches!(failure, LinkError::Aborted(_)) {
+            let said = ToCoordinator::Failed {
+                reason: failure.to_string(),
+            };
+            let _ = tokio::time::timeout(LEAVE_PATIENCE, self.out.send(said)).await;
+        }
+        // Best effort: the coordinator may still be there (an abort) and want the partial
+        // numbers. The report only reaches the wire while the link runs: wait for the
+        // coordinator's Finish or the end of its stream — within the heartbeat timeout after
+        // an abort (the coordinator is there and answers), a second otherwise (it may never
+        // answer; a second is plenty to write the report).
+        let _ = tokio::time::timeout(LEAVE_PATIENCE, self.out.send(report)).await;
+        let patience = match failure {
+            LinkError::Aborted(_) => heartbeat_timeout,
+            _ => LEAVE_PATIENCE,
+        };
+        let _ = tokio::time::timeout(patience, until_finished(events)).await;
+        Err(failure)
+    }
+}
+
+/// The coordinator said nothing for the heartbeat timeout.
+fn silence(heartbeat_timeout: Duration) -> LinkError {
+    coordinator_lost(&format!("no message for {heartbeat_timeout:?}"))
+}
+
+/// Answer a clock ping at once (dropped when the channel is full: a later one stands for it).
+fn answer_ping(
+    out: &mpsc::Sender<ToCoordinator>,
+    seq: u64,
+    coordinator_send_unix_ns: u64,
+    worker_receive_unix_ns: u64,
+) {
+    let _ = out.try_send(ToCoordinator::ClockPong {
+        seq,
+        coordinator_send_unix_ns,
+        worker_receive_unix_ns,
+    });
 }
 
 /// How long a worker that stops because of a failure gives its final report to reach the
