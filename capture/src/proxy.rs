@@ -148,56 +148,11 @@ pub async fn handle(
             ));
         }
     };
-
-    let id = state.next_id.fetch_add(1, Ordering::Relaxed) + 1;
-    let mut recorded = Exchange {
-        id: Some(format!("rec-{id}")),
-        session: state
-            .session_header
-            .as_ref()
-            .and_then(|h| parts.headers.get(h))
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned),
-        at_ms: Some((arrival.duration_since(zero).as_secs_f64() * 1e6).round() / 1000.0),
-        request: Request {
-            method: parts.method.as_str().to_owned(),
-            path: path_and_query.clone(),
-            headers: header_map(&parts.headers, true),
-            body: None,
-            body_b64: None,
-            unknown: Map::new(),
-        },
-        response: None,
-        unknown: Map::new(),
-    };
-    if !body.is_empty() {
-        recorded.request.set_body(&body);
-    }
-
-    let uri = match state.upstream.uri_for(&path_and_query) {
-        Ok(uri) => uri,
-        Err(error) => {
-            return Ok(plain(
-                StatusCode::BAD_REQUEST,
-                &format!("llm-replay record: bad path: {error}\n"),
-            ));
-        }
-    };
-    let mut upstream_request = http::Request::builder()
-        .method(parts.method.clone())
-        .uri(uri)
-        .version(http::Version::HTTP_11);
-    if let Some(headers) = upstream_request.headers_mut() {
-        forward_request_headers(&parts.headers, headers);
-    }
-    let upstream_request = match upstream_request.body(Full::new(body)) {
-        Ok(r) => r,
-        Err(error) => {
-            return Ok(plain(
-                StatusCode::BAD_REQUEST,
-                &format!("llm-replay record: {error}\n"),
-            ));
-        }
+    let at_ms = (arrival.duration_since(zero).as_secs_f64() * 1e6).round() / 1000.0;
+    let recorded = recorded_request(&state, &parts, &path_and_query, &body, at_ms);
+    let upstream_request = match upstream_request(&state, &parts, &path_and_query, body) {
+        Ok(request) => request,
+        Err(why) => return Ok(plain(StatusCode::BAD_REQUEST, &why)),
     };
 
     // From here the exchange is in flight: the guard records it even if the client hangs up
@@ -210,33 +165,106 @@ pub async fn handle(
         .send(upstream_request, tokio::time::Instant::now() + idle)
         .await;
     let t0 = sent.t0;
+    match sent.result {
+        Ok(response) => Ok(recording_response(&state, guard.take(), response, t0)),
+        Err(error) => Ok(upstream_failed(&state, &mut guard, error, sent.resent)),
+    }
+}
+
+/// The exchange as recorded so far: its id, session, arrival and request.
+fn recorded_request(
+    state: &ProxyState,
+    parts: &http::request::Parts,
+    path_and_query: &str,
+    body: &Bytes,
+    at_ms: f64,
+) -> Exchange {
+    let id = state.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+    let mut recorded = Exchange {
+        id: Some(format!("rec-{id}")),
+        session: state
+            .session_header
+            .as_ref()
+            .and_then(|h| parts.headers.get(h))
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+        at_ms: Some(at_ms),
+        request: Request {
+            method: parts.method.as_str().to_owned(),
+            path: path_and_query.to_owned(),
+            headers: header_map(&parts.headers, true),
+            body: None,
+            body_b64: None,
+            unknown: Map::new(),
+        },
+        response: None,
+        unknown: Map::new(),
+    };
+    if !body.is_empty() {
+        recorded.request.set_body(body);
+    }
+    recorded
+}
+
+/// The request as forwarded upstream (HTTP/1.1, the client's headers less hop-by-hop ones),
+/// or the text of the 400 that refuses it.
+fn upstream_request(
+    state: &ProxyState,
+    parts: &http::request::Parts,
+    path_and_query: &str,
+    body: Bytes,
+) -> Result<http::Request<Full<Bytes>>, String> {
+    let uri = state
+        .upstream
+        .uri_for(path_and_query)
+        .map_err(|error| format!("llm-replay record: bad path: {error}\n"))?;
+    let mut request = http::Request::builder()
+        .method(parts.method.clone())
+        .uri(uri)
+        .version(http::Version::HTTP_11);
+    if let Some(headers) = request.headers_mut() {
+        forward_request_headers(&parts.headers, headers);
+    }
+    request
+        .body(Full::new(body))
+        .map_err(|error| format!("llm-replay record: {error}\n"))
+}
+
+/// The upstream gave no response: the exchange is recorded as abandoned with the cause, and
+/// the client gets a 504 (no headers in time) or a 502 naming it.
+fn upstream_failed(
+    state: &ProxyState,
+    guard: &mut InFlight,
+    error: SendError,
+    resent: bool,
+) -> http::Response<ProxyBody> {
     let upstream = state.upstream.display();
-    let response = match sent.result {
-        Ok(response) => response,
-        Err(SendError::Timeout) => {
+    let idle = state.upstream_idle_timeout;
+    match error {
+        SendError::Timeout => {
             tracing::warn!(%upstream, timeout = ?idle, "no response headers from the upstream in time");
             guard.abandon(format!(
                 "upstream: no response headers within {} from {upstream}",
                 humanize(idle)
             ));
-            return Ok(plain(
+            plain(
                 StatusCode::GATEWAY_TIMEOUT,
                 &format!(
                     "llm-replay record: the upstream {upstream} sent no response headers within {}\n",
                     humanize(idle)
                 ),
-            ));
+            )
         }
-        Err(SendError::Failed { cause, error }) => {
-            let resent = if sent.resent {
+        SendError::Failed { cause, error } => {
+            let resent_note = if resent {
                 " (also when sent again on a new connection, after a reused one closed)"
             } else {
                 ""
             };
             let error = chain(&error);
-            tracing::warn!(%error, %upstream, resent = sent.resent, "upstream request failed");
+            tracing::warn!(%error, %upstream, resent, "upstream request failed");
             guard.abandon(format!(
-                "upstream {upstream} {}{resent}: {error}",
+                "upstream {upstream} {}{resent_note}: {error}",
                 cause.phrase()
             ));
             // The named causes say it all; the others need the error's own words.
@@ -245,16 +273,26 @@ pub async fn handle(
             } else {
                 String::new()
             };
-            return Ok(plain(
+            plain(
                 StatusCode::BAD_GATEWAY,
                 &format!(
-                    "llm-replay record: the upstream {upstream} {}{resent}{detail}\n",
+                    "llm-replay record: the upstream {upstream} {}{resent_note}{detail}\n",
                     cause.phrase()
                 ),
-            ));
+            )
         }
-    };
-    let mut recorded = guard.take();
+    }
+}
+
+/// The upstream's response, streamed to the client through a `RecordingBody` that records
+/// its frames as they pass.
+fn recording_response(
+    state: &Arc<ProxyState>,
+    mut recorded: Exchange,
+    response: http::Response<Incoming>,
+    t0: Instant,
+) -> http::Response<ProxyBody> {
+    let idle = state.upstream_idle_timeout;
     let (parts, upstream_body) = response.into_parts();
     let content_type = parts
         .headers
@@ -289,7 +327,7 @@ pub async fn handle(
     let mut response = http::Response::new(http_body_util::Either::Left(recording));
     *response.status_mut() = parts.status;
     *response.headers_mut() = forwardable(&parts.headers);
-    Ok(response)
+    response
 }
 
 /// Most bytes of a `/metrics` answer passed through (vLLM's is about 100 KiB).

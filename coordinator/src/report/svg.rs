@@ -131,8 +131,6 @@ impl Chart {
         let mut out = String::new();
         let id = esc(&self.id);
         let (w, h) = (WIDTH, self.height);
-        let plot_w = w - MARGIN_LEFT - MARGIN_RIGHT;
-        let plot_h = h - MARGIN_TOP - MARGIN_BOTTOM;
         let _ = write!(
             out,
             "<figure class=\"plot\" id=\"{id}\">\n<svg viewBox=\"0 0 {w} {h}\" role=\"img\" \
@@ -151,22 +149,7 @@ impl Chart {
             );
             return out;
         }
-
-        let (x_lo, x_hi) = self.x_extent();
-        let (y_lo, y_hi) = self.y_extent();
-        let x_axis = if self.x_log {
-            Axis::log(x_lo, x_hi)
-        } else {
-            Axis::nice(x_lo, x_hi)
-        };
-        let y_axis = match self.y_range {
-            Some((lo, hi)) => Axis::fixed(lo, hi),
-            None => Axis::nice(y_lo, y_hi),
-        };
-        let px = |x: f64| MARGIN_LEFT + x_axis.fraction(x) * plot_w;
-        let py = |y: f64| MARGIN_TOP + plot_h - y_axis.fraction(y) * plot_h;
-        let drawable = |x: f64| !self.x_log || x > 0.0;
-
+        let plot = self.plot();
         // The clip reaches a line's half-width past the frame, so a line along an edge
         // (a CDF at 100 %) is drawn whole.
         let _ = writeln!(
@@ -175,25 +158,72 @@ impl Chart {
              width=\"{}\" height=\"{}\"/></clipPath></defs>",
             MARGIN_LEFT - 3.0,
             MARGIN_TOP - 3.0,
-            plot_w + 6.0,
-            plot_h + 6.0
+            plot.w + 6.0,
+            plot.h + 6.0
         );
+        self.write_bands(&mut out, &plot);
+        self.write_grid(&mut out, &plot);
+        let _ = writeln!(out, "<g clip-path=\"url(#{id}-clip)\">");
+        self.write_series(&mut out, &plot);
+        self.write_rules(&mut out, &plot);
+        let _ = writeln!(out, "</g>");
+        self.write_rule_labels(&mut out, &plot);
+        self.write_markers(&mut out, &plot);
+        self.write_point_labels(&mut out, &plot);
+        self.write_legend(&mut out);
+        let _ = writeln!(
+            out,
+            "</svg>\n<figcaption>{}</figcaption>\n</figure>",
+            esc(&self.title)
+        );
+        out
+    }
+
+    /// The plot area and its axes, from the data's extent (or the fixed range).
+    fn plot(&self) -> Plot {
+        let (x_lo, x_hi) = self.x_extent();
+        let (y_lo, y_hi) = self.y_extent();
+        Plot {
+            x_axis: if self.x_log {
+                Axis::log(x_lo, x_hi)
+            } else {
+                Axis::nice(x_lo, x_hi)
+            },
+            y_axis: match self.y_range {
+                Some((lo, hi)) => Axis::fixed(lo, hi),
+                None => Axis::nice(y_lo, y_hi),
+            },
+            w: WIDTH - MARGIN_LEFT - MARGIN_RIGHT,
+            h: self.height - MARGIN_TOP - MARGIN_BOTTOM,
+            x_log: self.x_log,
+        }
+    }
+
+    fn write_bands(&self, out: &mut String, plot: &Plot) {
         for band in &self.bands {
-            let (x0, x1) = (px(band.from.max(x_axis.lo)), px(band.to.min(x_axis.hi)));
+            let (x0, x1) = (
+                plot.px(band.from.max(plot.x_axis.lo)),
+                plot.px(band.to.min(plot.x_axis.hi)),
+            );
             let _ = writeln!(
                 out,
-                "<rect class=\"band\" x=\"{:.1}\" y=\"{MARGIN_TOP}\" width=\"{:.1}\" height=\"{plot_h}\"/>\
+                "<rect class=\"band\" x=\"{:.1}\" y=\"{MARGIN_TOP}\" width=\"{:.1}\" height=\"{}\"/>\
                  <text class=\"band-label\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
                 x0,
                 (x1 - x0).max(0.0),
+                plot.h,
                 (x0 + x1) / 2.0,
                 MARGIN_TOP + 11.0,
                 esc(&band.label)
             );
         }
-        // Grid and tick labels.
-        for tick in y_axis.ticks() {
-            let y = py(tick);
+    }
+
+    /// Grid lines, tick labels, the frame and the axis labels.
+    fn write_grid(&self, out: &mut String, plot: &Plot) {
+        let (plot_w, plot_h) = (plot.w, plot.h);
+        for tick in plot.y_axis.ticks() {
+            let y = plot.py(tick);
             let _ = writeln!(
                 out,
                 "<line class=\"grid\" x1=\"{MARGIN_LEFT}\" x2=\"{:.1}\" y1=\"{y:.1}\" y2=\"{y:.1}\"/>\
@@ -201,18 +231,18 @@ impl Chart {
                 MARGIN_LEFT + plot_w,
                 MARGIN_LEFT - 6.0,
                 y + 4.0,
-                y_axis.label(tick)
+                plot.y_axis.label(tick)
             );
         }
-        for tick in x_axis.ticks() {
-            let x = px(tick);
+        for tick in plot.x_axis.ticks() {
+            let x = plot.px(tick);
             let _ = writeln!(
                 out,
                 "<line class=\"grid\" x1=\"{x:.1}\" x2=\"{x:.1}\" y1=\"{MARGIN_TOP}\" y2=\"{:.1}\"/>\
                  <text class=\"tick\" x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
                 MARGIN_TOP + plot_h,
                 MARGIN_TOP + plot_h + 16.0,
-                x_axis.label(tick)
+                plot.x_axis.label(tick)
             );
         }
         let _ = writeln!(
@@ -221,13 +251,15 @@ impl Chart {
              <text class=\"axis-label\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>\n\
              <text class=\"axis-label\" transform=\"translate(14 {:.1}) rotate(-90)\" text-anchor=\"middle\">{}</text>",
             MARGIN_LEFT + plot_w / 2.0,
-            h - 8.0,
+            self.height - 8.0,
             esc(&self.x_label),
             MARGIN_TOP + plot_h / 2.0,
             esc(&self.y_label)
         );
+    }
 
-        let _ = writeln!(out, "<g clip-path=\"url(#{id}-clip)\">");
+    /// Bars and lines (clipped; markers are drawn later, unclipped).
+    fn write_series(&self, out: &mut String, plot: &Plot) {
         for series in &self.series {
             let color = series.color;
             let dash = if series.dashed { " dashed" } else { "" };
@@ -235,8 +267,11 @@ impl Chart {
                 SeriesKind::Bars(widths) => {
                     let points = series.segments.iter().flatten();
                     for (&(x, y), width) in points.zip(widths) {
-                        let (x0, x1) = (px(x - width), px(x));
-                        let (top, base) = (py(y.max(y_axis.lo)), py(y_axis.lo.max(0.0)));
+                        let (x0, x1) = (plot.px(x - width), plot.px(x));
+                        let (top, base) = (
+                            plot.py(y.max(plot.y_axis.lo)),
+                            plot.py(plot.y_axis.lo.max(0.0)),
+                        );
                         let _ = writeln!(
                             out,
                             "<rect class=\"f{color}\" x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{:.1}\"/>",
@@ -252,8 +287,8 @@ impl Chart {
                     for segment in series.segments.iter().filter(|s| !s.is_empty()) {
                         let points: Vec<String> = segment
                             .iter()
-                            .filter(|&&(x, _)| drawable(x))
-                            .map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y)))
+                            .filter(|&&(x, _)| plot.drawable(x))
+                            .map(|&(x, y)| format!("{:.1},{:.1}", plot.px(x), plot.py(y)))
                             .collect();
                         let _ = writeln!(
                             out,
@@ -264,6 +299,9 @@ impl Chart {
                 }
             }
         }
+    }
+
+    fn write_rules(&self, out: &mut String, plot: &Plot) {
         for rule in &self.rules {
             let color = rule.color;
             let _ = match rule.at {
@@ -271,32 +309,34 @@ impl Chart {
                     out,
                     "<line class=\"line rule s{color} dashed\" x1=\"{MARGIN_LEFT}\" x2=\"{:.1}\" \
                      y1=\"{:.1}\" y2=\"{:.1}\"/>",
-                    MARGIN_LEFT + plot_w,
-                    py(y),
-                    py(y)
+                    MARGIN_LEFT + plot.w,
+                    plot.py(y),
+                    plot.py(y)
                 ),
-                RuleAt::Vertical(x) if drawable(x) => writeln!(
+                RuleAt::Vertical(x) if plot.drawable(x) => writeln!(
                     out,
                     "<line class=\"line rule s{color} dashed\" x1=\"{:.1}\" x2=\"{:.1}\" \
                      y1=\"{MARGIN_TOP}\" y2=\"{:.1}\"/>",
-                    px(x),
-                    px(x),
-                    MARGIN_TOP + plot_h
+                    plot.px(x),
+                    plot.px(x),
+                    MARGIN_TOP + plot.h
                 ),
                 RuleAt::Vertical(_) => Ok(()),
             };
         }
-        let _ = writeln!(out, "</g>");
-        // Rule labels, unclipped: a limit's at the right end above its line, a load's at
-        // the top beside its line (on the side with room).
+    }
+
+    /// Rule labels, unclipped: a limit's at the right end above its line, a load's at the top
+    /// beside its line (on the side with room).
+    fn write_rule_labels(&self, out: &mut String, plot: &Plot) {
         for rule in &self.rules {
             let (x, y, anchor) = match rule.at {
-                RuleAt::Horizontal(y) => (MARGIN_LEFT + plot_w - 4.0, py(y) - 5.0, "end"),
-                RuleAt::Vertical(x) if drawable(x) => {
-                    if px(x) > MARGIN_LEFT + plot_w * 0.75 {
-                        (px(x) - 5.0, MARGIN_TOP + 13.0, "end")
+                RuleAt::Horizontal(y) => (MARGIN_LEFT + plot.w - 4.0, plot.py(y) - 5.0, "end"),
+                RuleAt::Vertical(x) if plot.drawable(x) => {
+                    if plot.px(x) > MARGIN_LEFT + plot.w * 0.75 {
+                        (plot.px(x) - 5.0, MARGIN_TOP + 13.0, "end")
                     } else {
-                        (px(x) + 5.0, MARGIN_TOP + 13.0, "start")
+                        (plot.px(x) + 5.0, MARGIN_TOP + 13.0, "start")
                     }
                 }
                 RuleAt::Vertical(_) => continue,
@@ -307,47 +347,57 @@ impl Chart {
                 esc(&rule.label)
             );
         }
-        // Markers, unclipped.
+    }
+
+    /// Markers, unclipped, each with its label.
+    fn write_markers(&self, out: &mut String, plot: &Plot) {
         for series in &self.series {
-            if let SeriesKind::Markers(marker, labels) = &series.kind {
-                for (i, &(x, y)) in series.segments.iter().flatten().enumerate() {
-                    if !(drawable(x) && y.is_finite()) {
-                        continue;
-                    }
-                    out.push_str(&marker_svg(*marker, series.color, px(x), py(y)));
-                    if let Some(label) = labels.get(i).filter(|l| !l.is_empty()) {
-                        let _ = write!(
-                            out,
-                            "<text class=\"point-label\" x=\"{:.1}\" y=\"{:.1}\">{}</text>",
-                            px(x) + 7.0,
-                            py(y) + 4.0,
-                            esc(label)
-                        );
-                    }
-                    out.push('\n');
+            let SeriesKind::Markers(marker, labels) = &series.kind else {
+                continue;
+            };
+            for (i, &(x, y)) in series.segments.iter().flatten().enumerate() {
+                if !(plot.drawable(x) && y.is_finite()) {
+                    continue;
                 }
-            }
-        }
-        // Point labels, unclipped.
-        for series in &self.series {
-            let color = series.color;
-            if let SeriesKind::Labelled(labels) = &series.kind {
-                for (&(x, y), label) in series.segments.iter().flatten().zip(labels) {
-                    let _ = writeln!(
+                out.push_str(&marker_svg(*marker, series.color, plot.px(x), plot.py(y)));
+                if let Some(label) = labels.get(i).filter(|l| !l.is_empty()) {
+                    let _ = write!(
                         out,
-                        "<circle class=\"f{color}\" cx=\"{:.1}\" cy=\"{:.1}\" r=\"4\"/>\
-                         <text class=\"point-label\" x=\"{:.1}\" y=\"{:.1}\">{}</text>",
-                        px(x),
-                        py(y),
-                        px(x) + 6.0,
-                        py(y) - 6.0,
+                        "<text class=\"point-label\" x=\"{:.1}\" y=\"{:.1}\">{}</text>",
+                        plot.px(x) + 7.0,
+                        plot.py(y) + 4.0,
                         esc(label)
                     );
                 }
+                out.push('\n');
             }
         }
+    }
 
-        // Legend, left to right above the plot.
+    /// Labelled points, unclipped.
+    fn write_point_labels(&self, out: &mut String, plot: &Plot) {
+        for series in &self.series {
+            let color = series.color;
+            let SeriesKind::Labelled(labels) = &series.kind else {
+                continue;
+            };
+            for (&(x, y), label) in series.segments.iter().flatten().zip(labels) {
+                let _ = writeln!(
+                    out,
+                    "<circle class=\"f{color}\" cx=\"{:.1}\" cy=\"{:.1}\" r=\"4\"/>\
+                     <text class=\"point-label\" x=\"{:.1}\" y=\"{:.1}\">{}</text>",
+                    plot.px(x),
+                    plot.py(y),
+                    plot.px(x) + 6.0,
+                    plot.py(y) - 6.0,
+                    esc(label)
+                );
+            }
+        }
+    }
+
+    /// The legend, left to right above the plot.
+    fn write_legend(&self, out: &mut String) {
         let mut x = MARGIN_LEFT;
         for series in &self.series {
             let color = series.color;
@@ -370,12 +420,6 @@ impl Chart {
             );
             x += 23.0 + 6.5 * series.name.chars().count() as f64 + 16.0;
         }
-        let _ = writeln!(
-            out,
-            "</svg>\n<figcaption>{}</figcaption>\n</figure>",
-            esc(&self.title)
-        );
-        out
     }
 
     fn points(&self) -> impl Iterator<Item = (f64, f64)> + '_ {
@@ -455,6 +499,30 @@ impl Chart {
 }
 
 /// A marker centred at `(x, y)` (SVG units).
+/// A chart's plot area: its axes and size, and data → pixel.
+struct Plot {
+    x_axis: Axis,
+    y_axis: Axis,
+    w: f64,
+    h: f64,
+    x_log: bool,
+}
+
+impl Plot {
+    fn px(&self, x: f64) -> f64 {
+        MARGIN_LEFT + self.x_axis.fraction(x) * self.w
+    }
+
+    fn py(&self, y: f64) -> f64 {
+        MARGIN_TOP + self.h - self.y_axis.fraction(y) * self.h
+    }
+
+    /// A point a log axis can place.
+    fn drawable(&self, x: f64) -> bool {
+        !self.x_log || x > 0.0
+    }
+}
+
 fn marker_svg(marker: Marker, color: usize, x: f64, y: f64) -> String {
     match marker {
         Marker::Circle => {
