@@ -667,66 +667,12 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
     let permits = load.concurrency.map(|c| Arc::new(Semaphore::new(c.max(1))));
     let deadline = load.duration.map(|d| start.instant + d);
     let mut pacing = Pacing::new(load);
-    let closed_sessions = config.options.faithful.closed_sessions;
-    let mut sessions: HashMap<String, PreviousTurn> = HashMap::new();
-    let mut tasks: JoinSet<()> = JoinSet::new();
-    let mut totals = SliceTotals::default();
-    let mut aborted = false;
-    let mut seq: u64 = 0;
     let recorded_speed = pacing.recorded_speed();
-    // An unpaced closed loop sends its first `concurrency` requests together at the start:
-    // that first wave is left out of the steady metrics (it queues at the target at once).
-    let first_wave = match (load.concurrency, recorded_speed, load.rate) {
-        (Some(concurrency), None, None) => concurrency.max(1) as u64,
-        _ => 0,
-    };
-    let steady_metrics = config.options.steady_metrics;
-    let mut feed = Feed {
-        items,
-        pending: BinaryHeap::new(),
-        window: if recorded_speed.is_some() {
-            config.options.reorder_window.max(1)
-        } else {
-            1
-        },
-        closed: false,
-        arrivals: 0,
-        latest_sent_ms: f64::NEG_INFINITY,
-        sent_out_of_order: 0,
-        session_starts: closed_sessions.then(HashMap::new),
-        config: Arc::clone(&config),
-        start: start.instant,
-        speed: recorded_speed.unwrap_or(1.0),
-        hand_overs: HandOvers::new(recorded_speed.unwrap_or(1.0)),
-        own_arrivals: 0,
-        gate: claims.map(|link| claims::Gate::new(link, first_claim(load))),
-    };
-    if let Some(gate) = &mut feed.gate {
-        gate.claim_first_wave();
-    }
+    let mut feed = Feed::new(items, &config, start.instant, recorded_speed, claims);
 
     // Connection timings go to the run's metrics; the first wave's connections open before
     // the start, so none of them is set up inside a measured TTFT.
     client.attach_metrics(metrics.clone());
-    let spawn_preconnect = |connections: usize| {
-        let client = client.clone();
-        let target = config.target.clone();
-        let patience = config.options.timeout;
-        tokio::spawn(async move {
-            let opened = client.preconnect(&target, connections, patience).await;
-            tracing::debug!(
-                wanted = connections,
-                opened,
-                "connections opened before the start"
-            );
-        })
-    };
-    // A closed loop or a rate knows its first wave now; a recorded schedule learns it from
-    // the items read ahead, which arrive during the start lead (below).
-    let mut preconnect = match recorded_speed {
-        Some(_) => None,
-        None => Some(spawn_preconnect(connections_needed(load, &[]))),
-    };
     // Send times (and the start) from the pacer thread; without it, tokio's timer.
     let mut pacer_thread = PacerThread::start()
         .inspect_err(
@@ -735,69 +681,16 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
         .ok();
     let pacer = pacer_thread.as_ref().map(PacerThread::pacer);
     let pacer = pacer.as_ref();
+    let lead = StartLead {
+        client: &client,
+        config: &config,
+        recorded_speed,
+        counters: &counters,
+        at_target_from_start: permits.is_none() || recorded_speed.is_some() || load.rate.is_some(),
+    };
+    let (mut aborted, preconnect) = lead.until_start(&mut feed, start, pacer, &mut abort).await;
 
-    // Every worker starts at the coordinator's one instant, whatever the load model. On a
-    // recorded schedule the slice is read ahead while the start is awaited (up to the
-    // reorder window, each request built as it arrives), so the first exchanges are ready at
-    // the start: built at the start instead, a window of 4,096 sent the first exchange
-    // milliseconds late. The first wave's connections open once the read-ahead is full or
-    // closed, or `PRECONNECT_LEAD` before the start, whichever comes first.
-    let preconnect_by = start
-        .instant
-        .checked_sub(PRECONNECT_LEAD)
-        .unwrap_or(start.instant);
-    let start_wait = pace_until(pacer, start.instant);
-    tokio::pin!(start_wait);
-    loop {
-        if let Some(speed) = recorded_speed
-            && preconnect.is_none()
-            && (feed.closed || feed.pending.len() >= feed.window || Instant::now() >= preconnect_by)
-        {
-            preconnect = Some(spawn_preconnect(connections_needed(
-                load,
-                &feed.offsets_s(speed),
-            )));
-        }
-        let read_ahead =
-            recorded_speed.is_some() && !feed.closed && feed.pending.len() < feed.window;
-        tokio::select! {
-            biased;
-            _ = abort.wait_for(|a| *a) => {
-                aborted = true;
-                break;
-            }
-            _ = &mut start_wait => {
-                let now = unix_nanos(SystemTime::now());
-                counters.started_unix_ns.store(now, Ordering::Relaxed);
-                if permits.is_none() || recorded_speed.is_some() || load.rate.is_some() {
-                    // On a schedule or a rate, the load is at its target once it runs.
-                    counters.target_reached_unix_us.store(now / 1000, Ordering::Relaxed);
-                }
-                break;
-            }
-            item = feed.items.recv(), if read_ahead => match item {
-                Some(item) => {
-                    feed.push(item);
-                    // In small batches, so the start is looked at between them.
-                    feed.fill_up_to(READ_AHEAD_BATCH);
-                }
-                None => feed.closed = true,
-            },
-            _ = tokio::time::sleep_until(preconnect_by.into()),
-                if recorded_speed.is_some() && preconnect.is_none() => {}
-        }
-    }
-    if preconnect.is_none()
-        && !aborted
-        && let Some(speed) = recorded_speed
-    {
-        // The start came first (a lead shorter than `PRECONNECT_LEAD`).
-        preconnect = Some(spawn_preconnect(connections_needed(
-            load,
-            &feed.offsets_s(speed),
-        )));
-    }
-
+    let mut sending = Sending::new(&config, client, metrics, counters, recorded_speed);
     'items: while !aborted {
         // The next item, at its send time.
         let (item, intended) = match pacing
@@ -807,35 +700,31 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
             Next::Item(item, intended) => (item, intended),
             Next::Done => break 'items,
             Next::PastDeadline => {
-                totals.not_started += 1;
+                sending.totals.not_started += 1;
                 break 'items;
             }
             Next::Aborted { holding } => {
                 aborted = true;
-                totals.not_started += u64::from(holding);
+                sending.totals.not_started += u64::from(holding);
                 break 'items;
             }
         };
         let permit = match &permits {
             Some(semaphore) => tokio::select! {
                 biased;
-                _ = abort.wait_for(|a| *a) => { aborted = true; totals.not_started += 1; break 'items; }
+                _ = abort.wait_for(|a| *a) => { aborted = true; sending.totals.not_started += 1; break 'items; }
                 permit = semaphore.clone().acquire_owned() => Some(permit.expect("the semaphore is never closed")),
             },
             None => None,
         };
         if let Some(semaphore) = &permits
             && semaphore.available_permits() == 0
-            && counters.target_reached_unix_us.load(Ordering::Relaxed) == 0
         {
             // Every slot of the closed loop is taken: the load reached its target.
-            let now_us = unix_nanos(SystemTime::now()) / 1000;
-            counters
-                .target_reached_unix_us
-                .store(now_us, Ordering::Relaxed);
+            sending.target_reached();
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
-            totals.not_started += 1;
+            sending.totals.not_started += 1;
             break;
         }
         // An own exchange starts once the coordinator granted it.
@@ -843,115 +732,266 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
             && !gate.admit(own, &mut abort).await
         {
             aborted = true;
-            totals.not_started += 1;
+            sending.totals.not_started += 1;
             break 'items;
         }
+        sending.send(item, permit, intended, pacer, &mut feed).await;
+    }
+    let totals = sending.settle(feed, aborted, open_ended, &mut abort).await;
+    if let Some(preconnect) = preconnect {
+        preconnect.abort();
+    }
+    if let Some(thread) = &mut pacer_thread {
+        thread.stop();
+    }
+    totals
+}
 
+impl Feed {
+    /// The feed of a slice: a read-ahead window on a recorded schedule, sessions' starts
+    /// when they are closed loops, and the claims' gate (with its first wave claimed).
+    fn new(
+        items: mpsc::Receiver<WorkItem>,
+        config: &Arc<ReplayConfig>,
+        start: Instant,
+        recorded_speed: Option<f64>,
+        claims: Option<Arc<claims::ClaimLink>>,
+    ) -> Feed {
+        let mut feed = Feed {
+            items,
+            pending: BinaryHeap::new(),
+            window: if recorded_speed.is_some() {
+                config.options.reorder_window.max(1)
+            } else {
+                1
+            },
+            closed: false,
+            arrivals: 0,
+            latest_sent_ms: f64::NEG_INFINITY,
+            sent_out_of_order: 0,
+            session_starts: config.options.faithful.closed_sessions.then(HashMap::new),
+            config: Arc::clone(config),
+            start,
+            speed: recorded_speed.unwrap_or(1.0),
+            hand_overs: HandOvers::new(recorded_speed.unwrap_or(1.0)),
+            own_arrivals: 0,
+            gate: claims.map(|link| claims::Gate::new(link, first_claim(&config.load))),
+        };
+        if let Some(gate) = &mut feed.gate {
+            gate.claim_first_wave();
+        }
+        feed
+    }
+}
+
+/// The wait for the coordinator's start instant, which every worker shares whatever the load
+/// model: the slice is read ahead meanwhile on a recorded schedule, and the first wave's
+/// connections are opened.
+struct StartLead<'a> {
+    client: &'a TargetClient,
+    config: &'a Arc<ReplayConfig>,
+    recorded_speed: Option<f64>,
+    counters: &'a LiveCounters,
+    /// On a schedule or a rate, the load is at its target once it runs.
+    at_target_from_start: bool,
+}
+
+impl StartLead<'_> {
+    /// Open `connections` to the target in the background.
+    fn preconnect(&self, connections: usize) -> tokio::task::JoinHandle<()> {
+        let client = self.client.clone();
+        let target = self.config.target.clone();
+        let patience = self.config.options.timeout;
+        tokio::spawn(async move {
+            let opened = client.preconnect(&target, connections, patience).await;
+            tracing::debug!(
+                wanted = connections,
+                opened,
+                "connections opened before the start"
+            );
+        })
+    }
+
+    /// Until the start (or an abort: the first value is then true), with the preconnection.
+    ///
+    /// On a recorded schedule the slice is read ahead while the start is awaited (up to the
+    /// reorder window, each request built as it arrives), so the first exchanges are ready at
+    /// the start: built at the start instead, a window of 4,096 sent the first exchange
+    /// milliseconds late. The first wave's connections open once the read-ahead is full or
+    /// closed, or `PRECONNECT_LEAD` before the start, whichever comes first. A closed loop or
+    /// a rate knows its first wave at once.
+    async fn until_start(
+        &self,
+        feed: &mut Feed,
+        start: StartAt,
+        pacer: Option<&Pacer>,
+        abort: &mut watch::Receiver<bool>,
+    ) -> (bool, Option<tokio::task::JoinHandle<()>>) {
+        let load = &self.config.load;
+        let recorded_speed = self.recorded_speed;
+        let mut preconnect = match recorded_speed {
+            Some(_) => None,
+            None => Some(self.preconnect(connections_needed(load, &[]))),
+        };
+        let preconnect_by = start
+            .instant
+            .checked_sub(PRECONNECT_LEAD)
+            .unwrap_or(start.instant);
+        let start_wait = pace_until(pacer, start.instant);
+        tokio::pin!(start_wait);
+        let aborted = loop {
+            if let Some(speed) = recorded_speed
+                && preconnect.is_none()
+                && (feed.closed
+                    || feed.pending.len() >= feed.window
+                    || Instant::now() >= preconnect_by)
+            {
+                preconnect =
+                    Some(self.preconnect(connections_needed(load, &feed.offsets_s(speed))));
+            }
+            let read_ahead =
+                recorded_speed.is_some() && !feed.closed && feed.pending.len() < feed.window;
+            tokio::select! {
+                biased;
+                _ = abort.wait_for(|a| *a) => break true,
+                _ = &mut start_wait => {
+                    let now = unix_nanos(SystemTime::now());
+                    self.counters.started_unix_ns.store(now, Ordering::Relaxed);
+                    if self.at_target_from_start {
+                        self.counters.target_reached_unix_us.store(now / 1000, Ordering::Relaxed);
+                    }
+                    break false;
+                }
+                item = feed.items.recv(), if read_ahead => match item {
+                    Some(item) => {
+                        feed.push(item);
+                        // In small batches, so the start is looked at between them.
+                        feed.fill_up_to(READ_AHEAD_BATCH);
+                    }
+                    None => feed.closed = true,
+                },
+                _ = tokio::time::sleep_until(preconnect_by.into()),
+                    if recorded_speed.is_some() && preconnect.is_none() => {}
+            }
+        };
+        if preconnect.is_none()
+            && !aborted
+            && let Some(speed) = recorded_speed
+        {
+            // The start came first (a lead shorter than `PRECONNECT_LEAD`).
+            preconnect = Some(self.preconnect(connections_needed(load, &feed.offsets_s(speed))));
+        }
+        (aborted, preconnect)
+    }
+}
+
+/// What the engine keeps while it sends: the request tasks, the sessions' latest turns and
+/// the slice's totals.
+struct Sending {
+    config: Arc<ReplayConfig>,
+    client: TargetClient,
+    metrics: MetricsHandle,
+    counters: Arc<LiveCounters>,
+    sessions: HashMap<String, PreviousTurn>,
+    tasks: JoinSet<()>,
+    totals: SliceTotals,
+    seq: u64,
+    /// An unpaced closed loop sends its first `concurrency` requests together at the start:
+    /// that first wave is left out of the steady metrics (it queues at the target at once).
+    first_wave: u64,
+}
+
+impl Sending {
+    fn new(
+        config: &Arc<ReplayConfig>,
+        client: TargetClient,
+        metrics: MetricsHandle,
+        counters: Arc<LiveCounters>,
+        recorded_speed: Option<f64>,
+    ) -> Sending {
+        let load = &config.load;
+        let first_wave = match (load.concurrency, recorded_speed, load.rate) {
+            (Some(concurrency), None, None) => concurrency.max(1) as u64,
+            _ => 0,
+        };
+        Sending {
+            config: Arc::clone(config),
+            client,
+            metrics,
+            counters,
+            sessions: HashMap::new(),
+            tasks: JoinSet::new(),
+            totals: SliceTotals::default(),
+            seq: 0,
+            first_wave,
+        }
+    }
+
+    /// The load reached its target now, unless it already had.
+    fn target_reached(&self) {
+        if self.counters.target_reached_unix_us.load(Ordering::Relaxed) == 0 {
+            let now_us = unix_nanos(SystemTime::now()) / 1000;
+            self.counters
+                .target_reached_unix_us
+                .store(now_us, Ordering::Relaxed);
+        }
+    }
+
+    /// Start one exchange's task (it holds its slot, `permit`, to its end).
+    async fn send(
+        &mut self,
+        arrived: Arrived,
+        permit: Option<tokio::sync::OwnedSemaphorePermit>,
+        intended: Option<Instant>,
+        pacer: Option<&Pacer>,
+        feed: &mut Feed,
+    ) {
         let Arrived {
             item,
             request,
             hand_over,
             ..
-        } = item;
+        } = arrived;
         if let Some(mark) = hand_over {
             let now_us = unix_nanos(SystemTime::now()) / 1000;
-            feed.hand_overs.sent(mark, now_us, &counters.hand_over);
+            feed.hand_overs.sent(mark, now_us, &self.counters.hand_over);
         }
-        let previous_turn = match &item.session {
-            Some(session) => {
-                let (done_tx, done_rx) = oneshot::channel::<Instant>();
-                let previous = sessions.insert(session.clone(), PreviousTurn::Running(done_rx));
-                Some((previous, done_tx))
-            }
-            None => None,
-        };
-        let warmup = seq < load.warmup;
+        let previous_turn = item.session.as_ref().map(|session| {
+            let (done_tx, done_rx) = oneshot::channel::<Instant>();
+            let previous = self
+                .sessions
+                .insert(session.clone(), PreviousTurn::Running(done_rx));
+            (previous, done_tx)
+        });
+        let load = &self.config.load;
+        let warmup = self.seq < load.warmup;
         // Whether it can be steady is known once it is sent: see `is_steady`.
-        let steady_after = (steady_metrics && seq >= first_wave).then(|| counters.clone());
-        seq += 1;
-        totals.issued += 1;
-        counters.issued.store(totals.issued, Ordering::Relaxed);
+        let steady_after = (self.config.options.steady_metrics && self.seq >= self.first_wave)
+            .then(|| self.counters.clone());
+        self.seq += 1;
+        self.totals.issued += 1;
+        let counters = &self.counters;
+        counters.issued.store(self.totals.issued, Ordering::Relaxed);
         counters
             .sent_out_of_order
             .store(feed.sent_out_of_order, Ordering::Relaxed);
-        let config = config.clone();
-        let client = client.clone();
-        let metrics = metrics.clone();
-        let task_pacer = pacer.cloned();
         let paced = intended.is_some();
-        tasks.spawn(async move {
-            let permit = permit;
-            let mut intended = intended;
-            let done = match previous_turn {
-                Some((previous, done_tx)) => {
-                    if let Some(previous) = previous {
-                        let ended = previous.ended().await;
-                        if closed_sessions {
-                            // Closed loop: the user reads the answer, thinks, sends.
-                            let at = ended + item.think.unwrap_or_default();
-                            intended = Some(at);
-                            pace_until(task_pacer.as_ref(), at).await;
-                        } else {
-                            intended = intended.map(|t| t.max(Instant::now()));
-                        }
-                    }
-                    Some(done_tx)
-                }
-                None => None,
-            };
-            let body = request.body.clone();
-            let (outcome, status, message, text) = send_one(
-                &config,
-                &client,
-                &item.path,
-                request,
+        self.tasks.spawn(
+            ExchangeTask {
+                config: self.config.clone(),
+                client: self.client.clone(),
+                metrics: self.metrics.clone(),
+                pacer: pacer.cloned(),
+                permit,
                 intended,
-                item.cancel,
-                task_pacer.as_ref(),
-            )
-            .await;
-            // The request is over: its slot and its session's turn go first, then what
-            // remains to count is counted (off this runtime, with a tokenizer).
-            drop(permit);
-            if let Some(done) = done {
-                let _ = done.send(Instant::now());
+                previous_turn,
+                item,
+                request,
+                warmup,
+                steady_after,
             }
-            let outcome = crate::tokens::count_missing(
-                config.tokenizer.as_ref(),
-                outcome,
-                crate::tokens::ToCount {
-                    text,
-                    path: item.path,
-                    body,
-                },
-            )
-            .await;
-            let meta = config.options.requests_out.then_some(RecordMeta {
-                index: item.index,
-                id: item.id,
-                session: item.session,
-            });
-            let pinned = config.options.faithful.pin.and(item.pin_output_tokens);
-            let pin_in_frames = item.pin_in_frames;
-            let steady = steady_after.is_some_and(|counters| {
-                is_steady(
-                    counters.target_reached_unix_us.load(Ordering::Relaxed),
-                    outcome.sent_unix_us,
-                )
-            });
-            metrics
-                .record(Finished {
-                    outcome,
-                    warmup,
-                    status,
-                    message,
-                    meta,
-                    pinned,
-                    pin_in_frames,
-                    steady,
-                })
-                .await;
-        });
+            .run(),
+        );
 
         // Unpaced (a closed loop): let the new request run now, and its connection write
         // it, before the next one is spawned. A burst of spawns (the first wave: c requests
@@ -963,76 +1003,186 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
         if !paced {
             tokio::task::yield_now().await;
         }
-
         // Reap finished tasks and forget finished sessions so both stay small.
-        while tasks.try_join_next().is_some() {}
-        if seq.is_multiple_of(4096) {
-            sessions.retain(|_, previous| previous.keep(closed_sessions));
-        }
-    }
-    totals.sent_out_of_order = feed.sent_out_of_order;
-    feed.hand_overs.log_sent();
-    if let Some(gate) = &feed.gate {
-        gate.log_waits();
-    }
-    counters
-        .sent_out_of_order
-        .store(feed.sent_out_of_order, Ordering::Relaxed);
-
-    // Items read ahead but not sent (duration reached) are not started.
-    if !open_ended {
-        totals.not_started += feed.pending.len() as u64;
-        feed.pending.clear();
-    }
-    counters
-        .not_started
-        .store(totals.not_started, Ordering::Relaxed);
-    if !aborted && !open_ended {
-        // Whatever was not sent (duration reached) is not started.
-        loop {
-            tokio::select! {
-                biased;
-                _ = abort.wait_for(|a| *a) => { aborted = true; break; }
-                item = feed.items.recv() => match item {
-                    Some(_) => {
-                        totals.not_started += 1;
-                        counters.not_started.store(totals.not_started, Ordering::Relaxed);
-                    }
-                    None => break,
-                },
-            }
+        while self.tasks.try_join_next().is_some() {}
+        if self.seq.is_multiple_of(4096) {
+            let closed_sessions = self.config.options.faithful.closed_sessions;
+            self.sessions
+                .retain(|_, previous| previous.keep(closed_sessions));
         }
     }
 
-    if !aborted {
-        loop {
-            tokio::select! {
-                biased;
-                _ = abort.wait_for(|a| *a) => { aborted = true; break; }
-                next = tasks.join_next() => if next.is_none() { break },
-            }
+    /// After the last send: count what was never sent, wait for the requests in flight (or
+    /// cancel them on an abort, counting them lost), and give the slice's totals.
+    async fn settle(
+        mut self,
+        mut feed: Feed,
+        mut aborted: bool,
+        open_ended: bool,
+        abort: &mut watch::Receiver<bool>,
+    ) -> SliceTotals {
+        let counters = self.counters.clone();
+        let totals = &mut self.totals;
+        totals.sent_out_of_order = feed.sent_out_of_order;
+        feed.hand_overs.log_sent();
+        if let Some(gate) = &feed.gate {
+            gate.log_waits();
         }
-    }
-    if aborted {
-        tasks.abort_all();
-        // Only the requests the abort cancelled were in flight: a task that had finished
-        // (its outcome recorded) but was not reaped yet is answered, not also lost.
-        while let Some(joined) = tasks.join_next().await {
-            if joined.is_err() {
-                totals.lost += 1;
-            }
-        }
+        counters
+            .sent_out_of_order
+            .store(feed.sent_out_of_order, Ordering::Relaxed);
+        // Items read ahead but not sent (duration reached) are not started.
         if !open_ended {
-            totals.not_started += feed.drain_count();
+            totals.not_started += feed.pending.len() as u64;
+            feed.pending.clear();
         }
+        counters
+            .not_started
+            .store(totals.not_started, Ordering::Relaxed);
+        if !aborted && !open_ended {
+            // Whatever was not sent (duration reached) is not started.
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = abort.wait_for(|a| *a) => { aborted = true; break; }
+                    item = feed.items.recv() => match item {
+                        Some(_) => {
+                            totals.not_started += 1;
+                            counters.not_started.store(totals.not_started, Ordering::Relaxed);
+                        }
+                        None => break,
+                    },
+                }
+            }
+        }
+        if !aborted {
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = abort.wait_for(|a| *a) => { aborted = true; break; }
+                    next = self.tasks.join_next() => if next.is_none() { break },
+                }
+            }
+        }
+        if aborted {
+            self.tasks.abort_all();
+            // Only the requests the abort cancelled were in flight: a task that had finished
+            // (its outcome recorded) but was not reaped yet is answered, not also lost.
+            while let Some(joined) = self.tasks.join_next().await {
+                if joined.is_err() {
+                    totals.lost += 1;
+                }
+            }
+            if !open_ended {
+                totals.not_started += feed.drain_count();
+            }
+        }
+        self.totals
     }
-    if let Some(preconnect) = preconnect {
-        preconnect.abort();
+}
+
+/// One exchange's task: wait for its session's previous turn, send it, free its slot and
+/// turn, count what remains to count, and record it.
+struct ExchangeTask {
+    config: Arc<ReplayConfig>,
+    client: TargetClient,
+    metrics: MetricsHandle,
+    pacer: Option<Pacer>,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    intended: Option<Instant>,
+    /// The session's previous turn (when it has one) and the sender of this turn's end.
+    previous_turn: Option<(Option<PreviousTurn>, oneshot::Sender<Instant>)>,
+    item: Sendable,
+    request: PreparedRequest,
+    warmup: bool,
+    /// The counters that tell whether it was sent in the steady window (`None`: never steady).
+    steady_after: Option<Arc<LiveCounters>>,
+}
+
+impl ExchangeTask {
+    async fn run(self) {
+        let ExchangeTask {
+            config,
+            client,
+            metrics,
+            pacer,
+            permit,
+            mut intended,
+            previous_turn,
+            item,
+            request,
+            warmup,
+            steady_after,
+        } = self;
+        let done = match previous_turn {
+            Some((previous, done_tx)) => {
+                if let Some(previous) = previous {
+                    let ended = previous.ended().await;
+                    if config.options.faithful.closed_sessions {
+                        // Closed loop: the user reads the answer, thinks, sends.
+                        let at = ended + item.think.unwrap_or_default();
+                        intended = Some(at);
+                        pace_until(pacer.as_ref(), at).await;
+                    } else {
+                        intended = intended.map(|t| t.max(Instant::now()));
+                    }
+                }
+                Some(done_tx)
+            }
+            None => None,
+        };
+        let body = request.body.clone();
+        let (outcome, status, message, text) = send_one(
+            &config,
+            &client,
+            &item.path,
+            request,
+            intended,
+            item.cancel,
+            pacer.as_ref(),
+        )
+        .await;
+        // The request is over: its slot and its session's turn go first, then what remains
+        // to count is counted (off this runtime, with a tokenizer).
+        drop(permit);
+        if let Some(done) = done {
+            let _ = done.send(Instant::now());
+        }
+        let outcome = crate::tokens::count_missing(
+            config.tokenizer.as_ref(),
+            outcome,
+            crate::tokens::ToCount {
+                text,
+                path: item.path,
+                body,
+            },
+        )
+        .await;
+        let meta = config.options.requests_out.then_some(RecordMeta {
+            index: item.index,
+            id: item.id,
+            session: item.session,
+        });
+        let pinned = config.options.faithful.pin.and(item.pin_output_tokens);
+        let steady = steady_after.is_some_and(|counters| {
+            is_steady(
+                counters.target_reached_unix_us.load(Ordering::Relaxed),
+                outcome.sent_unix_us,
+            )
+        });
+        metrics
+            .record(Finished {
+                outcome,
+                warmup,
+                status,
+                message,
+                meta,
+                pinned,
+                pin_in_frames: item.pin_in_frames,
+                steady,
+            })
+            .await;
     }
-    if let Some(thread) = &mut pacer_thread {
-        thread.stop();
-    }
-    totals
 }
 
 /// The latest turn of a session, as the next turn waits for it.
@@ -1227,114 +1377,69 @@ async fn measure_one(
     let sent = match cancel {
         None => Box::pin(send).await,
         Some(plan) => {
-            // Before the head, the cancel point counts from the request's t0 as the client
-            // publishes it (stamped just before the write; moved when a new connection had
-            // to be opened first).
-            let (probe, t0_seen) = watch::channel(None);
-            let mut send = Box::pin(TargetClient::with_t0_probe(probe, send));
-            let before_head = cancel_after_t0(pacer, t0_seen.clone(), plan.after);
-            tokio::pin!(before_head);
-            tokio::select! {
-                biased;
-                sent = &mut send => sent,
-                () = &mut before_head => {
-                    // Dropping the send closes its connection (or resets its stream).
-                    drop(send);
-                    let t0 = (*t0_seen.borrow()).unwrap_or(called);
-                    let mut outcome = cancelled(RequestOutcome::failed(FailureKind::Empty), plan.cause);
-                    outcome.schedule_lag_us =
-                        intended.map(|t| called.saturating_duration_since(t).as_micros() as u64);
-                    outcome.sent_unix_us = Some(
-                        called_unix_us + t0.saturating_duration_since(called).as_micros() as u64,
-                    );
-                    return Measured::of(outcome, None, None);
-                }
+            let before_head = BeforeHead {
+                pacer,
+                plan,
+                called,
+                called_unix_us,
+                intended,
+            };
+            match before_head.send_or_cancel(send).await {
+                Ok(sent) => sent,
+                Err(cancelled) => return cancelled,
             }
         }
     };
-    let (t0, deadline, sent_unix_us, resent) =
-        (sent.t0, sent.deadline, sent.sent_unix_us, sent.resent);
-    // Lag is the scheduler's: measured at the first attempt, whatever happened after.
-    let lag = intended.map(|t| sent.first_t0.saturating_duration_since(t).as_micros() as u64);
-    let finish = |mut outcome: RequestOutcome| {
-        if outcome_failed(&outcome) {
-            // Time to failure: now, when the failure is known (a status failure sets its
-            // own: the head's arrival). Never the success distributions'.
-            outcome.latency_us = Some(t0.elapsed().as_micros() as u64);
-        }
-        outcome.schedule_lag_us = lag;
-        outcome.sent_unix_us = Some(sent_unix_us);
-        outcome.resent = resent;
-        // The input tokens the server did not report are counted (or estimated) after the
-        // request released its slot: `tokens::count_missing`.
-        outcome
+    let finishing = Finishing {
+        t0: sent.t0,
+        // Lag is the scheduler's: measured at the first attempt, whatever happened after.
+        lag: intended.map(|t| sent.first_t0.saturating_duration_since(t).as_micros() as u64),
+        sent_unix_us: sent.sent_unix_us,
+        resent: sent.resent,
     };
-
+    let (t0, deadline) = (sent.t0, sent.deadline);
     let mut response = match sent.result {
         Ok(response) => response,
         Err(SendFailure::Timeout) => {
-            return Measured::of(
-                finish(RequestOutcome::failed(FailureKind::Timeout)),
-                None,
-                None,
-            );
+            let outcome = finishing.apply(RequestOutcome::failed(FailureKind::Timeout));
+            return Measured::of(outcome, None, None);
         }
         Err(SendFailure::Transport(cause)) => {
-            return Measured::of(finish(RequestOutcome::transport_failure(cause)), None, None);
+            let outcome = finishing.apply(RequestOutcome::transport_failure(cause));
+            return Measured::of(outcome, None, None);
         }
     };
     let status = response.status();
     let code = Some(status.as_u16());
     if !status.is_success() {
-        // The failure is known at the head: that is its time to failure.
-        let failed_after_us = t0.elapsed().as_micros() as u64;
-        // Keep the first MAX_ERROR_BODY_KEPT bytes for the message; drain the rest of a
-        // short error body (bounded by the deadline) so the connection can be reused; past
-        // the cap the connection is dropped instead of reading on.
-        let mut kept: Vec<u8> = Vec::new();
-        let drain = async {
-            let mut read = 0usize;
-            while let Ok(Some(chunk)) = response.chunk().await {
-                let room = MAX_ERROR_BODY_KEPT.saturating_sub(kept.len());
-                kept.extend_from_slice(&chunk[..chunk.len().min(room)]);
-                read += chunk.len();
-                if read > MAX_ERROR_BODY_BYTES {
-                    break;
-                }
-            }
-        };
-        let _ = tokio::time::timeout_at(deadline, drain).await;
-        let mut outcome = finish(RequestOutcome::failed(FailureKind::Status));
-        outcome.latency_us = Some(failed_after_us);
-        return Measured::of(outcome, code, error_message(&kept));
+        return status_failure(response, deadline, &finishing, code).await;
     }
     let content_type = response.content_type().map(str::to_owned);
-    let content_type = content_type.as_deref();
 
-    // From the head on, the cancel point counts from the request's own t0.
-    let cause = cancel.map(|plan| plan.cause);
+    // From the head on, the cancel point counts from the request's own t0. Dropping the
+    // response closes its connection (HTTP/1) or resets its stream (HTTP/2): it is never
+    // handed back to a pool half read.
     let cancel_wait = cancel_point(pacer, cancel.map(|plan| t0 + plan.after));
     tokio::pin!(cancel_wait);
-    // Dropping the response closes its connection (HTTP/1) or resets its stream (HTTP/2):
-    // it is never handed back to a pool half read.
-    let cancel_now = |outcome: RequestOutcome| {
-        let cause = cause.expect("the cancel point is pending without a cancel");
-        Measured::of(finish(cancelled(outcome, cause)), code, None)
-    };
-
-    // The first read decides between a stream and one body: content types lie behind
-    // gateways (SSE as `text/plain`, or none at all), the bytes do not.
     // One timer for the whole body, registered once, not one per read.
     let expired = tokio::time::sleep_until(deadline);
     tokio::pin!(expired);
+    let mut reading = Reading {
+        expired: expired.as_mut(),
+        cancel_wait: cancel_wait.as_mut(),
+        finishing: &finishing,
+        code,
+        cause: cancel.map(|plan| plan.cause),
+        url: &url,
+    };
+    // The first read decides between a stream and one body: content types lie behind
+    // gateways (SSE as `text/plain`, or none at all), the bytes do not.
     let first = tokio::select! {
         biased;
-        _ = &mut expired => {
-            return Measured::of(finish(RequestOutcome::failed(FailureKind::Timeout)), code, None);
-        }
-        () = &mut cancel_wait => {
+        _ = &mut reading.expired => return reading.timed_out(None),
+        () = &mut reading.cancel_wait => {
             drop(response);
-            return cancel_now(RequestOutcome::failed(FailureKind::Empty));
+            return reading.cancel_now(RequestOutcome::failed(FailureKind::Empty));
         }
         chunk = response.chunk() => chunk,
     };
@@ -1343,7 +1448,7 @@ async fn measure_one(
         Ok(Some(bytes)) => bytes,
         Ok(None) => {
             return Measured::of(
-                finish(RequestOutcome::failed(FailureKind::Empty)),
+                finishing.apply(RequestOutcome::failed(FailureKind::Empty)),
                 code,
                 None,
             );
@@ -1351,27 +1456,197 @@ async fn measure_one(
         Err(error) => {
             let cause = crate::client::classify(&error);
             tracing::debug!(%error, url = %common::recording::redact_url(&url), cause = cause.name(), "body failed before its first byte");
-            return Measured::of(finish(RequestOutcome::transport_failure(cause)), code, None);
+            return Measured::of(
+                finishing.apply(RequestOutcome::transport_failure(cause)),
+                code,
+                None,
+            );
         }
     };
-
+    let content_type = content_type.as_deref();
     if !formats::response_is_streamed(path, content_type, &body, &first) {
-        // One body: its latency is when the whole of it has arrived; no TTFT or ITL. At most
-        // MAX_UNSTREAMED_BODY_BYTES are kept to read its usage; the rest is timed, not held.
+        return reading
+            .unstreamed(response, path, content_type, first, t_first)
+            .await;
+    }
+    let family = formats::detect(path, content_type, &first).unwrap_or(Family::OpenAiChat);
+    let mut meter = StreamMeter::new(family);
+    // The text is kept only when a tokenizer will count it (appending is all it costs here).
+    let keep_text = config.tokenizer.is_some();
+    if keep_text {
+        meter.keep_text();
+    }
+    if meter.on_read(t_first, &first).is_err() {
+        let message = meter.error_message().map(str::to_owned);
+        return Measured::of(finishing.apply(meter.finish_broken()), code, message);
+    }
+    reading.stream(response, meter, keep_text).await
+}
+
+/// What a request's outcome takes from its send, whatever its end.
+struct Finishing {
+    t0: Instant,
+    lag: Option<u64>,
+    sent_unix_us: u64,
+    resent: bool,
+}
+
+impl Finishing {
+    fn apply(&self, mut outcome: RequestOutcome) -> RequestOutcome {
+        if outcome_failed(&outcome) {
+            // Time to failure: now, when the failure is known (a status failure sets its
+            // own: the head's arrival). Never the success distributions'.
+            outcome.latency_us = Some(self.t0.elapsed().as_micros() as u64);
+        }
+        outcome.schedule_lag_us = self.lag;
+        outcome.sent_unix_us = Some(self.sent_unix_us);
+        outcome.resent = self.resent;
+        // The input tokens the server did not report are counted (or estimated) after the
+        // request released its slot: `tokens::count_missing`.
+        outcome
+    }
+
+    fn since_t0_us(&self) -> u64 {
+        self.t0.elapsed().as_micros() as u64
+    }
+}
+
+/// A send with a cancel point: before the head, the cancel point counts from the request's
+/// t0 as the client publishes it (stamped just before the write; moved when a new connection
+/// had to be opened first).
+struct BeforeHead<'a> {
+    pacer: Option<&'a Pacer>,
+    plan: Cancel,
+    called: Instant,
+    called_unix_us: u64,
+    intended: Option<Instant>,
+}
+
+impl BeforeHead<'_> {
+    /// The send's result, or the cancelled outcome when the cancel point came first.
+    async fn send_or_cancel(
+        self,
+        send: impl std::future::Future<Output = crate::client::Sent>,
+    ) -> Result<crate::client::Sent, Measured> {
+        let (probe, t0_seen) = watch::channel(None);
+        let mut send = Box::pin(TargetClient::with_t0_probe(probe, send));
+        let before_head = cancel_after_t0(self.pacer, t0_seen.clone(), self.plan.after);
+        tokio::pin!(before_head);
+        tokio::select! {
+            biased;
+            sent = &mut send => Ok(sent),
+            () = &mut before_head => {
+                // Dropping the send closes its connection (or resets its stream).
+                drop(send);
+                let called = self.called;
+                let t0 = (*t0_seen.borrow()).unwrap_or(called);
+                let mut outcome = cancelled(RequestOutcome::failed(FailureKind::Empty), self.plan.cause);
+                outcome.schedule_lag_us = self
+                    .intended
+                    .map(|t| called.saturating_duration_since(t).as_micros() as u64);
+                outcome.sent_unix_us = Some(
+                    self.called_unix_us + t0.saturating_duration_since(called).as_micros() as u64,
+                );
+                Err(Measured::of(outcome, None, None))
+            }
+        }
+    }
+}
+
+/// A non-2xx head: the failure is known at the head, which is its time to failure. The first
+/// `MAX_ERROR_BODY_KEPT` bytes are kept for the message; the rest of a short error body is
+/// drained (bounded by the deadline) so the connection can be reused; past
+/// `MAX_ERROR_BODY_BYTES` the connection is dropped instead of reading on.
+async fn status_failure(
+    mut response: crate::client::Response,
+    deadline: tokio::time::Instant,
+    finishing: &Finishing,
+    code: Option<u16>,
+) -> Measured {
+    let failed_after_us = finishing.since_t0_us();
+    let mut kept: Vec<u8> = Vec::new();
+    let drain = async {
+        let mut read = 0usize;
+        while let Ok(Some(chunk)) = response.chunk().await {
+            let room = MAX_ERROR_BODY_KEPT.saturating_sub(kept.len());
+            kept.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            read += chunk.len();
+            if read > MAX_ERROR_BODY_BYTES {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout_at(deadline, drain).await;
+    let mut outcome = finishing.apply(RequestOutcome::failed(FailureKind::Status));
+    outcome.latency_us = Some(failed_after_us);
+    Measured::of(outcome, code, error_message(&kept))
+}
+
+/// A 2xx response being read: its deadline, its cancel point and what its outcome needs.
+struct Reading<'a, C> {
+    expired: std::pin::Pin<&'a mut tokio::time::Sleep>,
+    cancel_wait: std::pin::Pin<&'a mut C>,
+    finishing: &'a Finishing,
+    code: Option<u16>,
+    cause: Option<CancelCause>,
+    url: &'a str,
+}
+
+impl<C: std::future::Future<Output = ()>> Reading<'_, C> {
+    fn timed_out(&self, message: Option<String>) -> Measured {
+        let outcome = self
+            .finishing
+            .apply(RequestOutcome::failed(FailureKind::Timeout));
+        Measured::of(outcome, self.code, message)
+    }
+
+    fn cancel_now(&self, outcome: RequestOutcome) -> Measured {
+        let cause = self
+            .cause
+            .expect("the cancel point is pending without a cancel");
+        Measured::of(
+            self.finishing.apply(cancelled(outcome, cause)),
+            self.code,
+            None,
+        )
+    }
+
+    fn ended(
+        &self,
+        outcome: RequestOutcome,
+        message: Option<String>,
+        text: Option<String>,
+    ) -> Measured {
+        Measured {
+            outcome: self.finishing.apply(outcome),
+            status: self.code,
+            message,
+            text,
+        }
+    }
+
+    /// One body: its latency is when the whole of it has arrived; no TTFT or ITL. At most
+    /// `MAX_UNSTREAMED_BODY_BYTES` are kept to read its usage; the rest is timed, not held.
+    async fn unstreamed(
+        &mut self,
+        mut response: crate::client::Response,
+        path: &str,
+        content_type: Option<&str>,
+        first: bytes::Bytes,
+        t_first: u64,
+    ) -> Measured {
         let mut whole = first.to_vec();
         let mut truncated = false;
         let mut t_last = t_first;
         loop {
             let chunk = tokio::select! {
                 biased;
-                _ = &mut expired => {
-                    return Measured::of(finish(RequestOutcome::failed(FailureKind::Timeout)), code, None);
-                }
-                () = &mut cancel_wait => {
+                _ = &mut self.expired => return self.timed_out(None),
+                () = &mut self.cancel_wait => {
                     drop(response);
                     let mut outcome = RequestOutcome::failed(FailureKind::Empty);
                     outcome.unstreamed = true;
-                    return cancel_now(outcome);
+                    return self.cancel_now(outcome);
                 }
                 chunk = response.chunk() => chunk,
             };
@@ -1382,16 +1657,13 @@ async fn measure_one(
                     } else {
                         truncated = true;
                     }
-                    t0.elapsed().as_micros() as u64
+                    self.finishing.since_t0_us()
                 }
                 Ok(None) => break,
                 Err(error) => {
-                    tracing::debug!(%error, url = %common::recording::redact_url(&url), "body cut");
-                    return Measured::of(
-                        finish(RequestOutcome::failed(FailureKind::Transport)),
-                        code,
-                        None,
-                    );
+                    tracing::debug!(%error, url = %common::recording::redact_url(self.url), "body cut");
+                    let outcome = RequestOutcome::failed(FailureKind::Transport);
+                    return Measured::of(self.finishing.apply(outcome), self.code, None);
                 }
             };
         }
@@ -1406,7 +1678,7 @@ async fn measure_one(
             outcome.unstreamed = true;
             outcome.latency_us = Some(t_last);
             outcome.content_frames = 1;
-            return Measured::of(finish(outcome), code, None);
+            return Measured::of(self.finishing.apply(outcome), self.code, None);
         }
         let family = formats::detect(path, content_type, &whole);
         let outcome = measure_unstreamed(family, &whole, t_last);
@@ -1414,84 +1686,71 @@ async fn measure_one(
         let message = outcome_failed(&outcome)
             .then(|| error_message(&whole))
             .flatten();
-        return Measured::of(finish(outcome), code, message);
+        Measured::of(self.finishing.apply(outcome), self.code, message)
     }
 
-    let family = formats::detect(path, content_type, &first).unwrap_or(Family::OpenAiChat);
-    let mut meter = StreamMeter::new(family);
-    // The text is kept only when a tokenizer will count it (appending is all it costs here).
-    let keep_text = config.tokenizer.is_some();
-    if keep_text {
-        meter.keep_text();
-    }
-    let ended = |mut meter: StreamMeter, t_us: u64, transport_error: bool| {
-        let text = keep_text.then(|| meter.take_text());
-        let (outcome, message) = meter.finish_with_message(t_us, transport_error);
-        (outcome, message, text)
-    };
-    if meter.on_read(t_first, &first).is_err() {
-        let message = meter.error_message().map(str::to_owned);
-        return Measured::of(finish(meter.finish_broken()), code, message);
-    }
-    loop {
-        if meter.is_terminal() {
-            // The stream is complete at its terminal marker, whether or not the server
-            // keeps the connection open after it.
-            let t_us = t0.elapsed().as_micros() as u64;
-            // Measured; the end of the body only frees the connection for the next request.
-            response.finish().await;
-            let (outcome, message, text) = ended(meter, t_us, false);
-            return Measured {
-                outcome: finish(outcome),
-                status: code,
-                message,
-                text,
-            };
-        }
-        let chunk = tokio::select! {
-            biased;
-            _ = &mut expired => {
-                return Measured::of(finish(RequestOutcome::failed(FailureKind::Timeout)), code, meter.error_message().map(str::to_owned));
-            }
-            () = &mut cancel_wait => {
-                let t_us = t0.elapsed().as_micros() as u64;
-                drop(response);
-                let (outcome, _, _) = ended(meter, t_us, false);
-                return cancel_now(outcome);
-            }
-            chunk = response.chunk() => chunk,
+    /// A stream after its first read: every read timed at the edge, until its terminal
+    /// marker, its end, a cut, the deadline or the cancel point.
+    async fn stream(
+        &mut self,
+        mut response: crate::client::Response,
+        mut meter: StreamMeter,
+        keep_text: bool,
+    ) -> Measured {
+        let ended = |mut meter: StreamMeter, t_us: u64, transport_error: bool| {
+            let text = keep_text.then(|| meter.take_text());
+            let (outcome, message) = meter.finish_with_message(t_us, transport_error);
+            (outcome, message, text)
         };
-        // Timestamp at the edge: the read returned; parse after.
-        let t_us = t0.elapsed().as_micros() as u64;
-        match chunk {
-            Ok(Some(bytes)) => {
-                if meter.on_read(t_us, &bytes).is_err() {
-                    let message = meter.error_message().map(str::to_owned);
-                    return Measured::of(finish(meter.finish_broken()), code, message);
-                }
-            }
-            Ok(None) => {
+        loop {
+            if meter.is_terminal() {
+                // The stream is complete at its terminal marker, whether or not the server
+                // keeps the connection open after it.
+                let t_us = self.finishing.since_t0_us();
+                // Measured; the end of the body only frees the connection for the next request.
+                response.finish().await;
                 let (outcome, message, text) = ended(meter, t_us, false);
-                return Measured {
-                    outcome: finish(outcome),
-                    status: code,
-                    message,
-                    text,
-                };
+                return self.ended(outcome, message, text);
             }
-            Err(error) => {
-                let cause = crate::client::classify(&error);
-                tracing::debug!(%error, url = %common::recording::redact_url(&url), cause = cause.name(), "stream cut");
-                let (mut outcome, message, text) = ended(meter, t_us, true);
-                if outcome.kind == OutcomeKind::Failed(FailureKind::Transport) {
-                    outcome.transport_cause = Some(cause);
+            let chunk = tokio::select! {
+                biased;
+                _ = &mut self.expired => {
+                    return self.timed_out(meter.error_message().map(str::to_owned));
                 }
-                return Measured {
-                    outcome: finish(outcome),
-                    status: code,
-                    message,
-                    text,
-                };
+                () = &mut self.cancel_wait => {
+                    let t_us = self.finishing.since_t0_us();
+                    drop(response);
+                    let (outcome, _, _) = ended(meter, t_us, false);
+                    return self.cancel_now(outcome);
+                }
+                chunk = response.chunk() => chunk,
+            };
+            // Timestamp at the edge: the read returned; parse after.
+            let t_us = self.finishing.since_t0_us();
+            match chunk {
+                Ok(Some(bytes)) => {
+                    if meter.on_read(t_us, &bytes).is_err() {
+                        let message = meter.error_message().map(str::to_owned);
+                        return Measured::of(
+                            self.finishing.apply(meter.finish_broken()),
+                            self.code,
+                            message,
+                        );
+                    }
+                }
+                Ok(None) => {
+                    let (outcome, message, text) = ended(meter, t_us, false);
+                    return self.ended(outcome, message, text);
+                }
+                Err(error) => {
+                    let cause = crate::client::classify(&error);
+                    tracing::debug!(%error, url = %common::recording::redact_url(self.url), cause = cause.name(), "stream cut");
+                    let (mut outcome, message, text) = ended(meter, t_us, true);
+                    if outcome.kind == OutcomeKind::Failed(FailureKind::Transport) {
+                        outcome.transport_cause = Some(cause);
+                    }
+                    return self.ended(outcome, message, text);
+                }
             }
         }
     }
