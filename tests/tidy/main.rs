@@ -98,6 +98,21 @@ const GRPC_LAYERS: [(&str, &str); 6] = [
 /// The modules that may print to the user: the CLI layers.
 const PRINTING_ALLOWED: [(&str, &str); 1] = [("worker", "cli")];
 
+/// The longest a function may be in the crates that carry the product's logic.
+const MAX_FUNCTION_LINES: usize = 150;
+
+/// The crates whose functions are held to `MAX_FUNCTION_LINES`.
+const SHORT_FUNCTION_CRATES: [&str; 3] = ["worker", "coordinator", "capture"];
+
+/// Functions over the limit that predate this check, with their length when it was added: each
+/// may shrink, none may grow, and a function that is split leaves this list (a ratchet).
+const LONG_FUNCTIONS_TO_SPLIT: [(&str, &str, usize); 4] = [
+    ("coordinator/src/report/terminal.rs", "render_terminal", 307),
+    ("coordinator/src/config.rs", "into_config", 288),
+    ("coordinator/src/supervisor.rs", "finish", 186),
+    ("coordinator/src/run.rs", "execute", 172),
+];
+
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -341,6 +356,53 @@ fn printing_from_libraries(root: &Path) -> Vec<String> {
     )
 }
 
+/// Non-test functions over `MAX_FUNCTION_LINES` in `crates`, and listed ones that grew (or
+/// are gone or short: the list is stale).
+fn long_functions(root: &Path, crates: &[&str], listed: &[(&str, &str, usize)]) -> Vec<String> {
+    let mut wrong = Vec::new();
+    let mut seen = BTreeSet::new();
+    for krate in crates {
+        let src = root.join(krate).join("src");
+        if !src.exists() {
+            continue;
+        }
+        for file in crate_files(&src).iter().filter(|f| !f.is_test) {
+            for (name, line, length) in file.functions() {
+                if length <= MAX_FUNCTION_LINES {
+                    continue;
+                }
+                let known = listed
+                    .iter()
+                    .find(|(path, known, _)| *path == file.shown && *known == name);
+                match known {
+                    Some((_, _, was)) if length <= *was => {
+                        seen.insert((file.shown.clone(), name));
+                    }
+                    Some((_, _, was)) => {
+                        seen.insert((file.shown.clone(), name.clone()));
+                        wrong.push(format!(
+                            "{}:{line}: `{name}` grew to {length} lines (was {was}): split it by the ideas it holds",
+                            file.shown
+                        ));
+                    }
+                    None => wrong.push(format!(
+                        "{}:{line}: `{name}` is {length} lines (at most {MAX_FUNCTION_LINES}): split it by the ideas it holds",
+                        file.shown
+                    )),
+                }
+            }
+        }
+    }
+    for (path, name, _) in listed {
+        if !seen.contains(&(path.to_string(), name.to_string())) {
+            wrong.push(format!(
+                "{path}: `{name}` is no longer over {MAX_FUNCTION_LINES} lines: take it off LONG_FUNCTIONS_TO_SPLIT"
+            ));
+        }
+    }
+    wrong
+}
+
 fn circles_in_workspace(root: &Path) -> Vec<String> {
     LIBRARY_CRATES
         .iter()
@@ -387,6 +449,16 @@ fn library_crates_do_not_print() {
         "printing outside the CLI layers (return a value, or log with tracing):\n{}",
         wrong.join("\n")
     );
+}
+
+#[test]
+fn functions_stay_short() {
+    let wrong = long_functions(
+        &workspace_root(),
+        &SHORT_FUNCTION_CRATES,
+        &LONG_FUNCTIONS_TO_SPLIT,
+    );
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
 #[test]
@@ -521,6 +593,47 @@ mod the_checks_can_fail {
             wrong
                 .iter()
                 .any(|w| w.starts_with("worker/src/link/session.rs:1")),
+            "{wrong:?}"
+        );
+    }
+
+    #[test]
+    fn a_long_function_or_a_grown_one_is_refused() {
+        let tree = Tree::new("long");
+        let body = |n: usize| "    let x = 1;\n".repeat(n);
+        tree.file(
+            "worker/src/lib.rs",
+            &format!(
+                "pub fn short() {{\n{}}}\nfn long(a: u8) -> u8 {{\n{}    a\n}}\n#[cfg(test)]\nmod tests {{\n    fn long_test() {{\n{}    }}\n}}\n",
+                body(10),
+                body(160),
+                body(200)
+            ),
+        )
+        .file(
+            "worker/src/grown.rs",
+            &format!("fn grown() {{\n{}}}\n", body(170)),
+        );
+        let listed = [
+            ("worker/src/grown.rs", "grown", 160),
+            ("worker/src/gone.rs", "gone", 200),
+        ];
+        let wrong = long_functions(&tree.0, &["worker"], &listed);
+        assert_eq!(wrong.len(), 3, "{wrong:?}");
+        assert!(
+            wrong
+                .iter()
+                .any(|w| w.starts_with("worker/src/lib.rs:13: `long` is 163 lines")),
+            "{wrong:?}"
+        );
+        assert!(
+            wrong
+                .iter()
+                .any(|w| w.contains("`grown` grew to 172 lines (was 160)")),
+            "{wrong:?}"
+        );
+        assert!(
+            wrong.iter().any(|w| w.contains("`gone` is no longer over")),
             "{wrong:?}"
         );
     }

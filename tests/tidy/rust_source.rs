@@ -82,6 +82,34 @@ fn module_path(parts: &[String]) -> Vec<String> {
 }
 
 impl CodeFile {
+    /// Every function with a body: its name, first line (1-based) and length in lines, from
+    /// its `fn` line to its closing brace.
+    pub fn functions(&self) -> Vec<(String, usize, usize)> {
+        let lines: Vec<&str> = self.code.lines().collect();
+        let mut found = Vec::new();
+        for (k, line) in lines.iter().enumerate() {
+            let Some(name) = fn_name(line) else {
+                continue;
+            };
+            let mut depth = 0i64;
+            let mut started = false;
+            for (j, body_line) in lines.iter().enumerate().skip(k) {
+                let opens = body_line.matches('{').count() as i64;
+                let closes = body_line.matches('}').count() as i64;
+                if !started && opens == 0 && body_line.contains(';') {
+                    break; // a declaration without a body
+                }
+                depth += opens - closes;
+                started |= opens > 0;
+                if started && depth <= 0 {
+                    found.push((name.clone(), k + 1, j - k + 1));
+                    break;
+                }
+            }
+        }
+        found
+    }
+
     /// The 1-based line of the first occurrence of `needle` in code, if any.
     pub fn code_line_with(&self, needle: &str) -> Option<usize> {
         self.code
@@ -130,6 +158,35 @@ impl CodeFile {
         }
         found
     }
+}
+
+/// The name of the function a line declares (`pub(crate) async fn name`), if it does.
+fn fn_name(line: &str) -> Option<String> {
+    let mut rest = line.trim_start();
+    if let Some(after) = rest.strip_prefix("pub") {
+        rest = after.trim_start();
+        if rest.starts_with('(') {
+            rest = rest[rest.find(')')? + 1..].trim_start();
+        }
+    }
+    for qualifier in ["const ", "async ", "unsafe ", "extern "] {
+        if let Some(after) = rest.strip_prefix(qualifier) {
+            rest = after.trim_start();
+            if qualifier == "extern " && rest.starts_with('"') {
+                rest = rest[1..]
+                    .trim_start_matches(|c| c != '"')
+                    .get(1..)?
+                    .trim_start();
+            }
+        }
+    }
+    let name: String = rest
+        .strip_prefix("fn ")?
+        .trim_start()
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect();
+    (!name.is_empty()).then_some(name)
 }
 
 fn ident_char_before(text: &str, at: usize) -> bool {
