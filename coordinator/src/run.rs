@@ -362,9 +362,6 @@ impl RunPlan {
         if let Some(log) = &scraped {
             attach_server_sections(log, &results, main_index, &mut report, capacity.as_mut());
         }
-        if let Some(capacity) = capacity.as_mut() {
-            crate::capacity::tiers::name_limit_tier(capacity);
-        }
         let mut report = report.with_goals(&goals);
         let unknown = crate::goals::unknown_server_metrics(&goals, report.server.as_ref());
         let verdict = if !unknown.is_empty() {
@@ -381,11 +378,7 @@ impl RunPlan {
                 None => verdict(&report, &target, main, level_failed.as_ref()),
             }
         };
-        // A search's header states the whole search's time, not its answer probe's.
-        if let Some(total) = capacity.as_ref().and_then(|c| c.duration_s) {
-            report.run.duration_s = total;
-        }
-        report.capacity = capacity;
+        attach_capacity(&mut report, capacity);
         Ok(RunOutcome {
             report,
             requests_out_failed,
@@ -543,17 +536,7 @@ async fn search(
         if let Some(out) = &inputs.requests_out {
             out.set_probe(Some((index, value)));
         }
-        if let Some(tell) = &inputs.hooks.search_progress {
-            let decided: Vec<(f64, Option<bool>)> =
-                probes.iter().map(|p| (p.value, p.decided)).collect();
-            tell(&SearchProgress::of(
-                find_max,
-                index,
-                value,
-                &decided,
-                &search.answer(),
-            ));
-        }
+        tell_progress(&inputs, find_max, index, value, &probes, &search);
         let level = (find_max.dimension == Dimension::Concurrency).then_some(value as usize);
         let result = match replay(probe_setup(
             &inputs,
@@ -594,23 +577,7 @@ async fn search(
             result.duration,
         );
         results.push((level, result));
-        if let Some(judged) = judged
-            && probe.repeat.as_deref() != Some(RERUN_SHORT)
-            && let Some(size) =
-                sizer.rerun(judged, std::time::Duration::from_secs_f64(probe.duration_s))
-        {
-            // Too few requests to judge, and the budget can grow: this run decides nothing.
-            probe.notes.push(short_run_note(size));
-            rerun = Some((size, RERUN_SHORT.to_owned()));
-        } else {
-            let recorded = search.record(RunResult {
-                passed: probe.passed,
-                near_limit: crate::capacity::near_limit(&probe.goals),
-                client_stall: probe.client_stall,
-            });
-            probe.decided = recorded.decision;
-            probe.runs = recorded.decision.map(|_| recorded.runs);
-        }
+        rerun = decide_or_rerun(&mut search, &sizer, judged, &mut probe);
         if let Some(sink) = &inputs.hooks.search_lines {
             let repeat = rerun
                 .as_ref()
@@ -667,6 +634,68 @@ async fn search(
             limit_tier: None,
         }),
     })
+}
+
+/// The capacity section into the report: the tier that set the limit named, and the
+/// header's time made the whole search's, not its answer probe's.
+fn attach_capacity(report: &mut Report, capacity: Option<CapacitySection>) {
+    let Some(mut capacity) = capacity else {
+        return;
+    };
+    crate::capacity::tiers::name_limit_tier(&mut capacity);
+    if let Some(total) = capacity.duration_s {
+        report.run.duration_s = total;
+    }
+    report.capacity = Some(capacity);
+}
+
+/// Tell the live line where the search stands as probe `index` at `value` starts.
+fn tell_progress(
+    inputs: &LevelInputs<'_>,
+    find_max: FindMax,
+    index: usize,
+    value: f64,
+    probes: &[ProbeSection],
+    search: &Search,
+) {
+    if let Some(tell) = &inputs.hooks.search_progress {
+        let decided: Vec<(f64, Option<bool>)> =
+            probes.iter().map(|p| (p.value, p.decided)).collect();
+        tell(&SearchProgress::of(
+            find_max,
+            index,
+            value,
+            &decided,
+            &search.answer(),
+        ));
+    }
+}
+
+/// Feed a probe's run to the search — unless it judged too few requests (`judged`) for its
+/// goal's percentile and its budget can grow: then it decides nothing, and the size of the
+/// run that follows at the same load is returned with why it runs.
+fn decide_or_rerun(
+    search: &mut Search,
+    sizer: &Sizer,
+    judged: Option<u64>,
+    probe: &mut ProbeSection,
+) -> Option<(ProbeSize, String)> {
+    if let Some(judged) = judged
+        && probe.repeat.as_deref() != Some(RERUN_SHORT)
+        && let Some(size) =
+            sizer.rerun(judged, std::time::Duration::from_secs_f64(probe.duration_s))
+    {
+        probe.notes.push(short_run_note(size));
+        return Some((size, RERUN_SHORT.to_owned()));
+    }
+    let recorded = search.record(RunResult {
+        passed: probe.passed,
+        near_limit: crate::capacity::near_limit(&probe.goals),
+        client_stall: probe.client_stall,
+    });
+    probe.decided = recorded.decision;
+    probe.runs = recorded.decision.map(|_| recorded.runs);
+    None
 }
 
 /// The repeat reason of a probe run again because the run before it judged too few
