@@ -79,8 +79,11 @@ fn interrupt_signal() -> tokio::sync::watch::Receiver<bool> {
 
 /// Live progress only for a person watching (stdout and stderr on a terminal): one bar per
 /// replay (each level of a sweep), left on screen when it finishes.
+/// During a `--find-max` search each probe's bar leads with where the search stands
+/// (`search`, set as each probe starts).
 fn show_progress(
     mut state: tokio::sync::watch::Receiver<RunSnapshot>,
+    search: SearchStatus,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut bar: Option<(String, crate::run_bar::RunBar)> = None;
@@ -93,6 +96,9 @@ fn show_progress(
                 ));
             }
             if let Some((_, bar)) = &bar {
+                if let Some(progress) = search.lock().map(|s| s.clone()).unwrap_or_default() {
+                    bar.set_search(&progress);
+                }
                 bar.update(&current);
                 if current.finished {
                     bar.finish();
@@ -101,6 +107,11 @@ fn show_progress(
         }
     })
 }
+
+/// Where a search stands, shared between the run (which sets it as each probe starts) and
+/// the progress line.
+type SearchStatus =
+    std::sync::Arc<std::sync::Mutex<Option<coordinator::capacity::progress::SearchProgress>>>;
 
 fn write_file(path: &Path, text: &str) -> Result<(), ExitCode> {
     std::fs::write(path, text).map_err(|e| {
@@ -206,8 +217,11 @@ async fn replay_command(args: RunArgs, live: &mut Option<LiveServer>) -> ExitCod
             Err(message) => return fail(exit::USAGE, message),
         }
     }
+    let search_status = SearchStatus::default();
     let progress_line_task = match (&snapshots, on_terminal) {
-        (Some(snapshots), true) => Some(show_progress(snapshots.subscribe())),
+        (Some(snapshots), true) => {
+            Some(show_progress(snapshots.subscribe(), search_status.clone()))
+        }
         _ => None,
     };
     let worker_program = match std::env::current_exe() {
@@ -233,6 +247,16 @@ async fn replay_command(args: RunArgs, live: &mut Option<LiveServer>) -> ExitCod
             search_lines: Some(std::sync::Arc::new(|line: &str| {
                 print::stderr_line(&format!("llm-replay: {line}"));
             })),
+            search_progress: on_terminal.then(|| {
+                let status = search_status.clone();
+                let sink: coordinator::run::SearchProgressSink =
+                    std::sync::Arc::new(move |progress| {
+                        if let Ok(mut slot) = status.lock() {
+                            *slot = Some(progress.clone());
+                        }
+                    });
+                sink
+            }),
         })
         .await;
     // The progress line is complete before the report is printed: the line's task draws

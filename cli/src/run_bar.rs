@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+use coordinator::capacity::progress::SearchProgress;
 use coordinator::supervisor::RunSnapshot;
 
 /// The bar of one replay. Every method is a no-op when it is hidden.
@@ -33,11 +34,11 @@ impl RunBar {
         let (bar, template) = match planned {
             Some(total) => (
                 ProgressBar::with_draw_target(Some(total), target),
-                "{elapsed:>4} [{bar:28}] {pos}/{len} {msg}",
+                "{prefix}{elapsed:>4} [{bar:28}] {pos}/{len} {msg}",
             ),
             None => (
                 ProgressBar::with_draw_target(None, target),
-                "{spinner} {elapsed:>4} {pos} answered {msg}",
+                "{prefix}{spinner} {elapsed:>4} {pos} answered {msg}",
             ),
         };
         // The templates are constants: a bad one is a bug caught by the tests below.
@@ -57,6 +58,12 @@ impl RunBar {
         self.bar.set_message(message(state));
     }
 
+    /// Lead the line with where a `--find-max` search stands (the probe under way, its
+    /// load, the verdicts so far, the bracket).
+    pub fn set_search(&self, search: &SearchProgress) {
+        self.bar.set_prefix(search_prefix(search));
+    }
+
     /// Stop the bar, leaving its last state on screen.
     pub fn finish(&self) {
         self.bar.finish();
@@ -73,6 +80,11 @@ fn message(state: &RunSnapshot) -> String {
         "TTFT p50/p95 {ttft}  in flight {}  errors {}  workers {}/{}",
         state.in_flight, state.errors, state.alive, state.workers
     )
+}
+
+/// `search: probe 3 at 4 · held 1, 2 · bracket: 2 holds, nothing failed yet │ `.
+fn search_prefix(search: &SearchProgress) -> String {
+    format!("search: {} │ ", search.line())
 }
 
 #[cfg(test)]
@@ -107,6 +119,16 @@ mod tests {
                 ..Default::default()
             });
             assert_eq!(progress.bar.position(), 4);
+            progress.set_search(&SearchProgress {
+                probe: 3,
+                load: "4".into(),
+                verdicts: "held 1, 2".into(),
+                bracket: "2 holds, nothing failed yet".into(),
+            });
+            assert_eq!(
+                progress.bar.prefix(),
+                "search: probe 3 at 4 · held 1, 2 · bracket: 2 holds, nothing failed yet │ "
+            );
             assert!(progress.bar.message().contains("workers 1/1"));
             progress.finish();
             assert!(progress.bar.is_finished());

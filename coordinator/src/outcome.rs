@@ -83,6 +83,25 @@ pub struct ReplayResult {
     pub shortfalls: Vec<String>,
     /// When workers sent exchanges handed over from a lost one (coordinator clock, Unix µs).
     pub hand_overs: Vec<HandOverMark>,
+    /// Workers whose own sending set the pace (the supervisor's judgement of schedule lag
+    /// and CPU): a failure then says nothing of the server.
+    pub client_flags: Vec<ClientFlag>,
+}
+
+/// What the supervisor made of a worker's own sending during a replay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientLoad {
+    /// It sent late while its CPU was mostly idle: the machine or the network stalled it.
+    Stalled,
+    /// It sent late with a busy CPU, or its CPU was nearly all used.
+    Saturated,
+}
+
+/// One worker the supervisor flagged, and how.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientFlag {
+    pub worker: String,
+    pub load: ClientLoad,
 }
 
 /// Exchanges handed over from a lost worker that one survivor sent, and when.

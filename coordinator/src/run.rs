@@ -14,8 +14,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use common::load::Schedule;
+use common::metrics::Metric;
 use tokio::sync::watch;
 
+use crate::capacity::budget::{Need, ProbeBudget, ProbeSize, Sizer, need_of};
+use crate::capacity::progress::SearchProgress;
 use crate::capacity::{Dimension, FindMax, RunResult, Search, Step};
 use crate::config::{BaselineSource, GlobalLoad, RunArgs, RunConfig, WorkerSource};
 use crate::goals::{Goal, parse_goals};
@@ -23,8 +26,9 @@ use crate::outcome::{ReplayResult, RunError};
 use crate::pool::{PoolSetup, WorkerPool};
 use crate::replay::{ReplaySetup, replay};
 use crate::report::{
-    Baseline, CapacitySection, GoodputSection, ProbeSection, Report, ReportInput, RequestTotals,
-    RequestsSection, RunInfo, SweepLevel, TimelinePoint, WorkerInfo, compare_reports, rfc3339_utc,
+    Baseline, CapacitySection, FewRequests, GoodputSection, ProbeSection, Report, ReportInput,
+    RequestTotals, RequestsSection, RunInfo, SweepLevel, TimelinePoint, WorkerInfo,
+    compare_reports, rfc3339_utc,
 };
 use crate::requests_out::RequestsOut;
 use crate::scan::RecordingScan;
@@ -63,10 +67,16 @@ pub struct RunHooks<'a> {
     /// Told one line per `--find-max` probe as it is decided (probe number, load, result,
     /// the bracket so far, the search's time). `None`: nobody is told.
     pub search_lines: Option<SearchLineSink>,
+    /// Told as each `--find-max` probe starts: its number and load, the verdicts so far
+    /// and the bracket (the terminal's live line). `None`: nobody is told.
+    pub search_progress: Option<SearchProgressSink>,
 }
 
 /// Where a search's per-probe lines go.
 pub type SearchLineSink = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// Where a search's progress goes as each probe starts.
+pub type SearchProgressSink = Arc<dyn Fn(&SearchProgress) + Send + Sync>;
 
 /// A finished run: its report, and what it means for the exit code.
 #[derive(Debug)]
@@ -368,7 +378,7 @@ impl RunPlan {
                 None => verdict(&report, &target, main, level_failed.as_ref()),
             }
         };
-        report.capacity = capacity;
+        attach_capacity(&mut report, capacity);
         Ok(RunOutcome {
             report,
             requests_out_failed,
@@ -504,31 +514,40 @@ async fn search(
     let mut failed = None;
     let mut cut_short: Option<String> = None;
     let began = std::time::Instant::now();
+    let mut sizer = Sizer::new(
+        probe_budget(config, inputs.exchanges),
+        need_of(judge.goals),
+        find_max.dimension,
+        recording_rate(inputs.exchanges, inputs.pass_span_ms),
+    );
+    // A probe that came up short of the requests its goal needs runs once more, longer.
+    let mut rerun: Option<(ProbeSize, String)> = None;
     if let Some(sink) = &inputs.hooks.search_lines {
         sink(&search_estimate(find_max, config, inputs.pass_span_ms));
     }
     while let Step::Probe(value) = search.next() {
-        let (probe_config, load) = probe_config(config, find_max.dimension, value);
         let index = results.len() + 1;
+        let (size, short_before) = match rerun.take() {
+            Some((size, why)) => (size, Some(why)),
+            None => (sizer.size(value), None),
+        };
+        let (probe_config, load) = probe_config(config, find_max.dimension, value);
+        let load = sized_load(load, size);
         if let Some(out) = &inputs.requests_out {
             out.set_probe(Some((index, value)));
         }
-        let setup = ReplaySetup {
-            config: &probe_config,
-            load: load.clone(),
-            target: inputs.target.to_owned(),
-            tag_requests: inputs.tag_requests,
-            exchanges: inputs.exchanges,
-            pass_span_ms: inputs.pass_span_ms,
-            requests_out: inputs.requests_out.clone(),
-            interrupt: inputs.hooks.interrupt.clone(),
-            progress: inputs.hooks.snapshots.clone(),
-            pool: inputs.pool,
-            level: format!("probe {index}: {} {}", find_max.dimension.name(), value),
-            notices: inputs.hooks.notices.clone(),
-        };
+        tell_progress(&inputs, find_max, index, value, &probes, &search);
         let level = (find_max.dimension == Dimension::Concurrency).then_some(value as usize);
-        let result = match replay(setup).await {
+        let result = match replay(probe_setup(
+            &inputs,
+            &probe_config,
+            &load,
+            index,
+            find_max,
+            value,
+        ))
+        .await
+        {
             Ok(result) => result,
             Err(error) if !results.is_empty() => {
                 failed = Some(LevelFailed { level, error });
@@ -537,11 +556,10 @@ async fn search(
             Err(error) => return Err(error),
         };
         let mut probe = judge.judge(value, search.attempt(), &result).await;
-        probe.repeat = search.repeat().map(|why| why.text().to_owned());
+        probe.repeat = short_before.or_else(|| search.repeat().map(|why| why.text().to_owned()));
         let capped = capped_note(&load, &result);
         probe.client_stall = capped.is_none() && client_stalled(&result);
         probe.notes.extend(capped);
-        probe.notes.extend(few_requests_note(&probe));
         if let Some(reason) = incomplete(&result, &probes) {
             let shown = find_max.dimension.show(value);
             cut_short = Some(format!("{reason} during the probe at {shown}"));
@@ -552,21 +570,25 @@ async fn search(
             probes.push(probe);
             break;
         }
+        let judged = probe.few_requests.as_ref().map(|few| few.judged);
+        sizer.measured(
+            value,
+            judged_requests(&probe, sizer.need()),
+            result.duration,
+        );
         results.push((level, result));
-        let recorded = search.record(RunResult {
-            passed: probe.passed,
-            near_limit: crate::capacity::near_limit(&probe.goals),
-            client_stall: probe.client_stall,
-        });
-        probe.decided = recorded.decision;
-        probe.runs = recorded.decision.map(|_| recorded.runs);
+        rerun = decide_or_rerun(&mut search, &sizer, judged, &mut probe);
         if let Some(sink) = &inputs.hooks.search_lines {
+            let repeat = rerun
+                .as_ref()
+                .map(|(_, why)| why.clone())
+                .or_else(|| search.repeat().map(|why| why.text().to_owned()));
             sink(&probe_line(
                 find_max,
                 index,
                 &probe,
                 &search.answer(),
-                search.repeat(),
+                repeat.as_deref(),
                 began.elapsed(),
             ));
         }
@@ -609,8 +631,154 @@ async fn search(
             sample_interval_s: judge
                 .scraper
                 .map(|_| config.server_metrics.interval.as_secs_f64()),
+            limit_tier: None,
         }),
     })
+}
+
+/// The capacity section into the report: the tier that set the limit named, and the
+/// header's time made the whole search's, not its answer probe's.
+fn attach_capacity(report: &mut Report, capacity: Option<CapacitySection>) {
+    let Some(mut capacity) = capacity else {
+        return;
+    };
+    crate::capacity::tiers::name_limit_tier(&mut capacity);
+    if let Some(total) = capacity.duration_s {
+        report.run.duration_s = total;
+    }
+    report.capacity = Some(capacity);
+}
+
+/// Tell the live line where the search stands as probe `index` at `value` starts.
+fn tell_progress(
+    inputs: &LevelInputs<'_>,
+    find_max: FindMax,
+    index: usize,
+    value: f64,
+    probes: &[ProbeSection],
+    search: &Search,
+) {
+    if let Some(tell) = &inputs.hooks.search_progress {
+        let decided: Vec<(f64, Option<bool>)> =
+            probes.iter().map(|p| (p.value, p.decided)).collect();
+        tell(&SearchProgress::of(
+            find_max,
+            index,
+            value,
+            &decided,
+            &search.answer(),
+        ));
+    }
+}
+
+/// Feed a probe's run to the search — unless it judged too few requests (`judged`) for its
+/// goal's percentile and its budget can grow: then it decides nothing, and the size of the
+/// run that follows at the same load is returned with why it runs.
+fn decide_or_rerun(
+    search: &mut Search,
+    sizer: &Sizer,
+    judged: Option<u64>,
+    probe: &mut ProbeSection,
+) -> Option<(ProbeSize, String)> {
+    if let Some(judged) = judged
+        && probe.repeat.as_deref() != Some(RERUN_SHORT)
+        && let Some(size) =
+            sizer.rerun(judged, std::time::Duration::from_secs_f64(probe.duration_s))
+    {
+        probe.notes.push(short_run_note(size));
+        return Some((size, RERUN_SHORT.to_owned()));
+    }
+    let recorded = search.record(RunResult {
+        passed: probe.passed,
+        near_limit: crate::capacity::near_limit(&probe.goals),
+        client_stall: probe.client_stall,
+    });
+    probe.decided = recorded.decision;
+    probe.runs = recorded.decision.map(|_| recorded.runs);
+    None
+}
+
+/// The repeat reason of a probe run again because the run before it judged too few
+/// requests.
+const RERUN_SHORT: &str = "the run before judged too few requests for its goal's percentile";
+
+/// The replay of one probe.
+fn probe_setup<'a>(
+    inputs: &LevelInputs<'a>,
+    probe_config: &'a RunConfig,
+    load: &GlobalLoad,
+    index: usize,
+    find_max: FindMax,
+    value: f64,
+) -> ReplaySetup<'a> {
+    ReplaySetup {
+        config: probe_config,
+        load: load.clone(),
+        target: inputs.target.to_owned(),
+        tag_requests: inputs.tag_requests,
+        exchanges: inputs.exchanges,
+        pass_span_ms: inputs.pass_span_ms,
+        requests_out: inputs.requests_out.clone(),
+        interrupt: inputs.hooks.interrupt.clone(),
+        progress: inputs.hooks.snapshots.clone(),
+        pool: inputs.pool,
+        level: format!("probe {index}: {} {}", find_max.dimension.name(), value),
+        notices: inputs.hooks.notices.clone(),
+    }
+}
+
+/// What bounds each probe: `--requests`, `--duration`, or the whole recording.
+fn probe_budget(config: &RunConfig, exchanges: u64) -> ProbeBudget {
+    match (config.load.requests, config.load.duration) {
+        (Some(n), _) => ProbeBudget::Requests(n),
+        (None, Some(duration)) => ProbeBudget::Duration(duration),
+        (None, None) => ProbeBudget::Recording { exchanges },
+    }
+}
+
+/// The recording's own arrivals per second at ×1 (`None` without arrival times).
+fn recording_rate(exchanges: u64, pass_span_ms: f64) -> Option<f64> {
+    (pass_span_ms > 0.0 && exchanges > 0).then(|| exchanges as f64 / (pass_span_ms / 1000.0))
+}
+
+/// A probe's load, sized: a `--duration` extended, or the recording looped.
+fn sized_load(mut load: GlobalLoad, size: ProbeSize) -> GlobalLoad {
+    match size {
+        ProbeSize::AsGiven => {}
+        ProbeSize::Duration(duration) => load.duration = Some(duration),
+        ProbeSize::Requests(requests) => load.requests = Some(requests),
+    }
+    load
+}
+
+/// The samples a probe judged its need's distribution on (its succeeded requests when no
+/// goal reads a percentile).
+fn judged_requests(probe: &ProbeSection, need: Option<&Need>) -> u64 {
+    let llm = &probe.llm;
+    let stats = match need.map(|need| need.metric) {
+        Some(Metric::Ttft) => llm.ttft_ms.as_ref(),
+        Some(Metric::Ttst) => llm.ttst_ms.as_ref(),
+        Some(Metric::Itl) => llm.itl_ms.as_ref(),
+        Some(Metric::Latency) => llm.latency_ms.as_ref(),
+        Some(Metric::TokensPerSecondPerUser) => llm.tokens_per_second_per_user.as_ref(),
+        Some(Metric::Isl) => llm.isl_tokens.as_ref(),
+        Some(Metric::Osl) => llm.osl_tokens.as_ref(),
+        Some(Metric::ScheduleLag) => llm.schedule_lag_ms.as_ref(),
+        _ => return probe.requests.succeeded,
+    };
+    stats.map_or(0, |stats| stats.count)
+}
+
+/// What a short run says of itself when it runs again.
+fn short_run_note(size: ProbeSize) -> String {
+    let longer = match size {
+        ProbeSize::Duration(duration) => format!("for {:.1} s", duration.as_secs_f64()),
+        ProbeSize::Requests(requests) => format!("with {requests} requests"),
+        ProbeSize::AsGiven => "again".to_owned(),
+    };
+    format!(
+        "too few requests to judge its goal's percentile: the load runs again {longer}, and this run decides nothing"
+    )
 }
 
 /// When even the lowest load fails a goal that more load could meet — a throughput floor
@@ -706,14 +874,11 @@ fn incomplete(result: &ReplayResult, earlier: &[ProbeSection]) -> Option<&'stati
 }
 
 /// Whether the workers flagged their own sending during a replay: the supervisor tells a
-/// worker that sent late while idle ("the machine or the network stalled it") from a
-/// saturated one; either way the client, not the server, set the pace, and a failure
-/// then says nothing of the server.
+/// worker that sent late while idle (`ClientLoad::Stalled`: the machine or the network
+/// stalled it) from a saturated one; either way the client, not the server, set the pace,
+/// and a failure then says nothing of the server.
 fn client_stalled(result: &ReplayResult) -> bool {
-    result
-        .warnings
-        .iter()
-        .any(|warning| warning.contains("stalled it") || warning.contains("was saturated"))
+    !result.client_flags.is_empty()
 }
 
 /// `offered 100/s, sent 2.3/s: capped by --concurrency 1`, when the user's cap on
@@ -737,30 +902,6 @@ fn capped_note(load: &GlobalLoad, result: &ReplayResult) -> Option<String> {
     })
 }
 
-/// Requests a percentile needs before one request cannot decide it alone: at least two in
-/// the tail beyond it (p95: 40, p99: 200, p90: 20, p50: 4).
-fn requests_for_percentile(percentile: f64) -> u64 {
-    (2.0 / (1.0 - percentile / 100.0)).ceil() as u64
-}
-
-/// `the verdict on llm.ttft-p95 rests on 12 requests; 40 put two past p95`, when a
-/// percentile goal was judged on fewer requests than it needs.
-fn few_requests_note(probe: &ProbeSection) -> Option<String> {
-    let judged = probe.requests.succeeded;
-    probe.goals.iter().find_map(|goal| {
-        let stat = goal.metric.rsplit('-').next()?;
-        let percentile: f64 = stat.strip_prefix('p')?.parse().ok()?;
-        let needed = requests_for_percentile(percentile);
-        (judged < needed).then(|| {
-            format!(
-                "the verdict on {} rests on {judged} requests; {needed} put two past p{}",
-                goal.metric,
-                crate::capacity::show_number(percentile)
-            )
-        })
-    })
-}
-
 /// One line per probe as it is decided: its number, load, result, the verdicts so far
 /// and the bracket, and the search's time so far.
 fn probe_line(
@@ -768,7 +909,7 @@ fn probe_line(
     index: usize,
     probe: &ProbeSection,
     answer: &crate::capacity::Answer,
-    repeat: Option<crate::capacity::Repeat>,
+    repeat: Option<&str>,
     elapsed: std::time::Duration,
 ) -> String {
     let dimension = find_max.dimension;
@@ -784,19 +925,10 @@ fn probe_line(
         _ => "; undecided".to_owned(),
     };
     let next = match repeat {
-        Some(why) => format!(", runs again: {}", why.text()),
+        Some(why) => format!(", runs again: {why}"),
         None => String::new(),
     };
-    let bracket = match (answer.max, answer.min_failing) {
-        (Some(max), Some(fail)) => format!(
-            "{} holds, {} fails",
-            dimension.show(max),
-            dimension.show(fail)
-        ),
-        (Some(max), None) => format!("{} holds, nothing failed yet", dimension.show(max)),
-        (None, Some(fail)) => format!("nothing held yet, {} fails", dimension.show(fail)),
-        (None, None) => "nothing decided yet".to_owned(),
-    };
+    let bracket = crate::capacity::progress::bracket_text(dimension, answer);
     format!(
         "search: probe {index} at {} {result}{stall} in {:.1} s{decided}{next} · bracket: {bracket} · {:.0} s so far",
         dimension.show(probe.value),
@@ -892,6 +1024,14 @@ impl ProbeJudge<'_> {
             .collect();
         let mut llm = report.llm;
         llm.cdf = None;
+        let few_requests = need_of(self.goals).and_then(|need| {
+            let judged = metrics.stats(need.metric).map_or(0, |stats| stats.count);
+            (judged < need.requests).then_some(FewRequests {
+                goal: need.goal,
+                judged,
+                needed: need.requests,
+            })
+        });
         ProbeSection {
             value,
             passed: failed_goals.is_empty(),
@@ -910,6 +1050,7 @@ impl ProbeJudge<'_> {
             incomplete: None,
             client_stall: false,
             notes: Vec::new(),
+            few_requests,
         }
     }
 }

@@ -20,7 +20,9 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::config::{RunConfig, WorkerSource};
-use crate::outcome::{ClockEstimate, ReplayResult, RunError, WorkerOutcome};
+use crate::outcome::{
+    ClientFlag, ClientLoad, ClockEstimate, ReplayResult, RunError, WorkerOutcome,
+};
 use crate::server::{ClockSample, Control, WorkerControl, WorkerEvent};
 use crate::shard::{FeedControl, SliceChunk, SlicePlan, SliceSender, feed_reassigned, feed_slices};
 use crate::timeline::{LiveTotals, RunTimeline};
@@ -97,18 +99,24 @@ fn load_warning(
     lag: Option<&common::metrics::Stats>,
     cpu_share: f64,
     cores: u32,
-) -> Option<String> {
+) -> Option<(ClientLoad, String)> {
     let (p50, p90) = lag.map_or((0.0, 0.0), |s| (s.p50, s.p90));
     let late = p90 > LATE_LAG_P90_MS;
     if cpu_share > SATURATED_CPU_SHARE || (late && cpu_share > BUSY_CPU_SHARE) {
-        Some(format!(
-            "worker {id} was saturated (schedule lag p50 {p50:.1} ms, p90 {p90:.1} ms, CPU {:.0} % of {cores} cores): a saturated client's numbers are not the server's",
-            cpu_share * 100.0
+        Some((
+            ClientLoad::Saturated,
+            format!(
+                "worker {id} was saturated (schedule lag p50 {p50:.1} ms, p90 {p90:.1} ms, CPU {:.0} % of {cores} cores): a saturated client's numbers are not the server's",
+                cpu_share * 100.0
+            ),
         ))
     } else if late {
-        Some(format!(
-            "worker {id} sent late (schedule lag p50 {p50:.1} ms, p90 {p90:.1} ms) while its CPU was {:.0} % busy ({cores} cores): not saturated; the machine or the network stalled it",
-            cpu_share * 100.0
+        Some((
+            ClientLoad::Stalled,
+            format!(
+                "worker {id} sent late (schedule lag p50 {p50:.1} ms, p90 {p90:.1} ms) while its CPU was {:.0} % busy ({cores} cores): not saturated; the machine or the network stalled it",
+                cpu_share * 100.0
+            ),
         ))
     } else {
         None
@@ -1495,19 +1503,24 @@ impl Supervisor {
                 settings.reorder_window
             ));
         }
+        let mut client_flags = Vec::new();
         for worker in &outcomes {
             let cpu_share = if duration.as_secs_f64() > 0.0 && worker.cores > 0 {
                 worker.cpu_seconds / duration.as_secs_f64() / f64::from(worker.cores)
             } else {
                 0.0
             };
-            if let Some(warning) = load_warning(
+            if let Some((load, warning)) = load_warning(
                 &worker.id,
                 worker.metrics.stats(Metric::ScheduleLag).as_ref(),
                 cpu_share,
                 worker.cores,
             ) {
                 warnings.push(warning);
+                client_flags.push(ClientFlag {
+                    worker: worker.id.clone(),
+                    load,
+                });
             }
         }
         Ok(ReplayResult {
@@ -1530,6 +1543,7 @@ impl Supervisor {
             steady_metrics,
             shortfalls,
             hand_overs,
+            client_flags,
         })
     }
 }

@@ -2,6 +2,7 @@
 //! server process on 127.0.0.1:0, run `llm-replay` as a real process and read its JSON report,
 //! and the lock that keeps timing measurements apart from each other.
 
+pub mod gateway;
 pub mod link;
 pub mod peer;
 pub mod truth;

@@ -47,6 +47,7 @@ fn execute(plan: RunPlan) -> (coordinator::run::RunOutcome, RunSnapshot) {
                 worker_program: bin("llm-replay"),
                 notices: None,
                 search_lines: None,
+                search_progress: None,
             })
             .await
             .expect("the run measured something");

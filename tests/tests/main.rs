@@ -4,6 +4,8 @@
 mod buffered_streams;
 mod capacity;
 mod capacity_answers;
+mod capacity_gateway;
+mod capacity_probes;
 mod capture;
 mod capture_limits;
 mod capture_upstream;

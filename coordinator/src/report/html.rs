@@ -793,6 +793,13 @@ fn capacity(out: &mut String, report: &Report) {
         format::load_value(capacity.precision_pct),
         capacity.probes.len()
     );
+    if let Some(line) = format::limit_line(capacity) {
+        let _ = writeln!(
+            out,
+            "<p id=\"capacity-limit\"><strong>{}</strong></p>",
+            esc(&format::capitalized(&line))
+        );
+    }
     let charts = capacity_charts(capacity);
     if !charts.is_empty() {
         let _ = writeln!(
@@ -858,7 +865,7 @@ fn capacity(out: &mut String, report: &Report) {
             let _ = write!(
                 out,
                 "<td class=\"n\">{}</td>",
-                server_side::queue_max_cell(probe.server.as_ref())
+                format::server_queue_cell(probe)
             );
         }
         let failed: Vec<String> = probe

@@ -561,7 +561,7 @@ fn capacity(out: &mut String, report: &Report) {
                 String::new()
             };
             let queue = if with_server {
-                format!(" {} |", server_side::queue_max_cell(probe.server.as_ref()))
+                format!(" {} |", format::server_queue_cell(probe))
             } else {
                 String::new()
             };
@@ -601,6 +601,9 @@ fn capacity(out: &mut String, report: &Report) {
         plain(&capacity.stopped),
         plain(&format::search_time(capacity))
     );
+    if let Some(line) = format::limit_line(capacity) {
+        let _ = writeln!(out, "\n**{}**", plain(&format::capitalized(&line)));
+    }
     for line in format::probe_notes(capacity) {
         let _ = writeln!(out, "- {}", plain(&line));
     }

@@ -176,6 +176,19 @@ pub struct CapacitySection {
     /// running requests) are samples, and a peak between two scrapes is not seen.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sample_interval_s: Option<f64>,
+    /// Which tier's queue moved at the knee (a gateway's, or the model server's), when the
+    /// probes on both sides were scraped: `server_metrics::gateway`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_tier: Option<LimitTier>,
+}
+
+/// The tier that set a search's limit, and the figures that say so.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LimitTier {
+    /// `gateway`, `model server`, or `gateway and model server`.
+    pub tier: String,
+    /// The finding in words, with each tier's figures below and above the knee.
+    pub text: String,
 }
 
 /// One probe of the capacity search: a full replay at one load.
@@ -229,6 +242,21 @@ pub struct ProbeSection {
     /// percentile judged on few requests.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// The verdict rests on fewer requests than its goal's percentile needs (two beyond
+    /// it: `capacity::budget`); absent when it had enough.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub few_requests: Option<FewRequests>,
+}
+
+/// A probe judged on fewer requests than its goal's percentile needs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FewRequests {
+    /// The goal whose percentile sets the need (`llm.ttft-p95 > 60`).
+    pub goal: String,
+    /// Samples of the goal's distribution the verdict was judged on.
+    pub judged: u64,
+    /// Samples the percentile needs.
+    pub needed: u64,
 }
 
 /// The `transport` section: how the workers reached the target. A buffering proxy and the

@@ -349,6 +349,9 @@ fn capacity_block(out: &mut String, capacity: &CapacitySection, color: bool) {
         let _ = writeln!(out, "  {line}");
     }
     let _ = writeln!(out, "  search: {}", capacity.stopped);
+    if let Some(line) = format::limit_line(capacity) {
+        let _ = writeln!(out, "  {line}");
+    }
     let answer = format::capacity_answer(capacity);
     let code = if capacity.max.is_some() {
         ANSI_GREEN
@@ -402,7 +405,7 @@ fn capacity_table(capacity: &CapacitySection) -> TextTable {
             cells.push(format::goodput_cell(probe.goodput.as_ref()));
         }
         if with_server {
-            cells.push(server_side::queue_max_cell(probe.server.as_ref()));
+            cells.push(format::server_queue_cell(probe));
         }
         cells.push(probe.failed_goals.join("; "));
         table.row(cells, (!probe.passed).then_some(ANSI_RED));

@@ -1489,6 +1489,7 @@ fn probe(value: f64, attempt: u32, ttft_p95: f64, failed: u64, good: u64) -> Pro
         incomplete: None,
         client_stall: false,
         notes: Vec::new(),
+        few_requests: None,
     }
 }
 
@@ -1521,6 +1522,7 @@ fn capacity_section() -> CapacitySection {
         start: Some(1.0),
         duration_s: Some(301.0),
         sample_interval_s: Some(1.0),
+        limit_tier: None,
     }
 }
 

@@ -263,7 +263,8 @@ pub fn in_seconds(name: &str) -> bool {
     if family.ends_with("_seconds") {
         return true;
     }
-    let timing = matches!(role_of(name), Some(Role::ServerTtft | Role::ServerLatency));
+    let timing = matches!(role_of(name), Some(Role::ServerTtft | Role::ServerLatency))
+        || super::gateway::is_gateway_timing(name);
     timing && !(family.ends_with("_milliseconds") || family.ends_with("_ms"))
 }
 

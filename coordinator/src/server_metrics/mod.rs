@@ -55,6 +55,7 @@
 //!   and their histograms' mean observation since the previous round (in ms for a family
 //!   of seconds).
 
+pub mod gateway;
 mod known;
 mod parse;
 mod scrape;

@@ -987,14 +987,18 @@ fn saturation_needs_lasting_lag_and_a_busy_cpu() {
         load_warning("w", Some(&stats(0.1, 0.3, 40.0)), 0.05, 2),
         None
     );
-    let stalled = load_warning("w", Some(&stats(12.0, 30.0, 40.0)), 0.01, 2).expect("late");
+    let (load, stalled) = load_warning("w", Some(&stats(12.0, 30.0, 40.0)), 0.01, 2).expect("late");
+    assert_eq!(load, ClientLoad::Stalled);
     assert!(
         stalled.contains("not saturated") && stalled.contains("stalled"),
         "{stalled}"
     );
-    let saturated = load_warning("w", Some(&stats(12.0, 30.0, 40.0)), 0.8, 2).expect("busy");
+    let (load, saturated) =
+        load_warning("w", Some(&stats(12.0, 30.0, 40.0)), 0.8, 2).expect("busy");
+    assert_eq!(load, ClientLoad::Saturated);
     assert!(saturated.contains("was saturated"), "{saturated}");
-    let pegged = load_warning("w", Some(&stats(0.1, 0.2, 0.3)), 0.95, 2).expect("pegged");
+    let (load, pegged) = load_warning("w", Some(&stats(0.1, 0.2, 0.3)), 0.95, 2).expect("pegged");
+    assert_eq!(load, ClientLoad::Saturated);
     assert!(pegged.contains("was saturated"), "{pegged}");
     assert_eq!(load_warning("w", None, 0.2, 2), None);
 }

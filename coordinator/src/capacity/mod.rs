@@ -16,6 +16,10 @@
 //! knee); it never probes above a failing load, so it cannot see a server that recovers
 //! at higher load.
 
+pub mod budget;
+pub mod progress;
+pub mod tiers;
+
 use anyhow::bail;
 
 use crate::goals::{GoalResult, Op};
