@@ -1459,43 +1459,13 @@ impl Supervisor {
                 .map(|shortfall| format!("INCOMPLETE: {shortfall}")),
         );
         warnings.extend(hand_over_warnings(&hand_overs, started_at));
-        let starts: Vec<u64> = outcomes.iter().filter_map(|w| w.started_unix_ns).collect();
-        let start_skew_ms = (starts.len() == outcomes.len() && !starts.is_empty()).then(|| {
-            let max = starts.iter().max().copied().unwrap_or(0);
-            let min = starts.iter().min().copied().unwrap_or(0);
-            (max - min) as f64 / 1e6
-        });
-        let max_skew_ms = settings.max_skew.as_secs_f64() * 1000.0;
-        let skew_bound_ms = start_skew_bound_ms(&outcomes);
-        if let Some(skew) = start_skew_ms
-            && identity.scheduled
-            && skew > max_skew_ms
-        {
-            warnings.push(format!(
-                "START SKEW {skew:.2} ms exceeds --max-skew {max_skew_ms:.2} ms: workers did not start together, so the recorded schedule was not replayed faithfully"
-            ));
-        } else if let (Some(skew), Some(bound)) = (start_skew_ms, skew_bound_ms)
-            && identity.scheduled
-            && bound > max_skew_ms
-        {
-            // The measured skew is computed with the same offsets that set the start, so it
-            // cannot see their error: only the bound can.
-            let clocks: Vec<String> = outcomes
-                .iter()
-                .map(|w| {
-                    format!(
-                        "{} {:+.2} ± {:.2} ms",
-                        w.id,
-                        w.clock.offset_ns as f64 / 1e6,
-                        w.clock.uncertainty_ns as f64 / 1e6
-                    )
-                })
-                .collect();
-            warnings.push(format!(
-                "START SKEW BOUND {bound:.2} ms exceeds --max-skew {max_skew_ms:.2} ms: the workers started {skew:.2} ms apart by their clocks as measured, but each clock offset is known only to ± half its best round trip ({}), so their true starts may be up to {bound:.2} ms apart. This is a bound from clock uncertainty, not a measured skew: an asymmetric path biases an offset invisibly. To tighten it, put the workers closer to the coordinator (a shorter, steadier link); on hosts synced by NTP or PTP, an offset far from 0 is this error itself",
-                clocks.join(", ")
-            ));
-        }
+        let start_skew_ms = start_skew_ms(&outcomes);
+        warnings.extend(start_skew_warning(
+            start_skew_ms,
+            &outcomes,
+            settings.max_skew,
+            identity.scheduled,
+        ));
         let out_of_order = run_totals.sent_out_of_order;
         if out_of_order > 0 {
             warnings.push(format!(
@@ -1503,26 +1473,7 @@ impl Supervisor {
                 settings.reorder_window
             ));
         }
-        let mut client_flags = Vec::new();
-        for worker in &outcomes {
-            let cpu_share = if duration.as_secs_f64() > 0.0 && worker.cores > 0 {
-                worker.cpu_seconds / duration.as_secs_f64() / f64::from(worker.cores)
-            } else {
-                0.0
-            };
-            if let Some((load, warning)) = load_warning(
-                &worker.id,
-                worker.metrics.stats(Metric::ScheduleLag).as_ref(),
-                cpu_share,
-                worker.cores,
-            ) {
-                warnings.push(warning);
-                client_flags.push(ClientFlag {
-                    worker: worker.id.clone(),
-                    load,
-                });
-            }
-        }
+        let client_flags = client_load_flags(&outcomes, duration, &mut warnings);
         Ok(ReplayResult {
             run_id: identity.run_id,
             started_at,
@@ -1546,6 +1497,90 @@ impl Supervisor {
             client_flags,
         })
     }
+}
+
+/// How far apart the workers started (their starts as each reported them), when every worker
+/// reported one.
+fn start_skew_ms(outcomes: &[WorkerOutcome]) -> Option<f64> {
+    let starts: Vec<u64> = outcomes.iter().filter_map(|w| w.started_unix_ns).collect();
+    (starts.len() == outcomes.len() && !starts.is_empty()).then(|| {
+        let max = starts.iter().max().copied().unwrap_or(0);
+        let min = starts.iter().min().copied().unwrap_or(0);
+        (max - min) as f64 / 1e6
+    })
+}
+
+/// On a recorded schedule, the warning when the workers' start skew, or its bound from the
+/// clocks' uncertainty, exceeds `--max-skew`.
+fn start_skew_warning(
+    start_skew_ms: Option<f64>,
+    outcomes: &[WorkerOutcome],
+    max_skew: Duration,
+    scheduled: bool,
+) -> Option<String> {
+    let max_skew_ms = max_skew.as_secs_f64() * 1000.0;
+    let skew_bound_ms = start_skew_bound_ms(outcomes);
+    if let Some(skew) = start_skew_ms
+        && scheduled
+        && skew > max_skew_ms
+    {
+        return Some(format!(
+            "START SKEW {skew:.2} ms exceeds --max-skew {max_skew_ms:.2} ms: workers did not start together, so the recorded schedule was not replayed faithfully"
+        ));
+    }
+    let (Some(skew), Some(bound)) = (start_skew_ms, skew_bound_ms) else {
+        return None;
+    };
+    if !scheduled || bound <= max_skew_ms {
+        return None;
+    }
+    // The measured skew is computed with the same offsets that set the start, so it cannot
+    // see their error: only the bound can.
+    let clocks: Vec<String> = outcomes
+        .iter()
+        .map(|w| {
+            format!(
+                "{} {:+.2} ± {:.2} ms",
+                w.id,
+                w.clock.offset_ns as f64 / 1e6,
+                w.clock.uncertainty_ns as f64 / 1e6
+            )
+        })
+        .collect();
+    Some(format!(
+        "START SKEW BOUND {bound:.2} ms exceeds --max-skew {max_skew_ms:.2} ms: the workers started {skew:.2} ms apart by their clocks as measured, but each clock offset is known only to ± half its best round trip ({}), so their true starts may be up to {bound:.2} ms apart. This is a bound from clock uncertainty, not a measured skew: an asymmetric path biases an offset invisibly. To tighten it, put the workers closer to the coordinator (a shorter, steadier link); on hosts synced by NTP or PTP, an offset far from 0 is this error itself",
+        clocks.join(", ")
+    ))
+}
+
+/// Each worker that was saturated or stalled: its warning (into `warnings`) and its typed
+/// flag.
+fn client_load_flags(
+    outcomes: &[WorkerOutcome],
+    duration: Duration,
+    warnings: &mut Vec<String>,
+) -> Vec<ClientFlag> {
+    let mut client_flags = Vec::new();
+    for worker in outcomes {
+        let cpu_share = if duration.as_secs_f64() > 0.0 && worker.cores > 0 {
+            worker.cpu_seconds / duration.as_secs_f64() / f64::from(worker.cores)
+        } else {
+            0.0
+        };
+        if let Some((load, warning)) = load_warning(
+            &worker.id,
+            worker.metrics.stats(Metric::ScheduleLag).as_ref(),
+            cpu_share,
+            worker.cores,
+        ) {
+            warnings.push(warning);
+            client_flags.push(ClientFlag {
+                worker: worker.id.clone(),
+                load,
+            });
+        }
+    }
+    client_flags
 }
 
 /// Round-trip delay and offset (worker − coordinator) of one clock sample, ns.

@@ -295,28 +295,6 @@ pub(super) fn probe_notes(capacity: &CapacitySection) -> Vec<String> {
     lines
 }
 
-/// A probe's server-queue cell: the model server's sampled queue max, and beside it, when
-/// a gateway's families were scraped, the gateway's own figures, named as the gateway's
-/// (`0 · gateway: queue 18.3 ms mean, 7 in flight`).
-pub(super) fn server_queue_cell(probe: &ProbeSection) -> String {
-    let server = super::server_side::queue_max_cell(probe.server.as_ref());
-    let Some(section) = &probe.server else {
-        return server;
-    };
-    let figures = crate::server_metrics::gateway::TierFigures::of(section);
-    if !figures.has_gateway() {
-        return server;
-    }
-    let mut gateway = Vec::new();
-    if let Some(ms) = figures.gateway_queue_ms {
-        gateway.push(format!("queue {ms:.1} ms mean"));
-    }
-    if let Some(max) = figures.gateway_in_flight_max {
-        gateway.push(format!("{max:.0} in flight"));
-    }
-    format!("{server} · gateway: {}", gateway.join(", "))
-}
-
 /// `limit: the gateway is the limit: ...`, when the search named the tier that set it.
 pub(super) fn limit_line(capacity: &CapacitySection) -> Option<String> {
     capacity

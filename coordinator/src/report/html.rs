@@ -865,7 +865,7 @@ fn capacity(out: &mut String, report: &Report) {
             let _ = write!(
                 out,
                 "<td class=\"n\">{}</td>",
-                format::server_queue_cell(probe)
+                server_side::server_queue_cell(probe)
             );
         }
         let failed: Vec<String> = probe

@@ -561,7 +561,7 @@ fn capacity(out: &mut String, report: &Report) {
                 String::new()
             };
             let queue = if with_server {
-                format!(" {} |", format::server_queue_cell(probe))
+                format!(" {} |", server_side::server_queue_cell(probe))
             } else {
                 String::new()
             };

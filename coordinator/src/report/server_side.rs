@@ -324,6 +324,28 @@ pub(super) fn queue_max_cell(server: Option<&ServerSection>) -> String {
     queue_max(server).map_or_else(|| NO_VALUE.to_string(), number)
 }
 
+/// A probe's server-queue cell: the model server's sampled queue max, and beside it, when
+/// a gateway's families were scraped, the gateway's own figures, named as the gateway's
+/// (`0 · gateway: queue 18.3 ms mean, 7 in flight`).
+pub(super) fn server_queue_cell(probe: &super::ProbeSection) -> String {
+    let server = queue_max_cell(probe.server.as_ref());
+    let Some(section) = &probe.server else {
+        return server;
+    };
+    let figures = crate::server_metrics::gateway::TierFigures::of(section);
+    if !figures.has_gateway() {
+        return server;
+    }
+    let mut gateway = Vec::new();
+    if let Some(ms) = figures.gateway_queue_ms {
+        gateway.push(format!("queue {ms:.1} ms mean"));
+    }
+    if let Some(max) = figures.gateway_in_flight_max {
+        gateway.push(format!("{max:.0} in flight"));
+    }
+    format!("{server} · gateway: {}", gateway.join(", "))
+}
+
 /// Header of the sweep and capacity tables' column.
 pub(super) const QUEUE_MAX_HEADER: &str = "server queue max";
 

@@ -405,7 +405,7 @@ fn capacity_table(capacity: &CapacitySection) -> TextTable {
             cells.push(format::goodput_cell(probe.goodput.as_ref()));
         }
         if with_server {
-            cells.push(format::server_queue_cell(probe));
+            cells.push(server_side::server_queue_cell(probe));
         }
         cells.push(probe.failed_goals.join("; "));
         table.row(cells, (!probe.passed).then_some(ANSI_RED));
