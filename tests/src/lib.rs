@@ -3,6 +3,7 @@
 //! and the lock that keeps timing measurements apart from each other.
 
 pub mod link;
+pub mod metrics_gate;
 pub mod peer;
 pub mod truth;
 

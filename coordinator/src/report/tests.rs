@@ -1952,6 +1952,7 @@ fn sample_server() -> ServerSection {
                 p90: 180.0,
                 p99: 240.0,
                 unit: Some(crate::server_metrics::ServerUnit::Ms),
+                buckets: None,
             },
         ),
         (
@@ -1964,6 +1965,7 @@ fn sample_server() -> ServerSection {
                 p90: 1.15,
                 p99: 1.18,
                 unit: None,
+                buckets: None,
             },
         ),
         ("process_cpu_seconds_total".to_string(), counter(12.5, 2.78)),

@@ -40,6 +40,7 @@ fn log(endpoints: usize, rounds: Vec<(f64, Vec<Option<Families>>)>) -> ScrapeLog
             .into_iter()
             .map(|(seconds, values)| Round {
                 at: at(seconds),
+                replicas: vec![None; values.len()],
                 values,
             })
             .collect(),
@@ -169,6 +170,7 @@ fn histogram_quantiles_from_bucket_deltas() {
         p90,
         p99,
         unit,
+        ..
     }) = section.metrics.get("h_seconds").copied()
     else {
         panic!("no histogram: {section:?}");
@@ -407,10 +409,10 @@ async fn serve(answer: Answer) -> (SocketAddr, Arc<AtomicU64>) {
 }
 
 fn endpoint(addr: SocketAddr) -> ScrapeEndpoint {
-    ScrapeEndpoint {
-        url: format!("http://{addr}/metrics"),
-        headers: vec![("authorization".to_owned(), "Bearer t".to_owned())],
-    }
+    ScrapeEndpoint::new(
+        format!("http://{addr}/metrics"),
+        vec![("authorization".to_owned(), "Bearer t".to_owned())],
+    )
 }
 
 /// Wait (bounded) until `hits` reaches `at_least`.
