@@ -695,8 +695,7 @@ fn split_header(text: &str) -> anyhow::Result<(String, String)> {
 fn server_metrics_header(text: &str) -> anyhow::Result<(String, String)> {
     const FLAG: &str = "--server-metrics-header";
     let (name, template) = split_header_of(FLAG, text)?;
-    if let Err(var) = crate::server_metrics::expand_env(&template, &|var| std::env::var(var).ok())
-    {
+    if let Err(var) = crate::server_metrics::expand_env(&template, &|var| std::env::var(var).ok()) {
         bail!("{FLAG} {name}: {var}");
     }
     Ok((name, template))

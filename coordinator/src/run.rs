@@ -990,31 +990,29 @@ fn attach_server_sections(
     };
     let run_start = first.started_at;
     let (_, last) = &results[results.len() - 1];
-    let tokens = |results: &[(Option<usize>, ReplayResult)]| {
-        Some(
-            results
-                .iter()
-                .map(|(_, result)| result.metrics.counters.output_tokens as f64)
-                .sum::<f64>(),
-        )
-    };
-    let (from, to, main_tokens) = match capacity {
+    // The run's own output tokens, against which the target's generated-token counters are
+    // checked (`ScrapeLog::section_against`): over the whole run only, whose bounding scrapes
+    // (the probe before the load, the final one after it) hold nothing else; a level's or a
+    // probe's may reach a neighbour's load by up to one interval.
+    let run_tokens: f64 = results
+        .iter()
+        .map(|(_, result)| result.metrics.counters.output_tokens as f64)
+        .sum();
+    let (from, to, client_tokens) = match capacity {
         Some(capacity) => {
             for (probe, (_, result)) in capacity.probes.iter_mut().zip(results) {
                 let (from, to) = window_of(result);
-                let own = Some(result.metrics.counters.output_tokens as f64);
-                probe.server = Some(log.section_against(from, to, run_start, own));
+                probe.server = Some(log.section(from, to, run_start));
             }
             let (from, to) = window_of(&results[main].1);
-            (from, to, tokens(&results[main..=main]))
+            (from, to, None)
         }
-        None => (run_start, window_of(last).1, tokens(results)),
+        None => (run_start, window_of(last).1, Some(run_tokens)),
     };
-    report.server = Some(log.section_against(from, to, run_start, main_tokens));
+    report.server = Some(log.section_against(from, to, run_start, client_tokens));
     for (level, (_, result)) in report.sweep.iter_mut().zip(results) {
         let (from, to) = window_of(result);
-        let own = Some(result.metrics.counters.output_tokens as f64);
-        level.server = Some(log.section_against(from, to, run_start, own));
+        level.server = Some(log.section(from, to, run_start));
     }
 }
 

@@ -21,6 +21,9 @@ pub struct GateConfig {
     pub metrics_path: String,
     /// The scrapes of `metrics_path` (1-based) answered `502 Bad Gateway` instead.
     pub bad_gateway: RangeInclusive<usize>,
+    /// When not empty, scrape N's samples carry `pod="<replicas[N % len]>"`: a gateway that
+    /// relays a different replica each time.
+    pub replicas: Vec<String>,
 }
 
 impl Default for GateConfig {
@@ -31,6 +34,7 @@ impl Default for GateConfig {
             metrics_path: "/metrics".to_owned(),
             // An empty range: no scrape fails.
             bad_gateway: 1..=0,
+            replicas: Vec::new(),
         }
     }
 }
@@ -56,12 +60,19 @@ impl MetricsGate {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let origin = format!("http://{}", listener.local_addr().expect("addr"));
         let seen = Arc::new(Mutex::new(Vec::new()));
-        let shared = (Arc::new(config), Arc::clone(&seen), Arc::new(Mutex::new(0usize)));
+        let shared = (
+            Arc::new(config),
+            Arc::clone(&seen),
+            Arc::new(Mutex::new(0usize)),
+        );
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(stream) = stream else { break };
-                let (config, seen, scrapes) =
-                    (Arc::clone(&shared.0), Arc::clone(&shared.1), Arc::clone(&shared.2));
+                let (config, seen, scrapes) = (
+                    Arc::clone(&shared.0),
+                    Arc::clone(&shared.1),
+                    Arc::clone(&shared.2),
+                );
                 std::thread::spawn(move || {
                     let _ = answer(stream, &config, &seen, &scrapes);
                 });
@@ -112,18 +123,30 @@ fn answer(
         .find(|(from, _)| *from == path)
         .map(|(_, to)| to.clone());
     let (status, extra, body) = if config.bearer.is_some() && authorization != config.bearer {
-        (401, "www-authenticate: Bearer\r\n".to_owned(), "unauthorized\n".to_owned())
+        (
+            401,
+            "www-authenticate: Bearer\r\n".to_owned(),
+            "unauthorized\n".to_owned(),
+        )
     } else if let Some(location) = redirect {
         (307, format!("location: {location}\r\n"), String::new())
     } else if path == config.metrics_path {
         let mut count = scrapes.lock().unwrap_or_else(PoisonError::into_inner);
         *count += 1;
         if config.bad_gateway.contains(&count) {
-            (502, String::new(), "<html>502 Bad Gateway</html>\n".to_owned())
+            (
+                502,
+                String::new(),
+                "<html>502 Bad Gateway</html>\n".to_owned(),
+            )
         } else {
+            let labels = match config.replicas.get(*count % config.replicas.len().max(1)) {
+                Some(pod) => format!("{{pod=\"{pod}\"}}"),
+                None => String::new(),
+            };
             let text = format!(
                 "# HELP gate_scrapes_total Scrapes answered.\n\
-                 # TYPE gate_scrapes_total counter\ngate_scrapes_total {count}\n"
+                 # TYPE gate_scrapes_total counter\ngate_scrapes_total{labels} {count}\n"
             );
             (200, String::new(), text)
         }

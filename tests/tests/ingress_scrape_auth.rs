@@ -91,21 +91,38 @@ fn a_bearer_endpoint_that_redirects_within_its_origin_is_scraped() {
         "with.json",
         &mock,
         &url,
-        &["--server-metrics-header", "Authorization: Bearer ${GATE_KEY}"],
+        &[
+            "--server-metrics-header",
+            "Authorization: Bearer ${GATE_KEY}",
+        ],
         &[("GATE_KEY", "gate-s3cret")],
     );
     assert_eq!(code, 0, "{text}");
     let endpoint = &report["server"]["endpoints"][1];
-    assert!(endpoint["url"].as_str().is_some_and(|u| u.ends_with("/metrics")), "{endpoint}");
+    assert!(
+        endpoint["url"]
+            .as_str()
+            .is_some_and(|u| u.ends_with("/metrics")),
+        "{endpoint}"
+    );
     assert!(endpoint.get("note").is_none(), "{endpoint}");
     assert_eq!(num(endpoint, &["errors"]), 0.0, "{endpoint}");
     assert!(num(endpoint, &["scrapes"]) >= 3.0, "{endpoint}");
-    let delta = num(&report["server"]["metrics"]["gate_scrapes_total"], &["delta"]);
+    let delta = num(
+        &report["server"]["metrics"]["gate_scrapes_total"],
+        &["delta"],
+    );
     assert!(delta >= 3.0, "{:#}", report["server"]);
     let seen = gate.seen();
-    assert!(seen.iter().all(|r| r.authorization.as_deref() == Some(KEY)), "{seen:?}");
+    assert!(
+        seen.iter().all(|r| r.authorization.as_deref() == Some(KEY)),
+        "{seen:?}"
+    );
     let redirected = seen.iter().filter(|r| r.status == 307).count();
-    let answered = seen.iter().filter(|r| r.path == "/metrics/" && r.status == 200).count();
+    let answered = seen
+        .iter()
+        .filter(|r| r.path == "/metrics/" && r.status == 200)
+        .count();
     assert!(redirected >= 3 && answered == redirected, "{seen:?}");
     // The key never appears in the report or on the terminal.
     assert!(!report.to_string().contains("gate-s3cret"));
@@ -139,7 +156,10 @@ fn the_header_never_crosses_to_another_origin_and_an_unset_variable_is_refused()
     });
     let dir = TempDir::new("scrape-auth-cross");
     let url = format!("{}/metrics", gate.origin);
-    let header = ["--server-metrics-header", "Authorization: Bearer ${GATE_KEY}"];
+    let header = [
+        "--server-metrics-header",
+        "Authorization: Bearer ${GATE_KEY}",
+    ];
     let (code, text, report) = scrape_run(
         &dir,
         "cross.json",

@@ -15,8 +15,8 @@ use common::text::escape_controls;
 use super::format::NO_VALUE;
 use super::{LlmSection, Report};
 use crate::server_metrics::{
-    COUNTS_CACHED, QuantileBucket, Role, ServerMetric, ServerSection, known_family, prompt_tokens_meaning,
-    role_of, server_of,
+    COUNTS_CACHED, QuantileBucket, Role, ServerMetric, ServerSection, known_family,
+    prompt_tokens_meaning, role_of, server_of,
 };
 
 /// What the difference between the client's and the server's time is made of.
@@ -229,7 +229,10 @@ fn role_rows(
             )]
         }
         (Role::PromptTokens, ServerMetric::Counter { delta, rate }) => {
-            vec![row(label.to_string(), prompt_text(name, *delta, *rate, llm))]
+            vec![row(
+                label.to_string(),
+                prompt_text(name, *delta, *rate, llm),
+            )]
         }
         (Role::GenerationTokens, ServerMetric::Counter { delta, rate }) => {
             vec![row(label.to_string(), generated_text(*delta, *rate, llm))]
@@ -329,9 +332,7 @@ fn difference_text(client: f64, server: f64, bucket: Option<QuantileBucket>) -> 
         // A report saved before buckets were kept: the difference, when it is not negative.
         None if difference >= 0.0 => format!("{difference:+.2}"),
         None => NO_VALUE.to_string(),
-        Some(bucket) if client < bucket.from => {
-            "- (client below the server's bucket)".to_string()
-        }
+        Some(bucket) if client < bucket.from => "- (client below the server's bucket)".to_string(),
         Some(bucket) => match bucket.width() {
             Some(width) if difference > width => format!("{difference:+.2}"),
             _ => "within the bucket".to_string(),
@@ -383,15 +384,18 @@ fn cached_share_text(
 ) -> Option<String> {
     let owner = known_family(name)?.server;
     let denominator = |role: Role| {
-        server.metrics.iter().find_map(|(other, metric)| match metric {
-            ServerMetric::Counter { delta, .. }
-                if role_of(other) == Some(role)
-                    && known_family(other).is_some_and(|k| k.server == owner) =>
-            {
-                Some(*delta)
-            }
-            _ => None,
-        })
+        server
+            .metrics
+            .iter()
+            .find_map(|(other, metric)| match metric {
+                ServerMetric::Counter { delta, .. }
+                    if role_of(other) == Some(role)
+                        && known_family(other).is_some_and(|k| k.server == owner) =>
+                {
+                    Some(*delta)
+                }
+                _ => None,
+            })
     };
     let of = denominator(Role::PrefixCacheQueries).or_else(|| {
         // Only a prompt counter that counts cached tokens too is a denominator.
@@ -556,12 +560,27 @@ mod tests {
             difference_text(224.3, 250.0, bucket(100.0, 250.0)),
             "within the bucket"
         );
-        assert_eq!(difference_text(90.0, 120.0, bucket(100.0, 250.0)), "- (client below the server's bucket)");
-        assert_eq!(difference_text(300.0, 240.0, bucket(100.0, 250.0)), "within the bucket");
-        assert_eq!(difference_text(420.0, 240.0, bucket(100.0, 250.0)), "+180.00");
+        assert_eq!(
+            difference_text(90.0, 120.0, bucket(100.0, 250.0)),
+            "- (client below the server's bucket)"
+        );
+        assert_eq!(
+            difference_text(300.0, 240.0, bucket(100.0, 250.0)),
+            "within the bucket"
+        );
+        assert_eq!(
+            difference_text(420.0, 240.0, bucket(100.0, 250.0)),
+            "+180.00"
+        );
         // No bucket (a report saved before they were kept): never negative.
         assert_eq!(difference_text(224.3, 250.0, None), NO_VALUE);
         assert_eq!(difference_text(260.0, 250.0, None), "+10.00");
-        assert_eq!(bucket_text(QuantileBucket { from: 2_560_000.0, to: None }), "> 2560000");
+        assert_eq!(
+            bucket_text(QuantileBucket {
+                from: 2_560_000.0,
+                to: None
+            }),
+            "> 2560000"
+        );
     }
 }

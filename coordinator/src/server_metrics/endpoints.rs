@@ -4,7 +4,10 @@
 
 /// Expand each `${VAR}` of `template` with `lookup` (the coordinator's environment):
 /// `Err` names what is wrong (an unset variable, a `${` never closed), never the value.
-pub fn expand_env(template: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+pub fn expand_env(
+    template: &str,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<String, String> {
     let mut out = String::with_capacity(template.len());
     let mut rest = template;
     while let Some(start) = rest.find("${") {

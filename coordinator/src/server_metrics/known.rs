@@ -121,32 +121,112 @@ const KNOWN: &[KnownFamily] = &[
     family("vllm:num_requests_running", "vLLM", Role::Running, VLLM),
     family("vllm:kv_cache_usage_perc", "vLLM", Role::KvCacheUsage, VLLM),
     // Before 0.9; deprecated there, hidden from 0.10 (same file, its comment).
-    family("vllm:gpu_cache_usage_perc", "vLLM", Role::KvCacheUsage, VLLM),
-    family("vllm:num_preemptions_total", "vLLM", Role::Preemptions, VLLM),
+    family(
+        "vllm:gpu_cache_usage_perc",
+        "vLLM",
+        Role::KvCacheUsage,
+        VLLM,
+    ),
+    family(
+        "vllm:num_preemptions_total",
+        "vLLM",
+        Role::Preemptions,
+        VLLM,
+    ),
     family("vllm:prompt_tokens_total", "vLLM", Role::PromptTokens, VLLM),
-    family("vllm:generation_tokens_total", "vLLM", Role::GenerationTokens, VLLM),
-    family("vllm:prefix_cache_hits_total", "vLLM", Role::CachedPromptTokens, VLLM),
-    family("vllm:prefix_cache_queries_total", "vLLM", Role::PrefixCacheQueries, VLLM),
-    family("vllm:time_to_first_token_seconds", "vLLM", Role::ServerTtft, VLLM),
-    family("vllm:e2e_request_latency_seconds", "vLLM", Role::ServerLatency, VLLM),
+    family(
+        "vllm:generation_tokens_total",
+        "vLLM",
+        Role::GenerationTokens,
+        VLLM,
+    ),
+    family(
+        "vllm:prefix_cache_hits_total",
+        "vLLM",
+        Role::CachedPromptTokens,
+        VLLM,
+    ),
+    family(
+        "vllm:prefix_cache_queries_total",
+        "vLLM",
+        Role::PrefixCacheQueries,
+        VLLM,
+    ),
+    family(
+        "vllm:time_to_first_token_seconds",
+        "vLLM",
+        Role::ServerTtft,
+        VLLM,
+    ),
+    family(
+        "vllm:e2e_request_latency_seconds",
+        "vLLM",
+        Role::ServerLatency,
+        VLLM,
+    ),
     // SGLang
     family("sglang:num_queue_reqs", "SGLang", Role::QueueDepth, SGLANG),
     family("sglang:num_running_reqs", "SGLang", Role::Running, SGLANG),
     family("sglang:token_usage", "SGLang", Role::KvCacheUsage, SGLANG),
-    family("sglang:prompt_tokens_total", "SGLang", Role::PromptTokens, SGLANG),
-    family("sglang:generation_tokens_total", "SGLang", Role::GenerationTokens, SGLANG),
-    family("sglang:cached_tokens_total", "SGLang", Role::CachedPromptTokens, SGLANG),
-    family("sglang:time_to_first_token_seconds", "SGLang", Role::ServerTtft, SGLANG),
-    family("sglang:e2e_request_latency_seconds", "SGLang", Role::ServerLatency, SGLANG),
+    family(
+        "sglang:prompt_tokens_total",
+        "SGLang",
+        Role::PromptTokens,
+        SGLANG,
+    ),
+    family(
+        "sglang:generation_tokens_total",
+        "SGLang",
+        Role::GenerationTokens,
+        SGLANG,
+    ),
+    family(
+        "sglang:cached_tokens_total",
+        "SGLang",
+        Role::CachedPromptTokens,
+        SGLANG,
+    ),
+    family(
+        "sglang:time_to_first_token_seconds",
+        "SGLang",
+        Role::ServerTtft,
+        SGLANG,
+    ),
+    family(
+        "sglang:e2e_request_latency_seconds",
+        "SGLang",
+        Role::ServerLatency,
+        SGLANG,
+    ),
     // TGI
     family("tgi_queue_size", "TGI", Role::QueueDepth, TGI),
     family("tgi_batch_current_size", "TGI", Role::Running, TGI),
     family("tgi_request_duration", "TGI", Role::ServerLatency, TGI),
     // llama.cpp (no KV-cache gauge, no TTFT or latency histogram)
-    family("llamacpp:requests_deferred", "llama.cpp", Role::QueueDepth, LLAMA_CPP),
-    family("llamacpp:requests_processing", "llama.cpp", Role::Running, LLAMA_CPP),
-    family("llamacpp:prompt_tokens_total", "llama.cpp", Role::PromptTokens, LLAMA_CPP),
-    family("llamacpp:tokens_predicted_total", "llama.cpp", Role::GenerationTokens, LLAMA_CPP),
+    family(
+        "llamacpp:requests_deferred",
+        "llama.cpp",
+        Role::QueueDepth,
+        LLAMA_CPP,
+    ),
+    family(
+        "llamacpp:requests_processing",
+        "llama.cpp",
+        Role::Running,
+        LLAMA_CPP,
+    ),
+    family(
+        "llamacpp:prompt_tokens_total",
+        "llama.cpp",
+        Role::PromptTokens,
+        LLAMA_CPP,
+    ),
+    family(
+        "llamacpp:tokens_predicted_total",
+        "llama.cpp",
+        Role::GenerationTokens,
+        LLAMA_CPP,
+    ),
     // TensorRT-LLM (Triton's backend) and Triton
     family(
         "nv_trt_llm_request_metrics{request_type=\"waiting\"}",
@@ -166,10 +246,25 @@ const KNOWN: &[KnownFamily] = &[
         Role::KvCacheUsage,
         NOT_CHECKED,
     ),
-    family("nv_inference_pending_request_count", "Triton", Role::QueueDepth, NOT_CHECKED),
+    family(
+        "nv_inference_pending_request_count",
+        "Triton",
+        Role::QueueDepth,
+        NOT_CHECKED,
+    ),
     // Dynamo
-    family("dynamo_frontend_queued_requests", "Dynamo", Role::QueueDepth, NOT_CHECKED),
-    family("dynamo_frontend_inflight_requests", "Dynamo", Role::Running, NOT_CHECKED),
+    family(
+        "dynamo_frontend_queued_requests",
+        "Dynamo",
+        Role::QueueDepth,
+        NOT_CHECKED,
+    ),
+    family(
+        "dynamo_frontend_inflight_requests",
+        "Dynamo",
+        Role::Running,
+        NOT_CHECKED,
+    ),
     family(
         "dynamo_frontend_time_to_first_token_seconds",
         "Dynamo",
@@ -260,9 +355,16 @@ mod tests {
         assert_eq!(role_of("vllm:num_requests_waiting"), Some(Role::QueueDepth));
         assert_eq!(role_of("sglang:token_usage"), Some(Role::KvCacheUsage));
         assert_eq!(role_of("vllm:unknown"), None);
-        assert_eq!(role_of("llamacpp:kv_cache_usage_ratio"), None, "not exposed any more");
+        assert_eq!(
+            role_of("llamacpp:kv_cache_usage_ratio"),
+            None,
+            "not exposed any more"
+        );
         assert!(known_family("vllm:kv_cache_usage_perc").is_some_and(KnownFamily::verified));
-        assert_eq!(server_of("llamacpp:prompt_seconds_total"), Some("llama.cpp"));
+        assert_eq!(
+            server_of("llamacpp:prompt_seconds_total"),
+            Some("llama.cpp")
+        );
         assert_eq!(server_of("process_cpu_seconds_total"), None);
         // Every family of a server whose source was read says where.
         for known in KNOWN {

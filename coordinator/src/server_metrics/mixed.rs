@@ -20,7 +20,10 @@ pub const TOKEN_FLOOR: f64 = 100.0;
 /// The replica labels of one endpoint's consecutive scrapes (those that named one): a
 /// change means a balancer answers from different replicas.
 pub(super) fn replica_changed(replicas: &[&str]) -> Option<String> {
-    let changes = replicas.windows(2).filter(|pair| pair[0] != pair[1]).count();
+    let changes = replicas
+        .windows(2)
+        .filter(|pair| pair[0] != pair[1])
+        .count();
     let first_change = replicas.windows(2).find(|pair| pair[0] != pair[1])?;
     Some(format!(
         "mixed series: the replica its labels name changed in {changes} of {} intervals \
@@ -69,8 +72,7 @@ impl ScrapeLog {
         to: SystemTime,
         client: f64,
     ) {
-        let (Some(start), Some(end)) = (self.bounding(from, false), self.bounding(to, true))
-        else {
+        let (Some(start), Some(end)) = (self.bounding(from, false), self.bounding(to, true)) else {
             return;
         };
         if start >= end {
@@ -139,8 +141,7 @@ mod tests {
     fn a_replica_label_that_changes_is_mixed() {
         assert_eq!(replica_changed(&["pod=\"a\"", "pod=\"a\""]), None);
         assert_eq!(replica_changed(&[]), None);
-        let finding =
-            replica_changed(&["pod=\"a\"", "pod=\"b\"", "pod=\"a\""]).expect("changed");
+        let finding = replica_changed(&["pod=\"a\"", "pod=\"b\"", "pod=\"a\""]).expect("changed");
         assert!(finding.contains("2 of 2 intervals"), "{finding}");
         assert!(finding.contains("pod=\"a\" then pod=\"b\""), "{finding}");
     }

@@ -66,13 +66,13 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-pub use known::{
-    COUNTS_CACHED, KnownFamily, Role, in_seconds, known_families, known_family, prompt_tokens_meaning, role_of,
-    server_of,
-};
 pub use endpoints::{expand_env, prefix_hint};
-pub use parse::{MAX_SERIES, ParseError};
+pub use known::{
+    COUNTS_CACHED, KnownFamily, Role, in_seconds, known_families, known_family,
+    prompt_tokens_meaning, role_of, server_of,
+};
 pub use mixed::{TOKEN_RATIO_LIMIT, token_mismatch};
+pub use parse::{MAX_SERIES, ParseError};
 pub use scrape::{MAX_BODY_BYTES, ScrapeClientOptions, ScrapeEndpoint, Scraper, request_timeout};
 
 use parse::{FamilyValue, add_bucket};
@@ -431,9 +431,8 @@ impl ScrapeLog {
                     p90: histogram_quantile(0.9, &delta.buckets),
                     p99: histogram_quantile(0.99, &delta.buckets),
                     unit: None,
-                    buckets: (delta.count > 0.0).then(|| {
-                        [0.5, 0.9, 0.99].map(|q| quantile_bucket(q, &delta.buckets))
-                    }),
+                    buckets: (delta.count > 0.0)
+                        .then(|| [0.5, 0.9, 0.99].map(|q| quantile_bucket(q, &delta.buckets))),
                 }
                 .in_ms(name)
             }),

@@ -453,7 +453,11 @@ mod tests {
         let names: Vec<&str> = families.keys().map(String::as_str).collect();
         assert_eq!(
             names,
-            ["jobs_created", "vllm:e2e_request_latency_seconds", "vllm:prompt_tokens_total"]
+            [
+                "jobs_created",
+                "vllm:e2e_request_latency_seconds",
+                "vllm:prompt_tokens_total"
+            ]
         );
     }
 
