@@ -32,8 +32,8 @@ impl Default for GateConfig {
             bearer: None,
             redirects: Vec::new(),
             metrics_path: "/metrics".to_owned(),
-            // An empty range: no scrape fails.
-            bad_gateway: 1..=0,
+            // Scrapes are counted from 1: none fails.
+            bad_gateway: 0..=0,
             replicas: Vec::new(),
         }
     }

@@ -264,6 +264,7 @@ fn record(
 ) {
     let mut values: Vec<Option<Families>> = vec![None; log.endpoints.len()];
     let mut replicas: Vec<Option<String>> = vec![None; log.endpoints.len()];
+    let mut failed = Vec::new();
     let mut at = None;
     for (index, result) in results {
         let Some(endpoint) = log.endpoints.get_mut(index) else {
@@ -276,7 +277,7 @@ fn record(
                 replicas[index] = replica;
             }
             Err((failed_at, failure)) => {
-                endpoint.errors.push(failed_at);
+                failed.push((index, failed_at));
                 if let Some(live) = live.as_deref_mut() {
                     tracing::info!(url = %endpoint.url, %failure, "server metrics: endpoint dropped");
                     let hint = hints.get(index).cloned().flatten();
@@ -289,6 +290,12 @@ fn record(
                     tracing::debug!(url = %endpoint.url, %failure, "server metrics: scrape failed");
                 }
             }
+        }
+    }
+    // A failure counts at its round's instant, so a window that uses the round counts it.
+    for (index, failed_at) in failed {
+        if let Some(endpoint) = log.endpoints.get_mut(index) {
+            endpoint.errors.push(at.unwrap_or(failed_at));
         }
     }
     if let Some(at) = at {
