@@ -196,6 +196,12 @@ pub struct RunArgs {
     /// exporter. The target's own `<origin>/metrics` is tried without asking.
     #[arg(long = "server-metrics", value_name = "URL")]
     pub server_metrics: Vec<String>,
+    /// A header for the --server-metrics endpoints, `Name: value` (repeatable; `${VAR}`
+    /// expands from this process's environment). Sent to those endpoints' own origins only,
+    /// never across a redirect to another origin; the target's own `/metrics` gets the
+    /// --header values instead.
+    #[arg(long = "server-metrics-header", value_name = "NAME: VALUE")]
+    pub server_metrics_headers: Vec<String>,
     /// How often the server's metrics are scraped during the run (default 1s).
     #[arg(long, value_name = "DURATION")]
     pub server_metrics_interval: Option<String>,
@@ -278,6 +284,8 @@ pub struct FileConfig {
     pub find_max_precision: Option<String>,
     #[serde(default)]
     pub server_metrics: Vec<String>,
+    #[serde(default)]
+    pub server_metrics_headers: Vec<String>,
     pub server_metrics_interval: Option<String>,
     pub no_server_metrics: Option<bool>,
 }
@@ -610,6 +618,10 @@ pub struct ServerMetricsOptions {
     pub target: bool,
     /// More endpoints, as given.
     pub extra: Vec<String>,
+    /// `--server-metrics-header`s for the `extra` endpoints: `(name, template)`, `${VAR}`
+    /// expanded from the coordinator's environment when the scraper starts (every variable
+    /// was checked to be set here).
+    pub extra_headers: Vec<(String, String)>,
     /// Between scrapes.
     pub interval: Duration,
 }
@@ -675,9 +687,25 @@ fn check_metrics_url(url: &str) -> anyhow::Result<()> {
 
 /// Parse `Name: value`. Errors never echo the value: it is often a secret.
 fn split_header(text: &str) -> anyhow::Result<(String, String)> {
+    split_header_of("--header", text)
+}
+
+/// A `--server-metrics-header`: `Name: value` as for `--header`, each `${VAR}` set in this
+/// process's environment (the coordinator scrapes; an unset one is an error naming it).
+fn server_metrics_header(text: &str) -> anyhow::Result<(String, String)> {
+    const FLAG: &str = "--server-metrics-header";
+    let (name, template) = split_header_of(FLAG, text)?;
+    if let Err(var) = crate::server_metrics::expand_env(&template, &|var| std::env::var(var).ok()) {
+        bail!("{FLAG} {name}: {var}");
+    }
+    Ok((name, template))
+}
+
+/// Parse `Name: value` for `flag`. Errors never echo the value: it is often a secret.
+fn split_header_of(flag: &str, text: &str) -> anyhow::Result<(String, String)> {
     let Some((name, value)) = text.split_once(':') else {
         bail!(
-            "--header: expected 'Name: value' ({} characters given, not shown: a header value is often a secret)",
+            "{flag}: expected 'Name: value' ({} characters given, not shown: a header value is often a secret)",
             text.chars().count()
         );
     };
@@ -688,7 +716,7 @@ fn split_header(text: &str) -> anyhow::Result<(String, String)> {
             .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
     {
         bail!(
-            "--header: {:?} is not a valid header name (the value is not shown)",
+            "{flag}: {:?} is not a valid header name (the value is not shown)",
             name.chars().take(64).collect::<String>()
         );
     }
@@ -706,7 +734,7 @@ fn split_header(text: &str) -> anyhow::Result<(String, String)> {
             "a non-ASCII character"
         };
         bail!(
-            "--header {name}: the value holds {what}; header values must be visible ASCII (the value is not shown)"
+            "{flag} {name}: the value holds {what}; header values must be visible ASCII (the value is not shown)"
         );
     }
     Ok((name.to_owned(), value.to_owned()))
@@ -986,6 +1014,20 @@ impl RunArgs {
         for url in &extra_metrics {
             check_metrics_url(url)?;
         }
+        let mut extra_headers = Vec::new();
+        for text in file
+            .server_metrics_headers
+            .iter()
+            .chain(&self.server_metrics_headers)
+        {
+            extra_headers.push(server_metrics_header(text)?);
+        }
+        if !extra_headers.is_empty() && extra_metrics.is_empty() {
+            bail!(
+                "--server-metrics-header: no --server-metrics endpoint to send it to (the \
+                 target's own /metrics gets the --header values)"
+            );
+        }
         let metrics_interval = match self
             .server_metrics_interval
             .or(file.server_metrics_interval)
@@ -1002,6 +1044,7 @@ impl RunArgs {
         let server_metrics = ServerMetricsOptions {
             target: !no_server_metrics,
             extra: extra_metrics,
+            extra_headers,
             interval: metrics_interval,
         };
         let mut config = RunConfig {

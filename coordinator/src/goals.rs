@@ -1302,6 +1302,7 @@ mod tests {
                 p90: 200.0,
                 p99: 250.0,
                 unit: Some(crate::server_metrics::ServerUnit::Ms),
+                buckets: None,
             },
         );
         metrics.insert(
@@ -1313,6 +1314,7 @@ mod tests {
                 p90: 0.0,
                 p99: 0.0,
                 unit: Some(crate::server_metrics::ServerUnit::Ms),
+                buckets: None,
             },
         );
         // As a report saved before times were converted holds it: in seconds.
@@ -1325,6 +1327,7 @@ mod tests {
                 p90: 0.5,
                 p99: 0.6,
                 unit: None,
+                buckets: None,
             },
         );
         metrics.insert(

@@ -1057,7 +1057,8 @@ impl ProbeJudge<'_> {
 
 /// The scraper of the server's metrics: the target's own `<origin>/metrics` (with
 /// `--target`, unless `--no-server-metrics`) with the user's `--header`s — they are the
-/// target's, so they go to its origin only — and each `--server-metrics` URL without them.
+/// target's, so they go to its origin only — and each `--server-metrics` URL with the
+/// `--server-metrics-header`s instead.
 /// `None` when there is nothing to scrape.
 fn start_scraper(config: &RunConfig) -> Option<Scraper> {
     let options = &config.server_metrics;
@@ -1069,12 +1070,18 @@ fn start_scraper(config: &RunConfig) -> Option<Scraper> {
         endpoints.push(ScrapeEndpoint {
             url: format!("{origin}/metrics"),
             headers: coordinator_headers(&config.headers),
+            target: true,
+            hint: crate::server_metrics::prefix_hint(target),
         });
     }
-    endpoints.extend(options.extra.iter().map(|url| ScrapeEndpoint {
-        url: url.clone(),
-        headers: Vec::new(),
-    }));
+    // `--server-metrics-header`s: their variables were checked when the options were read.
+    let extra_headers = coordinator_headers(&options.extra_headers);
+    endpoints.extend(
+        options
+            .extra
+            .iter()
+            .map(|url| ScrapeEndpoint::new(url.clone(), extra_headers.clone())),
+    );
     if endpoints.is_empty() {
         return None;
     }
@@ -1098,17 +1105,9 @@ fn coordinator_headers(templates: &[(String, String)]) -> Vec<(String, String)> 
     templates
         .iter()
         .filter_map(|(name, template)| {
-            let mut out = String::new();
-            let mut rest = template.as_str();
-            while let Some(start) = rest.find("${") {
-                out.push_str(&rest[..start]);
-                let after = &rest[start + 2..];
-                let end = after.find('}')?;
-                out.push_str(&std::env::var(&after[..end]).ok()?);
-                rest = &after[end + 1..];
-            }
-            out.push_str(rest);
-            Some((name.trim().to_owned(), out.trim().to_owned()))
+            let lookup = |var: &str| std::env::var(var).ok();
+            let value = crate::server_metrics::expand_env(template, &lookup).ok()?;
+            Some((name.trim().to_owned(), value.trim().to_owned()))
         })
         .collect()
 }
@@ -1132,17 +1131,26 @@ fn attach_server_sections(
     };
     let run_start = first.started_at;
     let (_, last) = &results[results.len() - 1];
-    let (from, to) = match capacity {
+    // The run's own output tokens, against which the target's generated-token counters are
+    // checked (`ScrapeLog::section_against`): over the whole run only, whose bounding scrapes
+    // (the probe before the load, the final one after it) hold nothing else; a level's or a
+    // probe's may reach a neighbour's load by up to one interval.
+    let run_tokens: f64 = results
+        .iter()
+        .map(|(_, result)| result.metrics.counters.output_tokens as f64)
+        .sum();
+    let (from, to, client_tokens) = match capacity {
         Some(capacity) => {
             for (probe, (_, result)) in capacity.probes.iter_mut().zip(results) {
                 let (from, to) = window_of(result);
                 probe.server = Some(log.section(from, to, run_start));
             }
-            window_of(&results[main].1)
+            let (from, to) = window_of(&results[main].1);
+            (from, to, None)
         }
-        None => (run_start, window_of(last).1),
+        None => (run_start, window_of(last).1, Some(run_tokens)),
     };
-    report.server = Some(log.section(from, to, run_start));
+    report.server = Some(log.section_against(from, to, run_start, client_tokens));
     for (level, (_, result)) in report.sweep.iter_mut().zip(results) {
         let (from, to) = window_of(result);
         level.server = Some(log.section(from, to, run_start));

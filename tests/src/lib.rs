@@ -4,6 +4,7 @@
 
 pub mod gateway;
 pub mod link;
+pub mod metrics_gate;
 pub mod peer;
 pub mod truth;
 

@@ -27,6 +27,8 @@ mod ingress;
 mod ingress_balancer;
 mod ingress_certificates;
 mod ingress_failure_share;
+mod ingress_scrape_auth;
+mod ingress_scrape_errors;
 mod ingress_server_units;
 mod library_run;
 mod link_flood;

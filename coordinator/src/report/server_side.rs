@@ -14,18 +14,24 @@ use common::text::escape_controls;
 
 use super::format::NO_VALUE;
 use super::{LlmSection, Report};
-use crate::server_metrics::{Role, ServerMetric, ServerSection, role_of};
+use crate::server_metrics::{
+    COUNTS_CACHED, QuantileBucket, Role, ServerMetric, ServerSection, known_family,
+    prompt_tokens_meaning, role_of, server_of,
+};
 
 /// What the difference between the client's and the server's time is made of.
 pub(super) const DIFFERENCE_NOTE: &str = "network, ingress and client";
 
-/// The roles the report shows, in order.
-const ROLES: [Role; 8] = [
+/// The roles the report shows, in order (prefix-cache queries only as the cached share's
+/// denominator, in the cached-tokens row).
+const ROLES: [Role; 10] = [
     Role::QueueDepth,
     Role::Running,
     Role::KvCacheUsage,
     Role::Preemptions,
     Role::PromptTokens,
+    Role::CachedPromptTokens,
+    Role::PrefixCacheQueries,
     Role::GenerationTokens,
     Role::ServerTtft,
     Role::ServerLatency,
@@ -40,6 +46,8 @@ pub(super) struct ServerView {
     pub rows: Vec<ServerRow>,
     /// Families of no known role (listed in the JSON, and in the HTML report).
     pub other_families: usize,
+    /// Of those, how many are named like a known server's (`vllm:…`), by server.
+    pub other_of_known_servers: BTreeMap<&'static str, usize>,
     /// Set when endpoints were configured and none of them answered.
     pub none_answered: Option<String>,
 }
@@ -94,7 +102,7 @@ pub(super) fn server_view(report: &Report) -> Option<ServerView> {
     for role in ROLES {
         for (name, metric) in families(server, role) {
             known += 1;
-            rows.extend(role_rows(role, name, metric, &report.llm));
+            rows.extend(role_rows(role, name, metric, &report.llm, server));
         }
     }
     let answered = server.endpoints.iter().any(|e| e.scrapes > e.errors);
@@ -102,23 +110,43 @@ pub(super) fn server_view(report: &Report) -> Option<ServerView> {
         "no endpoint answered, so there are no server numbers (see each endpoint's note)"
             .to_string()
     });
+    let mut other_of_known_servers = BTreeMap::new();
+    for (name, _) in other_families(server) {
+        if let Some(known_server) = server_of(name) {
+            *other_of_known_servers.entry(known_server).or_insert(0) += 1;
+        }
+    }
     Some(ServerView {
         endpoints,
         rows,
         other_families: server.metrics.len() - known,
+        other_of_known_servers,
         none_answered,
     })
 }
 
-/// `N more families in the JSON report`, or `None` when there are none.
+/// `N more families in the JSON report (M of vLLM, K of no known server)`, or `None` when
+/// there are none: a known server's families without a row are its, not "of no known
+/// server".
 pub(super) fn other_families_text(view: &ServerView) -> Option<String> {
-    match view.other_families {
-        0 => None,
-        1 => Some("1 more family (of no known server) in the JSON report".to_string()),
-        n => Some(format!(
-            "{n} more families (of no known server) in the JSON report"
-        )),
+    let n = view.other_families;
+    if n == 0 {
+        return None;
     }
+    let of_known: usize = view.other_of_known_servers.values().sum();
+    let mut parts: Vec<String> = view
+        .other_of_known_servers
+        .iter()
+        .map(|(server, count)| format!("{count} of {server}"))
+        .collect();
+    if n > of_known {
+        parts.push(format!("{} of no known server", n - of_known));
+    }
+    let families = if n == 1 { "family" } else { "families" };
+    Some(format!(
+        "{n} more {families} in the JSON report ({})",
+        parts.join(", ")
+    ))
 }
 
 /// The families of `role` in `server`, by name.
@@ -151,11 +179,19 @@ fn role_label(role: Role) -> &'static str {
         Role::GenerationTokens => "generation tokens/s",
         Role::ServerTtft => "TTFT",
         Role::ServerLatency => "request latency",
+        Role::CachedPromptTokens => "cached prompt share",
+        Role::PrefixCacheQueries => "prefix-cache queries",
     }
 }
 
 /// The rows of one family.
-fn role_rows(role: Role, name: &str, metric: &ServerMetric, llm: &LlmSection) -> Vec<ServerRow> {
+fn role_rows(
+    role: Role,
+    name: &str,
+    metric: &ServerMetric,
+    llm: &LlmSection,
+    server: &ServerSection,
+) -> Vec<ServerRow> {
     let family = escape_controls(name).into_owned();
     let label = role_label(role);
     let row = |what: String, server: String| ServerRow {
@@ -192,9 +228,23 @@ fn role_rows(role: Role, name: &str, metric: &ServerMetric, llm: &LlmSection) ->
                 format!("{} over the run", number(*delta)),
             )]
         }
-        (Role::PromptTokens | Role::GenerationTokens, ServerMetric::Counter { rate, .. }) => {
-            vec![row(label.to_string(), format!("{rate:.2}"))]
+        (Role::PromptTokens, ServerMetric::Counter { delta, rate }) => {
+            vec![row(
+                label.to_string(),
+                prompt_text(name, *delta, *rate, llm),
+            )]
         }
+        (Role::GenerationTokens, ServerMetric::Counter { delta, rate }) => {
+            vec![row(label.to_string(), generated_text(*delta, *rate, llm))]
+        }
+        (Role::CachedPromptTokens, ServerMetric::Counter { delta, .. }) => {
+            cached_share_text(name, *delta, server, llm)
+                .map(|text| row(label.to_string(), text))
+                .into_iter()
+                .collect()
+        }
+        // Read by the cached share's row.
+        (Role::PrefixCacheQueries, _) => Vec::new(),
         // TGI and Dynamo count tokens per request in a histogram: its sum is the run's.
         (
             Role::PromptTokens | Role::GenerationTokens,
@@ -229,29 +279,140 @@ fn timing_rows(
     else {
         return Vec::new();
     };
-    let stats: [(&str, f64, Option<f64>); 3] = [
-        ("p50", p50, client.map(|s| s.p50)),
-        ("p90", p90, client.map(|s| s.p90)),
-        ("p99", p99, client.map(|s| s.p99)),
+    let buckets = match metric.in_ms(name) {
+        ServerMetric::Histogram { buckets, .. } => buckets,
+        _ => None,
+    };
+    let bucket = |i: usize| buckets.map(|b| b[i]);
+    let stats: [(&str, f64, Option<f64>, Option<QuantileBucket>); 3] = [
+        ("p50", p50, client.map(|s| s.p50), bucket(0)),
+        ("p90", p90, client.map(|s| s.p90), bucket(1)),
+        ("p99", p99, client.map(|s| s.p99), bucket(2)),
     ];
     let ms = |v: Option<f64>| v.map_or_else(|| NO_VALUE.to_string(), |v| format!("{v:.2}"));
     stats
         .into_iter()
-        .map(|(stat, value, client)| {
+        .map(|(stat, value, client, bucket)| {
             let server = (count > 0.0 && value.is_finite()).then_some(value);
             ServerRow {
                 what: format!("{label} {stat} (ms)"),
                 measure: label,
                 family: family.to_string(),
-                server: ms(server),
+                server: match (server, bucket) {
+                    (Some(value), Some(bucket)) => {
+                        format!("{value:.2} ({})", bucket_text(bucket))
+                    }
+                    _ => ms(server),
+                },
                 client: ms(client),
                 difference: match (client, server) {
-                    (Some(c), Some(s)) => format!("{:+.2}", c - s),
+                    (Some(c), Some(s)) => difference_text(c, s, bucket),
                     _ => NO_VALUE.to_string(),
                 },
             }
         })
         .collect()
+}
+
+/// The bucket a server quantile lies in, `250–500` (ms), `> 2560` for the `+Inf` one.
+fn bucket_text(bucket: QuantileBucket) -> String {
+    match bucket.to {
+        Some(to) => format!("{}–{}", number(bucket.from), number(to)),
+        None => format!("> {}", number(bucket.from)),
+    }
+}
+
+/// Client − server where it means something: the server's quantile is interpolated inside
+/// its bucket, so a difference no wider than the bucket is within its resolution
+/// (`within the bucket`), and a client below the server's whole bucket is not a negative
+/// network time (other requests, or an other clock) — never a negative difference.
+fn difference_text(client: f64, server: f64, bucket: Option<QuantileBucket>) -> String {
+    let difference = client - server;
+    match bucket {
+        // A report saved before buckets were kept: the difference, when it is not negative.
+        None if difference >= 0.0 => format!("{difference:+.2}"),
+        None => NO_VALUE.to_string(),
+        Some(bucket) if client < bucket.from => "- (client below the server's bucket)".to_string(),
+        Some(bucket) => match bucket.width() {
+            Some(width) if difference > width => format!("{difference:+.2}"),
+            _ => "within the bucket".to_string(),
+        },
+    }
+}
+
+/// The input tokens the run itself sent, from its input-length distribution.
+fn client_input_tokens(llm: &LlmSection) -> Option<f64> {
+    llm.isl_tokens
+        .as_ref()
+        .filter(|isl| isl.count > 0)
+        .map(|isl| isl.avg * isl.count as f64)
+}
+
+/// A prompt-token counter's rate and total, what its server counts (vLLM counts cached
+/// tokens, llama.cpp does not) and the run's own count beside it.
+fn prompt_text(name: &str, delta: f64, rate: f64, llm: &LlmSection) -> String {
+    let mut text = format!("{rate:.2} · {} in the run", number(delta));
+    if let Some(known) = known_family(name)
+        && let Some(meaning) = prompt_tokens_meaning(known.server)
+    {
+        text.push_str(&format!(", {} {meaning}", known.server));
+    }
+    if let Some(sent) = client_input_tokens(llm) {
+        text.push_str(&format!(" · the run sent {}", number(sent.round())));
+    }
+    text
+}
+
+/// A generated-token counter's rate and total, the run's own count beside it.
+fn generated_text(delta: f64, rate: f64, llm: &LlmSection) -> String {
+    format!(
+        "{rate:.2} · {} in the run · the run received {}",
+        number(delta),
+        llm.output_tokens
+    )
+}
+
+/// The share of prompt tokens the server served from its prefix cache, by its own counters:
+/// cached tokens over the same server's prefix-cache queries, or over its prompt tokens
+/// when those count cached ones too (SGLang); the share the run's usage reports gave
+/// beside it. `None` when the server has no denominator.
+fn cached_share_text(
+    name: &str,
+    cached: f64,
+    server: &ServerSection,
+    llm: &LlmSection,
+) -> Option<String> {
+    let owner = known_family(name)?.server;
+    let denominator = |role: Role| {
+        server
+            .metrics
+            .iter()
+            .find_map(|(other, metric)| match metric {
+                ServerMetric::Counter { delta, .. }
+                    if role_of(other) == Some(role)
+                        && known_family(other).is_some_and(|k| k.server == owner) =>
+                {
+                    Some(*delta)
+                }
+                _ => None,
+            })
+    };
+    let of = denominator(Role::PrefixCacheQueries).or_else(|| {
+        // Only a prompt counter that counts cached tokens too is a denominator.
+        (prompt_tokens_meaning(owner)? == COUNTS_CACHED)
+            .then(|| denominator(Role::PromptTokens))
+            .flatten()
+    })?;
+    let share = if of > 0.0 { cached / of * PERCENT } else { 0.0 };
+    let mut text = format!(
+        "{share:.1} % ({} of {} prompt tokens, the server's own count)",
+        number(cached),
+        number(of)
+    );
+    if let Some(usage) = llm.cached_input_share_pct {
+        text.push_str(&format!(" · usage reports: {usage:.1} %"));
+    }
+    Some(text)
 }
 
 /// KV-cache usage is a fraction of 1 for every known server (`server_metrics::Role`):
@@ -403,4 +564,45 @@ pub(super) fn role_series(server: &ServerSection, role: Role) -> Vec<TimeSeries>
         .filter(|(_, segments)| !segments.is_empty())
         .map(|(name, segments)| (escape_controls(name).into_owned(), segments))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bucket(from: f64, to: f64) -> Option<QuantileBucket> {
+        Some(QuantileBucket { from, to: Some(to) })
+    }
+
+    /// The issue's numbers: a server p90 interpolated to 250.0 inside 100–250 ms cannot give
+    /// the client's 224.3 a "−25.7 ms" of network; a difference wider than the bucket shows.
+    #[test]
+    fn a_difference_is_shown_only_beyond_the_buckets_resolution_and_never_negative() {
+        assert_eq!(
+            difference_text(224.3, 250.0, bucket(100.0, 250.0)),
+            "within the bucket"
+        );
+        assert_eq!(
+            difference_text(90.0, 120.0, bucket(100.0, 250.0)),
+            "- (client below the server's bucket)"
+        );
+        assert_eq!(
+            difference_text(300.0, 240.0, bucket(100.0, 250.0)),
+            "within the bucket"
+        );
+        assert_eq!(
+            difference_text(420.0, 240.0, bucket(100.0, 250.0)),
+            "+180.00"
+        );
+        // No bucket (a report saved before they were kept): never negative.
+        assert_eq!(difference_text(224.3, 250.0, None), NO_VALUE);
+        assert_eq!(difference_text(260.0, 250.0, None), "+10.00");
+        assert_eq!(
+            bucket_text(QuantileBucket {
+                from: 2_560_000.0,
+                to: None
+            }),
+            "> 2560000"
+        );
+    }
 }

@@ -1954,6 +1954,7 @@ fn sample_server() -> ServerSection {
                 p90: 180.0,
                 p99: 240.0,
                 unit: Some(crate::server_metrics::ServerUnit::Ms),
+                buckets: None,
             },
         ),
         (
@@ -1966,6 +1967,7 @@ fn sample_server() -> ServerSection {
                 p90: 1.15,
                 p99: 1.18,
                 unit: None,
+                buckets: None,
             },
         ),
         ("process_cpu_seconds_total".to_string(), counter(12.5, 2.78)),

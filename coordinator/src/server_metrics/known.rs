@@ -1,16 +1,30 @@
-//! The metric families of known model servers, each with the role the reports show it in.
+//! The metric families of known model servers, each with the role the reports show it in,
+//! and where its name was checked in the server's own source (`KnownFamily::checked`).
 //!
-//! Seen in the servers' own documentation (searched 2026): vLLM's `num_requests_waiting`,
-//! `num_requests_running`, `gpu_cache_usage_perc` (docs.vllm.ai "Production Metrics");
-//! SGLang's `prompt_tokens_total`, `generation_tokens_total`, `token_usage`,
-//! `time_to_first_token_seconds` (docs.sglang.io "Production Metrics"); TGI's
-//! `tgi_queue_size`, `tgi_batch_current_size`, `tgi_request_duration` (huggingface.co TGI
-//! "Metrics"). Everything else is from memory, not checked (`verified: false`): vLLM's
-//! V1 names `kv_cache_usage_perc`, `num_preemptions_total`, and its token counters and
-//! latency histograms; SGLang's `num_queue_reqs`, `num_running_reqs`,
-//! `e2e_request_latency_seconds`; every llama.cpp, TensorRT-LLM/Triton and Dynamo name.
-//! Token histograms (TGI's `tgi_request_input_length`, Dynamo's sequence lengths) are left
-//! out: the token roles are counters, read as a rate.
+//! Checked against source (2026, the public repositories as stored for this work):
+//! - vLLM `vllm/v1/metrics/loggers.py` (`PrometheusStatLogger`): gauges
+//!   `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`
+//!   (`vllm:gpu_cache_usage_perc` is its pre-0.9 name, deprecated, hidden from 0.10);
+//!   counters `vllm:num_preemptions`, `vllm:prompt_tokens`, `vllm:generation_tokens`,
+//!   `vllm:prefix_cache_queries`, `vllm:prefix_cache_hits` (exposed with `_total` by
+//!   `prometheus_client`, which also adds a `_created` gauge per counter); histograms
+//!   `vllm:time_to_first_token_seconds`, `vllm:e2e_request_latency_seconds`.
+//!   `vllm:prompt_tokens` counts every prompt token, a prefix-cache hit included.
+//! - SGLang `python/sglang/srt/metrics/collector.py`: gauges `sglang:num_running_reqs`,
+//!   `sglang:num_queue_reqs`, `sglang:token_usage`; counters `sglang:prompt_tokens_total`
+//!   (every prompt token), `sglang:generation_tokens_total`, `sglang:cached_tokens_total`;
+//!   histograms `sglang:time_to_first_token_seconds`, `sglang:e2e_request_latency_seconds`.
+//! - llama.cpp `tools/server/server-context.cpp` (the `/metrics` handler): counters
+//!   `llamacpp:prompt_tokens_total` (`n_prompt_tokens_processed_total`: the prompt tokens
+//!   evaluated, a reused cache prefix not counted), `llamacpp:tokens_predicted_total`; gauges
+//!   `llamacpp:requests_processing`, `llamacpp:requests_deferred`. It exposes no KV-cache
+//!   gauge any more (`llamacpp:kv_cache_usage_ratio` is gone) and no TTFT or latency.
+//! - TGI `router/src/server.rs`: `tgi_queue_size`, `tgi_batch_current_size`,
+//!   `tgi_request_duration` (seconds).
+//!
+//! Not checked (`checked` empty): every TensorRT-LLM/Triton and Dynamo name. Token
+//! histograms (TGI's `tgi_request_input_length`, Dynamo's sequence lengths) are left out: the
+//! token roles are counters, read as a rate.
 
 use serde::{Deserialize, Serialize};
 
@@ -33,6 +47,11 @@ pub enum Role {
     ServerTtft,
     /// The server's end-to-end request latency (histogram, seconds).
     ServerLatency,
+    /// Prompt tokens served from the prefix cache (counter).
+    CachedPromptTokens,
+    /// Prompt tokens looked up in the prefix cache (counter): the cached share's
+    /// denominator where the server has one.
+    PrefixCacheQueries,
 }
 
 impl Role {
@@ -47,6 +66,8 @@ impl Role {
             Role::GenerationTokens => "generated tokens",
             Role::ServerTtft => "server TTFT",
             Role::ServerLatency => "server latency",
+            Role::CachedPromptTokens => "cached prompt tokens",
+            Role::PrefixCacheQueries => "prefix-cache queries",
         }
     }
 }
@@ -61,185 +82,239 @@ pub struct KnownFamily {
     pub server: &'static str,
     /// What it tells.
     pub role: Role,
-    /// Checked against the server's documentation (see the module doc).
-    pub verified: bool,
+    /// Where the name was checked in the server's own source (a file of its repository,
+    /// see the module doc); empty when it was not.
+    pub checked: &'static str,
 }
+
+impl KnownFamily {
+    /// True when the name was checked in the server's source.
+    pub fn verified(&self) -> bool {
+        !self.checked.is_empty()
+    }
+}
+
+const VLLM: &str = "vllm-project/vllm vllm/v1/metrics/loggers.py";
+const SGLANG: &str = "sgl-project/sglang python/sglang/srt/metrics/collector.py";
+const LLAMA_CPP: &str = "ggml-org/llama.cpp tools/server/server-context.cpp";
+const TGI: &str = "huggingface/text-generation-inference router/src/server.rs";
+const NOT_CHECKED: &str = "";
 
 const fn family(
     name: &'static str,
     server: &'static str,
     role: Role,
-    verified: bool,
+    checked: &'static str,
 ) -> KnownFamily {
     KnownFamily {
         name,
         server,
         role,
-        verified,
+        checked,
     }
 }
 
-/// The table (see the module doc for what is verified).
+/// The table (see the module doc for what was checked where).
 const KNOWN: &[KnownFamily] = &[
     // vLLM
-    family("vllm:num_requests_waiting", "vLLM", Role::QueueDepth, true),
-    family("vllm:num_requests_running", "vLLM", Role::Running, true),
-    family(
-        "vllm:kv_cache_usage_perc",
-        "vLLM",
-        Role::KvCacheUsage,
-        false,
-    ),
+    family("vllm:num_requests_waiting", "vLLM", Role::QueueDepth, VLLM),
+    family("vllm:num_requests_running", "vLLM", Role::Running, VLLM),
+    family("vllm:kv_cache_usage_perc", "vLLM", Role::KvCacheUsage, VLLM),
+    // Before 0.9; deprecated there, hidden from 0.10 (same file, its comment).
     family(
         "vllm:gpu_cache_usage_perc",
         "vLLM",
         Role::KvCacheUsage,
-        true,
+        VLLM,
     ),
     family(
         "vllm:num_preemptions_total",
         "vLLM",
         Role::Preemptions,
-        false,
+        VLLM,
     ),
-    family(
-        "vllm:prompt_tokens_total",
-        "vLLM",
-        Role::PromptTokens,
-        false,
-    ),
+    family("vllm:prompt_tokens_total", "vLLM", Role::PromptTokens, VLLM),
     family(
         "vllm:generation_tokens_total",
         "vLLM",
         Role::GenerationTokens,
-        false,
+        VLLM,
+    ),
+    family(
+        "vllm:prefix_cache_hits_total",
+        "vLLM",
+        Role::CachedPromptTokens,
+        VLLM,
+    ),
+    family(
+        "vllm:prefix_cache_queries_total",
+        "vLLM",
+        Role::PrefixCacheQueries,
+        VLLM,
     ),
     family(
         "vllm:time_to_first_token_seconds",
         "vLLM",
         Role::ServerTtft,
-        false,
+        VLLM,
     ),
     family(
         "vllm:e2e_request_latency_seconds",
         "vLLM",
         Role::ServerLatency,
-        false,
+        VLLM,
     ),
     // SGLang
-    family("sglang:num_queue_reqs", "SGLang", Role::QueueDepth, false),
-    family("sglang:num_running_reqs", "SGLang", Role::Running, false),
-    family("sglang:token_usage", "SGLang", Role::KvCacheUsage, true),
+    family("sglang:num_queue_reqs", "SGLang", Role::QueueDepth, SGLANG),
+    family("sglang:num_running_reqs", "SGLang", Role::Running, SGLANG),
+    family("sglang:token_usage", "SGLang", Role::KvCacheUsage, SGLANG),
     family(
         "sglang:prompt_tokens_total",
         "SGLang",
         Role::PromptTokens,
-        true,
+        SGLANG,
     ),
     family(
         "sglang:generation_tokens_total",
         "SGLang",
         Role::GenerationTokens,
-        true,
+        SGLANG,
+    ),
+    family(
+        "sglang:cached_tokens_total",
+        "SGLang",
+        Role::CachedPromptTokens,
+        SGLANG,
     ),
     family(
         "sglang:time_to_first_token_seconds",
         "SGLang",
         Role::ServerTtft,
-        true,
+        SGLANG,
     ),
     family(
         "sglang:e2e_request_latency_seconds",
         "SGLang",
         Role::ServerLatency,
-        false,
+        SGLANG,
     ),
     // TGI
-    family("tgi_queue_size", "TGI", Role::QueueDepth, true),
-    family("tgi_batch_current_size", "TGI", Role::Running, true),
-    family("tgi_request_duration", "TGI", Role::ServerLatency, true),
-    // llama.cpp
+    family("tgi_queue_size", "TGI", Role::QueueDepth, TGI),
+    family("tgi_batch_current_size", "TGI", Role::Running, TGI),
+    family("tgi_request_duration", "TGI", Role::ServerLatency, TGI),
+    // llama.cpp (no KV-cache gauge, no TTFT or latency histogram)
     family(
         "llamacpp:requests_deferred",
         "llama.cpp",
         Role::QueueDepth,
-        false,
+        LLAMA_CPP,
     ),
     family(
         "llamacpp:requests_processing",
         "llama.cpp",
         Role::Running,
-        false,
-    ),
-    family(
-        "llamacpp:kv_cache_usage_ratio",
-        "llama.cpp",
-        Role::KvCacheUsage,
-        false,
+        LLAMA_CPP,
     ),
     family(
         "llamacpp:prompt_tokens_total",
         "llama.cpp",
         Role::PromptTokens,
-        false,
+        LLAMA_CPP,
     ),
     family(
         "llamacpp:tokens_predicted_total",
         "llama.cpp",
         Role::GenerationTokens,
-        false,
+        LLAMA_CPP,
     ),
     // TensorRT-LLM (Triton's backend) and Triton
     family(
         "nv_trt_llm_request_metrics{request_type=\"waiting\"}",
         "TensorRT-LLM",
         Role::QueueDepth,
-        false,
+        NOT_CHECKED,
     ),
     family(
         "nv_trt_llm_request_metrics{request_type=\"active\"}",
         "TensorRT-LLM",
         Role::Running,
-        false,
+        NOT_CHECKED,
     ),
     family(
         "nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=\"fraction\"}",
         "TensorRT-LLM",
         Role::KvCacheUsage,
-        false,
+        NOT_CHECKED,
     ),
     family(
         "nv_inference_pending_request_count",
         "Triton",
         Role::QueueDepth,
-        false,
+        NOT_CHECKED,
     ),
     // Dynamo
     family(
         "dynamo_frontend_queued_requests",
         "Dynamo",
         Role::QueueDepth,
-        false,
+        NOT_CHECKED,
     ),
     family(
         "dynamo_frontend_inflight_requests",
         "Dynamo",
         Role::Running,
-        false,
+        NOT_CHECKED,
     ),
     family(
         "dynamo_frontend_time_to_first_token_seconds",
         "Dynamo",
         Role::ServerTtft,
-        false,
+        NOT_CHECKED,
     ),
     family(
         "dynamo_frontend_request_duration_seconds",
         "Dynamo",
         Role::ServerLatency,
-        false,
+        NOT_CHECKED,
     ),
 ];
+
+/// [`prompt_tokens_meaning`] of a counter that counts every prompt token, a prefix-cache
+/// hit included.
+pub const COUNTS_CACHED: &str = "counts cached tokens too";
+
+/// What each server's prompt-token counter counts, by server (as `KnownFamily::server`
+/// names it): the report says it beside the rate, as they differ (module doc).
+pub fn prompt_tokens_meaning(server: &str) -> Option<&'static str> {
+    match server {
+        "vLLM" | "SGLang" => Some(COUNTS_CACHED),
+        "llama.cpp" => Some("leaves a cached prefix out"),
+        _ => None,
+    }
+}
+
+/// The known family `name` (as the report keys it), if it is one.
+pub fn known_family(name: &str) -> Option<&'static KnownFamily> {
+    KNOWN.iter().find(|known| known.name == name)
+}
+
+/// The known server whose families are named like `name` (`vllm:…` is vLLM's), whether or
+/// not this family has a role: the report's footer counts a server's other families as its.
+pub fn server_of(name: &str) -> Option<&'static str> {
+    const PREFIXES: [(&str, &str); 7] = [
+        ("vllm:", "vLLM"),
+        ("sglang:", "SGLang"),
+        ("llamacpp:", "llama.cpp"),
+        ("tgi_", "TGI"),
+        ("nv_trt_llm_", "TensorRT-LLM"),
+        ("nv_inference_", "Triton"),
+        ("dynamo_", "Dynamo"),
+    ];
+    PREFIXES
+        .iter()
+        .find(|(prefix, _)| name.starts_with(prefix))
+        .map(|(_, server)| *server)
+}
 
 /// The known families of vLLM, SGLang, TGI, llama.cpp, TensorRT-LLM/Triton and Dynamo.
 pub fn known_families() -> &'static [KnownFamily] {
@@ -281,6 +356,22 @@ mod tests {
         assert_eq!(role_of("vllm:num_requests_waiting"), Some(Role::QueueDepth));
         assert_eq!(role_of("sglang:token_usage"), Some(Role::KvCacheUsage));
         assert_eq!(role_of("vllm:unknown"), None);
+        assert_eq!(
+            role_of("llamacpp:kv_cache_usage_ratio"),
+            None,
+            "not exposed any more"
+        );
+        assert!(known_family("vllm:kv_cache_usage_perc").is_some_and(KnownFamily::verified));
+        assert_eq!(
+            server_of("llamacpp:prompt_seconds_total"),
+            Some("llama.cpp")
+        );
+        assert_eq!(server_of("process_cpu_seconds_total"), None);
+        // Every family of a server whose source was read says where.
+        for known in KNOWN {
+            let checked = ["vLLM", "SGLang", "llama.cpp", "TGI"].contains(&known.server);
+            assert_eq!(known.verified(), checked, "{}", known.name);
+        }
     }
 
     #[test]

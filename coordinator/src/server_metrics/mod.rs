@@ -55,8 +55,10 @@
 //!   and their histograms' mean observation since the previous round (in ms for a family
 //!   of seconds).
 
+mod endpoints;
 pub mod gateway;
 mod known;
+mod mixed;
 mod parse;
 mod scrape;
 
@@ -65,7 +67,12 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-pub use known::{KnownFamily, Role, in_seconds, known_families, role_of};
+pub use endpoints::{expand_env, prefix_hint};
+pub use known::{
+    COUNTS_CACHED, KnownFamily, Role, in_seconds, known_families, known_family,
+    prompt_tokens_meaning, role_of, server_of,
+};
+pub use mixed::{TOKEN_RATIO_LIMIT, token_mismatch};
 pub use parse::{MAX_SERIES, ParseError};
 pub use scrape::{MAX_BODY_BYTES, ScrapeClientOptions, ScrapeEndpoint, Scraper, request_timeout};
 
@@ -145,7 +152,35 @@ pub enum ServerMetric {
         /// [`ServerMetric::in_ms`] converts those).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         unit: Option<ServerUnit>,
+        /// The buckets p50, p90 and p99 lie in (the same unit): an interpolated quantile is
+        /// known only to within its bucket. Absent in reports saved before they were kept.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        buckets: Option<[QuantileBucket; 3]>,
     },
+}
+
+/// The histogram bucket a quantile lies in: `from` < value ≤ `to`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct QuantileBucket {
+    /// The bucket's lower bound (the previous bucket's `le`, 0 for the first).
+    pub from: f64,
+    /// Its upper bound (`le`); `None` for the `+Inf` bucket.
+    #[serde(default)]
+    pub to: Option<f64>,
+}
+
+impl QuantileBucket {
+    /// The bucket's width, `None` for the `+Inf` bucket.
+    pub fn width(&self) -> Option<f64> {
+        self.to.map(|to| to - self.from)
+    }
+
+    fn scaled(self, factor: f64) -> QuantileBucket {
+        QuantileBucket {
+            from: self.from * factor,
+            to: self.to.map(|to| to * factor),
+        }
+    }
 }
 
 /// The unit a histogram's statistics were converted to.
@@ -171,6 +206,7 @@ impl ServerMetric {
                 p90,
                 p99,
                 unit: None,
+                buckets,
             } if in_seconds(name) => ServerMetric::Histogram {
                 count,
                 sum: sum * MS_PER_SECOND,
@@ -178,6 +214,7 @@ impl ServerMetric {
                 p90: p90 * MS_PER_SECOND,
                 p99: p99 * MS_PER_SECOND,
                 unit: Some(ServerUnit::Ms),
+                buckets: buckets.map(|b| b.map(|bucket| bucket.scaled(MS_PER_SECOND))),
             },
             other => other,
         }
@@ -224,6 +261,8 @@ struct EndpointLog {
     note: Option<String>,
     /// When its scrapes failed.
     errors: Vec<SystemTime>,
+    /// The target's own `/metrics` (its token counters are compared with the run's).
+    target: bool,
 }
 
 /// One round of scrapes.
@@ -234,6 +273,9 @@ struct Round {
     /// Per endpoint (index as in `ScrapeLog::endpoints`), its families, `None` when it
     /// failed or is dropped.
     values: Vec<Option<Families>>,
+    /// Per endpoint, which replica answered as far as its labels say
+    /// (`parse::replica_identity`), `None` when they say nothing or it failed.
+    replicas: Vec<Option<String>>,
 }
 
 /// One scrape, reduced.
@@ -255,7 +297,23 @@ impl ScrapeLog {
         to: SystemTime,
         run_start: SystemTime,
     ) -> ServerSection {
-        let mixed = self.mixed_endpoints(from, to);
+        self.section_against(from, to, run_start, None)
+    }
+
+    /// As [`ScrapeLog::section`], and with the run's own count of output tokens in the
+    /// window (`client_output_tokens`), the target's endpoint is also `mixed` when its
+    /// generated-token counters grew far from it ([`mixed::token_mismatch`]).
+    pub fn section_against(
+        &self,
+        from: SystemTime,
+        to: SystemTime,
+        run_start: SystemTime,
+        client_output_tokens: Option<f64>,
+    ) -> ServerSection {
+        let mut mixed = self.mixed_endpoints(from, to);
+        if let Some(client) = client_output_tokens {
+            self.check_token_counts(&mut mixed, from, to, client);
+        }
         let filled = self.filled(&mixed);
         let window: Vec<usize> = (0..self.rounds.len())
             .filter(|&i| self.rounds[i].at >= from && self.rounds[i].at <= to)
@@ -286,6 +344,9 @@ impl ScrapeLog {
             Some(0) | None => SystemTime::UNIX_EPOCH,
             Some(first) => from.min(self.rounds[first].at),
         };
+        // Failures up to the last round used (the scrape after the window's end, whose
+        // numbers bound its counters) count as that window's.
+        let errors_to = last_used.map_or(to, |last| to.max(self.rounds[last].at));
         let endpoints = self
             .endpoints
             .iter()
@@ -301,7 +362,7 @@ impl ScrapeLog {
                 errors: endpoint
                     .errors
                     .iter()
-                    .filter(|&&at| at >= errors_from && at <= to)
+                    .filter(|&&at| at >= errors_from && at <= errors_to)
                     .count() as u64,
                 note: endpoint.note.clone(),
                 mixed: mixed.get(e).cloned().flatten(),
@@ -371,6 +432,8 @@ impl ScrapeLog {
                     p90: histogram_quantile(0.9, &delta.buckets),
                     p99: histogram_quantile(0.99, &delta.buckets),
                     unit: None,
+                    buckets: (delta.count > 0.0)
+                        .then(|| [0.5, 0.9, 0.99].map(|q| quantile_bucket(q, &delta.buckets))),
                 }
                 .in_ms(name)
             }),
@@ -428,7 +491,11 @@ impl ScrapeLog {
                     .iter()
                     .filter_map(|round| round.values.get(e).and_then(Option::as_ref))
                     .collect();
-                mixed_series(&scrapes)
+                let replicas: Vec<&str> = self.rounds[first..=last]
+                    .iter()
+                    .filter_map(|round| round.replicas.get(e).and_then(Option::as_deref))
+                    .collect();
+                mixed_series(&scrapes).or_else(|| mixed::replica_changed(&replicas))
             })
             .collect()
     }
@@ -716,6 +783,40 @@ pub(crate) fn histogram_quantile(q: f64, buckets: &[(f64, f64)]) -> f64 {
         return upper;
     }
     lower + (upper - lower) * (rank - below) / (count - below)
+}
+
+/// The bucket of cumulative `buckets` that [`histogram_quantile`] finds quantile `q` in;
+/// `from` 0 and `to` 0 when there are no observations.
+pub(crate) fn quantile_bucket(q: f64, buckets: &[(f64, f64)]) -> QuantileBucket {
+    let mut highest = 0.0f64;
+    let monotonic: Vec<(f64, f64)> = buckets
+        .iter()
+        .map(|&(le, count)| {
+            highest = highest.max(count);
+            (le, highest)
+        })
+        .collect();
+    let total = monotonic.last().map_or(0.0, |&(_, total)| total);
+    let empty = QuantileBucket {
+        from: 0.0,
+        to: Some(0.0),
+    };
+    if total <= 0.0 {
+        return empty;
+    }
+    let rank = q * total;
+    let Some(index) = monotonic.iter().position(|&(_, count)| count >= rank) else {
+        return empty;
+    };
+    let upper = monotonic[index].0;
+    let from = match index.checked_sub(1) {
+        Some(previous) => monotonic[previous].0,
+        None => upper.min(0.0),
+    };
+    QuantileBucket {
+        from,
+        to: upper.is_finite().then_some(upper),
+    }
 }
 
 /// Seconds from `earlier` to `later` (0 if `later` is earlier).

@@ -268,6 +268,30 @@ pub(crate) fn parse_float(word: &str) -> Option<f64> {
     }
 }
 
+/// Label names that say which replica (process) answered: a balancer or gateway that
+/// relays several replicas' metrics often keeps them.
+pub const REPLICA_LABELS: [&str; 5] = ["instance", "pod", "replica", "server", "hostname"];
+
+/// Which replica answered this scrape, as far as its labels say: every distinct
+/// `name="value"` of a [`REPLICA_LABELS`] label, sorted and joined with `,` (control
+/// characters escaped, at most 200 characters); `None` when no sample carries one.
+pub fn replica_identity(exposition: &Exposition) -> Option<String> {
+    let mut seen = std::collections::BTreeSet::new();
+    for sample in &exposition.samples {
+        for (name, value) in &sample.labels {
+            if REPLICA_LABELS.contains(&name.as_str()) && seen.len() < 16 {
+                seen.insert(format!("{name}=\"{value}\""));
+            }
+        }
+    }
+    if seen.is_empty() {
+        return None;
+    }
+    let joined = seen.into_iter().collect::<Vec<_>>().join(",");
+    let shown: String = joined.chars().take(200).collect();
+    Some(common::text::escape_controls(&shown).into_owned())
+}
+
 /// Reduce a parsed body to one value per family (see [`FamilyValue`]).
 ///
 /// A sample belongs to the family its `# TYPE` line names; `NAME_bucket`, `NAME_sum`,
@@ -277,6 +301,9 @@ pub fn reduce(exposition: &Exposition) -> BTreeMap<String, FamilyValue> {
     let mut families: BTreeMap<String, FamilyValue> = BTreeMap::new();
     for sample in &exposition.samples {
         let (family, kind, suffix) = family_of(&sample.name, &exposition.types);
+        if is_created_timestamp(family, &exposition.types) {
+            continue;
+        }
         let keys = split_keys(family, &sample.labels);
         for key in keys {
             match kind {
@@ -354,6 +381,15 @@ enum Suffix {
     Total,
 }
 
+/// True for `X_created`, the creation timestamp `prometheus_client` writes beside each
+/// counter and histogram `X` (38 of vLLM's 90 families): a Unix time, not a measurement, left
+/// out of the report.
+fn is_created_timestamp(family: &str, types: &HashMap<String, MetricType>) -> bool {
+    family.strip_suffix("_created").is_some_and(|stem| {
+        types.contains_key(stem) || types.contains_key(&format!("{stem}_total"))
+    })
+}
+
 /// The family, its type, and the suffix of sample `name`.
 fn family_of<'a>(
     name: &'a str,
@@ -401,6 +437,29 @@ fn split_keys(family: &str, labels: &[(String, String)]) -> Vec<String> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn created_timestamps_are_left_out_and_a_lone_created_family_kept() {
+        let text = "# TYPE vllm:prompt_tokens_total counter\n\
+                    vllm:prompt_tokens_total{engine=\"0\"} 12\n\
+                    # TYPE vllm:prompt_tokens_created gauge\n\
+                    vllm:prompt_tokens_created{engine=\"0\"} 1.7e9\n\
+                    # TYPE vllm:e2e_request_latency_seconds histogram\n\
+                    vllm:e2e_request_latency_seconds_count 1\n\
+                    # TYPE vllm:e2e_request_latency_seconds_created gauge\n\
+                    vllm:e2e_request_latency_seconds_created 1.7e9\n\
+                    # TYPE jobs_created gauge\njobs_created 4\n";
+        let families = reduce(&parse(text.as_bytes()).expect("valid"));
+        let names: Vec<&str> = families.keys().map(String::as_str).collect();
+        assert_eq!(
+            names,
+            [
+                "jobs_created",
+                "vllm:e2e_request_latency_seconds",
+                "vllm:prompt_tokens_total"
+            ]
+        );
+    }
 
     const VLLM: &str = r#"# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
 # TYPE vllm:num_requests_waiting gauge

@@ -37,9 +37,28 @@ pub const MAX_BODY_BYTES: usize = 4 << 20;
 pub struct ScrapeEndpoint {
     /// Its URL (`http(s)://host:port/metrics`).
     pub url: String,
-    /// Headers sent with each scrape (the caller decides: credentials only to the
-    /// target's own origin).
+    /// Headers sent with each scrape (the caller decides: the target's credentials only to
+    /// the target's own origin, `--server-metrics-header`s to the other endpoints), never
+    /// across a redirect to another origin.
     pub headers: Vec<(String, String)>,
+    /// The target's own `/metrics`: its token counters count the run's own requests and
+    /// nothing else's when it is one server ([`super::ScrapeLog::section_against`]).
+    pub target: bool,
+    /// Appended to the note when the endpoint fails its probe (a path-prefixed target's
+    /// `<prefix>/metrics`, [`super::prefix_hint`]).
+    pub hint: Option<String>,
+}
+
+impl ScrapeEndpoint {
+    /// An endpoint that is not the target's, without a hint.
+    pub fn new(url: impl Into<String>, headers: Vec<(String, String)>) -> ScrapeEndpoint {
+        ScrapeEndpoint {
+            url: url.into(),
+            headers,
+            target: false,
+            hint: None,
+        }
+    }
 }
 
 /// How the scraper's HTTP client trusts servers: as the workers do for the target.
@@ -139,6 +158,12 @@ enum ScrapeFailure {
     #[error("no Prometheus metrics (HTTP {0})")]
     Status(u16),
     #[error(
+        "no Prometheus metrics (HTTP {0}: the endpoint asks for credentials; give them with \
+         --server-metrics-header 'Authorization: Bearer ${{KEY}}' for a --server-metrics \
+         endpoint, or --header for the target's own /metrics)"
+    )]
+    Credentials(u16),
+    #[error(
         "no Prometheus metrics (HTTP {status} to {location}: not followed, as it leaves the \
          endpoint's origin or redirects more than 3 times, so no credentials go there; scrape \
          it with --server-metrics {location} if it is the server's)"
@@ -154,8 +179,9 @@ enum ScrapeFailure {
     Unreachable(String),
 }
 
-/// One fetch's outcome: the instant its read returned and its families.
-type Fetched = Result<(SystemTime, Families), (SystemTime, ScrapeFailure)>;
+/// One fetch's outcome: the instant its read returned, its families and which replica
+/// answered as far as its labels say (`parse::replica_identity`).
+type Fetched = Result<(SystemTime, Families, Option<String>), (SystemTime, ScrapeFailure)>;
 
 /// The task: probe, scrape every interval until told to stop, scrape once more.
 async fn run(
@@ -170,6 +196,7 @@ async fn run(
             .iter()
             .map(|endpoint| EndpointLog {
                 url: redact_url(&endpoint.url),
+                target: endpoint.target,
                 ..EndpointLog::default()
             })
             .collect(),
@@ -196,7 +223,8 @@ async fn run(
             _ = &mut stop => (probe.await, true),
         }
     };
-    record(&mut log, results, Some(&mut live));
+    let hints: Vec<Option<String>> = endpoints.iter().map(|e| e.hint.clone()).collect();
+    record(&mut log, results, Some(&mut live), &hints);
     if stopped || live.is_empty() {
         return log;
     }
@@ -215,36 +243,48 @@ async fn run(
             _ = &mut stop => break,
             results = fetch_round(&client, &endpoints, &live, timeout) => results,
         };
-        record(&mut log, results, None);
+        record(&mut log, results, None, &[]);
         if let Some(reply) = reply {
             // The asker may have gone: nothing to do then.
             let _ = reply.send(log.clone());
         }
     }
     let results = fetch_round(&client, &endpoints, &live, timeout).await;
-    record(&mut log, results, None);
+    record(&mut log, results, None, &[]);
     log
 }
 
 /// Add one round's results to the log; on the probe (`live` given), drop the endpoints
 /// that failed, with a note.
-fn record(log: &mut ScrapeLog, results: Vec<(usize, Fetched)>, mut live: Option<&mut Vec<usize>>) {
+fn record(
+    log: &mut ScrapeLog,
+    results: Vec<(usize, Fetched)>,
+    mut live: Option<&mut Vec<usize>>,
+    hints: &[Option<String>],
+) {
     let mut values: Vec<Option<Families>> = vec![None; log.endpoints.len()];
+    let mut replicas: Vec<Option<String>> = vec![None; log.endpoints.len()];
+    let mut failed = Vec::new();
     let mut at = None;
     for (index, result) in results {
         let Some(endpoint) = log.endpoints.get_mut(index) else {
             continue;
         };
         match result {
-            Ok((read_at, families)) => {
+            Ok((read_at, families, replica)) => {
                 at = Some(at.map_or(read_at, |at: SystemTime| at.max(read_at)));
                 values[index] = Some(families);
+                replicas[index] = replica;
             }
             Err((failed_at, failure)) => {
-                endpoint.errors.push(failed_at);
+                failed.push((index, failed_at));
                 if let Some(live) = live.as_deref_mut() {
                     tracing::info!(url = %endpoint.url, %failure, "server metrics: endpoint dropped");
-                    endpoint.note = Some(format!("{}: {failure}", endpoint.url));
+                    let hint = hints.get(index).cloned().flatten();
+                    endpoint.note = Some(match hint {
+                        Some(hint) => format!("{}: {failure}; {hint}", endpoint.url),
+                        None => format!("{}: {failure}", endpoint.url),
+                    });
                     live.retain(|&live| live != index);
                 } else {
                     tracing::debug!(url = %endpoint.url, %failure, "server metrics: scrape failed");
@@ -252,8 +292,18 @@ fn record(log: &mut ScrapeLog, results: Vec<(usize, Fetched)>, mut live: Option<
             }
         }
     }
+    // A failure counts at its round's instant, so a window that uses the round counts it.
+    for (index, failed_at) in failed {
+        if let Some(endpoint) = log.endpoints.get_mut(index) {
+            endpoint.errors.push(at.unwrap_or(failed_at));
+        }
+    }
     if let Some(at) = at {
-        log.rounds.push(Round { at, values });
+        log.rounds.push(Round {
+            at,
+            values,
+            replicas,
+        });
     }
 }
 
@@ -322,6 +372,9 @@ async fn fetch(client: &reqwest::Client, endpoint: &ScrapeEndpoint) -> Fetched {
             location,
         });
     }
+    if matches!(status.as_u16(), 401 | 403) {
+        return failed(ScrapeFailure::Credentials(status.as_u16()));
+    }
     if !status.is_success() {
         return failed(ScrapeFailure::Status(status.as_u16()));
     }
@@ -371,7 +424,11 @@ async fn fetch(client: &reqwest::Client, endpoint: &ScrapeEndpoint) -> Fetched {
     // Timestamp at the edge: when the read returned, before parsing.
     let at = SystemTime::now();
     match parse::parse(&body) {
-        Ok(exposition) => Ok((at, parse::reduce(&exposition))),
+        Ok(exposition) => Ok((
+            at,
+            parse::reduce(&exposition),
+            parse::replica_identity(&exposition),
+        )),
         Err(error) => failed(ScrapeFailure::Parse(error)),
     }
 }

@@ -40,6 +40,7 @@ fn log(endpoints: usize, rounds: Vec<(f64, Vec<Option<Families>>)>) -> ScrapeLog
             .into_iter()
             .map(|(seconds, values)| Round {
                 at: at(seconds),
+                replicas: vec![None; values.len()],
                 values,
             })
             .collect(),
@@ -169,6 +170,7 @@ fn histogram_quantiles_from_bucket_deltas() {
         p90,
         p99,
         unit,
+        ..
     }) = section.metrics.get("h_seconds").copied()
     else {
         panic!("no histogram: {section:?}");
@@ -407,10 +409,10 @@ async fn serve(answer: Answer) -> (SocketAddr, Arc<AtomicU64>) {
 }
 
 fn endpoint(addr: SocketAddr) -> ScrapeEndpoint {
-    ScrapeEndpoint {
-        url: format!("http://{addr}/metrics"),
-        headers: vec![("authorization".to_owned(), "Bearer t".to_owned())],
-    }
+    ScrapeEndpoint::new(
+        format!("http://{addr}/metrics"),
+        vec![("authorization".to_owned(), "Bearer t".to_owned())],
+    )
 }
 
 /// Wait (bounded) until `hits` reaches `at_least`.
@@ -710,4 +712,44 @@ async fn a_redirect_is_followed_within_the_origin_only() {
         elsewhere_seen.lock().expect("log").is_empty(),
         "nothing reached the other origin"
     );
+}
+
+/// Generated tokens `value` as vLLM's counter.
+fn generated(value: f64) -> Families {
+    families(&format!(
+        "# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total {value}\n"
+    ))
+}
+
+/// The 55×: the target's endpoint counted 7,700 generated tokens over a run that
+/// received 140 — a balancer alternating replicas whose counters never stepped back in this
+/// window. It is named mixed and its counter left out; the same counts against 7,000 tokens
+/// received are one server's.
+#[test]
+fn the_targets_token_count_far_from_the_runs_is_mixed() {
+    let mut log = log(
+        1,
+        vec![
+            (0.0, vec![Some(generated(1_000.0))]),
+            (1.0, vec![Some(generated(4_000.0))]),
+            (2.0, vec![Some(generated(8_700.0))]),
+        ],
+    );
+    log.endpoints[0].target = true;
+    let section = log.section_against(at(0.0), at(2.0), at(0.0), Some(140.0));
+    let mixed = section.endpoints[0].mixed.as_deref().expect("mixed");
+    assert!(mixed.contains("7700 generated tokens"), "{mixed}");
+    assert!(mixed.contains("55.0×"), "{mixed}");
+    assert!(!section.metrics.contains_key("vllm:generation_tokens_total"));
+    let agreeing = log.section_against(at(0.0), at(2.0), at(0.0), Some(7_000.0));
+    assert_eq!(agreeing.endpoints[0].mixed, None);
+    assert!(
+        agreeing
+            .metrics
+            .contains_key("vllm:generation_tokens_total")
+    );
+    // Not the target's endpoint (another replica, a gateway): not compared.
+    log.endpoints[0].target = false;
+    let other = log.section_against(at(0.0), at(2.0), at(0.0), Some(140.0));
+    assert_eq!(other.endpoints[0].mixed, None);
 }
