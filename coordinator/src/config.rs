@@ -169,6 +169,11 @@ pub struct RunArgs {
     /// it was written); needs --cancel-rate.
     #[arg(long, value_name = "DURATION")]
     pub cancel_after: Option<String>,
+    /// Ask OpenAI-compatible chat and completions streams that do not ask for usage to
+    /// report it (`stream_options.include_usage: true`), so token counts are the server's
+    /// own; it changes nothing of what the server generates. Stated in the report.
+    #[arg(long)]
+    pub request_usage: bool,
 
     /// Goal that fails the run (exit 1) when it holds, e.g. 'llm.ttft-p95 > 800'.
     #[arg(long = "fail-if")]
@@ -271,6 +276,7 @@ pub struct FileConfig {
     /// `50`, `"50%"`.
     pub cancel_rate: Option<CancelRateSetting>,
     pub cancel_after: Option<String>,
+    pub request_usage: Option<bool>,
     #[serde(default)]
     pub slos: Vec<String>,
     pub find_max: Option<String>,
@@ -452,6 +458,8 @@ pub struct RunConfig {
     pub tokenizer: Option<RunTokenizer>,
     /// `--cancel-rate`, `--cancel-after` (`rate_pct` 0: off).
     pub cancel: common::assignment::CancelOptions,
+    /// `--request-usage`: OpenAI-compatible streams that do not ask for usage ask for it.
+    pub request_usage: bool,
     /// The recording may hold recorded client cancellations: the feeders look for them
     /// (`crate::shard::may_hold_cancellations`, set once the recording was read).
     pub recorded_cancels: bool,
@@ -1055,6 +1063,7 @@ impl RunArgs {
             seed,
             tokenizer,
             cancel,
+            request_usage: self.request_usage || file.request_usage.unwrap_or(false),
             recorded_cancels: true,
         };
         // `--requests N` gives the run N exchanges whatever the recording holds.
@@ -1079,6 +1088,7 @@ impl RunConfig {
             steady_metrics: self.find_max.is_some(),
             tokenizer: self.tokenizer.as_ref().map(|t| t.files.clone()),
             cancel: self.cancel,
+            request_usage: self.request_usage,
         }
     }
 

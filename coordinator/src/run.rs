@@ -345,6 +345,7 @@ impl RunPlan {
         if let Some(tokenizer) = &config.tokenizer {
             report.requests.token_source.tokenizer = Some(tokenizer.name().to_owned());
         }
+        report.requests.token_source.usage_requested = config.request_usage;
         crate::report::warn_cached_when_cold(
             &mut report,
             crate::report::cold_cache_request(&config.sets).as_deref(),
@@ -869,6 +870,7 @@ impl ProbeJudge<'_> {
         if let Some(tokenizer) = &self.config.tokenizer {
             report.requests.token_source.tokenizer = Some(tokenizer.name().to_owned());
         }
+        report.requests.token_source.usage_requested = self.config.request_usage;
         if let Some((path, saved)) = self.saved_baseline {
             report = compare_reports(&report, saved, &path.display().to_string());
         }

@@ -26,6 +26,7 @@ mod ingress_balancer;
 mod ingress_certificates;
 mod ingress_failure_share;
 mod ingress_server_units;
+mod ingress_tokens_server;
 mod library_run;
 mod link_flood;
 mod live_metrics;
