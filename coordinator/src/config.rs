@@ -498,15 +498,9 @@ pub const MAX_TOKENIZER_FILE_BYTES: usize = 48 << 20;
 pub fn load_tokenizer(path: &Path) -> anyhow::Result<RunTokenizer> {
     let tokenizer_json = std::fs::read(path)
         .with_context(|| format!("--tokenizer {}: cannot read", path.display()))?;
-    let config_path = path.with_file_name("tokenizer_config.json");
-    let config_json = if config_path != path && config_path.is_file() {
-        Some(
-            std::fs::read(&config_path)
-                .with_context(|| format!("--tokenizer {}: cannot read", config_path.display()))?,
-        )
-    } else {
-        None
-    };
+    // `tokenizer_config.json` beside it, with a `chat_template.jinja`'s template merged in.
+    let config_json = common::tokenizer::config_beside(path)
+        .map_err(|e| anyhow::anyhow!("--tokenizer {}: {e}", path.display()))?;
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())

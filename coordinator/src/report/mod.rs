@@ -1513,7 +1513,14 @@ fn failures_without_goals(requests: &RequestsSection) -> Option<String> {
 fn derived_warnings(requests: &RequestsSection, not_started_because: Option<&str>) -> Vec<String> {
     let mut warnings = Vec::new();
     if requests.total > 0 && requests.succeeded == 0 {
-        warnings.push("no request succeeded: every distribution is empty".to_string());
+        warnings.push(match requests.ended_early {
+            // Streams cut mid-body keep their TTFT (PRODUCT.md): not every distribution is
+            // empty.
+            0 => "no request succeeded: every distribution is empty".to_string(),
+            n => format!(
+                "no request succeeded: only the time to first token of the {n} streams that ended early is measured; latency, ITL and token rates are empty"
+            ),
+        });
     }
     if requests.estimated > 0 {
         let streams = requests.usage_reported
@@ -1521,7 +1528,7 @@ fn derived_warnings(requests: &RequestsSection, not_started_because: Option<&str
             + requests.tokenized
             + requests.estimated;
         warnings.push(format!(
-            "{} of {} streams ({:.1} %) reported no usage; their output tokens were estimated as one per content frame",
+            "{} of {} streams ({:.1} %) reported no usage; their output tokens were estimated as one per content frame (--request-usage asks OpenAI-compatible servers for their own counts; --tokenizer FILE counts the canonical tokenization of the text, which can differ from what the model emitted)",
             requests.estimated,
             streams,
             100.0 * requests.estimated as f64 / streams as f64
