@@ -378,17 +378,7 @@ impl StreamEncoder {
                 self.chat_chunk_tail(out);
                 if self.params.usage {
                     self.chat_chunk_head(out);
-                    out.extend_from_slice(br#""choices":[],"usage":{"prompt_tokens":"#);
-                    push_u64(out, input);
-                    out.extend_from_slice(br#","completion_tokens":"#);
-                    push_u64(out, output_tokens);
-                    out.extend_from_slice(br#","total_tokens":"#);
-                    push_u64(out, input + output_tokens);
-                    out.extend_from_slice(
-                        br#","prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}}"#,
-                    );
-                    self.push_llama_timings(output_tokens, out);
-                    out.extend_from_slice(b"}\n\n");
+                    self.openai_usage_chunk_rest(true, output_tokens, out);
                 }
                 out.extend_from_slice(b"data: [DONE]\n\n");
             }
@@ -408,15 +398,7 @@ impl StreamEncoder {
                 }
                 if self.params.usage {
                     self.completions_chunk_head(out);
-                    out.extend_from_slice(br#""choices":[],"usage":{"prompt_tokens":"#);
-                    push_u64(out, input);
-                    out.extend_from_slice(br#","completion_tokens":"#);
-                    push_u64(out, output_tokens);
-                    out.extend_from_slice(br#","total_tokens":"#);
-                    push_u64(out, input + output_tokens);
-                    out.push(b'}');
-                    self.push_llama_timings(output_tokens, out);
-                    out.extend_from_slice(b"}\n\n");
+                    self.openai_usage_chunk_rest(false, output_tokens, out);
                 }
                 out.extend_from_slice(b"data: [DONE]\n\n");
             }
@@ -704,6 +686,26 @@ data: {"type":"error","error":{"type":"api_error","message":"#,
         out.extend_from_slice(br#","model":"#);
         push_json_str(out, &self.params.model, false);
         out.push(b',');
+    }
+
+    /// The rest of an OpenAI usage chunk after its head: empty `choices`, the usage (chat's
+    /// with its details), llama.cpp's `timings` when asked for, the end of the event.
+    fn openai_usage_chunk_rest(&self, chat: bool, output_tokens: u64, out: &mut Vec<u8>) {
+        let input = self.params.input_tokens;
+        out.extend_from_slice(br#""choices":[],"usage":{"prompt_tokens":"#);
+        push_u64(out, input);
+        out.extend_from_slice(br#","completion_tokens":"#);
+        push_u64(out, output_tokens);
+        out.extend_from_slice(br#","total_tokens":"#);
+        push_u64(out, input + output_tokens);
+        if chat {
+            out.extend_from_slice(
+                br#","prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}"#,
+            );
+        }
+        out.push(b'}');
+        self.push_llama_timings(output_tokens, out);
+        out.extend_from_slice(b"}\n\n");
     }
 
     /// `,"timings":{...}` as llama.cpp's `result_timings::to_json` writes it (nothing unless
