@@ -866,6 +866,7 @@ mod tests {
                     after: Duration::from_millis(250),
                     seed: 99,
                 },
+                request_usage: true,
             },
             tag_requests: true,
             worker_index: 2,
