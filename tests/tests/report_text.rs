@@ -64,7 +64,7 @@ fn load_in_words_input_estimate_named_and_cut_streams_worded_right() {
         &[&fast[..], &["--usage", "off"]].concat(),
     );
     assert_eq!(plain.code, 0, "{}", plain.terminal);
-    let words = "closed loop, concurrency 2, as fast as possible, 6 requests, 1 worker";
+    let words = "closed loop, concurrency 2, as fast as possible, 1 worker";
     let words_html = words;
     assert!(
         plain.terminal.contains(&format!("load      {words}")),
