@@ -72,6 +72,9 @@ pub struct RequestOptions {
     pub tokenizer: Option<TokenizerFiles>,
     /// `--cancel-rate P% [--cancel-after D]`: cancel a drawn share of the requests.
     pub cancel: CancelOptions,
+    /// `--request-usage`: OpenAI-compatible chat and completions streams that do not ask for
+    /// usage ask for it (`formats::request::ask_usage`).
+    pub request_usage: bool,
 }
 
 impl Default for RequestOptions {
@@ -86,6 +89,7 @@ impl Default for RequestOptions {
             steady_metrics: false,
             tokenizer: None,
             cancel: CancelOptions::default(),
+            request_usage: false,
         }
     }
 }

@@ -160,6 +160,9 @@ pub enum CancelCause {
 pub enum TokenSource {
     /// The server's usage report.
     Usage,
+    /// A count the server stated elsewhere in the stream (llama.cpp's final `timings`):
+    /// the server's own count, believed after a usage report and before the tokenizer.
+    Server,
     /// `--tokenizer FILE`: the streamed text (output) or the prompt (input) tokenized.
     Tokenizer,
     /// Output: one token per content frame (no usage, no tokenizer).
@@ -169,10 +172,11 @@ pub enum TokenSource {
 }
 
 impl TokenSource {
-    /// `usage`, `tokenizer`, `frames`, `estimate`.
+    /// `usage`, `server`, `tokenizer`, `frames`, `estimate`.
     pub fn name(self) -> &'static str {
         match self {
             TokenSource::Usage => "usage",
+            TokenSource::Server => "server",
             TokenSource::Tokenizer => "tokenizer",
             TokenSource::Frames => "frames",
             TokenSource::Estimate => "estimate",
@@ -193,6 +197,9 @@ pub struct RequestOutcome {
     pub content_frames: u64,
     /// Output tokens from the server's (last) usage report, when there was one.
     pub usage_output_tokens: Option<u64>,
+    /// Output tokens the server stated outside a usage report (llama.cpp's `timings`),
+    /// when the stream had no usage report.
+    pub server_output_tokens: Option<u64>,
     /// Output tokens counted by tokenizing the streamed text (`--tokenizer`), when the
     /// stream had no usage report.
     pub tokenized_output_tokens: Option<u64>,
@@ -250,6 +257,7 @@ impl RequestOutcome {
             latency_us: None,
             content_frames: 0,
             usage_output_tokens: None,
+            server_output_tokens: None,
             tokenized_output_tokens: None,
             input_tokens: None,
             input_source: None,
@@ -271,18 +279,28 @@ impl RequestOutcome {
         }
     }
 
-    /// Output tokens: the usage report's count when there was one, else the tokenizer's
-    /// count of the streamed text (`--tokenizer`), else the content frames.
+    /// Output tokens: the usage report's count when there was one, else the count the
+    /// server stated elsewhere in the stream, else the tokenizer's count of the streamed
+    /// text (`--tokenizer`), else the content frames.
     pub fn output_tokens(&self) -> u64 {
         self.usage_output_tokens
+            .or(self.server_output_tokens)
             .or(self.tokenized_output_tokens)
             .unwrap_or(self.content_frames)
+    }
+
+    /// The server's own output count (its usage report, else a count it stated elsewhere in
+    /// the stream), when it gave one: nothing is left for a tokenizer to count.
+    pub fn server_stated_output(&self) -> Option<u64> {
+        self.usage_output_tokens.or(self.server_output_tokens)
     }
 
     /// Where [`RequestOutcome::output_tokens`] came from.
     pub fn output_source(&self) -> TokenSource {
         if self.usage_output_tokens.is_some() {
             TokenSource::Usage
+        } else if self.server_output_tokens.is_some() {
+            TokenSource::Server
         } else if self.tokenized_output_tokens.is_some() {
             TokenSource::Tokenizer
         } else {
@@ -305,6 +323,8 @@ struct MeterState {
     content_frames: u64,
     usage: Usage,
     usage_seen: bool,
+    /// What the server stated outside a usage report ([`Event::ServerCount`]), last wins.
+    server_count: Usage,
     terminal: bool,
     error_frame: bool,
     /// The first error frame's message, cleaned (`error_text::clean_message`).
@@ -350,6 +370,7 @@ impl MeterState {
                 }
                 self.usage_seen = true;
             }
+            Event::ServerCount(count) => self.server_count = count,
             Event::Terminal => self.terminal = true,
             Event::Error { message } => {
                 self.error_frame = true;
@@ -486,6 +507,12 @@ impl StreamMeter {
     fn outcome(&self, kind: OutcomeKind) -> RequestOutcome {
         let state = &self.state;
         let ttft = state.first_content_us;
+        let (input_tokens, input_source) =
+            match (state.usage.input_tokens, state.server_count.input_tokens) {
+                (Some(n), _) => (Some(n), Some(TokenSource::Usage)),
+                (None, Some(n)) => (Some(n), Some(TokenSource::Server)),
+                (None, None) => (None, None),
+            };
         RequestOutcome {
             kind,
             ttft_us: ttft,
@@ -499,15 +526,22 @@ impl StreamMeter {
                 .usage
                 .output_tokens
                 .filter(|n| *n > 0 || state.terminal),
+            server_output_tokens: state
+                .server_count
+                .output_tokens
+                .filter(|n| *n > 0 || state.terminal),
             tokenized_output_tokens: None,
-            input_tokens: state.usage.input_tokens,
-            input_source: state.usage.input_tokens.map(|_| TokenSource::Usage),
+            input_tokens,
+            input_source,
             schedule_lag_us: None,
             sent_unix_us: None,
             transport_cause: None,
             resent: false,
             unstreamed: false,
-            cached_input_tokens: state.usage.cached_input_tokens,
+            cached_input_tokens: state
+                .usage
+                .cached_input_tokens
+                .or(state.server_count.cached_input_tokens),
             coalesced: state.coalesced(),
         }
     }
@@ -747,6 +781,7 @@ pub fn noted_outcome(exchange: &Exchange) -> Option<RequestOutcome> {
         latency_us: Some(us(duration)),
         content_frames: 0,
         usage_output_tokens: Some(output_tokens),
+        server_output_tokens: None,
         tokenized_output_tokens: None,
         input_tokens,
         input_source: input_tokens.and(input_source),
@@ -825,7 +860,8 @@ pub fn recorded_output_length_with(
         let tokens = exchange.source_note()?.output_tokens?;
         return length(tokens, OutputLengthSource::SourceNote);
     };
-    match (outcome.kind, outcome.usage_output_tokens) {
+    // The server's own count (usage, or llama.cpp's `timings`) is what it generated.
+    match (outcome.kind, outcome.server_stated_output()) {
         (
             OutcomeKind::Succeeded | OutcomeKind::EndedEarly | OutcomeKind::Cancelled(_),
             Some(tokens),
@@ -873,7 +909,7 @@ pub fn measure_frames_with<B: AsRef<[u8]>>(
         meter.finish_with_text(last_t, false)
     };
     if let Some(tokenizer) = tokenizer
-        && outcome.usage_output_tokens.is_none()
+        && outcome.server_stated_output().is_none()
         && outcome.content_frames > 0
     {
         outcome.tokenized_output_tokens = Some(tokenizer.count_text(&text));

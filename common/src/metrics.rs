@@ -221,6 +221,13 @@ pub struct Counters {
     /// tokenizing their text (`--tokenizer`).
     #[serde(default)]
     pub tokenized: u64,
+    /// Succeeded or ended-early streams without usage whose output tokens the server stated
+    /// elsewhere in the stream (llama.cpp's `timings`).
+    #[serde(default)]
+    pub server_stated: u64,
+    /// Succeeded or ended-early requests whose input tokens the server stated that way.
+    #[serde(default)]
+    pub input_server: u64,
     /// Succeeded or ended-early requests by where their input tokens came from: the usage
     /// report, the tokenizer (`--tokenizer`), the characters/4 estimate.
     #[serde(default)]
@@ -564,6 +571,8 @@ impl Counters {
         self.usage_reported = self.usage_reported.saturating_add(other.usage_reported);
         self.estimated = self.estimated.saturating_add(other.estimated);
         self.tokenized = self.tokenized.saturating_add(other.tokenized);
+        self.server_stated = self.server_stated.saturating_add(other.server_stated);
+        self.input_server = self.input_server.saturating_add(other.input_server);
         self.input_usage = self.input_usage.saturating_add(other.input_usage);
         self.input_tokenized = self.input_tokenized.saturating_add(other.input_tokenized);
         self.input_estimated = self.input_estimated.saturating_add(other.input_estimated);
@@ -999,11 +1008,13 @@ impl RunMetrics {
     fn count_token_source(&mut self, outcome: &RequestOutcome) {
         match outcome.output_source() {
             TokenSource::Usage => self.counters.usage_reported += 1,
+            TokenSource::Server => self.counters.server_stated += 1,
             TokenSource::Tokenizer => self.counters.tokenized += 1,
             TokenSource::Frames | TokenSource::Estimate => self.counters.estimated += 1,
         }
         match outcome.input_source {
             Some(TokenSource::Usage) => self.counters.input_usage += 1,
+            Some(TokenSource::Server) => self.counters.input_server += 1,
             Some(TokenSource::Tokenizer) => self.counters.input_tokenized += 1,
             Some(TokenSource::Estimate | TokenSource::Frames) => self.counters.input_estimated += 1,
             None => {}
@@ -1074,8 +1085,10 @@ impl RunMetrics {
 
     /// Percent of streams whose output tokens were estimated rather than usage-reported.
     pub fn estimated_token_share_pct(&self) -> f64 {
-        let total =
-            self.counters.usage_reported + self.counters.tokenized + self.counters.estimated;
+        let total = self.counters.usage_reported
+            + self.counters.server_stated
+            + self.counters.tokenized
+            + self.counters.estimated;
         if total == 0 {
             0.0
         } else {
@@ -1310,6 +1323,7 @@ mod tests {
                     latency_us: Some(value * 4),
                     content_frames: 1 + rng.next() % 300,
                     usage_output_tokens: rng.next().is_multiple_of(2).then(|| 1 + rng.next() % 500),
+                    server_output_tokens: None,
                     tokenized_output_tokens: None,
                     input_source: None,
                     input_tokens: Some(rng.next() % 5000),
@@ -1440,6 +1454,7 @@ mod tests {
             latency_us: Some(1_000_000),
             content_frames: 50,
             usage_output_tokens: Some(50),
+            server_output_tokens: None,
             tokenized_output_tokens: None,
             input_source: None,
             input_tokens: Some(10),
@@ -1500,6 +1515,7 @@ mod tests {
             latency_us: Some(1_190_000),
             content_frames: 100,
             usage_output_tokens: Some(100),
+            server_output_tokens: None,
             tokenized_output_tokens: None,
             input_source: None,
             input_tokens: Some(10),

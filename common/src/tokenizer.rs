@@ -44,8 +44,8 @@
 //!
 //! [`Tokenizer::count_prompt`] finds the messages of a request body (OpenAI chat, completions
 //! and Responses, Anthropic messages, Ollama chat and generate, Bedrock Converse), renders the
-//! model's chat template (from `tokenizer_config.json` next to the file, or a `chat_template`
-//! key of `tokenizer.json`) with `add_generation_prompt`, and counts the result with its
+//! model's chat template (from a `chat_template.jinja` or `tokenizer_config.json` next to the
+//! file, or a `chat_template` key of `tokenizer.json`: [`config_beside`]) with `add_generation_prompt`, and counts the result with its
 //! special tokens (the template writes the BOS itself). What is approximated:
 //! - with a template: messages are reduced to `{role, content}` with the text parts of a
 //!   content list concatenated (images and other non-text parts are not counted; tool calls
@@ -139,6 +139,62 @@ struct ChatTemplate {
 
 const TEMPLATE_NAME: &str = "chat_template";
 
+/// The `tokenizer_config.json` beside the `tokenizer.json` at `path`, with the chat template
+/// of a `chat_template.jinja` beside it (where models keep it since transformers 4.43,
+/// their config then holding none) put under its `chat_template` key: one set of config
+/// bytes, as [`Tokenizer::from_parts`] and the workers take them. The `.jinja` file wins
+/// over a template in the config, as in transformers. `None` when neither file is there.
+pub fn config_beside(path: &Path) -> Result<Option<Vec<u8>>, TokenizerError> {
+    let read = |name: &str| -> Result<Option<Vec<u8>>, TokenizerError> {
+        let beside = path.with_file_name(name);
+        if beside == path {
+            return Ok(None);
+        }
+        match std::fs::read(&beside) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(TokenizerError::Read {
+                path: beside,
+                source,
+            }),
+        }
+    };
+    let config = read("tokenizer_config.json")?;
+    let Some(template) = read("chat_template.jinja")? else {
+        return Ok(config);
+    };
+    let jinja_name = path
+        .with_file_name("chat_template.jinja")
+        .display()
+        .to_string();
+    let template = String::from_utf8(template).map_err(|_| TokenizerError::Config {
+        name: jinja_name.clone(),
+        what: "not UTF-8 text".to_owned(),
+    })?;
+    let mut object = match config {
+        Some(bytes) => match serde_json::from_slice::<Value>(&bytes) {
+            Ok(Value::Object(object)) => object,
+            _ => {
+                return Err(TokenizerError::Config {
+                    name: path
+                        .with_file_name("tokenizer_config.json")
+                        .display()
+                        .to_string(),
+                    what: "not a JSON object".to_owned(),
+                });
+            }
+        },
+        None => serde_json::Map::new(),
+    };
+    object.insert(TEMPLATE_NAME.to_owned(), Value::String(template));
+    serde_json::to_vec(&object)
+        .map(Some)
+        .map_err(|error| TokenizerError::Config {
+            name: jinja_name,
+            what: error.to_string(),
+        })
+}
+
 impl Tokenizer {
     /// Load `path` (a `tokenizer.json`, or a model directory holding one), and the chat
     /// template of a `tokenizer_config.json` beside it when there is one.
@@ -155,16 +211,7 @@ impl Tokenizer {
             source,
         })?;
         let config_path = path.with_file_name("tokenizer_config.json");
-        let config = match std::fs::read(&config_path) {
-            Ok(config) => Some(config),
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => None,
-            Err(source) => {
-                return Err(TokenizerError::Read {
-                    path: config_path,
-                    source,
-                });
-            }
-        };
+        let config = config_beside(path)?;
         Tokenizer::from_parts_named(
             &bytes,
             config.as_deref(),
@@ -1206,6 +1253,30 @@ mod tests {
     }
 
     const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+    #[test]
+    fn a_chat_template_jinja_beside_the_file_is_the_template() {
+        let dir = std::env::temp_dir().join(format!("llm-replay-tok-jinja-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("tokenizer.json");
+        std::fs::copy(claude_path(), &path).expect("copy");
+        assert!(config_beside(&path).expect("reads").is_none());
+        std::fs::write(dir.join("chat_template.jinja"), CHATML).expect("write template");
+        let tokenizer = Tokenizer::from_file(&path).expect("loads");
+        assert!(tokenizer.has_chat_template());
+        // Beside a config without a template, merged into it (its other keys kept).
+        std::fs::write(
+            dir.join("tokenizer_config.json"),
+            serde_json::json!({"eos_token": "<EOT>"}).to_string(),
+        )
+        .expect("write config");
+        let config: Value =
+            serde_json::from_slice(&config_beside(&path).expect("reads").expect("a config"))
+                .expect("JSON");
+        assert_eq!(config["chat_template"], CHATML);
+        assert_eq!(config["eos_token"], "<EOT>");
+        std::fs::remove_dir_all(&dir).ok();
+    }
 
     #[test]
     fn a_chat_template_beside_the_file_renders_the_prompt_counted_with_it() {

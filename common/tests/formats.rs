@@ -19,6 +19,7 @@ enum Ev {
     Reasoning(String),
     Tool(String),
     Usage(Option<u64>, Option<u64>),
+    ServerCount(Option<u64>, Option<u64>),
     Terminal,
     Error(String),
 }
@@ -42,6 +43,11 @@ fn own(event: Event<'_>) -> Ev {
             output_tokens,
             ..
         }) => Ev::Usage(input_tokens, output_tokens),
+        Event::ServerCount(Usage {
+            input_tokens,
+            output_tokens,
+            ..
+        }) => Ev::ServerCount(input_tokens, output_tokens),
         Event::Terminal => Ev::Terminal,
         Event::Error { message } => Ev::Error(message.into_owned()),
     }

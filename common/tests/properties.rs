@@ -158,6 +158,7 @@ const STREAM_KEYS: &[&str] = &[
 enum Ev {
     Content(ContentKind, String),
     Usage(Usage),
+    ServerCount(Usage),
     Terminal,
     Error(String),
 }
@@ -166,6 +167,7 @@ fn own(event: Event<'_>) -> Ev {
     match event {
         Event::Content { kind, text } => Ev::Content(kind, text.into_owned()),
         Event::Usage(usage) => Ev::Usage(usage),
+        Event::ServerCount(usage) => Ev::ServerCount(usage),
         Event::Terminal => Ev::Terminal,
         Event::Error { message } => Ev::Error(message.into_owned()),
     }

@@ -169,6 +169,11 @@ pub struct RunArgs {
     /// it was written); needs --cancel-rate.
     #[arg(long, value_name = "DURATION")]
     pub cancel_after: Option<String>,
+    /// Ask OpenAI-compatible chat and completions streams that do not ask for usage to
+    /// report it (`stream_options.include_usage: true`), so token counts are the server's
+    /// own; it changes nothing of what the server generates. Stated in the report.
+    #[arg(long)]
+    pub request_usage: bool,
 
     /// Goal that fails the run (exit 1) when it holds, e.g. 'llm.ttft-p95 > 800'.
     #[arg(long = "fail-if")]
@@ -277,6 +282,7 @@ pub struct FileConfig {
     /// `50`, `"50%"`.
     pub cancel_rate: Option<CancelRateSetting>,
     pub cancel_after: Option<String>,
+    pub request_usage: Option<bool>,
     #[serde(default)]
     pub slos: Vec<String>,
     pub find_max: Option<String>,
@@ -460,6 +466,8 @@ pub struct RunConfig {
     pub tokenizer: Option<RunTokenizer>,
     /// `--cancel-rate`, `--cancel-after` (`rate_pct` 0: off).
     pub cancel: common::assignment::CancelOptions,
+    /// `--request-usage`: OpenAI-compatible streams that do not ask for usage ask for it.
+    pub request_usage: bool,
     /// The recording may hold recorded client cancellations: the feeders look for them
     /// (`crate::shard::may_hold_cancellations`, set once the recording was read).
     pub recorded_cancels: bool,
@@ -498,15 +506,9 @@ pub const MAX_TOKENIZER_FILE_BYTES: usize = 48 << 20;
 pub fn load_tokenizer(path: &Path) -> anyhow::Result<RunTokenizer> {
     let tokenizer_json = std::fs::read(path)
         .with_context(|| format!("--tokenizer {}: cannot read", path.display()))?;
-    let config_path = path.with_file_name("tokenizer_config.json");
-    let config_json = if config_path != path && config_path.is_file() {
-        Some(
-            std::fs::read(&config_path)
-                .with_context(|| format!("--tokenizer {}: cannot read", config_path.display()))?,
-        )
-    } else {
-        None
-    };
+    // `tokenizer_config.json` beside it, with a `chat_template.jinja`'s template merged in.
+    let config_json = common::tokenizer::config_beside(path)
+        .map_err(|e| anyhow::anyhow!("--tokenizer {}: {e}", path.display()))?;
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -1098,6 +1100,7 @@ impl RunArgs {
             seed,
             tokenizer,
             cancel,
+            request_usage: self.request_usage || file.request_usage.unwrap_or(false),
             recorded_cancels: true,
         };
         // `--requests N` gives the run N exchanges whatever the recording holds.
@@ -1122,6 +1125,7 @@ impl RunConfig {
             steady_metrics: self.find_max.is_some(),
             tokenizer: self.tokenizer.as_ref().map(|t| t.files.clone()),
             cancel: self.cancel,
+            request_usage: self.request_usage,
         }
     }
 

@@ -182,7 +182,7 @@ pub fn apply_to_report(report: &mut Report, input: FaithfulInput<'_>) {
     let r = &report.requests;
     if options.pin.is_some() && r.pinned_frames > 0 {
         report.warnings.push(format!(
-            "{} of {} pinned output lengths are content-frame counts, not tokens (the recording has no usage report for them; pass --tokenizer FILE for token counts): they were compared with the replayed content frames",
+            "{} of {} pinned output lengths are content-frame counts, not tokens (the recording has no usage report for them; pass --tokenizer FILE to count them as the canonical tokenization of the text, which can differ from what the model emitted): they were compared with the replayed content frames",
             r.pinned_frames, r.pinned
         ));
     }

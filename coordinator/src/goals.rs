@@ -1041,6 +1041,7 @@ mod tests {
             latency_us: Some(ttft_us + 9_000),
             content_frames: 10,
             usage_output_tokens: Some(10),
+            server_output_tokens: None,
             tokenized_output_tokens: None,
             input_source: None,
             input_tokens: Some(100),

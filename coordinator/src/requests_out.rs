@@ -121,8 +121,8 @@ pub fn record_line(worker: &str, record: &RequestRecord) -> serde_json::Value {
         "itl_ms": record.itl_us().map(|us| us / 1000.0),
         "input_tokens": o.input_tokens,
         "output_tokens": o.output_tokens(),
-        // Output: usage | tokenizer | frames; input: usage | tokenizer | estimate (null
-        // without an input count).
+        // Output: usage | server | tokenizer | frames; input: usage | server | tokenizer |
+        // estimate (null without an input count).
         "token_source": {
             "output": o.output_source().name(),
             "input": o.input_source.map(|source| source.name()),

@@ -355,6 +355,7 @@ impl RunPlan {
         if let Some(tokenizer) = &config.tokenizer {
             report.requests.token_source.tokenizer = Some(tokenizer.name().to_owned());
         }
+        report.requests.token_source.usage_requested = config.request_usage;
         crate::report::warn_cached_when_cold(
             &mut report,
             crate::report::cold_cache_request(&config.sets).as_deref(),
@@ -1001,6 +1002,7 @@ impl ProbeJudge<'_> {
         if let Some(tokenizer) = &self.config.tokenizer {
             report.requests.token_source.tokenizer = Some(tokenizer.name().to_owned());
         }
+        report.requests.token_source.usage_requested = self.config.request_usage;
         if let Some((path, saved)) = self.saved_baseline {
             report = compare_reports(&report, saved, &path.display().to_string());
         }
@@ -1322,6 +1324,7 @@ fn input_warnings(config: &RunConfig, scanned: &RecordingScan) -> Vec<String> {
                 .to_string(),
         );
     }
+    warnings.extend(untemplated_chat_warning(config, scanned));
     if let Some(line) = scanned.torn_last_line {
         warnings.push(format!(
             "{recording}:{line}: torn last line (the recorder stopped mid-line); it was not replayed"
@@ -1345,6 +1348,29 @@ fn input_warnings(config: &RunConfig, scanned: &RecordingScan) -> Vec<String> {
         ));
     }
     warnings
+}
+
+/// `--tokenizer` without a chat template, on a recording with chat requests: their input
+/// counts leave out the role markers and separators the server's template adds.
+fn untemplated_chat_warning(config: &RunConfig, scanned: &RecordingScan) -> Option<String> {
+    let tokenizer = config.tokenizer.as_ref()?;
+    if tokenizer.tokenizer.has_chat_template() {
+        return None;
+    }
+    // Every family but legacy completions sends messages a server renders with its template
+    // (Ollama's /api/generate is counted with them: its family name is shared).
+    let chat: u64 = scanned
+        .families
+        .iter()
+        .filter(|(family, _)| **family != "openai-completions")
+        .map(|(_, n)| n)
+        .sum();
+    (chat > 0).then(|| {
+        format!(
+            "--tokenizer {}: no chat template (neither chat_template.jinja nor a chat_template in tokenizer_config.json beside it): the input tokens of {chat} chat requests are their message texts counted without the template's role markers and separators, below what the server counts; put the model's chat_template.jinja or tokenizer_config.json beside the file",
+            tokenizer.files.name
+        )
+    })
 }
 
 /// What the report is built from: the run's options, its recording and every level.
@@ -1552,6 +1578,14 @@ fn no_response(target: &str, result: &ReplayResult) -> Option<String> {
     if c.transport.http2_only > 0 {
         return Some(format!(
             "the target {target} answered in HTTP/2 ({causes}): it speaks only cleartext HTTP/2 (h2c); run with --target-h2c"
+        ));
+    }
+    if c.transport.closed_after_head > 0 {
+        // A response head came: "no response" would send the user after the network.
+        return Some(format!(
+            "no request to {target} got an answer: {} got a response head and then lost their connection or stream before any content (a gateway's read timeout shorter than the time to first token?); every one failed in transport ({causes}){}",
+            c.transport.closed_after_head,
+            most_said(result)
         ));
     }
     Some(format!(

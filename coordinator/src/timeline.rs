@@ -336,6 +336,7 @@ mod tests {
             latency_us: Some(ttft_ms * 1_000 + (osl - 1) * 10_000),
             content_frames: osl,
             usage_output_tokens: Some(osl),
+            server_output_tokens: None,
             tokenized_output_tokens: None,
             input_source: None,
             input_tokens: Some(10),

@@ -140,6 +140,12 @@ pub enum UsageMode {
     /// OpenAI chat/completions: only when `stream_options.include_usage` is true; other
     /// families always.
     Requested,
+    /// Like llama.cpp's server: OpenAI chat/completions send usage only when
+    /// `stream_options.include_usage` is true, and their last chunk carries `timings`
+    /// (`predicted_n`, `prompt_n`, `cache_n`) either way; every 12th frame carries two
+    /// tokens, so the stated count differs from the frame count. Other families as
+    /// `requested`.
+    Timings,
 }
 
 /// `llm-replay mock` flags.
@@ -170,7 +176,8 @@ pub struct MockArgs {
     /// Extra time to first token per input token (input tokens ≈ prompt characters / 4).
     #[arg(long, default_value = "0", value_parser = parse_duration)]
     pub prefill_per_token: Duration,
-    /// Usage reports: on (always), off, requested (OpenAI: only with include_usage).
+    /// Usage reports: on (always), off, requested (OpenAI: only with include_usage), timings
+    /// (as requested, plus llama.cpp's `timings` counts on the last chunk).
     #[arg(long, value_enum, default_value = "on")]
     pub usage: UsageMode,
     /// Concurrent streams; more wait in a FIFO queue (queue time adds to TTFT). 0 = no cap.
@@ -952,11 +959,12 @@ async fn serve_synthetic(
             MidStreamFault::None
         },
         stall: (stall && info.stream).then_some(config.faults.stall),
-        grouping: if config.tokenizer.is_some() {
+        grouping: if config.tokenizer.is_some() || config.usage == UsageMode::Timings {
             Grouping::PairEvery(synth::PAIR_EVERY)
         } else {
             Grouping::OnePerFrame
         },
+        llama_timings: config.usage == UsageMode::Timings,
     };
     let words = match &config.tokenizer {
         Some(tokenizer) => OutputWords::Tokenizer(tokenizer),
@@ -965,7 +973,7 @@ async fn serve_synthetic(
     let usage = match config.usage {
         UsageMode::On => true,
         UsageMode::Off => false,
-        UsageMode::Requested => match wire {
+        UsageMode::Requested | UsageMode::Timings => match wire {
             Wire::OpenAiChat | Wire::OpenAiCompletions => info.include_usage,
             _ => true,
         },

@@ -123,6 +123,9 @@ pub(crate) struct SynthSchedule {
     /// Pause inserted before the second half of the tokens, if any.
     pub(crate) stall: Option<Duration>,
     pub(crate) grouping: Grouping,
+    /// `--usage timings`: llama.cpp's `timings` on the last chunk (OpenAI chat and
+    /// completions).
+    pub(crate) llama_timings: bool,
 }
 
 /// A fault that happens after half the tokens.
@@ -174,6 +177,9 @@ pub(crate) fn plan(
     };
     let last_offset = token_offset(n.saturating_sub(1));
     let mut encoder = StreamEncoder::new(wire, params);
+    if schedule.llama_timings {
+        encoder = encoder.with_llama_timings();
+    }
     if !stream {
         let mut text = String::with_capacity(n as usize * 8);
         for i in 0..n {
@@ -331,6 +337,7 @@ mod tests {
             fault: MidStreamFault::None,
             stall: Some(Duration::from_millis(50)),
             grouping: Grouping::OnePerFrame,
+            llama_timings: false,
         };
         let params = StreamParams {
             id: "1".into(),

@@ -162,6 +162,8 @@ fn counters_to_proto(c: &Counters, totals: &SliceTotals) -> v1::Counters {
         good: c.good,
         good_output_tokens: c.good_output_tokens,
         tokenized: c.tokenized,
+        server_stated: c.server_stated,
+        input_server: c.input_server,
         input_usage: c.input_usage,
         input_tokenized: c.input_tokenized,
         input_estimated: c.input_estimated,
@@ -217,6 +219,8 @@ fn counters_from_proto(c: &v1::Counters) -> (Counters, SliceTotals) {
         good: c.good,
         good_output_tokens: c.good_output_tokens,
         tokenized: c.tokenized,
+        server_stated: c.server_stated,
+        input_server: c.input_server,
         input_usage: c.input_usage,
         input_tokenized: c.input_tokenized,
         input_estimated: c.input_estimated,
@@ -432,6 +436,7 @@ pub fn record_to_proto(record: RequestRecord) -> v1::RequestRecord {
 fn token_source(name: &str) -> Option<TokenSource> {
     [
         TokenSource::Usage,
+        TokenSource::Server,
         TokenSource::Tokenizer,
         TokenSource::Frames,
         TokenSource::Estimate,
@@ -461,9 +466,14 @@ pub fn record_from_proto(record: &v1::RequestRecord) -> Option<RequestRecord> {
     outcome.latency_us = record.latency_us;
     outcome.content_frames = record.output_tokens;
     outcome.usage_output_tokens = record.usage_reported.then_some(record.output_tokens);
-    if !record.usage_reported && token_source(&record.output_source) == Some(TokenSource::Tokenizer)
-    {
-        outcome.tokenized_output_tokens = Some(record.output_tokens);
+    if !record.usage_reported {
+        match token_source(&record.output_source) {
+            Some(TokenSource::Tokenizer) => {
+                outcome.tokenized_output_tokens = Some(record.output_tokens)
+            }
+            Some(TokenSource::Server) => outcome.server_output_tokens = Some(record.output_tokens),
+            _ => {}
+        }
     }
     outcome.input_tokens = record.input_tokens;
     outcome.input_source = record
@@ -628,6 +638,7 @@ pub fn assignment_to_proto(assignment: &Assignment) -> v1::Assignment {
             .unwrap_or_default(),
         cancel_rate: assignment.options.cancel.rate_pct,
         cancel_seed: assignment.options.cancel.seed,
+        request_usage: assignment.options.request_usage,
         cancel_after_s: (assignment.options.cancel.after > Duration::ZERO)
             .then_some(assignment.options.cancel.after.as_secs_f64()),
     }
@@ -757,6 +768,7 @@ pub fn assignment_from_proto(assignment: &v1::Assignment) -> Result<Assignment, 
             steady_metrics: assignment.steady_metrics,
             tokenizer: tokenizer_from_proto(assignment)?,
             cancel: cancel_from_proto(assignment)?,
+            request_usage: assignment.request_usage,
         },
         tag_requests: assignment.tag_requests,
         worker_index: assignment.worker_index,
@@ -854,6 +866,7 @@ mod tests {
                     after: Duration::from_millis(250),
                     seed: 99,
                 },
+                request_usage: true,
             },
             tag_requests: true,
             worker_index: 2,

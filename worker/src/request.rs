@@ -2,6 +2,7 @@
 //! non-credential headers, plus `--header` values and `--set` body overrides.
 
 use common::formats::pin::{PinMode, pin_output_tokens};
+use common::formats::request::ask_usage;
 use common::recording::{
     Exchange, is_credential_header, is_hop_by_hop_header, strip_credential_query,
 };
@@ -34,9 +35,10 @@ pub fn prepare(item: &mut WorkItem, config: &ReplayConfig) -> PreparedRequest {
         reqwest::Method::from_bytes(recorded.method.as_bytes()).unwrap_or(reqwest::Method::POST);
     let url = replay_url(&config.target, &recorded.path);
     let headers = replay_headers(&item.exchange, config, item.index);
+    let request_usage = config.options.request_usage;
     let body = match (
         &item.exchange.request.body,
-        config.sets.is_empty() && pin.is_none(),
+        config.sets.is_empty() && pin.is_none() && !request_usage,
     ) {
         // Sent as recorded: the recorded text becomes the body without a copy.
         (Some(_), true) => bytes::Bytes::from(
@@ -47,7 +49,12 @@ pub fn prepare(item: &mut WorkItem, config: &ReplayConfig) -> PreparedRequest {
                 .expect("matched Some")
                 .into_bytes(),
         ),
-        _ => bytes::Bytes::from(pinned_body(&item.exchange, &config.sets, pin)),
+        _ => bytes::Bytes::from(rewritten_body(
+            &item.exchange,
+            &config.sets,
+            pin,
+            request_usage,
+        )),
     };
     item.exchange.request.body = None;
     item.exchange.request.body_b64 = None;
@@ -170,17 +177,38 @@ pub fn pinned_body(
     sets: &[(String, serde_json::Value)],
     pin: Option<(u64, PinMode)>,
 ) -> Vec<u8> {
+    rewritten_body(exchange, sets, pin, false)
+}
+
+/// [`pinned_body`], and with `request_usage` (`--request-usage`) an OpenAI-compatible
+/// stream that does not ask for usage asks for it
+/// ([`common::formats::request::ask_usage`], after `--set`: the user's last word on the
+/// body is the flag). A body left unchanged is sent as recorded, byte for byte.
+pub fn rewritten_body(
+    exchange: &Exchange,
+    sets: &[(String, serde_json::Value)],
+    pin: Option<(u64, PinMode)>,
+    request_usage: bool,
+) -> Vec<u8> {
     let body = exchange.request.body_bytes();
-    if sets.is_empty() && pin.is_none() {
+    if sets.is_empty() && pin.is_none() && !request_usage {
         return body.into_owned();
     }
     match serde_json::from_slice::<serde_json::Value>(&body) {
         Ok(serde_json::Value::Object(mut map)) => {
+            let mut changed = !sets.is_empty();
             for (field, value) in sets {
                 map.insert(field.clone(), value.clone());
             }
+            if request_usage {
+                changed |= ask_usage(&exchange.request.path, &mut map);
+            }
             if let Some((tokens, mode)) = pin {
                 pin_output_tokens(&exchange.request.path, &mut map, tokens, mode);
+                changed = true;
+            }
+            if !changed {
+                return body.into_owned();
             }
             serde_json::to_vec(&map).unwrap_or_else(|_| body.into_owned())
         }

@@ -145,7 +145,7 @@ async fn count_on_thread(mut job: Job) -> Option<(Option<u64>, Option<u64>)> {
 /// A stream whose output count the tokenizer should give: it produced content and reported
 /// no usage output count (failed requests enter no token count).
 fn needs_output_count(outcome: &RequestOutcome) -> bool {
-    outcome.usage_output_tokens.is_none()
+    outcome.server_stated_output().is_none()
         && !outcome.unstreamed
         && outcome.content_frames > 0
         && !matches!(outcome.kind, OutcomeKind::Failed(_))

@@ -174,6 +174,9 @@ pub struct StreamEncoder {
     tokens: u64,
     /// Scratch buffer for JSON payloads that get wrapped (Bedrock frames).
     scratch: Vec<u8>,
+    /// Write llama.cpp's `timings` on the last chunk of an OpenAI chat or completions
+    /// stream ([`StreamEncoder::with_llama_timings`]).
+    llama_timings: bool,
 }
 
 impl StreamEncoder {
@@ -188,7 +191,17 @@ impl StreamEncoder {
             text: String::new(),
             tokens: 0,
             scratch: Vec::with_capacity(256),
+            llama_timings: false,
         }
+    }
+
+    /// Speak like llama.cpp's server on OpenAI chat and completions streams: the last chunk
+    /// (the usage chunk when usage is on, else the finish chunk) carries `timings` with the
+    /// server's counts (`prompt_n`, `cache_n`, `predicted_n` = the `output_tokens` given to
+    /// [`StreamEncoder::finish`]), as its `to_json_oaicompat_chat_stream` writes them.
+    pub fn with_llama_timings(mut self) -> StreamEncoder {
+        self.llama_timings = true;
+        self
     }
 
     /// The wire this encoder writes.
@@ -359,24 +372,18 @@ impl StreamEncoder {
                 );
                 push_json_str(out, openai_finish(finish), false);
                 out.extend_from_slice(b"}]");
+                if !self.params.usage {
+                    self.push_llama_timings(output_tokens, out);
+                }
                 self.chat_chunk_tail(out);
                 if self.params.usage {
                     self.chat_chunk_head(out);
-                    out.extend_from_slice(br#""choices":[],"usage":{"prompt_tokens":"#);
-                    push_u64(out, input);
-                    out.extend_from_slice(br#","completion_tokens":"#);
-                    push_u64(out, output_tokens);
-                    out.extend_from_slice(br#","total_tokens":"#);
-                    push_u64(out, input + output_tokens);
-                    out.extend_from_slice(
-                        br#","prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}}}"#,
-                    );
-                    out.extend_from_slice(b"\n\n");
+                    self.openai_usage_chunk_rest(true, output_tokens, out);
                 }
                 out.extend_from_slice(b"data: [DONE]\n\n");
             }
             Wire::OpenAiCompletions => {
-                if self.tokens == 0 {
+                if self.tokens == 0 || (self.llama_timings && !self.params.usage) {
                     // No text chunk carried the finish reason: send it on an empty one.
                     self.completions_chunk_head(out);
                     out.extend_from_slice(
@@ -384,17 +391,14 @@ impl StreamEncoder {
                     );
                     push_json_str(out, openai_finish(finish), false);
                     out.extend_from_slice(b"}]");
+                    if !self.params.usage {
+                        self.push_llama_timings(output_tokens, out);
+                    }
                     self.completions_chunk_tail(out);
                 }
                 if self.params.usage {
                     self.completions_chunk_head(out);
-                    out.extend_from_slice(br#""choices":[],"usage":{"prompt_tokens":"#);
-                    push_u64(out, input);
-                    out.extend_from_slice(br#","completion_tokens":"#);
-                    push_u64(out, output_tokens);
-                    out.extend_from_slice(br#","total_tokens":"#);
-                    push_u64(out, input + output_tokens);
-                    out.extend_from_slice(b"}}\n\n");
+                    self.openai_usage_chunk_rest(false, output_tokens, out);
                 }
                 out.extend_from_slice(b"data: [DONE]\n\n");
             }
@@ -682,6 +686,48 @@ data: {"type":"error","error":{"type":"api_error","message":"#,
         out.extend_from_slice(br#","model":"#);
         push_json_str(out, &self.params.model, false);
         out.push(b',');
+    }
+
+    /// The rest of an OpenAI usage chunk after its head: empty `choices`, the usage (chat's
+    /// with its details), llama.cpp's `timings` when asked for, the end of the event.
+    fn openai_usage_chunk_rest(&self, chat: bool, output_tokens: u64, out: &mut Vec<u8>) {
+        let input = self.params.input_tokens;
+        out.extend_from_slice(br#""choices":[],"usage":{"prompt_tokens":"#);
+        push_u64(out, input);
+        out.extend_from_slice(br#","completion_tokens":"#);
+        push_u64(out, output_tokens);
+        out.extend_from_slice(br#","total_tokens":"#);
+        push_u64(out, input + output_tokens);
+        if chat {
+            out.extend_from_slice(
+                br#","prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}"#,
+            );
+        }
+        out.push(b'}');
+        self.push_llama_timings(output_tokens, out);
+        out.extend_from_slice(b"}\n\n");
+    }
+
+    /// `,"timings":{...}` as llama.cpp's `result_timings::to_json` writes it (nothing unless
+    /// [`StreamEncoder::with_llama_timings`]): every prompt token evaluated, none cached.
+    fn push_llama_timings(&self, output_tokens: u64, out: &mut Vec<u8>) {
+        if !self.llama_timings {
+            return;
+        }
+        let t = self.params.timings;
+        let prompt_ms = t.prompt_eval_ns as f64 / 1e6;
+        let predicted_ms = t.eval_ns as f64 / 1e6;
+        let per = |ms: f64, n: u64| if n == 0 { 0.0 } else { ms / n as f64 };
+        let rate = |ms: f64, n: u64| if ms > 0.0 { 1e3 * n as f64 / ms } else { 0.0 };
+        let input = self.params.input_tokens;
+        let json = format!(
+            r#","timings":{{"cache_n":0,"prompt_n":{input},"prompt_ms":{prompt_ms:.3},"prompt_per_token_ms":{:.3},"prompt_per_second":{:.3},"predicted_n":{output_tokens},"predicted_ms":{predicted_ms:.3},"predicted_per_token_ms":{:.3},"predicted_per_second":{:.3}}}"#,
+            per(prompt_ms, input),
+            rate(prompt_ms, input),
+            per(predicted_ms, output_tokens),
+            rate(predicted_ms, output_tokens),
+        );
+        out.extend_from_slice(json.as_bytes());
     }
 
     fn completions_chunk_tail(&self, out: &mut Vec<u8>) {

@@ -98,6 +98,12 @@ pub enum Event<'a> {
     },
     /// A usage report. Reports are cumulative: a later one replaces an earlier one, never sums.
     Usage(Usage),
+    /// A count the server stated outside a usage report: llama.cpp's `timings`
+    /// (`predicted_n` output tokens; `prompt_n` + `cache_n` input tokens, `cache_n` of them
+    /// from its prompt cache), on the last chunk of a stream that did not ask for usage, or on
+    /// every chunk with `timings_per_token`. Cumulative like usage: the last one wins. A usage
+    /// report, when one comes, is believed before it.
+    ServerCount(Usage),
     /// The family's terminal marker arrived: the stream completed normally.
     Terminal,
     /// An error frame: the stream failed, whatever follows (`[DONE]` after an error is still a
@@ -189,6 +195,13 @@ fn emit_usage(usage: Usage, on_event: &mut dyn FnMut(Event<'_>)) {
         || usage.cached_input_tokens.is_some()
     {
         on_event(Event::Usage(usage));
+    }
+}
+
+/// Report a server-stated count that says something (see [`Event::ServerCount`]).
+fn emit_server_count(count: Usage, on_event: &mut dyn FnMut(Event<'_>)) {
+    if count.input_tokens.is_some() || count.output_tokens.is_some() {
+        on_event(Event::ServerCount(count));
     }
 }
 

@@ -62,10 +62,42 @@ impl ChatSemantics {
                 on_event(Event::Usage(usage));
             }
         }
+        if let Some(timings) = chunk.timings {
+            super::emit_server_count(timings.stated_count(), on_event);
+        }
         if let Some(message) = chunk_error(&chunk, sse.event) {
             on_event(Event::Error { message });
         }
         Ok(())
+    }
+}
+
+/// llama.cpp's `timings` object (`result_timings::to_json` in its `tools/server`): the
+/// tokens it generated (`predicted_n`), the prompt tokens it evaluated (`prompt_n`) and
+/// those it took from its prompt cache (`cache_n`); the rest (milliseconds, rates) is not
+/// needed here.
+#[derive(Deserialize, Clone, Copy)]
+struct LlamaTimings {
+    #[serde(default)]
+    prompt_n: Count,
+    #[serde(default)]
+    cache_n: Count,
+    #[serde(default)]
+    predicted_n: Count,
+}
+
+impl LlamaTimings {
+    /// The counts as usage would say them: input = evaluated + cached (llama.cpp's own
+    /// `prompt_tokens` is the same sum).
+    fn stated_count(self) -> Usage {
+        Usage {
+            input_tokens: self
+                .prompt_n
+                .0
+                .map(|evaluated| evaluated + self.cache_n.0.unwrap_or(0)),
+            output_tokens: self.predicted_n.0,
+            cached_input_tokens: self.cache_n.0,
+        }
     }
 }
 
@@ -105,6 +137,9 @@ struct Chunk<'a> {
     object: Text<'a>,
     #[serde(default, borrow)]
     message: Text<'a>,
+    /// llama.cpp's server counts, on its last chunk (see [`LlamaTimings`]).
+    #[serde(default)]
+    timings: Option<LlamaTimings>,
 }
 
 #[derive(Deserialize, Clone, Copy)]
@@ -468,6 +503,21 @@ mod tests {
         assert_eq!(seen, vec![r#"Content { kind: ToolCall, text: "f" }"#]);
         let seen = chat(r#"{"choices":[{"delta":{"refusal":"no"}}]}"#);
         assert_eq!(seen, vec![r#"Content { kind: Text, text: "no" }"#]);
+    }
+
+    #[test]
+    fn llama_cpp_timings_are_the_servers_count() {
+        // The shape of llama.cpp's last chat chunk without `include_usage`
+        // (`to_json_oaicompat_chat_stream`, `result_timings::to_json`).
+        let seen = chat(
+            r#"{"choices":[{"finish_reason":"stop","index":0,"delta":{}}],"created":1,"id":"chatcmpl-x","model":"m","system_fingerprint":"b1","object":"chat.completion.chunk","timings":{"cache_n":3,"prompt_n":9,"prompt_ms":1.5,"prompt_per_token_ms":0.1,"prompt_per_second":600.0,"predicted_n":42,"predicted_ms":80.0,"predicted_per_token_ms":1.9,"predicted_per_second":520.0}}"#,
+        );
+        assert_eq!(
+            seen,
+            vec![
+                "ServerCount(Usage { input_tokens: Some(12), output_tokens: Some(42), cached_input_tokens: Some(3) })"
+            ]
+        );
     }
 
     #[test]

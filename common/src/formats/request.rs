@@ -133,6 +133,36 @@ pub fn asks_stream(family: Option<Family>, path: &str, flag: Option<bool>) -> bo
     flag.unwrap_or(family == Some(Family::Ollama))
 }
 
+/// `--request-usage`: make an OpenAI-compatible chat or completions request that streams
+/// and does not ask for usage ask for it (`stream_options.include_usage: true`, other
+/// `stream_options` kept), so the server's own counts come in the stream's last chunk; it
+/// changes nothing of what the server generates. Returns true when `body` (the request's
+/// top-level JSON object, sent to `path`) was changed; every other request (another
+/// family, not streamed, already asking, or declining with `include_usage: false` — a
+/// recorded choice) is left as it is.
+pub fn ask_usage(path: &str, body: &mut serde_json::Map<String, Value>) -> bool {
+    if !matches!(
+        super::family_for_path(path),
+        Some(Family::OpenAiChat | Family::OpenAiCompletions)
+    ) || body.get("stream") != Some(&Value::Bool(true))
+    {
+        return false;
+    }
+    let options = body
+        .entry("stream_options")
+        .or_insert_with(|| Value::Object(serde_json::Map::new()));
+    if options.is_null() {
+        *options = Value::Object(serde_json::Map::new());
+    }
+    match options {
+        Value::Object(options) if !options.contains_key("include_usage") => {
+            options.insert("include_usage".to_owned(), Value::Bool(true));
+            true
+        }
+        _ => false,
+    }
+}
+
 /// Characters of prompt text in a request body: strings under a text key (`content`,
 /// `text`, `prompt`, `input`, `system`, `instructions`), also inside arrays, and the text keys
 /// of nested blocks (chat messages, Anthropic and Bedrock content blocks, Responses input
@@ -162,6 +192,39 @@ fn text_chars(value: &Value, under_text_key: bool) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn usage_is_asked_of_openai_streams_only_when_they_did_not_ask() {
+        let ask = |path: &str, body: Value| {
+            let Value::Object(mut map) = body else {
+                panic!("an object")
+            };
+            let changed = ask_usage(path, &mut map);
+            (changed, Value::Object(map))
+        };
+        let (changed, body) = ask(
+            "/v1/chat/completions",
+            serde_json::json!({"stream": true, "stream_options": {"continuous_usage_stats": false}}),
+        );
+        assert!(changed);
+        assert_eq!(
+            body["stream_options"],
+            serde_json::json!({"continuous_usage_stats": false, "include_usage": true})
+        );
+        assert!(ask("/v1/completions", serde_json::json!({"stream": true})).0);
+        // Not streamed (vLLM refuses stream_options then), declined on purpose, other families.
+        assert!(!ask("/v1/chat/completions", serde_json::json!({"stream": false})).0);
+        assert!(!ask("/v1/chat/completions", serde_json::json!({})).0);
+        assert!(
+            !ask(
+                "/v1/chat/completions",
+                serde_json::json!({"stream": true, "stream_options": {"include_usage": false}})
+            )
+            .0
+        );
+        assert!(!ask("/v1/messages", serde_json::json!({"stream": true})).0);
+        assert!(!ask("/v1/responses", serde_json::json!({"stream": true})).0);
+    }
     use serde_json::json;
 
     #[test]

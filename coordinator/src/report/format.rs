@@ -575,7 +575,8 @@ pub(super) fn status_codes(report: &Report) -> String {
         .join(" · ")
 }
 
-/// `usage-reported 6 · estimated 2 (25.0 % estimated)`.
+/// `usage-reported 6 · estimated 2 (25.0 % estimated) · input estimated 8 (from characters)`;
+/// with a server-stated count or `--tokenizer`, every source of both counts.
 pub(super) fn token_sources(report: &Report) -> String {
     let share = report
         .llm
@@ -593,20 +594,37 @@ pub(super) fn token_sources(report: &Report) -> String {
         n => format!(" · unstreamed {n}"),
     };
     let sources = &report.requests.token_source;
-    if sources.tokenizer.is_none() && report.requests.tokenized == 0 {
+    let requested = if sources.usage_requested {
+        " · usage asked of OpenAI-compatible streams that did not ask (--request-usage)"
+    } else {
+        ""
+    };
+    let i = &sources.input;
+    if sources.tokenizer.is_none()
+        && report.requests.tokenized == 0
+        && report.requests.server_stated == 0
+        && i.server == 0
+    {
+        // Input counts estimated from the prompt's characters are as much a guess as output
+        // counts from frames: named beside them.
+        let input = match i.estimate {
+            0 => String::new(),
+            n => format!(" · input estimated {n} (characters / 4)"),
+        };
         return format!(
-            "usage-reported {} · estimated {} ({share} estimated){cached}{unstreamed}",
+            "usage-reported {} · estimated {} ({share} estimated){input}{cached}{unstreamed}{requested}",
             report.requests.usage_reported, report.requests.estimated
         );
     }
-    // With `--tokenizer`: counted (tokenizer) is not estimated (frames).
-    let i = &sources.input;
+    // A server-stated count (llama.cpp's `timings`) and a tokenizer's are not estimates.
     format!(
-        "usage-reported {} · tokenizer {} · frames {} ({share} estimated) · input: usage {} · tokenizer {} · estimate {}{cached}{unstreamed}",
+        "usage-reported {} · server-stated {} · tokenizer {} · frames {} ({share} estimated) · input: usage {} · server-stated {} · tokenizer {} · estimated {}{cached}{unstreamed}{requested}",
         report.requests.usage_reported,
+        report.requests.server_stated,
         report.requests.tokenized,
         report.requests.estimated,
         i.usage,
+        i.server,
         i.tokenizer,
         i.estimate
     )
@@ -631,9 +649,51 @@ pub(super) fn total_line(report: &Report) -> String {
     )
 }
 
-/// The load description as compact JSON.
+/// The load in words, from the report's `run.load` (so a saved report reads the same):
+/// `closed loop, concurrency 8, as fast as possible, 1 worker`; `recorded schedule ×2,
+/// at most 16 in flight, 3 workers`; `open loop, 5 requests/s (poisson), 100 requests`.
+/// A load that is not an object (a report from elsewhere) is shown as its JSON.
 pub(super) fn load(report: &Report) -> String {
-    report.run.load.to_string()
+    let load = &report.run.load;
+    if !load.is_object() {
+        return load.to_string();
+    }
+    let number = |key: &str| load.get(key).and_then(serde_json::Value::as_f64);
+    let count = |key: &str| load.get(key).and_then(serde_json::Value::as_u64);
+    let cap = count("concurrency");
+    let mut parts = Vec::new();
+    if load.get("schedule").and_then(|s| s.as_str()) == Some("recorded") {
+        parts.push(match number("speed") {
+            Some(speed) if speed != 1.0 => format!("recorded schedule ×{}", load_value(speed)),
+            _ => "recorded schedule".to_owned(),
+        });
+        parts.extend(cap.map(|n| format!("at most {n} in flight")));
+    } else if let Some(rate) = number("rate") {
+        let arrival = load.get("arrival").and_then(|a| a.as_str());
+        parts.push(match arrival {
+            Some(arrival) => format!("open loop, {} requests/s ({arrival})", load_value(rate)),
+            None => format!("open loop, {} requests/s", load_value(rate)),
+        });
+        parts.extend(cap.map(|n| format!("at most {n} in flight")));
+    } else {
+        match cap {
+            Some(n) => parts.push(format!("closed loop, concurrency {n}")),
+            None => parts.push("no concurrency cap".to_owned()),
+        }
+        parts.push("as fast as possible".to_owned());
+    }
+    parts.extend(count("requests").map(|n| format!("{n} requests")));
+    parts.extend(number("duration_s").map(|s| format!("for {} s", load_value(s))));
+    parts.extend(
+        count("warmup")
+            .filter(|n| *n > 0)
+            .map(|n| format!("{n} warm-up requests")),
+    );
+    parts.extend(count("workers").map(|n| match n {
+        1 => "1 worker".to_owned(),
+        n => format!("{n} workers"),
+    }));
+    parts.join(", ")
 }
 
 /// A plain-text table: left-aligned first column, right-aligned others, optional per-row ANSI

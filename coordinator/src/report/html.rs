@@ -109,10 +109,7 @@ fn run_table(out: &mut String, report: &Report) {
         ("Started", esc(&report.run.started_at)),
         ("Duration", format!("{:.2} s", report.run.duration_s)),
         ("Target", esc(&report.run.target)),
-        (
-            "Load",
-            format!("<code>{}</code>", esc(&format::load(report))),
-        ),
+        ("Load", esc(&format::load(report))),
         ("Workers", report.run.workers.len().to_string()),
     ];
     if let Some(skew) = report.run.start_skew_text() {

@@ -184,6 +184,7 @@ fn verdict(out: &mut String, report: &Report) {
     if r.resent > 0 {
         let _ = write!(line, " ({} resent on a fresh connection)", r.resent);
     }
+    let _ = write!(line, " · load: {}", plain(&format::load(report)));
     if let Some(connections) = format::connections_line(report) {
         let _ = write!(line, " · connections {connections}");
     }
@@ -788,31 +789,52 @@ fn more_text(n: usize, singular: &str, plural: &str) -> String {
 }
 
 /// Text from a recording, a peer, a server or a saved report made safe on one Markdown line,
-/// outside code (it goes into pull-request comments): no raw HTML (`<>&"'` as entities), no
-/// links or images (`[`, `]` escaped, a zero-width space after the `:` of `://` and the `.`
-/// of `www.` keeps GitHub from autolinking), no emphasis or code spans (`*`, `_`, `` ` ``,
-/// `~`, `\` escaped), table cells kept whole (`|` escaped, line breaks flattened) and no
-/// control characters.
+/// outside code (it goes into pull-request comments): no raw HTML (`<`, `>`, `&` as
+/// entities; quotes need none outside a tag, and stay readable), no links or images (`[`,
+/// `]` escaped; a word holding `://` or starting `www.` goes into a code span, which GitHub
+/// never autolinks, and which copies as the URL itself), no emphasis or code spans (`*`,
+/// `_`, `` ` ``, `~`, `\` escaped), table cells kept whole (`|` escaped, line breaks
+/// flattened) and no control characters.
 fn plain(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
+    let mut word = String::new();
     for c in text.chars() {
+        if c.is_whitespace() {
+            plain_word(&word, &mut out);
+            word.clear();
+            // Line breaks would end a table row; other blanks (tabs, Unicode spaces) read
+            // the same as a space.
+            out.push(' ');
+        } else {
+            word.push(c);
+        }
+    }
+    plain_word(&word, &mut out);
+    out
+}
+
+/// One whitespace-free word of [`plain`]: a URL as a code span, anything else escaped.
+fn plain_word(word: &str, out: &mut String) {
+    let lower = word.to_ascii_lowercase();
+    if lower.contains("://") || lower.starts_with("www.") {
+        out.push('`');
+        out.push_str(&code(word));
+        out.push('`');
+        return;
+    }
+    for c in word.chars() {
         match c {
             '&' => out.push_str("&amp;"),
             '<' => out.push_str("&lt;"),
             '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
             '|' | '[' | ']' | '*' | '_' | '`' | '~' | '\\' => {
                 out.push('\\');
                 out.push(c);
             }
-            '\n' | '\r' => out.push(' '),
             c if common::text::is_unsafe_on_terminal(c) => out.push('\u{fffd}'),
             c => out.push(c),
         }
     }
-    out.replace("://", ":\u{200b}//")
-        .replace("www.", "www\u{200b}.")
 }
 
 /// Text made safe inside an inline code span on one line: HTML and links are inert there

@@ -513,6 +513,10 @@ pub struct RequestsSection {
     /// Streams without usage whose output tokens the tokenizer counted (`--tokenizer`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub tokenized: u64,
+    /// Streams without usage whose output tokens the server stated elsewhere in the stream
+    /// (llama.cpp's `timings`): the server's own count.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub server_stated: u64,
     /// Requests cancelled at the point the recording shows the production client abandoning
     /// them (apart from failures and ended-early streams): TTFT counts when the first token
     /// came before the cancel; no latency, ITL or token rate.
@@ -566,54 +570,71 @@ pub struct TokenSourceSection {
     /// The `--tokenizer` file, when the run had one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokenizer: Option<String>,
-    /// Output tokens: `usage`, `tokenizer`, `frames` (one per content frame).
+    /// Output tokens: `usage`, `server` (a count the server stated elsewhere in the stream,
+    /// llama.cpp's `timings`), `tokenizer`, `frames` (one per content frame).
     pub output: OutputSources,
-    /// Input tokens: `usage`, `tokenizer`, `estimate` (the prompt's characters / 4).
+    /// Input tokens: `usage`, `server`, `tokenizer`, `estimate` (the prompt's characters / 4).
     pub input: InputSources,
+    /// `--request-usage`: the replay added `stream_options.include_usage: true` to the
+    /// OpenAI-compatible chat and completions streams that did not ask for usage.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub usage_requested: bool,
 }
 
-/// Output token counts by source, and each one's percent of the three (absent with none).
+/// Output token counts by source, and each one's percent of them all (absent with none).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct OutputSources {
     pub usage: u64,
+    #[serde(default)]
+    pub server: u64,
     pub tokenizer: u64,
     pub frames: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage_pct: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_pct: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokenizer_pct: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frames_pct: Option<f64>,
 }
 
-/// Input token counts by source, and each one's percent of the three (absent with none).
+/// Input token counts by source, and each one's percent of them all (absent with none).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct InputSources {
     pub usage: u64,
+    #[serde(default)]
+    pub server: u64,
     pub tokenizer: u64,
     pub estimate: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage_pct: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_pct: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokenizer_pct: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimate_pct: Option<f64>,
 }
 
-/// `[a, b, c]` as percents of their sum (`None` each when the sum is zero).
-fn shares(counts: [u64; 3]) -> [Option<f64>; 3] {
+/// `counts` as percents of their sum (`None` each when the sum is zero).
+fn shares<const N: usize>(counts: [u64; N]) -> [Option<f64>; N] {
     let total: u64 = counts.iter().sum();
     counts.map(|n| (total > 0).then(|| 100.0 * n as f64 / total as f64))
 }
 
 impl OutputSources {
-    pub fn new(usage: u64, tokenizer: u64, frames: u64) -> OutputSources {
-        let [usage_pct, tokenizer_pct, frames_pct] = shares([usage, tokenizer, frames]);
+    /// Counts by source, in the order usage, server, tokenizer, frames.
+    pub fn new([usage, server, tokenizer, frames]: [u64; 4]) -> OutputSources {
+        let [usage_pct, server_pct, tokenizer_pct, frames_pct] =
+            shares([usage, server, tokenizer, frames]);
         OutputSources {
             usage,
+            server,
             tokenizer,
             frames,
             usage_pct,
+            server_pct,
             tokenizer_pct,
             frames_pct,
         }
@@ -621,13 +642,17 @@ impl OutputSources {
 }
 
 impl InputSources {
-    pub fn new(usage: u64, tokenizer: u64, estimate: u64) -> InputSources {
-        let [usage_pct, tokenizer_pct, estimate_pct] = shares([usage, tokenizer, estimate]);
+    /// Counts by source, in the order usage, server, tokenizer, estimate.
+    pub fn new([usage, server, tokenizer, estimate]: [u64; 4]) -> InputSources {
+        let [usage_pct, server_pct, tokenizer_pct, estimate_pct] =
+            shares([usage, server, tokenizer, estimate]);
         InputSources {
             usage,
+            server,
             tokenizer,
             estimate,
             usage_pct,
+            server_pct,
             tokenizer_pct,
             estimate_pct,
         }
@@ -1211,20 +1236,24 @@ impl RequestsSection {
             usage_reported: counters.usage_reported,
             estimated: counters.estimated,
             tokenized: counters.tokenized,
+            server_stated: counters.server_stated,
             cancelled_as_recorded: counters.cancelled_as_recorded,
             cancelled_by_rate: counters.cancelled_by_rate,
             token_source: TokenSourceSection {
                 tokenizer: None,
-                output: OutputSources::new(
+                output: OutputSources::new([
                     counters.usage_reported,
+                    counters.server_stated,
                     counters.tokenized,
                     counters.estimated,
-                ),
-                input: InputSources::new(
+                ]),
+                input: InputSources::new([
                     counters.input_usage,
+                    counters.input_server,
                     counters.input_tokenized,
                     counters.input_estimated,
-                ),
+                ]),
+                usage_requested: false,
             },
             failed_by_kind: FailedByKind {
                 status: counters.failed_status,
@@ -1265,7 +1294,7 @@ impl LlmSection {
     pub fn from_metrics(metrics: &RunMetrics) -> LlmSection {
         let measured = metrics.window.is_some();
         let c = &metrics.counters;
-        let token_sources = c.usage_reported + c.tokenized + c.estimated;
+        let token_sources = c.usage_reported + c.server_stated + c.tokenized + c.estimated;
         LlmSection {
             ttft_ms: metrics.stats(Metric::Ttft),
             ttst_ms: metrics.stats(Metric::Ttst),
@@ -1512,12 +1541,22 @@ fn failures_without_goals(requests: &RequestsSection) -> Option<String> {
 fn derived_warnings(requests: &RequestsSection, not_started_because: Option<&str>) -> Vec<String> {
     let mut warnings = Vec::new();
     if requests.total > 0 && requests.succeeded == 0 {
-        warnings.push("no request succeeded: every distribution is empty".to_string());
+        warnings.push(match requests.ended_early {
+            // Streams cut mid-body keep their TTFT (PRODUCT.md): not every distribution is
+            // empty.
+            0 => "no request succeeded: every distribution is empty".to_string(),
+            n => format!(
+                "no request succeeded: only the time to first token of the {n} streams that ended early is measured; latency, ITL and token rates are empty"
+            ),
+        });
     }
     if requests.estimated > 0 {
-        let streams = requests.usage_reported + requests.estimated;
+        let streams = requests.usage_reported
+            + requests.server_stated
+            + requests.tokenized
+            + requests.estimated;
         warnings.push(format!(
-            "{} of {} streams ({:.1} %) reported no usage; their output tokens were estimated as one per content frame",
+            "{} of {} streams ({:.1} %) reported no usage; their output tokens were estimated as one per content frame (--request-usage asks OpenAI-compatible servers for their own counts; --tokenizer FILE counts the canonical tokenization of the text, which can differ from what the model emitted)",
             requests.estimated,
             streams,
             100.0 * requests.estimated as f64 / streams as f64
