@@ -808,48 +808,16 @@ impl RunArgs {
             Some(path) => FileConfig::load(path)?,
             None => FileConfig::default(),
         };
-        let concurrency = self.concurrency.or(file.concurrency);
-        let rate = self.rate.or(file.rate);
-        let schedule = self.schedule.or(file.schedule);
-        let recorded_schedule = match schedule.as_deref() {
-            Some("recorded") => {
-                if !has_arrival_times {
-                    bail!("--schedule recorded: the recording has no arrival times (at_ms)");
-                }
-                true
-            }
-            Some("asap") => false,
-            Some(other) => bail!("--schedule {other:?}: expected recorded or asap"),
-            None => has_arrival_times && concurrency.is_none() && rate.is_none(),
-        };
-        if recorded_schedule && rate.is_some() {
-            bail!("--rate and --schedule recorded are exclusive: the rate sets the arrivals");
-        }
-        if concurrency == Some(0) {
-            bail!("--concurrency must be at least 1");
-        }
-        if let Some(rate) = rate
-            && !(rate.is_finite() && (1e-6..=1e9).contains(&rate))
-        {
-            bail!("--rate must be between 0.000001 and 1e9 requests per second");
-        }
-        let speed = self.speed.or(file.speed).unwrap_or(1.0);
-        if !(speed.is_finite() && (1e-3..=1e6).contains(&speed)) {
-            bail!("--speed must be between 0.001 and 1000000 (a time scale of the recording)");
-        }
-        // Poisson unless `constant` is asked for (the file's value is not checked further).
-        let arrival = match self.arrival.or(file.arrival).as_deref() {
-            None | Some("poisson") => Arrival::Poisson,
-            Some(_) => Arrival::Constant,
-        };
-        let duration = match self.duration.or(file.duration) {
-            Some(text) => Some(positive_duration_arg("--duration", &text)?),
-            None => None,
-        };
-        let timeout = match self.timeout.or(file.timeout) {
-            Some(text) => positive_duration_arg("--timeout", &text)?,
-            None => DEFAULT_REQUEST_TIMEOUT,
-        };
+        let LoadChoice {
+            concurrency,
+            rate,
+            schedule,
+            recorded_schedule,
+            speed,
+            arrival,
+        } = self.load_choice(&file, has_arrival_times)?;
+        let (target, transport) = self.target_transport(&file)?;
+        let server_metrics = self.server_metrics_options(&file)?;
         let mut workers = self.workers.or(file.workers).unwrap_or(1);
         if workers == 0 {
             bail!("--workers must be at least 1");
@@ -868,21 +836,6 @@ impl RunArgs {
             // A closed loop cannot give every worker at least one stream.
             workers = c;
         }
-        let mut headers = Vec::new();
-        for text in file.headers.iter().chain(&self.headers) {
-            headers.push(split_header(text)?);
-        }
-        let mut sets = Vec::new();
-        for text in file.sets.iter().chain(&self.sets) {
-            sets.push(split_set(text)?);
-        }
-        let mut goals = file.goals;
-        goals.extend(self.fail_if);
-        let baseline = match self.baseline.or(file.baseline).as_deref() {
-            None | Some("recorded") => BaselineSource::Recorded,
-            Some("none") => BaselineSource::None,
-            Some(path) => BaselineSource::Report(PathBuf::from(path)),
-        };
         let source = match (&self.listen, self.expect_workers) {
             (Some(listen), Some(expect)) => {
                 if expect == 0 {
@@ -896,70 +849,40 @@ impl RunArgs {
             }
             _ => WorkerSource::Local(workers),
         };
-        let tls = match (&self.tls_cert, &self.tls_key) {
-            (Some(cert), Some(key)) => Some(LinkTls {
-                cert: cert.clone(),
-                key: key.clone(),
-                client_ca: self.tls_ca.clone(),
-            }),
-            _ => None,
+        let LinkSettings {
+            tls,
+            token,
+            max_skew,
+            join_timeout,
+            heartbeat_timeout,
+            metrics_linger,
+        } = self.link_settings(&source)?;
+        let duration = match self.duration.or(file.duration) {
+            Some(text) => Some(positive_duration_arg("--duration", &text)?),
+            None => None,
         };
-        // An empty or blank token is no token.
-        let token = self
-            .token
-            .map(|t| t.trim().to_owned())
-            .filter(|t| !t.is_empty());
-        if let WorkerSource::Remote { listen, .. } = &source {
-            let loopback = listen_is_loopback(listen)?;
-            match &token {
-                None if !loopback => bail!(
-                    "--listen {listen}: a --token (or LLM_REPLAY_TOKEN) is required when workers may join from other hosts"
-                ),
-                Some(t) if !loopback && t.chars().count() < MIN_TOKEN_CHARS => bail!(
-                    "--listen {listen}: the token is {} characters; use at least {MIN_TOKEN_CHARS} when workers may join from other hosts (e.g. `openssl rand -hex 16`)",
-                    t.chars().count()
-                ),
-                _ => {}
-            }
-        } else if tls.is_some() {
-            bail!("--tls-cert secures remote workers: use it with --listen and --expect-workers");
+        let timeout = match self.timeout.or(file.timeout) {
+            Some(text) => positive_duration_arg("--timeout", &text)?,
+            None => DEFAULT_REQUEST_TIMEOUT,
+        };
+        let mut headers = Vec::new();
+        for text in file.headers.iter().chain(&self.headers) {
+            headers.push(split_header(text)?);
         }
-        let max_skew = duration_arg("--max-skew", &self.max_skew)?;
-        let join_timeout = positive_duration_arg("--join-timeout", &self.join_timeout)?;
-        let heartbeat_timeout =
-            positive_duration_arg("--heartbeat-timeout", &self.heartbeat_timeout)?;
-        let metrics_linger = duration_arg("--metrics-linger", &self.metrics_linger)?;
-        if metrics_linger > Duration::from_secs(86_400) {
-            bail!("--metrics-linger {:?}: at most a day", self.metrics_linger);
+        let mut sets = Vec::new();
+        for text in file.sets.iter().chain(&self.sets) {
+            sets.push(split_set(text)?);
         }
-        if heartbeat_timeout > Duration::from_secs(86_400) {
-            bail!("--heartbeat-timeout must be at most a day");
-        }
+        let mut goals = file.goals;
+        goals.extend(self.fail_if.iter().cloned());
+        let baseline = match self.baseline.or(file.baseline).as_deref() {
+            None | Some("recorded") => BaselineSource::Recorded,
+            Some("none") => BaselineSource::None,
+            Some(path) => BaselineSource::Report(PathBuf::from(path)),
+        };
         if self.sweep_concurrency.contains(&0) {
             bail!("--sweep-concurrency levels must be at least 1");
         }
-        let target = self.target.or(file.target);
-        let target_h2c = self.target_h2c || file.target_h2c.unwrap_or(false);
-        if let Some(target) = &target {
-            check_target(target, target_h2c)?;
-        }
-        let mut ca_pem = Vec::new();
-        for path in file.target_ca.iter().chain(&self.target_ca) {
-            ca_pem.push(read_target_ca(path)?);
-        }
-        let aws_sigv4_region = self.aws_sigv4.or(file.aws_sigv4);
-        if aws_sigv4_region
-            .as_deref()
-            .is_some_and(|r| r.trim().is_empty())
-        {
-            bail!("--aws-sigv4 needs a region, e.g. us-east-1");
-        }
-        let transport = TargetTransport {
-            ca_pem,
-            insecure: self.insecure || file.insecure.unwrap_or(false),
-            h2c: target_h2c,
-            aws_sigv4_region,
-        };
         let reorder_window = self
             .reorder_window
             .or(file.reorder_window)
@@ -1007,48 +930,6 @@ impl RunArgs {
                 asap: schedule.as_deref() == Some("asap"),
             },
         )?;
-        let no_server_metrics = self.no_server_metrics || file.no_server_metrics.unwrap_or(false);
-        let mut extra_metrics = file.server_metrics.clone();
-        extra_metrics.extend(self.server_metrics.iter().cloned());
-        if no_server_metrics && !extra_metrics.is_empty() {
-            bail!("--no-server-metrics and --server-metrics are exclusive");
-        }
-        for url in &extra_metrics {
-            check_metrics_url(url)?;
-        }
-        let mut extra_headers = Vec::new();
-        for text in file
-            .server_metrics_headers
-            .iter()
-            .chain(&self.server_metrics_headers)
-        {
-            extra_headers.push(server_metrics_header(text)?);
-        }
-        if !extra_headers.is_empty() && extra_metrics.is_empty() {
-            bail!(
-                "--server-metrics-header: no --server-metrics endpoint to send it to (the \
-                 target's own /metrics gets the --header values)"
-            );
-        }
-        let metrics_interval = match self
-            .server_metrics_interval
-            .or(file.server_metrics_interval)
-        {
-            Some(text) => {
-                let interval = positive_duration_arg("--server-metrics-interval", &text)?;
-                if interval < MIN_SERVER_METRICS_INTERVAL {
-                    bail!("--server-metrics-interval {text:?}: at least 10ms");
-                }
-                interval
-            }
-            None => Duration::from_secs(1),
-        };
-        let server_metrics = ServerMetricsOptions {
-            target: !no_server_metrics,
-            extra: extra_metrics,
-            extra_headers,
-            interval: metrics_interval,
-        };
         let mut config = RunConfig {
             server_metrics,
             slos: common::slo::Slos(slos),
@@ -1106,6 +987,211 @@ impl RunArgs {
         // `--requests N` gives the run N exchanges whatever the recording holds.
         config.fit_workers_to(u64::MAX);
         Ok(config)
+    }
+}
+
+/// The arrivals the flags and the file ask for, checked.
+struct LoadChoice {
+    concurrency: Option<usize>,
+    rate: Option<f64>,
+    /// `--schedule` as given (`asap` matters to a search).
+    schedule: Option<String>,
+    recorded_schedule: bool,
+    speed: f64,
+    arrival: Arrival,
+}
+
+/// How the workers' link is secured and timed.
+struct LinkSettings {
+    tls: Option<LinkTls>,
+    token: Option<String>,
+    max_skew: Duration,
+    join_timeout: Duration,
+    heartbeat_timeout: Duration,
+    metrics_linger: Duration,
+}
+
+impl RunArgs {
+    /// The schedule (recorded or as fast as possible), the closed loop's cap, the rate, the
+    /// speed and the arrival process; `has_arrival_times` decides the default schedule.
+    fn load_choice(
+        &self,
+        file: &FileConfig,
+        has_arrival_times: bool,
+    ) -> anyhow::Result<LoadChoice> {
+        let concurrency = self.concurrency.or(file.concurrency);
+        let rate = self.rate.or(file.rate);
+        let schedule = self.schedule.clone().or_else(|| file.schedule.clone());
+        let recorded_schedule = match schedule.as_deref() {
+            Some("recorded") => {
+                if !has_arrival_times {
+                    bail!("--schedule recorded: the recording has no arrival times (at_ms)");
+                }
+                true
+            }
+            Some("asap") => false,
+            Some(other) => bail!("--schedule {other:?}: expected recorded or asap"),
+            None => has_arrival_times && concurrency.is_none() && rate.is_none(),
+        };
+        if recorded_schedule && rate.is_some() {
+            bail!("--rate and --schedule recorded are exclusive: the rate sets the arrivals");
+        }
+        if concurrency == Some(0) {
+            bail!("--concurrency must be at least 1");
+        }
+        if let Some(rate) = rate
+            && !(rate.is_finite() && (1e-6..=1e9).contains(&rate))
+        {
+            bail!("--rate must be between 0.000001 and 1e9 requests per second");
+        }
+        let speed = self.speed.or(file.speed).unwrap_or(1.0);
+        if !(speed.is_finite() && (1e-3..=1e6).contains(&speed)) {
+            bail!("--speed must be between 0.001 and 1000000 (a time scale of the recording)");
+        }
+        // Poisson unless `constant` is asked for (the file's value is not checked further).
+        let arrival = match self.arrival.as_deref().or(file.arrival.as_deref()) {
+            None | Some("poisson") => Arrival::Poisson,
+            Some(_) => Arrival::Constant,
+        };
+        Ok(LoadChoice {
+            concurrency,
+            rate,
+            schedule,
+            recorded_schedule,
+            speed,
+            arrival,
+        })
+    }
+
+    /// The link's TLS, token (required off loopback) and timings.
+    fn link_settings(&self, source: &WorkerSource) -> anyhow::Result<LinkSettings> {
+        let tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(LinkTls {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: self.tls_ca.clone(),
+            }),
+            _ => None,
+        };
+        // An empty or blank token is no token.
+        let token = self
+            .token
+            .as_deref()
+            .map(|t| t.trim().to_owned())
+            .filter(|t| !t.is_empty());
+        if let WorkerSource::Remote { listen, .. } = source {
+            let loopback = listen_is_loopback(listen)?;
+            match &token {
+                None if !loopback => bail!(
+                    "--listen {listen}: a --token (or LLM_REPLAY_TOKEN) is required when workers may join from other hosts"
+                ),
+                Some(t) if !loopback && t.chars().count() < MIN_TOKEN_CHARS => bail!(
+                    "--listen {listen}: the token is {} characters; use at least {MIN_TOKEN_CHARS} when workers may join from other hosts (e.g. `openssl rand -hex 16`)",
+                    t.chars().count()
+                ),
+                _ => {}
+            }
+        } else if tls.is_some() {
+            bail!("--tls-cert secures remote workers: use it with --listen and --expect-workers");
+        }
+        let max_skew = duration_arg("--max-skew", &self.max_skew)?;
+        let join_timeout = positive_duration_arg("--join-timeout", &self.join_timeout)?;
+        let heartbeat_timeout =
+            positive_duration_arg("--heartbeat-timeout", &self.heartbeat_timeout)?;
+        let metrics_linger = duration_arg("--metrics-linger", &self.metrics_linger)?;
+        if metrics_linger > Duration::from_secs(86_400) {
+            bail!("--metrics-linger {:?}: at most a day", self.metrics_linger);
+        }
+        if heartbeat_timeout > Duration::from_secs(86_400) {
+            bail!("--heartbeat-timeout must be at most a day");
+        }
+        Ok(LinkSettings {
+            tls,
+            token,
+            max_skew,
+            join_timeout,
+            heartbeat_timeout,
+            metrics_linger,
+        })
+    }
+
+    /// The target (checked) and how to reach it: CA files, `--insecure`, h2c, SigV4.
+    fn target_transport(
+        &self,
+        file: &FileConfig,
+    ) -> anyhow::Result<(Option<String>, TargetTransport)> {
+        let target = self.target.clone().or_else(|| file.target.clone());
+        let target_h2c = self.target_h2c || file.target_h2c.unwrap_or(false);
+        if let Some(target) = &target {
+            check_target(target, target_h2c)?;
+        }
+        let mut ca_pem = Vec::new();
+        for path in file.target_ca.iter().chain(&self.target_ca) {
+            ca_pem.push(read_target_ca(path)?);
+        }
+        let aws_sigv4_region = self.aws_sigv4.clone().or_else(|| file.aws_sigv4.clone());
+        if aws_sigv4_region
+            .as_deref()
+            .is_some_and(|r| r.trim().is_empty())
+        {
+            bail!("--aws-sigv4 needs a region, e.g. us-east-1");
+        }
+        let transport = TargetTransport {
+            ca_pem,
+            insecure: self.insecure || file.insecure.unwrap_or(false),
+            h2c: target_h2c,
+            aws_sigv4_region,
+        };
+        Ok((target, transport))
+    }
+
+    /// What to scrape of the server's side: the target's `/metrics`, other endpoints with
+    /// their headers, and how often.
+    fn server_metrics_options(&self, file: &FileConfig) -> anyhow::Result<ServerMetricsOptions> {
+        let no_server_metrics = self.no_server_metrics || file.no_server_metrics.unwrap_or(false);
+        let mut extra_metrics = file.server_metrics.clone();
+        extra_metrics.extend(self.server_metrics.iter().cloned());
+        if no_server_metrics && !extra_metrics.is_empty() {
+            bail!("--no-server-metrics and --server-metrics are exclusive");
+        }
+        for url in &extra_metrics {
+            check_metrics_url(url)?;
+        }
+        let mut extra_headers = Vec::new();
+        for text in file
+            .server_metrics_headers
+            .iter()
+            .chain(&self.server_metrics_headers)
+        {
+            extra_headers.push(server_metrics_header(text)?);
+        }
+        if !extra_headers.is_empty() && extra_metrics.is_empty() {
+            bail!(
+                "--server-metrics-header: no --server-metrics endpoint to send it to (the \
+                     target's own /metrics gets the --header values)"
+            );
+        }
+        let metrics_interval = match self
+            .server_metrics_interval
+            .as_deref()
+            .or(file.server_metrics_interval.as_deref())
+        {
+            Some(text) => {
+                let interval = positive_duration_arg("--server-metrics-interval", text)?;
+                if interval < MIN_SERVER_METRICS_INTERVAL {
+                    bail!("--server-metrics-interval {text:?}: at least 10ms");
+                }
+                interval
+            }
+            None => Duration::from_secs(1),
+        };
+        let server_metrics = ServerMetricsOptions {
+            target: !no_server_metrics,
+            extra: extra_metrics,
+            extra_headers,
+            interval: metrics_interval,
+        };
+        Ok(server_metrics)
     }
 }
 

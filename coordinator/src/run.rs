@@ -223,16 +223,7 @@ impl RunPlan {
             mut warnings,
             read_files: _,
         } = self;
-        // Opened before any load is sent: a path that cannot be written is found now.
-        let requests_out = match &config.requests_out {
-            Some(path) => Some(Arc::new(RequestsOut::create(path).map_err(|error| {
-                RunError::Input(format!(
-                    "--requests-out {}: cannot write: {error}",
-                    path.display()
-                ))
-            })?)),
-            None => None,
-        };
+        let requests_out = open_requests_out(&config)?;
         // With no target, an embedded mock serves the recorded streams at their recorded
         // timing.
         let (target, embedded) = match &config.target {
@@ -308,19 +299,7 @@ impl RunPlan {
             capacity.as_ref(),
             level_failed.as_ref(),
         ));
-        // A failure writing --requests-out is a failed run like a report that cannot be
-        // written: said in the report, and by the CLI after the other outputs.
-        let mut requests_out_failed = None;
-        if let Some(out) = &requests_out
-            && let Err(error) = out.finish()
-        {
-            let message = format!(
-                "--requests-out {}: cannot write: {error}",
-                out.path().display()
-            );
-            warnings.push(message.clone());
-            requests_out_failed = Some(message);
-        }
+        let requests_out_failed = finish_requests_out(requests_out.as_deref(), &mut warnings);
         let report = ReportParts {
             config: &config,
             scanned: &scanned,
@@ -365,19 +344,10 @@ impl RunPlan {
         }
         let mut report = report.with_goals(&goals);
         let unknown = crate::goals::unknown_server_metrics(&goals, report.server.as_ref());
-        let verdict = if !unknown.is_empty() {
-            Verdict::BadGoal(format!(
-                "{}: the server's metrics endpoints answered but never exposed {}; the report's server section lists what they expose",
-                unknown.join(", "),
-                if unknown.len() == 1 { "it" } else { "them" }
-            ))
-        } else {
-            match &capacity {
-                Some(capacity) => {
-                    search_verdict(capacity, &target, &results, level_failed.as_ref())
-                }
-                None => verdict(&report, &target, main, level_failed.as_ref()),
-            }
+        let verdict = match &capacity {
+            _ if !unknown.is_empty() => unknown_goals_verdict(&unknown),
+            Some(capacity) => search_verdict(capacity, &target, &results, level_failed.as_ref()),
+            None => verdict(&report, &target, main, level_failed.as_ref()),
         };
         attach_capacity(&mut report, capacity);
         Ok(RunOutcome {
@@ -386,6 +356,44 @@ impl RunPlan {
             verdict,
         })
     }
+}
+
+/// `--requests-out`, opened before any load is sent: a path that cannot be written is found
+/// now.
+fn open_requests_out(config: &RunConfig) -> Result<Option<Arc<RequestsOut>>, RunError> {
+    let Some(path) = &config.requests_out else {
+        return Ok(None);
+    };
+    let out = RequestsOut::create(path).map_err(|error| {
+        RunError::Input(format!(
+            "--requests-out {}: cannot write: {error}",
+            path.display()
+        ))
+    })?;
+    Ok(Some(Arc::new(out)))
+}
+
+/// Close `--requests-out`. A failure writing it is a failed run like a report that cannot be
+/// written: said in the report (a warning), and by the CLI after the other outputs (the
+/// message returned).
+fn finish_requests_out(out: Option<&RequestsOut>, warnings: &mut Vec<String>) -> Option<String> {
+    let out = out?;
+    let error = out.finish().err()?;
+    let message = format!(
+        "--requests-out {}: cannot write: {error}",
+        out.path().display()
+    );
+    warnings.push(message.clone());
+    Some(message)
+}
+
+/// Goals on server families the reachable endpoints never exposed: a usage error.
+fn unknown_goals_verdict(unknown: &[String]) -> Verdict {
+    Verdict::BadGoal(format!(
+        "{}: the server's metrics endpoints answered but never exposed {}; the report's server section lists what they expose",
+        unknown.join(", "),
+        if unknown.len() == 1 { "it" } else { "them" }
+    ))
 }
 
 /// The levels a run replays: one, each concurrency of `--sweep-concurrency` in turn, or the
