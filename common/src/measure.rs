@@ -9,6 +9,7 @@
 //! one-body answer for the replay and the recording alike.
 
 use crate::formats::{self, Ending, Event, Family, StreamParser, Usage};
+use crate::metrics::HttpProtocol;
 use crate::recording::Exchange;
 use crate::tokenizer::Tokenizer;
 
@@ -231,6 +232,8 @@ pub struct RequestOutcome {
     /// held the stream and delivered it in blocks: its TTFT is late and its ITL is the speed
     /// of a read loop, not of the model.
     pub coalesced: bool,
+    /// The protocol of the response head that answered (`None` when no head arrived).
+    pub protocol: Option<HttpProtocol>,
 }
 
 /// The fewest content frames a stream needs before it can be judged coalesced: shorter
@@ -268,6 +271,7 @@ impl RequestOutcome {
             transport_cause: None,
             resent: false,
             coalesced: false,
+            protocol: None,
         }
     }
 
@@ -543,6 +547,7 @@ impl StreamMeter {
                 .cached_input_tokens
                 .or(state.server_count.cached_input_tokens),
             coalesced: state.coalesced(),
+            protocol: None,
         }
     }
 }
@@ -792,6 +797,7 @@ pub fn noted_outcome(exchange: &Exchange) -> Option<RequestOutcome> {
         unstreamed: false,
         cached_input_tokens: None,
         coalesced: false,
+        protocol: None,
     })
 }
 

@@ -283,6 +283,11 @@ pub struct Counters {
     /// Connections opened to the target, by protocol and TLS version.
     #[serde(default)]
     pub connections: ConnectionCounts,
+    /// Measured requests that got a response head, by the protocol that carried them
+    /// (HTTP/2 multiplexes many requests on one connection, so these differ from
+    /// [`Counters::connections`]).
+    #[serde(default)]
+    pub requests_by_protocol: RequestProtocols,
     /// Succeeded requests that met every `--slo` (0 without SLOs): counted by the worker
     /// as each request completes ([`crate::slo::Slos::is_good`]), so the sum is exact.
     #[serde(default)]
@@ -402,6 +407,50 @@ impl ConnectionCounts {
             let slot = self.slot(protocol, tls);
             *slot = slot.saturating_add(n);
         }
+    }
+}
+
+/// Measured requests by the protocol of the response that answered them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct RequestProtocols {
+    pub http1: u64,
+    pub h2: u64,
+    pub h2c: u64,
+}
+
+impl RequestProtocols {
+    /// Count one request answered over `protocol`.
+    pub fn count(&mut self, protocol: HttpProtocol) {
+        let slot = self.slot(protocol);
+        *slot = slot.saturating_add(1);
+    }
+
+    fn slot(&mut self, protocol: HttpProtocol) -> &mut u64 {
+        match protocol {
+            HttpProtocol::Http1 => &mut self.http1,
+            HttpProtocol::H2 => &mut self.h2,
+            HttpProtocol::H2c => &mut self.h2c,
+        }
+    }
+
+    /// The requests answered over `protocol`.
+    pub fn of(&self, protocol: HttpProtocol) -> u64 {
+        match protocol {
+            HttpProtocol::Http1 => self.http1,
+            HttpProtocol::H2 => self.h2,
+            HttpProtocol::H2c => self.h2c,
+        }
+    }
+
+    /// Every request counted.
+    pub fn total(&self) -> u64 {
+        self.http1.saturating_add(self.h2).saturating_add(self.h2c)
+    }
+
+    fn add(&mut self, other: &RequestProtocols) {
+        self.http1 = self.http1.saturating_add(other.http1);
+        self.h2 = self.h2.saturating_add(other.h2);
+        self.h2c = self.h2c.saturating_add(other.h2c);
     }
 }
 
@@ -600,6 +649,7 @@ impl Counters {
         self.coalesce_checked = self.coalesce_checked.saturating_add(other.coalesce_checked);
         self.coalesced = self.coalesced.saturating_add(other.coalesced);
         self.connections.add(&other.connections);
+        self.requests_by_protocol.add(&other.requests_by_protocol);
         self.good = self.good.saturating_add(other.good);
         self.good_output_tokens = self
             .good_output_tokens
@@ -884,6 +934,9 @@ impl RunMetrics {
         }
         if outcome.resent {
             self.counters.resent += 1;
+        }
+        if let Some(protocol) = outcome.protocol {
+            self.counters.requests_by_protocol.count(protocol);
         }
         match outcome.kind {
             OutcomeKind::Failed(kind) => {
@@ -1334,6 +1387,7 @@ mod tests {
                     unstreamed: rng.next().is_multiple_of(5),
                     cached_input_tokens: rng.next().is_multiple_of(3).then(|| rng.next() % 100),
                     coalesced: false,
+                    protocol: None,
                 };
                 whole.record(&outcome);
                 split[(rng.next() % parts as u64) as usize].record(&outcome);
@@ -1465,6 +1519,7 @@ mod tests {
             unstreamed: false,
             cached_input_tokens: None,
             coalesced: false,
+            protocol: None,
         };
         let mut only_successes = RunMetrics::new();
         let mut m = RunMetrics::new();
@@ -1526,6 +1581,7 @@ mod tests {
             unstreamed: false,
             cached_input_tokens: None,
             coalesced: false,
+            protocol: None,
         };
         m.record(&outcome);
         let itl = m.stats(Metric::Itl).expect("itl");

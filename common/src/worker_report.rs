@@ -117,6 +117,7 @@ impl ReceivedReport {
             ("pinned", c.pinned),
             ("sent_out_of_order", t.sent_out_of_order),
             ("coalesce_checked", c.coalesce_checked),
+            ("requests_by_protocol", c.requests_by_protocol.total()),
         ];
         for (name, value) in parts {
             if value > issued {
@@ -275,6 +276,9 @@ fn named_counts(c: &Counters) -> Vec<(&'static str, u64)> {
         ("connections_h2_tls13", c.connections.h2_tls13),
         ("connections_h2_tls", c.connections.h2_tls),
         ("connections_h2c", c.connections.h2c),
+        ("requests_http1", c.requests_by_protocol.http1),
+        ("requests_h2", c.requests_by_protocol.h2),
+        ("requests_h2c", c.requests_by_protocol.h2c),
     ]);
     counts
 }

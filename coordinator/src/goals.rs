@@ -1052,6 +1052,7 @@ mod tests {
             unstreamed: false,
             cached_input_tokens: None,
             coalesced: false,
+            protocol: None,
         }
     }
 

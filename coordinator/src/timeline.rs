@@ -347,6 +347,7 @@ mod tests {
             unstreamed: false,
             cached_input_tokens: None,
             coalesced: false,
+            protocol: None,
         }
     }
 

@@ -12,7 +12,8 @@ use common::load::{Arrival, LoadModel, Schedule};
 use common::measure::{CancelCause, FailureKind, OutcomeKind, RequestOutcome, TokenSource};
 use common::metrics::{
     ConnectionCounts, Counters, ErrorSample, ErrorSummary, HistogramEncoding, MetricsDecodeError,
-    RecordMeta, RequestRecord, RunMetrics, SliceTotals, SparseMetrics, TransportCounters, Window,
+    RecordMeta, RequestProtocols, RequestRecord, RunMetrics, SliceTotals, SparseMetrics,
+    TransportCounters, Window,
 };
 use common::slo::{Slo, Slos};
 
@@ -151,6 +152,9 @@ fn counters_to_proto(c: &Counters, totals: &SliceTotals) -> v1::Counters {
         connections_h2_tls13: c.connections.h2_tls13,
         connections_h2_tls: c.connections.h2_tls,
         connections_h2c: c.connections.h2c,
+        requests_http1: c.requests_by_protocol.http1,
+        requests_h2: c.requests_by_protocol.h2,
+        requests_h2c: c.requests_by_protocol.h2c,
         resent: c.resent,
         unstreamed: c.unstreamed,
         cache_reported: c.cache_reported,
@@ -208,6 +212,11 @@ fn counters_from_proto(c: &v1::Counters) -> (Counters, SliceTotals) {
             h2_tls13: c.connections_h2_tls13,
             h2_tls: c.connections_h2_tls,
             h2c: c.connections_h2c,
+        },
+        requests_by_protocol: RequestProtocols {
+            http1: c.requests_http1,
+            h2: c.requests_h2,
+            h2c: c.requests_h2c,
         },
         resent: c.resent,
         unstreamed: c.unstreamed,

@@ -281,28 +281,28 @@ fn connections_are_counted_by_protocol_and_tls_version() {
             vec!["--http1-only"],
             vec![],
             ("http/1.1", "none"),
-            "http/1.1 ×",
+            "http/1.1: 6 requests on ",
         ),
         (
             "h2c",
             vec![],
             vec!["--target-h2c"],
             ("h2c", "none"),
-            "h2c ×",
+            "h2c: 6 requests on ",
         ),
         (
             "h2-tls",
             tls.to_vec(),
             vec!["--target-ca", path_str(&ca)],
             ("h2", "TLSv1.3"),
-            "h2 TLSv1.3 ×",
+            "h2 TLSv1.3: 6 requests on ",
         ),
         (
             "http1-tls",
             [&tls[..], &["--http1-only"]].concat(),
             vec!["--target-ca", path_str(&ca)],
             ("http/1.1", "TLSv1.3"),
-            "http/1.1 TLSv1.3 ×",
+            "http/1.1 TLSv1.3: 6 requests on ",
         ),
     ];
     for (name, mut mock_args, extra, (protocol, version), shown) in cases {
@@ -328,6 +328,14 @@ fn connections_are_counted_by_protocol_and_tls_version() {
             "{name}: {:#}",
             report["transport"]
         );
+        // Issue 33, item 8: requests are counted per protocol, apart from connections
+        // (HTTP/2 carries several requests on one connection).
+        assert_eq!(
+            report["transport"]["requests"],
+            serde_json::json!([{ "protocol": protocol, "count": 6 }]),
+            "{name}: {:#}",
+            report["transport"]
+        );
         // Every connection counted is one the run timed.
         let counted: f64 = report["transport"]["connections"]
             .as_array()
@@ -341,7 +349,7 @@ fn connections_are_counted_by_protocol_and_tls_version() {
             "{name}: {report:#}"
         );
         assert!(
-            out.stdout.contains(&format!("connections      {shown}")),
+            out.stdout.contains(&format!("protocols        {shown}")),
             "{name}: {}",
             out.stdout
         );
@@ -361,10 +369,10 @@ fn connections_are_counted_by_protocol_and_tls_version() {
         );
         assert_eq!(out.code, 0, "{name}: {}", out.stderr);
         let md = std::fs::read_to_string(&md).expect("markdown");
-        assert!(md.contains(&format!("connections {shown}")), "{name}: {md}");
+        assert!(md.contains(&format!("protocols {shown}")), "{name}: {md}");
         let html = std::fs::read_to_string(&html).expect("html");
         assert!(
-            html.contains(&format!("<li>Connections: {shown}")),
+            html.contains(&format!("<li>Protocols: {shown}")),
             "{name}: {html}"
         );
     }

@@ -106,10 +106,8 @@ const SHORT_FUNCTION_CRATES: [&str; 3] = ["worker", "coordinator", "capture"];
 
 /// Functions over the limit that predate this check, with their length when it was added: each
 /// may shrink, none may grow, and a function that is split leaves this list (a ratchet).
-const LONG_FUNCTIONS_TO_SPLIT: [(&str, &str, usize); 2] = [
-    ("coordinator/src/report/terminal.rs", "render_terminal", 307),
-    ("coordinator/src/config.rs", "into_config", 185),
-];
+const LONG_FUNCTIONS_TO_SPLIT: [(&str, &str, usize); 1] =
+    [("coordinator/src/config.rs", "into_config", 185)];
 
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

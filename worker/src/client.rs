@@ -145,6 +145,21 @@ impl Response {
         }
     }
 
+    /// The protocol that carried the response: HTTP/2 over TLS (`h2`) or cleartext (`h2c`),
+    /// else HTTP/1.1.
+    pub fn protocol(&self) -> HttpProtocol {
+        match self {
+            Response::Reqwest(response) if response.version() == http::Version::HTTP_2 => {
+                if response.url().scheme() == "https" {
+                    HttpProtocol::H2
+                } else {
+                    HttpProtocol::H2c
+                }
+            }
+            Response::Reqwest(_) | Response::H1(_) | Response::HyperConn(_) => HttpProtocol::Http1,
+        }
+    }
+
     /// The next bytes of the body, `None` at its end.
     pub async fn chunk(&mut self) -> Result<Option<bytes::Bytes>, BodyError> {
         match self {

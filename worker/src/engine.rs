@@ -34,7 +34,7 @@ use common::formats::{self, Family};
 use common::measure::{
     CancelCause, FailureKind, OutcomeKind, RequestOutcome, StreamMeter, measure_unstreamed,
 };
-use common::metrics::{MAX_ERROR_BODY_KEPT, SliceTotals, error_message};
+use common::metrics::{HttpProtocol, MAX_ERROR_BODY_KEPT, SliceTotals, error_message};
 use common::pacer::{Pacer, PacerThread};
 use rand::{Rng, SeedableRng};
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
@@ -57,14 +57,17 @@ pub struct StartAt {
     pub instant: Instant,
 }
 
-/// The engine's live counters of its slice: atomics it updates as it sends, which the link
-/// reads for each interval report (the final totals are [`replay`]'s [`SliceTotals`]).
+/// The engine's one book of its slice's counts: atomics it updates as it sends, which the
+/// link reads for each interval report and [`replay`] returns as its final [`SliceTotals`]
+/// ([`LiveCounters::totals`]).
 #[derive(Debug, Default)]
 pub struct LiveCounters {
     /// Requests sent so far (warm-up included), in slice order.
     pub issued: AtomicU64,
-    /// Exchanges received but not sent (duration reached), so far.
+    /// Exchanges received but not sent (duration reached, abort), so far.
     pub not_started: AtomicU64,
+    /// Requests in flight when an abort cancelled them.
+    pub lost: AtomicU64,
     /// Wall-clock instant the load actually started (Unix ns), 0 before.
     pub started_unix_ns: AtomicU64,
     /// Exchanges sent late because they arrived outside the reorder window, so far.
@@ -75,6 +78,22 @@ pub struct LiveCounters {
     /// What was sent of the exchanges handed over from lost workers: read
     /// [`HandOverCounters::span`].
     pub hand_over: HandOverCounters,
+}
+
+impl LiveCounters {
+    /// The slice's counts so far; final once [`replay`] returned.
+    pub fn totals(&self) -> SliceTotals {
+        SliceTotals {
+            issued: self.issued.load(Ordering::Relaxed),
+            not_started: self.not_started.load(Ordering::Relaxed),
+            lost: self.lost.load(Ordering::Relaxed),
+            sent_out_of_order: self.sent_out_of_order.load(Ordering::Relaxed),
+        }
+    }
+
+    fn not_started(&self, count: u64) {
+        self.not_started.fetch_add(count, Ordering::Relaxed);
+    }
 }
 
 /// What the load model alone says goes out at once: a closed loop's concurrency, an open
@@ -700,19 +719,19 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
             Next::Item(item, intended) => (item, intended),
             Next::Done => break 'items,
             Next::PastDeadline => {
-                sending.totals.not_started += 1;
+                sending.counters.not_started(1);
                 break 'items;
             }
             Next::Aborted { holding } => {
                 aborted = true;
-                sending.totals.not_started += u64::from(holding);
+                sending.counters.not_started(u64::from(holding));
                 break 'items;
             }
         };
         let permit = match &permits {
             Some(semaphore) => tokio::select! {
                 biased;
-                _ = abort.wait_for(|a| *a) => { aborted = true; sending.totals.not_started += 1; break 'items; }
+                _ = abort.wait_for(|a| *a) => { aborted = true; sending.counters.not_started(1); break 'items; }
                 permit = semaphore.clone().acquire_owned() => Some(permit.expect("the semaphore is never closed")),
             },
             None => None,
@@ -724,7 +743,7 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
             sending.target_reached();
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
-            sending.totals.not_started += 1;
+            sending.counters.not_started(1);
             break;
         }
         // An own exchange starts once the coordinator granted it.
@@ -732,7 +751,7 @@ pub async fn replay(run: EngineRun) -> SliceTotals {
             && !gate.admit(own, &mut abort).await
         {
             aborted = true;
-            sending.totals.not_started += 1;
+            sending.counters.not_started(1);
             break 'items;
         }
         sending.send(item, permit, intended, pacer, &mut feed).await;
@@ -886,7 +905,7 @@ impl StartLead<'_> {
 }
 
 /// What the engine keeps while it sends: the request tasks, the sessions' latest turns and
-/// the slice's totals.
+/// the slice's book of counts.
 struct Sending {
     config: Arc<ReplayConfig>,
     client: TargetClient,
@@ -894,7 +913,6 @@ struct Sending {
     counters: Arc<LiveCounters>,
     sessions: HashMap<String, PreviousTurn>,
     tasks: JoinSet<()>,
-    totals: SliceTotals,
     seq: u64,
     /// An unpaced closed loop sends its first `concurrency` requests together at the start:
     /// that first wave is left out of the steady metrics (it queues at the target at once).
@@ -921,7 +939,6 @@ impl Sending {
             counters,
             sessions: HashMap::new(),
             tasks: JoinSet::new(),
-            totals: SliceTotals::default(),
             seq: 0,
             first_wave,
         }
@@ -969,9 +986,8 @@ impl Sending {
         let steady_after = (self.config.options.steady_metrics && self.seq >= self.first_wave)
             .then(|| self.counters.clone());
         self.seq += 1;
-        self.totals.issued += 1;
         let counters = &self.counters;
-        counters.issued.store(self.totals.issued, Ordering::Relaxed);
+        counters.issued.fetch_add(1, Ordering::Relaxed);
         counters
             .sent_out_of_order
             .store(feed.sent_out_of_order, Ordering::Relaxed);
@@ -1022,8 +1038,6 @@ impl Sending {
         abort: &mut watch::Receiver<bool>,
     ) -> SliceTotals {
         let counters = self.counters.clone();
-        let totals = &mut self.totals;
-        totals.sent_out_of_order = feed.sent_out_of_order;
         feed.hand_overs.log_sent();
         if let Some(gate) = &feed.gate {
             gate.log_waits();
@@ -1033,12 +1047,9 @@ impl Sending {
             .store(feed.sent_out_of_order, Ordering::Relaxed);
         // Items read ahead but not sent (duration reached) are not started.
         if !open_ended {
-            totals.not_started += feed.pending.len() as u64;
+            counters.not_started(feed.pending.len() as u64);
             feed.pending.clear();
         }
-        counters
-            .not_started
-            .store(totals.not_started, Ordering::Relaxed);
         if !aborted && !open_ended {
             // Whatever was not sent (duration reached) is not started.
             loop {
@@ -1046,10 +1057,7 @@ impl Sending {
                     biased;
                     _ = abort.wait_for(|a| *a) => { aborted = true; break; }
                     item = feed.items.recv() => match item {
-                        Some(_) => {
-                            totals.not_started += 1;
-                            counters.not_started.store(totals.not_started, Ordering::Relaxed);
-                        }
+                        Some(_) => counters.not_started(1),
                         None => break,
                     },
                 }
@@ -1070,14 +1078,14 @@ impl Sending {
             // (its outcome recorded) but was not reaped yet is answered, not also lost.
             while let Some(joined) = self.tasks.join_next().await {
                 if joined.is_err() {
-                    totals.lost += 1;
+                    counters.lost.fetch_add(1, Ordering::Relaxed);
                 }
             }
             if !open_ended {
-                totals.not_started += feed.drain_count();
+                counters.not_started(feed.drain_count());
             }
         }
-        self.totals
+        counters.totals()
     }
 }
 
@@ -1390,7 +1398,8 @@ async fn measure_one(
             }
         }
     };
-    let finishing = Finishing {
+    let mut finishing = Finishing {
+        protocol: None,
         t0: sent.t0,
         // Lag is the scheduler's: measured at the first attempt, whatever happened after.
         lag: intended.map(|t| sent.first_t0.saturating_duration_since(t).as_micros() as u64),
@@ -1409,6 +1418,7 @@ async fn measure_one(
             return Measured::of(outcome, None, None);
         }
     };
+    finishing.protocol = Some(response.protocol());
     let status = response.status();
     let code = Some(status.as_u16());
     if !status.is_success() {
@@ -1485,6 +1495,8 @@ async fn measure_one(
 
 /// What a request's outcome takes from its send, whatever its end.
 struct Finishing {
+    /// The protocol of the response head, once it arrived.
+    protocol: Option<HttpProtocol>,
     t0: Instant,
     lag: Option<u64>,
     sent_unix_us: u64,
@@ -1501,6 +1513,7 @@ impl Finishing {
         outcome.schedule_lag_us = self.lag;
         outcome.sent_unix_us = Some(self.sent_unix_us);
         outcome.resent = self.resent;
+        outcome.protocol = self.protocol;
         // The input tokens the server did not report are counted (or estimated) after the
         // request released its slot: `tokens::count_missing`.
         outcome

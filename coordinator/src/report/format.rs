@@ -107,24 +107,67 @@ pub(super) fn any_coalesced(report: &Report) -> bool {
         .is_some_and(|b| b.changes.values().any(|c| c.coalesced))
 }
 
-/// `h2 TLSv1.3 ×1 · http/1.1 ×4`: the connections by protocol and TLS version, when counted.
+/// `h2 TLSv1.3: 40 requests on 1 connection · http/1.1: 4 requests on 4 connections`: the
+/// measured requests and the connections by protocol (and TLS version), when counted.
 pub(super) fn connections_line(report: &Report) -> Option<String> {
     let transport = report.transport.as_ref()?;
-    if transport.connections.is_empty() {
-        return None;
-    }
-    let parts: Vec<String> = transport
+    let mut protocols: Vec<&str> = Vec::new();
+    for name in transport
         .connections
         .iter()
-        .map(|c| {
-            if c.tls == "none" {
-                format!("{} ×{}", c.protocol, c.count)
-            } else {
-                format!("{} {} ×{}", c.protocol, c.tls, c.count)
-            }
-        })
+        .map(|c| c.protocol.as_str())
+        .chain(transport.requests.iter().map(|r| r.protocol.as_str()))
+    {
+        if !protocols.contains(&name) {
+            protocols.push(name);
+        }
+    }
+    if protocols.is_empty() {
+        return None;
+    }
+    let parts: Vec<String> = protocols
+        .into_iter()
+        .map(|protocol| protocol_part(transport, protocol))
         .collect();
     Some(parts.join(" · "))
+}
+
+/// `h2 TLSv1.3: 40 requests on 1 connection` (requests counted apart from connections:
+/// HTTP/2 carries many requests on one). Older reports have no request counts: then the
+/// connections alone.
+fn protocol_part(transport: &super::TransportSection, protocol: &str) -> String {
+    let of_protocol: Vec<_> = transport
+        .connections
+        .iter()
+        .filter(|c| c.protocol == protocol)
+        .collect();
+    let tls: Vec<&str> = of_protocol
+        .iter()
+        .filter(|c| c.tls != "none")
+        .map(|c| c.tls.as_str())
+        .collect();
+    let label = if tls.is_empty() {
+        protocol.to_string()
+    } else {
+        format!("{protocol} {}", tls.join("/"))
+    };
+    let connections: u64 = of_protocol.iter().map(|c| c.count).sum();
+    let plural = |n: u64, one: &str, many: &str| {
+        if n == 1 {
+            format!("1 {one}")
+        } else {
+            format!("{n} {many}")
+        }
+    };
+    let connections = plural(connections, "connection", "connections");
+    match transport.requests.iter().find(|r| r.protocol == protocol) {
+        Some(requests) => format!(
+            "{label}: {} on {connections}",
+            plural(requests.count, "request", "requests")
+        ),
+        None if transport.requests.is_empty() => format!("{label}: {connections}"),
+        None => format!("{label}: 0 requests on {connections}"),
+    }
 }
 
 /// `20 of 20 streams (100.0 %) arrived in one piece`, when any did.

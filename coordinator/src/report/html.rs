@@ -1126,7 +1126,7 @@ fn metrics_tables(out: &mut String, report: &Report) {
         let _ = writeln!(out, "<li>Warm-up: {} requests excluded</li>", r.warmup);
     }
     if let Some(line) = format::connections_line(report) {
-        let _ = writeln!(out, "<li>Connections: {}</li>", esc(&line));
+        let _ = writeln!(out, "<li>Protocols: {}</li>", esc(&line));
     }
     if let Some(line) = format::coalesced_line(report) {
         let _ = writeln!(out, "<li>Coalesced: {}</li>", esc(&line));

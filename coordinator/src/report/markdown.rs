@@ -186,7 +186,7 @@ fn verdict(out: &mut String, report: &Report) {
     }
     let _ = write!(line, " · load: {}", plain(&format::load(report)));
     if let Some(connections) = format::connections_line(report) {
-        let _ = write!(line, " · connections {connections}");
+        let _ = write!(line, " · protocols {connections}");
     }
     if let Some(last) = report.sweep.last() {
         let _ = write!(

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use common::metrics::{Counters, Metric, RunMetrics, Stats, TransportCounters, Unit};
+use common::metrics::{Counters, HttpProtocol, Metric, RunMetrics, Stats, TransportCounters, Unit};
 use common::slo::Slos;
 use serde::{Deserialize, Serialize};
 
@@ -268,6 +268,11 @@ pub struct TransportSection {
     /// `h2c`) and TLS version (`TLSv1.2`, `TLSv1.3`, `none`).
     #[serde(default)]
     pub connections: Vec<ConnectionEntry>,
+    /// Measured requests that got a response head, by the protocol that carried them
+    /// (`http/1.1`, `h2`, `h2c`): HTTP/2 carries many requests on one connection, so these
+    /// are counted apart from `connections`.
+    #[serde(default)]
+    pub requests: Vec<ProtocolRequests>,
     /// Succeeded streams long enough to judge (at least 4 content frames).
     #[serde(default)]
     pub streams_checked: u64,
@@ -291,6 +296,15 @@ pub struct ConnectionEntry {
     pub count: u64,
 }
 
+/// One line of `transport.requests`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProtocolRequests {
+    /// `http/1.1`, `h2` or `h2c`.
+    pub protocol: String,
+    /// Measured requests answered over it.
+    pub count: u64,
+}
+
 /// A coalesced share (percent of checked streams) at or above this on either side marks
 /// the baseline changes of TTFT, ITL, TTST and the per-user token rate (`Change::coalesced`)
 /// and warns: those numbers then measure the proxy's delivery, not the model.
@@ -310,11 +324,23 @@ impl TransportSection {
                 count,
             })
             .collect();
-        if connections.is_empty() && counters.coalesce_checked == 0 {
+        let requests: Vec<ProtocolRequests> =
+            [HttpProtocol::Http1, HttpProtocol::H2, HttpProtocol::H2c]
+                .into_iter()
+                .filter_map(|protocol| {
+                    let count = counters.requests_by_protocol.of(protocol);
+                    (count > 0).then(|| ProtocolRequests {
+                        protocol: protocol.name().to_string(),
+                        count,
+                    })
+                })
+                .collect();
+        if connections.is_empty() && requests.is_empty() && counters.coalesce_checked == 0 {
             return None;
         }
         Some(TransportSection {
             connections,
+            requests,
             streams_checked: counters.coalesce_checked,
             coalesced_streams: counters.coalesced,
             coalesced_share_pct: coalesced_share_pct(counters.coalesced, counters.coalesce_checked),

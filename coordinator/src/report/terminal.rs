@@ -15,63 +15,122 @@ use super::{CapacitySection, Report};
 /// Render `report` for a terminal; `color` adds ANSI colors (red for highlighted comparisons
 /// and failed goals, green for passed goals, bold titles).
 pub fn render_terminal(report: &Report, color: bool) -> String {
-    let mut out = String::new();
-    let title = |out: &mut String, text: &str| {
-        if color {
-            let _ = writeln!(out, "{ANSI_BOLD}{text}{ANSI_RESET}");
-        } else {
-            let _ = writeln!(out, "{text}");
-        }
+    let mut t = Terminal {
+        out: String::new(),
+        color,
     };
-
-    title(&mut out, &format!("llm-replay run {}", report.run.id));
-    let _ = writeln!(out, "  started   {}", report.run.started_at);
-    let _ = writeln!(out, "  duration  {:.2} s", report.run.duration_s);
-    let _ = writeln!(out, "  target    {}", report.run.target);
-    let _ = writeln!(out, "  load      {}", format::load(report));
-    if let Some(skew) = report.run.start_skew_text() {
-        let _ = writeln!(out, "  skew      {skew}");
+    // One renderer per section, in the order they print; each writes nothing when its
+    // section is empty.
+    let sections: [fn(&mut Terminal, &Report); 15] = [
+        run_header,
+        workers_table,
+        llm_metrics,
+        requests_lines,
+        error_table,
+        throughput_lines,
+        goodput_lines,
+        transient_lines,
+        faithful_lines,
+        server_section,
+        baseline_table,
+        sweep_table,
+        capacity_section,
+        goal_table,
+        warning_lines,
+    ];
+    for section in sections {
+        section(&mut t, report);
     }
-    if !report.run.workers.is_empty() {
-        out.push('\n');
-        let mut workers = TextTable::new(
-            &[
-                "worker",
-                "host",
-                "assigned",
-                "completed",
-                "lost",
-                "clock offset ms",
-            ],
-            &[0, 1],
-        );
-        for w in &report.run.workers {
-            let lost = if w.disconnected {
-                format!("{} (disconnected)", w.lost)
-            } else {
-                w.lost.to_string()
-            };
-            workers.row(
-                vec![
-                    w.id.clone(),
-                    w.host.clone(),
-                    w.assigned.to_string(),
-                    w.completed.to_string(),
-                    lost,
-                    match (w.clock_offset_ms, w.clock_uncertainty_ms) {
-                        (Some(o), Some(u)) => format!("{o:.2} ± {u:.2}"),
-                        (Some(o), None) => format!("{o:.2}"),
-                        (None, _) => format::NO_VALUE.to_string(),
-                    },
-                ],
-                w.disconnected.then_some(ANSI_RED),
-            );
+    t.out
+}
+
+/// The text being written and whether it is colored.
+struct Terminal {
+    out: String,
+    color: bool,
+}
+
+impl Terminal {
+    /// A section's title (bold in color).
+    fn title(&mut self, text: &str) {
+        if self.color {
+            let _ = writeln!(self.out, "{ANSI_BOLD}{text}{ANSI_RESET}");
+        } else {
+            let _ = writeln!(self.out, "{text}");
         }
-        out.push_str(&workers.render(color));
     }
 
-    out.push('\n');
-    title(&mut out, "LLM metrics");
+    /// A blank line, then the section's title.
+    fn section(&mut self, text: &str) {
+        self.out.push('\n');
+        self.title(text);
+    }
+
+    /// An indented line.
+    fn line(&mut self, text: impl std::fmt::Display) {
+        let _ = writeln!(self.out, "  {text}");
+    }
+
+    fn table(&mut self, table: &TextTable) {
+        let rendered = table.render(self.color);
+        self.out.push_str(&rendered);
+    }
+}
+
+fn run_header(t: &mut Terminal, report: &Report) {
+    t.title(&format!("llm-replay run {}", report.run.id));
+    t.line(format_args!("started   {}", report.run.started_at));
+    t.line(format_args!("duration  {:.2} s", report.run.duration_s));
+    t.line(format_args!("target    {}", report.run.target));
+    t.line(format_args!("load      {}", format::load(report)));
+    if let Some(skew) = report.run.start_skew_text() {
+        t.line(format_args!("skew      {skew}"));
+    }
+}
+
+fn workers_table(t: &mut Terminal, report: &Report) {
+    if report.run.workers.is_empty() {
+        return;
+    }
+    t.out.push('\n');
+    let mut workers = TextTable::new(
+        &[
+            "worker",
+            "host",
+            "assigned",
+            "completed",
+            "lost",
+            "clock offset ms",
+        ],
+        &[0, 1],
+    );
+    for w in &report.run.workers {
+        let lost = if w.disconnected {
+            format!("{} (disconnected)", w.lost)
+        } else {
+            w.lost.to_string()
+        };
+        workers.row(
+            vec![
+                w.id.clone(),
+                w.host.clone(),
+                w.assigned.to_string(),
+                w.completed.to_string(),
+                lost,
+                match (w.clock_offset_ms, w.clock_uncertainty_ms) {
+                    (Some(o), Some(u)) => format!("{o:.2} ± {u:.2}"),
+                    (Some(o), None) => format!("{o:.2}"),
+                    (None, _) => format::NO_VALUE.to_string(),
+                },
+            ],
+            w.disconnected.then_some(ANSI_RED),
+        );
+    }
+    t.table(&workers);
+}
+
+fn llm_metrics(t: &mut Terminal, report: &Report) {
+    t.section("LLM metrics");
     let mut header = vec!["metric"];
     header.extend(STAT_COLUMNS);
     let mut metrics = TextTable::new(&header, &[0]);
@@ -92,234 +151,265 @@ pub fn render_terminal(report: &Report, color: bool) -> String {
             metrics.row(cells, None);
         }
     }
-    out.push_str(&metrics.render(color));
+    t.table(&metrics);
+}
 
-    out.push('\n');
-    title(&mut out, "Requests");
+fn requests_lines(t: &mut Terminal, report: &Report) {
+    t.section("Requests");
     let r = &report.requests;
-    let _ = writeln!(out, "  total            {}", format::total_line(report));
-    let _ = writeln!(out, "  failed by kind   {}", format::failed_by_kind(report));
-    let _ = writeln!(out, "  status codes     {}", format::status_codes(report));
-    let _ = writeln!(out, "  output tokens    {}", format::token_sources(report));
+    t.line(format_args!(
+        "total            {}",
+        format::total_line(report)
+    ));
+    t.line(format_args!(
+        "failed by kind   {}",
+        format::failed_by_kind(report)
+    ));
+    t.line(format_args!(
+        "status codes     {}",
+        format::status_codes(report)
+    ));
+    t.line(format_args!(
+        "output tokens    {}",
+        format::token_sources(report)
+    ));
     if r.warmup > 0 {
-        let _ = writeln!(out, "  warm-up          {} requests excluded", r.warmup);
+        t.line(format_args!(
+            "warm-up          {} requests excluded",
+            r.warmup
+        ));
     }
     if r.resent > 0 {
-        let _ = writeln!(
-            out,
-            "  resent           {} (a reused connection closed before any response byte; sent once more on a fresh one)",
+        t.line(format_args!(
+            "resent           {} (a reused connection closed before any response byte; sent once more on a fresh one)",
             r.resent
-        );
+        ));
     }
     if let Some(line) = format::connections_line(report) {
-        let _ = writeln!(out, "  connections      {line}");
+        t.line(format_args!("protocols        {line}"));
     }
     if let Some(line) = format::coalesced_line(report) {
-        let _ = writeln!(out, "  coalesced        {line}");
+        t.line(format_args!("coalesced        {line}"));
     }
-    let errors = super::errors::error_rows(report);
-    if !errors.is_empty() {
-        out.push('\n');
-        title(&mut out, "Errors (what the server said)");
-        let mut table = TextTable::new(&["failure", "count", "message"], &[0, 2]);
-        for row in errors {
-            table.row(vec![row.what, row.count.to_string(), row.message], None);
-        }
-        out.push_str(&table.render(color));
-    }
+}
 
-    out.push('\n');
-    title(&mut out, "Throughput");
-    let _ = writeln!(
-        out,
-        "  output tokens/s   {}  (whole run)",
+fn error_table(t: &mut Terminal, report: &Report) {
+    let errors = super::errors::error_rows(report);
+    if errors.is_empty() {
+        return;
+    }
+    t.section("Errors (what the server said)");
+    let mut table = TextTable::new(&["failure", "count", "message"], &[0, 2]);
+    for row in errors {
+        table.row(vec![row.what, row.count.to_string(), row.message], None);
+    }
+    t.table(&table);
+}
+
+fn throughput_lines(t: &mut Terminal, report: &Report) {
+    t.section("Throughput");
+    t.line(format_args!(
+        "output tokens/s   {}  (whole run)",
         format::rate(report.llm.output_tokens_per_second)
-    );
-    let _ = writeln!(
-        out,
-        "  requests/s        {}  (whole run)",
+    ));
+    t.line(format_args!(
+        "requests/s        {}  (whole run)",
         format::rate(report.llm.requests_per_second)
-    );
-    let _ = writeln!(
-        out,
-        "  measured window   {}",
+    ));
+    t.line(format_args!(
+        "measured window   {}",
         report.llm.measured_window_s.map_or_else(
             || format::NO_VALUE.to_string(),
             |s| format!(
                 "{s:.2} s (whole run: first request sent → last outcome of any kind, failures included)"
             )
         )
-    );
+    ));
     for (label, value) in windows::steady_rows(report) {
-        let _ = writeln!(out, "  {label}   {value}");
+        t.line(format_args!("{label}   {value}"));
     }
+}
+
+fn goodput_lines(t: &mut Terminal, report: &Report) {
     let goodput = format::report_goodput_rows(report);
-    if !goodput.is_empty() {
-        out.push('\n');
-        title(
-            &mut out,
-            "Goodput (requests that succeeded within every SLO)",
-        );
-        let width = goodput
-            .iter()
-            .map(|(label, _)| label.chars().count())
-            .max()
-            .unwrap_or(0);
-        for (label, value) in goodput {
-            let _ = writeln!(out, "  {label:<width$}  {value}");
-        }
+    if goodput.is_empty() {
+        return;
     }
+    t.section("Goodput (requests that succeeded within every SLO)");
+    let width = goodput
+        .iter()
+        .map(|(label, _)| label.chars().count())
+        .max()
+        .unwrap_or(0);
+    for (label, value) in goodput {
+        t.line(format_args!("{label:<width$}  {value}"));
+    }
+}
+
+fn transient_lines(t: &mut Terminal, report: &Report) {
     let transients = super::transients::transient_lines(report);
-    if !transients.is_empty() {
-        out.push('\n');
-        title(
-            &mut out,
-            "Over time (stretches far worse than the rest of the run)",
-        );
-        for line in transients {
-            let _ = writeln!(out, "  {line}");
-        }
-        let _ = writeln!(out, "  ({})", super::transients::HOW_JUDGED);
+    if transients.is_empty() {
+        return;
     }
+    t.section("Over time (stretches far worse than the rest of the run)");
+    for line in transients {
+        t.line(line);
+    }
+    t.line(format_args!("({})", super::transients::HOW_JUDGED));
+}
+
+fn faithful_lines(t: &mut Terminal, report: &Report) {
     let faithful = windows::faithful_lines(report);
-    if !faithful.is_empty() {
-        out.push('\n');
-        title(&mut out, "Faithful replay");
-        for line in faithful {
-            let _ = writeln!(out, "  {line}");
-        }
+    if faithful.is_empty() {
+        return;
     }
+    t.section("Faithful replay");
+    for line in faithful {
+        t.line(line);
+    }
+}
 
+fn server_section(t: &mut Terminal, report: &Report) {
     if let Some(view) = server_side::server_view(report) {
-        out.push('\n');
-        title(&mut out, "Server (what its /metrics said during the run)");
-        out.push_str(&server_tables(&view, color));
+        t.section("Server (what its /metrics said during the run)");
+        let tables = server_tables(&view, t.color);
+        t.out.push_str(&tables);
     }
+}
 
-    if let Some(baseline) = &report.baseline {
-        out.push('\n');
-        title(
-            &mut out,
-            &format!("Baseline comparison ({})", baseline.source),
+fn baseline_table(t: &mut Terminal, report: &Report) {
+    let Some(baseline) = &report.baseline else {
+        return;
+    };
+    t.section(&format!("Baseline comparison ({})", baseline.source));
+    let mut table = TextTable::new(
+        &["metric", "stat", "baseline", "replayed", "change", ""],
+        &[0, 1, 5],
+    );
+    for row in format::comparison_rows(report) {
+        let highlight = row.highlight();
+        table.row(
+            vec![
+                row.label.clone(),
+                row.stat.clone(),
+                row.baseline.clone(),
+                row.replayed.clone(),
+                row.change.clone(),
+                row.marker().to_string(),
+            ],
+            highlight.then_some(ANSI_RED),
         );
-        let mut table = TextTable::new(
-            &["metric", "stat", "baseline", "replayed", "change", ""],
-            &[0, 1, 5],
-        );
-        for row in format::comparison_rows(report) {
-            let highlight = row.highlight();
-            table.row(
-                vec![
-                    row.label.clone(),
-                    row.stat.clone(),
-                    row.baseline.clone(),
-                    row.replayed.clone(),
-                    row.change.clone(),
-                    row.marker().to_string(),
-                ],
-                highlight.then_some(ANSI_RED),
-            );
-        }
-        out.push_str(&table.render(color));
-        let _ = writeln!(out, "  {HIGHLIGHT_NOTE}");
-        if format::any_coalesced(report) {
-            let _ = writeln!(out, "  {}", format::COALESCED_NOTE);
-        }
     }
+    t.table(&table);
+    t.line(HIGHLIGHT_NOTE);
+    if format::any_coalesced(report) {
+        t.line(format::COALESCED_NOTE);
+    }
+}
 
-    if !report.sweep.is_empty() {
-        out.push('\n');
-        title(&mut out, "Concurrency sweep");
-        let with_goodput = report.sweep.iter().any(|level| level.goodput.is_some());
-        let mut header = vec![
-            "concurrency",
-            "requests",
-            "failed",
-            "ttft p50 ms",
-            "ttft p95 ms",
-            "itl p50 ms",
-            "latency p95 ms",
-            "output tok/s",
-            "req/s",
+fn sweep_table(t: &mut Terminal, report: &Report) {
+    if report.sweep.is_empty() {
+        return;
+    }
+    t.section("Concurrency sweep");
+    let with_goodput = report.sweep.iter().any(|level| level.goodput.is_some());
+    let mut header = vec![
+        "concurrency",
+        "requests",
+        "failed",
+        "ttft p50 ms",
+        "ttft p95 ms",
+        "itl p50 ms",
+        "latency p95 ms",
+        "output tok/s",
+        "req/s",
+    ];
+    if with_goodput {
+        header.push("goodput req/s");
+    }
+    let with_server = report.sweep.iter().any(|level| level.server.is_some());
+    if with_server {
+        header.push(QUEUE_MAX_HEADER);
+    }
+    let mut table = TextTable::new(&header, &[]);
+    for level in &report.sweep {
+        let stat = |metric: Metric, pick: fn(&common::metrics::Stats) -> f64| {
+            level.llm.stats(metric).map_or_else(
+                || format::NO_VALUE.to_string(),
+                |s| format!("{:.2}", pick(&s)),
+            )
+        };
+        let mut cells = vec![
+            level.concurrency.to_string(),
+            level.requests.total.to_string(),
+            level.requests.failed.to_string(),
+            stat(Metric::Ttft, |s| s.p50),
+            stat(Metric::Ttft, |s| s.p95),
+            stat(Metric::Itl, |s| s.p50),
+            stat(Metric::Latency, |s| s.p95),
+            format::rate(level.llm.output_tokens_per_second),
+            format::rate(level.llm.requests_per_second),
         ];
         if with_goodput {
-            header.push("goodput req/s");
+            cells.push(format::goodput_cell(level.goodput.as_ref()));
         }
-        let with_server = report.sweep.iter().any(|level| level.server.is_some());
         if with_server {
-            header.push(QUEUE_MAX_HEADER);
+            cells.push(server_side::queue_max_cell(level.server.as_ref()));
         }
-        let mut table = TextTable::new(&header, &[]);
-        for level in &report.sweep {
-            let stat = |metric: Metric, pick: fn(&common::metrics::Stats) -> f64| {
-                level.llm.stats(metric).map_or_else(
-                    || format::NO_VALUE.to_string(),
-                    |s| format!("{:.2}", pick(&s)),
-                )
-            };
-            let mut cells = vec![
-                level.concurrency.to_string(),
-                level.requests.total.to_string(),
-                level.requests.failed.to_string(),
-                stat(Metric::Ttft, |s| s.p50),
-                stat(Metric::Ttft, |s| s.p95),
-                stat(Metric::Itl, |s| s.p50),
-                stat(Metric::Latency, |s| s.p95),
-                format::rate(level.llm.output_tokens_per_second),
-                format::rate(level.llm.requests_per_second),
-            ];
-            if with_goodput {
-                cells.push(format::goodput_cell(level.goodput.as_ref()));
-            }
-            if with_server {
-                cells.push(server_side::queue_max_cell(level.server.as_ref()));
-            }
-            table.row(cells, None);
-        }
-        out.push_str(&table.render(color));
+        table.row(cells, None);
     }
+    t.table(&table);
+}
 
+fn capacity_section(t: &mut Terminal, report: &Report) {
     if let Some(capacity) = &report.capacity {
-        capacity_block(&mut out, capacity, color);
+        capacity_block(&mut t.out, capacity, t.color);
     }
+}
 
-    if !report.goals.is_empty() {
-        out.push('\n');
-        title(&mut out, "Goals (a goal fails when its condition holds)");
-        let mut table = TextTable::new(
-            &["result", "goal", "value", "threshold", "note"],
-            &[0, 1, 4],
+fn goal_table(t: &mut Terminal, report: &Report) {
+    if report.goals.is_empty() {
+        return;
+    }
+    t.section("Goals (a goal fails when its condition holds)");
+    let mut table = TextTable::new(
+        &["result", "goal", "value", "threshold", "note"],
+        &[0, 1, 4],
+    );
+    for goal in &report.goals {
+        let (status, code) = if goal.failed {
+            ("FAIL", ANSI_RED)
+        } else {
+            ("PASS", ANSI_GREEN)
+        };
+        table.row(
+            vec![
+                status.to_string(),
+                goal.expr.clone(),
+                format::goal_number(goal.value),
+                format::goal_number(Some(goal.threshold)),
+                goal.note.clone().unwrap_or_default(),
+            ],
+            Some(code),
         );
-        for goal in &report.goals {
-            let (status, code) = if goal.failed {
-                ("FAIL", ANSI_RED)
-            } else {
-                ("PASS", ANSI_GREEN)
-            };
-            table.row(
-                vec![
-                    status.to_string(),
-                    goal.expr.clone(),
-                    format::goal_number(goal.value),
-                    format::goal_number(Some(goal.threshold)),
-                    goal.note.clone().unwrap_or_default(),
-                ],
-                Some(code),
-            );
-        }
-        out.push_str(&table.render(color));
-        let failed = report.goals.iter().filter(|g| g.failed).count();
-        let _ = writeln!(out, "  {} goals, {} failed", report.goals.len(), failed);
     }
+    t.table(&table);
+    let failed = report.goals.iter().filter(|g| g.failed).count();
+    t.line(format_args!(
+        "{} goals, {} failed",
+        report.goals.len(),
+        failed
+    ));
+}
 
-    if !report.warnings.is_empty() {
-        out.push('\n');
-        title(&mut out, "Warnings");
-        for warning in &report.warnings {
-            let _ = writeln!(out, "  - {warning}");
-        }
+fn warning_lines(t: &mut Terminal, report: &Report) {
+    if report.warnings.is_empty() {
+        return;
     }
-    out
+    t.section("Warnings");
+    for warning in &report.warnings {
+        t.line(format_args!("- {warning}"));
+    }
 }
 
 /// The capacity search: its header (range, precision, the whole search's time), the probes,

@@ -44,6 +44,7 @@ fn succeeded(
         unstreamed: false,
         cached_input_tokens: None,
         coalesced: false,
+        protocol: None,
     }
 }
 
@@ -71,6 +72,7 @@ fn replayed_metrics() -> RunMetrics {
         unstreamed: false,
         cached_input_tokens: None,
         coalesced: false,
+        protocol: None,
     });
     // Failures: their times to failure and what the server said.
     let mut rate_limited = RequestOutcome::failed(FailureKind::Status);
@@ -1214,6 +1216,7 @@ fn coalesced_streams_are_warned_and_mark_the_itl_changes() {
     for i in 0..8 {
         m.record(&RequestOutcome {
             coalesced: i < 6,
+            protocol: Some(HttpProtocol::Http1),
             ..succeeded(i, 580, 0, 41, true)
         });
     }
@@ -1263,7 +1266,7 @@ fn coalesced_streams_are_warned_and_mark_the_itl_changes() {
     assert!(!changes["latency_ms.p95"].coalesced);
     let terminal = render_terminal(&report, false);
     assert!(
-        terminal.contains("connections      http/1.1 TLSv1.3 ×1"),
+        terminal.contains("protocols        http/1.1 TLSv1.3: 8 requests on 1 connection"),
         "{terminal}"
     );
     assert!(terminal.contains("‡ coalesced"), "{terminal}");
@@ -2410,4 +2413,64 @@ fn a_cold_run_with_cached_input_is_warned() {
     let before = cold.warnings.len();
     warn_cached_when_cold(&mut cold, Some("cache_prompt=false"));
     assert_eq!(cold.warnings.len(), before);
+}
+
+/// Issue 33, item 8: HTTP/2 carries many requests on one connection, so the protocol line
+/// counts requests per protocol and connections apart (nginx carried 40 requests on 1
+/// connection where the line used to show the connections alone).
+#[test]
+fn requests_are_counted_per_protocol_apart_from_connections() {
+    use common::metrics::{HttpProtocol, TlsVersion};
+    let mut m = RunMetrics::new();
+    for i in 0..44 {
+        let protocol = if i < 40 {
+            HttpProtocol::H2
+        } else {
+            HttpProtocol::Http1
+        };
+        m.record(&RequestOutcome {
+            protocol: Some(protocol),
+            ..succeeded(i, 100, 5, 10, true)
+        });
+    }
+    // A failure before any response head counts no protocol.
+    m.record(&RequestOutcome::transport_failure(
+        common::measure::TransportCause::Refused,
+    ));
+    m.count_connection(HttpProtocol::H2, TlsVersion::Tls13);
+    for _ in 0..4 {
+        m.count_connection(HttpProtocol::Http1, TlsVersion::None);
+    }
+    let report = Report::build(ReportInput {
+        run: run_info(),
+        metrics: &m,
+        requests: RequestTotals::default(),
+        baseline: None,
+        sweep: Vec::new(),
+        warnings: Vec::new(),
+        timeline: Vec::new(),
+        slos: &NO_SLOS,
+    });
+    let transport = report.transport.as_ref().expect("transport section");
+    assert_eq!(
+        transport.requests,
+        vec![
+            ProtocolRequests {
+                protocol: "http/1.1".to_string(),
+                count: 4
+            },
+            ProtocolRequests {
+                protocol: "h2".to_string(),
+                count: 40
+            },
+        ]
+    );
+    assert_eq!(
+        super::format::connections_line(&report).as_deref(),
+        Some("http/1.1: 4 requests on 4 connections · h2 TLSv1.3: 40 requests on 1 connection")
+    );
+    // Saved and read back, the counts survive.
+    let json = serde_json::to_string(&report).expect("serialize");
+    let back: Report = serde_json::from_str(&json).expect("parse");
+    assert_eq!(back.transport, report.transport);
 }

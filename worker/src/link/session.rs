@@ -548,14 +548,9 @@ fn slice_error(transport: bool, reason: &str) -> LinkError {
     }
 }
 
-/// The engine's counters so far (nothing is lost while it runs).
+/// The engine's counts so far, from its one book.
 fn live_totals(counters: &engine::LiveCounters) -> SliceTotals {
-    SliceTotals {
-        issued: counters.issued.load(Ordering::Relaxed),
-        not_started: counters.not_started.load(Ordering::Relaxed),
-        lost: 0,
-        sent_out_of_order: counters.sent_out_of_order.load(Ordering::Relaxed),
-    }
+    counters.totals()
 }
 
 /// The steady-state window's data: the completion timeline and when the load reached its
