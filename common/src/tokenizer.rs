@@ -42,21 +42,27 @@
 //!
 //! # Counting a prompt
 //!
-//! [`Tokenizer::count_prompt`] finds the messages of a request body (OpenAI chat, completions
-//! and Responses, Anthropic messages, Ollama chat and generate, Bedrock Converse), renders the
-//! model's chat template (from a `chat_template.jinja` or `tokenizer_config.json` next to the
-//! file, or a `chat_template` key of `tokenizer.json`: [`config_beside`]) with `add_generation_prompt`, and counts the result with its
-//! special tokens (the template writes the BOS itself). What is approximated:
-//! - with a template: messages are reduced to `{role, content}` with the text parts of a
-//!   content list concatenated (images and other non-text parts are not counted; tool calls
-//!   and tool results are kept as their text or JSON); the system prompt of Anthropic and
-//!   Bedrock becomes a leading system message; tools are passed as given, and their JSON
-//!   (`tojson`) has its keys sorted, where Python keeps the request's order;
-//! - without a template (or when rendering fails: warned once): the message texts and the
-//!   tools' JSON are counted as one text; role markers and separators are not counted.
+//! [`Tokenizer::count_prompt`] takes the prompt the one prompt walker finds
+//! ([`formats::request::prompt_of`]: chat messages in the OpenAI shape as a server's
+//! OpenAI-compatible path sees them, Anthropic and Bedrock tool blocks converted to tool
+//! calls and `tool` messages, or completions texts), renders the model's chat template
+//! (from a `chat_template.jinja` or `tokenizer_config.json` next to the file, or a
+//! `chat_template` key of `tokenizer.json`: [`config_beside`]) with
+//! `add_generation_prompt`, and counts the result with its special tokens (the template
+//! writes the BOS itself; no other is added, as vLLM encodes a rendered chat without special
+//! tokens and llama.cpp drops a rendered BOS before adding its own). What is approximated:
+//! - with a template: message content is text (the text parts of a content list
+//!   concatenated; images and other non-text parts are not counted); tools are passed as
+//!   OpenAI tools, and their JSON (`tojson`) has its keys sorted, where Python keeps the
+//!   request's order;
+//! - without a template (or when rendering fails: warned once): the message texts, tool
+//!   calls and the tools' JSON are counted as one text; role markers and separators are not
+//!   counted.
 //!
-//! Completions-style prompts (`prompt`, Ollama `/api/generate`) are counted as text, with no
-//! template.
+//! Completions-style prompts (`prompt`, Ollama `/api/generate`) are counted as text, each
+//! with the special tokens the server adds to a prompt it tokenizes: the BOS of a model that
+//! adds one (`add_bos_token` in `tokenizer_config.json`, else the tokenizer's
+//! post-processor; [`Tokenizer::sequence_specials`]).
 
 use std::cell::RefCell;
 use std::collections::HashMap;

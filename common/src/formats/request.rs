@@ -1,9 +1,10 @@
-//! What a request body says, whatever its family calls it: the prompt text (and the input
-//! tokens estimated from it), the output-token limit and the field it came from, the model,
-//! and whether a streamed answer was asked for.
+//! What a request body says, whatever its family calls it: the prompt ([`prompt_of`], the
+//! one prompt walker, and the input tokens estimated from its characters), the output-token
+//! limit and the field it came from, the model, and whether a streamed answer was asked for.
 //!
-//! The one owner of request-body knowledge: the replay's ISL estimate, the mock's answers,
-//! `recording stats` and `export` all read bodies through these functions, so they agree.
+//! The one owner of request-body knowledge: the replay's ISL estimate, the tokenizer's
+//! prompt counts, the mock's answers, `recording stats` and `export` all read bodies through
+//! these functions, so they agree.
 
 use serde_json::Value;
 
