@@ -312,17 +312,23 @@ impl Assignment {
     }
 }
 
-/// The variable names a header template expands (`${NAME}`), in order.
+/// The variable names a header template expands (`${NAME}`), in order, as the one expander
+/// ([`crate::env_template`]) parses them. A template with a `${` never closed lists the
+/// variables before it: expanding it fails with
+/// [`EnvTemplateError::Unterminated`](crate::env_template::EnvTemplateError::Unterminated) anyway, on the worker and in the coordinator.
 pub fn template_vars(value: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut rest = value;
-    while let Some(start) = rest.find("${") {
-        let after = &rest[start + 2..];
-        let Some(end) = after.find('}') else { break };
-        out.push(after[..end].to_owned());
-        rest = &after[end + 1..];
+    use crate::env_template::{EnvTemplate, EnvTemplateError};
+    match EnvTemplate::parse(value) {
+        Ok(template) => template.vars().map(str::to_owned).collect(),
+        Err(EnvTemplateError::Unterminated { column }) => {
+            let cut = value
+                .char_indices()
+                .nth(column.saturating_sub(1))
+                .map_or(value.len(), |(at, _)| at);
+            crate::env_template::vars(&value[..cut]).unwrap_or_default()
+        }
+        Err(EnvTemplateError::Unset { .. }) => Vec::new(),
     }
-    out
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@
 pub mod assignment;
 pub mod civil;
 pub mod duration;
+pub mod env_template;
 pub mod error_text;
 pub mod exit;
 pub mod formats;

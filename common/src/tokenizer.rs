@@ -42,21 +42,27 @@
 //!
 //! # Counting a prompt
 //!
-//! [`Tokenizer::count_prompt`] finds the messages of a request body (OpenAI chat, completions
-//! and Responses, Anthropic messages, Ollama chat and generate, Bedrock Converse), renders the
-//! model's chat template (from a `chat_template.jinja` or `tokenizer_config.json` next to the
-//! file, or a `chat_template` key of `tokenizer.json`: [`config_beside`]) with `add_generation_prompt`, and counts the result with its
-//! special tokens (the template writes the BOS itself). What is approximated:
-//! - with a template: messages are reduced to `{role, content}` with the text parts of a
-//!   content list concatenated (images and other non-text parts are not counted; tool calls
-//!   and tool results are kept as their text or JSON); the system prompt of Anthropic and
-//!   Bedrock becomes a leading system message; tools are passed as given, and their JSON
-//!   (`tojson`) has its keys sorted, where Python keeps the request's order;
-//! - without a template (or when rendering fails: warned once): the message texts and the
-//!   tools' JSON are counted as one text; role markers and separators are not counted.
+//! [`Tokenizer::count_prompt`] takes the prompt the one prompt walker finds
+//! ([`formats::request::prompt_of`]: chat messages in the OpenAI shape as a server's
+//! OpenAI-compatible path sees them, Anthropic and Bedrock tool blocks converted to tool
+//! calls and `tool` messages, or completions texts), renders the model's chat template
+//! (from a `chat_template.jinja` or `tokenizer_config.json` next to the file, or a
+//! `chat_template` key of `tokenizer.json`: [`config_beside`]) with
+//! `add_generation_prompt`, and counts the result with its special tokens (the template
+//! writes the BOS itself; no other is added, as vLLM encodes a rendered chat without special
+//! tokens and llama.cpp drops a rendered BOS before adding its own). What is approximated:
+//! - with a template: message content is text (the text parts of a content list
+//!   concatenated; images and other non-text parts are not counted); tools are passed as
+//!   OpenAI tools, and their JSON (`tojson`) has its keys sorted, where Python keeps the
+//!   request's order;
+//! - without a template (or when rendering fails: warned once): the message texts, tool
+//!   calls and the tools' JSON are counted as one text; role markers and separators are not
+//!   counted.
 //!
-//! Completions-style prompts (`prompt`, Ollama `/api/generate`) are counted as text, with no
-//! template.
+//! Completions-style prompts (`prompt`, Ollama `/api/generate`) are counted as text, each
+//! with the special tokens the server adds to a prompt it tokenizes: the BOS of a model that
+//! adds one (`add_bos_token` in `tokenizer_config.json`, else the tokenizer's
+//! post-processor; [`Tokenizer::sequence_specials`]).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -67,7 +73,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use serde_json::Value;
 
-use crate::formats::{self, Family};
+use crate::formats;
+use crate::formats::request::{ChatMessage, ChatPrompt, Prompt, prompt_of};
 
 /// A problem loading a tokenizer.
 #[derive(Debug, thiserror::Error)]
@@ -125,6 +132,9 @@ struct Inner {
     /// The pipeline allows counting chunk by chunk (module doc).
     chunked: bool,
     template: Option<ChatTemplate>,
+    /// Special tokens the server adds around each completions-style prompt (the BOS of a
+    /// model that adds one): [`sequence_specials`].
+    sequence_specials: u64,
     /// A template failed to render once (warned once, then silent).
     template_warned: AtomicBool,
     /// A text failed to encode once.
@@ -313,6 +323,11 @@ impl Tokenizer {
         };
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         let chunked = counts_by_chunks(&tokenizer);
+        let add_bos = config
+            .as_ref()
+            .and_then(|c| c.get("add_bos_token"))
+            .and_then(Value::as_bool);
+        let sequence_specials = sequence_specials(&tokenizer, add_bos, &token_text("bos_token"));
         Ok(Tokenizer {
             inner: Arc::new(Inner {
                 id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -320,6 +335,7 @@ impl Tokenizer {
                 tokenizer,
                 chunked,
                 template,
+                sequence_specials,
                 template_warned: AtomicBool::new(false),
                 encode_warned: AtomicBool::new(false),
             }),
@@ -400,51 +416,56 @@ impl Tokenizer {
     /// doc: what is approximated). `None` when the body is not JSON or holds no prompt.
     pub fn prompt_tokens(&self, path: &str, body: &[u8]) -> Option<PromptCount> {
         let body: Value = serde_json::from_slice(body).ok()?;
-        let prompt = prompt_of(formats::family_for_path(path), &body)?;
-        match prompt {
-            Prompt::Text(text) => Some(PromptCount {
-                tokens: self.count_text(&text),
+        match prompt_of(formats::family_for_path(path), &body)? {
+            Prompt::Text(texts) => Some(PromptCount {
+                tokens: texts
+                    .iter()
+                    .map(|text| self.count_text(text) + self.inner.sequence_specials)
+                    .sum(),
                 templated: false,
             }),
-            Prompt::Chat { messages, tools } => {
-                if let Some(template) = &self.inner.template {
-                    match render(template, &messages, tools.as_ref()) {
-                        Ok(rendered) => {
-                            return Some(PromptCount {
-                                tokens: self.count_text(&rendered),
-                                templated: true,
-                            });
-                        }
-                        Err(error) => {
-                            if !self.inner.template_warned.swap(true, Ordering::Relaxed) {
-                                tracing::warn!(
-                                    tokenizer = %self.inner.name,
-                                    %error,
-                                    "the chat template failed to render; prompts are counted without it (role markers not counted)"
-                                );
-                            }
-                        }
+            Prompt::Chat(chat) => Some(self.chat_tokens(&chat)),
+        }
+    }
+
+    /// A chat prompt through the template, else (none, or it failed: warned once) its texts.
+    fn chat_tokens(&self, chat: &ChatPrompt) -> PromptCount {
+        if let Some(template) = &self.inner.template {
+            match render(template, &chat.messages, chat.tools.as_ref()) {
+                Ok(rendered) => {
+                    return PromptCount {
+                        tokens: self.count_text(&rendered),
+                        templated: true,
+                    };
+                }
+                Err(error) => {
+                    if !self.inner.template_warned.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(
+                            tokenizer = %self.inner.name,
+                            %error,
+                            "the chat template failed to render; prompts are counted without it (role markers not counted)"
+                        );
                     }
                 }
-                let mut text = String::new();
-                for message in &messages {
-                    if !text.is_empty() {
-                        text.push('\n');
-                    }
-                    text.push_str(&message.content);
-                    if let Some(calls) = &message.tool_calls {
-                        text.push_str(&calls.to_string());
-                    }
-                }
-                if let Some(tools) = &tools {
-                    text.push('\n');
-                    text.push_str(&tools.to_string());
-                }
-                Some(PromptCount {
-                    tokens: self.count_text(&text),
-                    templated: false,
-                })
             }
+        }
+        let mut text = String::new();
+        for message in &chat.messages {
+            if !text.is_empty() {
+                text.push('\n');
+            }
+            text.push_str(&message.content);
+            if let Some(calls) = &message.tool_calls {
+                text.push_str(&calls.to_string());
+            }
+        }
+        if let Some(tools) = &chat.tools {
+            text.push('\n');
+            text.push_str(&tools.to_string());
+        }
+        PromptCount {
+            tokens: self.count_text(&text),
+            templated: false,
         }
     }
 
@@ -455,9 +476,15 @@ impl Tokenizer {
         let template = self.inner.template.as_ref()?;
         let body: Value = serde_json::from_slice(body).ok()?;
         match prompt_of(formats::family_for_path(path), &body)? {
-            Prompt::Chat { messages, tools } => render(template, &messages, tools.as_ref()).ok(),
+            Prompt::Chat(chat) => render(template, &chat.messages, chat.tools.as_ref()).ok(),
             Prompt::Text(_) => None,
         }
+    }
+
+    /// Special tokens a server adds to each completions-style prompt (the BOS of a model
+    /// that adds one); a chat prompt's template writes its own.
+    pub fn sequence_specials(&self) -> u64 {
+        self.inner.sequence_specials
     }
 
     /// `encode_fast(text, false).len()`; 0 (warned once) if the tokenizer fails.
@@ -548,6 +575,40 @@ impl Hasher for FxHasher {
     #[inline]
     fn finish(&self) -> u64 {
         self.hash
+    }
+}
+
+/// The special tokens a server adds to each completions-style prompt it tokenizes (vLLM
+/// encodes it with `add_special_tokens=True`, llama.cpp adds the BOS when the model says it
+/// does): those the tokenizer's post-processor adds to one sequence (Llama 3's
+/// `TemplateProcessing` adds `<|begin_of_text|>`), with the BOS added or taken away as
+/// `tokenizer_config.json`'s `add_bos_token` says when it says (transformers rebuilds the
+/// post-processor from it, and llama.cpp's GGUF conversion reads it). A chat prompt gets
+/// none of these: its template writes the BOS itself (vLLM renders and encodes without
+/// special tokens; llama.cpp drops a rendered BOS before adding its own).
+fn sequence_specials(
+    tokenizer: &tokenizers::Tokenizer,
+    add_bos: Option<bool>,
+    bos_token: &str,
+) -> u64 {
+    const PROBE: &str = "a";
+    let (Ok(plain), Ok(with)) = (
+        tokenizer.encode_fast(PROBE, false),
+        tokenizer.encode_fast(PROBE, true),
+    ) else {
+        return 0;
+    };
+    let added = with.len().saturating_sub(plain.len()) as u64;
+    let bos_id = (!bos_token.is_empty())
+        .then(|| tokenizer.token_to_id(bos_token))
+        .flatten();
+    let starts_with_bos = bos_id.is_some()
+        && with.get_ids().first().copied() == bos_id
+        && plain.get_ids().first().copied() != bos_id;
+    match add_bos {
+        Some(true) if bos_id.is_some() && !starts_with_bos => added + 1,
+        Some(false) if starts_with_bos => added - 1,
+        _ => added,
     }
 }
 
@@ -906,27 +967,6 @@ pub fn response_body_text(body: &[u8]) -> Option<String> {
     Some(out)
 }
 
-/// One message as chat templates expect it.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-struct ChatMessage {
-    role: String,
-    content: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tool_calls: Option<Value>,
-}
-
-/// The prompt of a request body.
-#[derive(Debug, Clone, PartialEq)]
-enum Prompt {
-    /// Chat messages (and tools), for the chat template.
-    Chat {
-        messages: Vec<ChatMessage>,
-        tools: Option<Value>,
-    },
-    /// A completions-style prompt, counted as it is.
-    Text(String),
-}
-
 fn render(
     template: &ChatTemplate,
     messages: &[ChatMessage],
@@ -941,158 +981,6 @@ fn render(
         bos_token => template.bos_token.as_str(),
         eos_token => template.eos_token.as_str(),
     })
-}
-
-/// The text of a content value: a string, or the text parts of a list of blocks
-/// concatenated (tool results by their content, tool uses by their input's JSON; images and
-/// other parts have none).
-fn content_text(value: &Value) -> String {
-    let mut out = String::new();
-    push_content_text(value, &mut out, 0);
-    out
-}
-
-fn push_content_text(value: &Value, out: &mut String, depth: usize) {
-    if depth > 16 {
-        return;
-    }
-    match value {
-        Value::String(s) => out.push_str(s),
-        Value::Array(items) => {
-            for item in items {
-                push_content_text(item, out, depth + 1);
-            }
-        }
-        Value::Object(block) => {
-            if let Some(text) = block.get("text").and_then(Value::as_str) {
-                out.push_str(text);
-            } else if let Some(content) = block.get("content") {
-                // Anthropic `tool_result`.
-                push_content_text(content, out, depth + 1);
-            } else if let Some(input) = block.get("input").filter(|v| v.is_object()) {
-                // Anthropic `tool_use`.
-                out.push_str(&input.to_string());
-            } else if let Some(arguments) = block.get("arguments").and_then(Value::as_str) {
-                // Responses `function_call`.
-                out.push_str(arguments);
-            } else if let Some(output) = block.get("output") {
-                // Responses `function_call_output`.
-                push_content_text(output, out, depth + 1);
-            } else if let Some(json) = block.get("json") {
-                // Bedrock `toolResult` JSON content.
-                out.push_str(&json.to_string());
-            } else {
-                // Bedrock `toolUse` / `toolResult` wrap their block.
-                for key in ["toolUse", "toolResult"] {
-                    if let Some(inner) = block.get(key) {
-                        push_content_text(inner, out, depth + 1);
-                    }
-                }
-            }
-        }
-        _ => {}
-    }
-}
-
-/// The messages (or text) of a request body, by family; `None` when it has no prompt.
-fn prompt_of(family: Option<Family>, body: &Value) -> Option<Prompt> {
-    let mut messages = Vec::new();
-    let system_first = matches!(
-        family,
-        Some(Family::Anthropic | Family::BedrockConverse | Family::BedrockInvoke)
-    ) || body.get("messages").is_some() && body.get("system").is_some();
-    if system_first
-        && let Some(system) = body.get("system")
-        && body.get("messages").is_some()
-    {
-        let text = content_text(system);
-        if !text.is_empty() {
-            messages.push(ChatMessage {
-                role: "system".into(),
-                content: text,
-                tool_calls: None,
-            });
-        }
-    }
-    if let Some(list) = body.get("messages").and_then(Value::as_array) {
-        for message in list {
-            let role = message
-                .get("role")
-                .and_then(Value::as_str)
-                .unwrap_or("user")
-                .to_owned();
-            let content = message.get("content").map(content_text).unwrap_or_default();
-            let tool_calls = message.get("tool_calls").filter(|v| v.is_array()).cloned();
-            messages.push(ChatMessage {
-                role,
-                content,
-                tool_calls,
-            });
-        }
-    } else if let Some(input) = body.get("input") {
-        // OpenAI Responses: `instructions` is the system prompt; `input` a string or items.
-        if let Some(instructions) = body.get("instructions").and_then(Value::as_str) {
-            messages.push(ChatMessage {
-                role: "system".into(),
-                content: instructions.to_owned(),
-                tool_calls: None,
-            });
-        }
-        match input {
-            Value::String(text) => messages.push(ChatMessage {
-                role: "user".into(),
-                content: text.clone(),
-                tool_calls: None,
-            }),
-            Value::Array(items) => {
-                for item in items {
-                    let role = match item.get("type").and_then(Value::as_str) {
-                        Some("function_call") => "assistant",
-                        Some("function_call_output") => "tool",
-                        _ => item.get("role").and_then(Value::as_str).unwrap_or("user"),
-                    };
-                    let content = match item.get("content") {
-                        Some(content) => content_text(content),
-                        None => content_text(item),
-                    };
-                    messages.push(ChatMessage {
-                        role: role.to_owned(),
-                        content,
-                        tool_calls: None,
-                    });
-                }
-            }
-            _ => {}
-        }
-    } else {
-        // Completions (`prompt`: a string or a list of them), Ollama generate (`prompt` and
-        // `system`), Bedrock invoke of older models (`inputText`).
-        let mut text = String::new();
-        if let Some(system) = body.get("system").and_then(Value::as_str) {
-            text.push_str(system);
-            text.push('\n');
-        }
-        let prompt = body.get("prompt").or_else(|| body.get("inputText"))?;
-        match prompt {
-            Value::String(s) => text.push_str(s),
-            Value::Array(items) => {
-                for item in items.iter().filter_map(Value::as_str) {
-                    text.push_str(item);
-                }
-            }
-            _ => return None,
-        }
-        return (!text.is_empty()).then_some(Prompt::Text(text));
-    }
-    if messages.is_empty() {
-        return None;
-    }
-    let tools = body
-        .get("tools")
-        .or_else(|| body.pointer("/toolConfig/tools"))
-        .filter(|t| t.as_array().is_some_and(|a| !a.is_empty()))
-        .cloned();
-    Some(Prompt::Chat { messages, tools })
 }
 
 #[cfg(test)]
@@ -1366,6 +1254,157 @@ mod tests {
         serde_json::json!({"messages": [{"role": "system", "content": "You are terse."},
             {"role": "user", "content": "What is 2+2?"}]})
         .to_string()
+    }
+
+    /// The test tokenizer's JSON with a post-processor that adds `<SOS>` (id 4) before a
+    /// single sequence, as Llama 3's `TemplateProcessing` adds `<|begin_of_text|>`.
+    fn with_bos_post_processor() -> Vec<u8> {
+        let mut json: Value =
+            serde_json::from_slice(&std::fs::read(claude_path()).expect("read")).expect("json");
+        json["post_processor"] = serde_json::json!({"type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<SOS>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"SpecialToken": {"id": "<SOS>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                     {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<SOS>": {"id": "<SOS>", "ids": [4], "tokens": ["<SOS>"]}}});
+        json.to_string().into_bytes()
+    }
+
+    #[test]
+    fn a_completions_prompt_counts_the_bos_the_server_adds() {
+        let json = std::fs::read(claude_path()).expect("read");
+        let completions = |tokenizer: &Tokenizer, body: Value| {
+            tokenizer
+                .prompt_tokens("/v1/completions", body.to_string().as_bytes())
+                .expect("a prompt")
+        };
+        let hello = serde_json::json!({"prompt": "Hello, world!"});
+        // "Hello, world!" is 4 tokens (Python `tokenizers`); the fixture adds no BOS.
+        let plain = claude();
+        assert_eq!(plain.sequence_specials(), 0);
+        assert_eq!(completions(&plain, hello.clone()).tokens, 4);
+        // `add_bos_token: true` in tokenizer_config.json (Llama 2, Mistral, Gemma): the
+        // server tokenizes the prompt with its BOS, 4 + 1.
+        let config = serde_json::json!({"add_bos_token": true, "bos_token": "<SOS>"}).to_string();
+        let adds = Tokenizer::from_parts(&json, Some(config.as_bytes()), "t").expect("loads");
+        assert_eq!(adds.sequence_specials(), 1);
+        assert_eq!(
+            completions(&adds, hello.clone()),
+            PromptCount {
+                tokens: 5,
+                templated: false
+            }
+        );
+        // A batch of two prompts is two sequences, each with its BOS: (4 + 1) × 2.
+        assert_eq!(
+            completions(
+                &adds,
+                serde_json::json!({"prompt": ["Hello, world!", "Hello, world!"]})
+            )
+            .tokens,
+            10
+        );
+        // A post-processor that adds the BOS (Llama 3's `tokenizer.json`), no config: 4 + 1;
+        // a config saying `add_bos_token: false` takes it away again: 4.
+        let post = with_bos_post_processor();
+        let processed = Tokenizer::from_bytes(&post, "post").expect("loads");
+        assert_eq!(completions(&processed, hello.clone()).tokens, 5);
+        let no_bos = serde_json::json!({"add_bos_token": false, "bos_token": "<SOS>"}).to_string();
+        let declined = Tokenizer::from_parts(&post, Some(no_bos.as_bytes()), "t").expect("loads");
+        assert_eq!(completions(&declined, hello.clone()).tokens, 4);
+        // `add_bos_token: true` with the post-processor already adding it: once, 4 + 1.
+        let both = Tokenizer::from_parts(&post, Some(config.as_bytes()), "t").expect("loads");
+        assert_eq!(completions(&both, hello).tokens, 5);
+    }
+
+    #[test]
+    fn a_chat_template_that_writes_the_bos_is_not_given_a_second_one() {
+        let json = std::fs::read(claude_path()).expect("read");
+        let template = format!("{{{{ bos_token }}}}{CHATML}");
+        let config = serde_json::json!({"chat_template": template, "add_bos_token": true,
+            "bos_token": "<SOS>"})
+        .to_string();
+        let tokenizer = Tokenizer::from_parts(&json, Some(config.as_bytes()), "t").expect("loads");
+        let body = bodies_text();
+        let rendered = tokenizer
+            .render_prompt("/v1/chat/completions", body.as_bytes())
+            .expect("renders");
+        assert!(
+            rendered.starts_with("<SOS><|im_start|>system"),
+            "{rendered}"
+        );
+        // The 52 tokens of the ChatML prompt (see above) and the template's one `<SOS>`; the
+        // server adds no other (vLLM encodes a rendered chat without special tokens).
+        assert_eq!(
+            tokenizer.prompt_tokens("/v1/chat/completions", body.as_bytes()),
+            Some(PromptCount {
+                tokens: 53,
+                templated: true
+            })
+        );
+    }
+
+    /// ChatML that renders tool calls and tool messages, as Qwen 2.5's template does (in
+    /// brief).
+    const CHATML_TOOLS: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{\"name\": \"{{ c.function.name }}\", \"arguments\": {{ c.function.arguments }}}</tool_call>{% endfor %}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+    #[test]
+    fn anthropic_tool_history_counts_as_the_chat_a_server_converts_it_to() {
+        let json = std::fs::read(claude_path()).expect("read");
+        let anthropic = serde_json::json!({"model": "m", "max_tokens": 8, "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "weather",
+                "input": {"city": "Paris"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                "content": [{"type": "text", "text": "18 C"}]}]}]})
+        .to_string();
+        // The chat-completions body llama.cpp's server makes of it: the tool_use an assistant
+        // tool call (arguments: the input's compact JSON) with empty content, the tool_result
+        // a `tool` message, no user turn around it.
+        let openai = serde_json::json!({"model": "m", "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "t1", "type": "function",
+                "function": {"name": "weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "t1", "content": "18 C"}]})
+        .to_string();
+        for template in [CHATML, CHATML_TOOLS] {
+            let config = serde_json::json!({"chat_template": template}).to_string();
+            let tokenizer =
+                Tokenizer::from_parts(&json, Some(config.as_bytes()), "t").expect("loads");
+            let rendered = tokenizer
+                .render_prompt("/v1/messages", anthropic.as_bytes())
+                .expect("renders");
+            assert_eq!(
+                Some(&rendered),
+                tokenizer
+                    .render_prompt("/v1/chat/completions", openai.as_bytes())
+                    .as_ref(),
+                "{template}"
+            );
+            let counted = tokenizer
+                .prompt_tokens("/v1/messages", anthropic.as_bytes())
+                .expect("counted");
+            assert!(counted.templated);
+            assert_eq!(counted.tokens, tokenizer.encode_plain(&rendered));
+        }
+        // With the content-only ChatML of a small model, the rendered prompt is the three
+        // turns and nothing of the tool call: before, the tool input's JSON was written into
+        // the assistant's content and the result into a `user` turn, +5 tokens here
+        // ({"city":"Paris"}), the "+4 each" of issue 33 item 11.
+        let config = serde_json::json!({"chat_template": CHATML}).to_string();
+        let tokenizer = Tokenizer::from_parts(&json, Some(config.as_bytes()), "t").expect("loads");
+        let expected = "<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n<|im_start|>tool\n18 C<|im_end|>\n<|im_start|>assistant\n";
+        assert_eq!(
+            tokenizer
+                .render_prompt("/v1/messages", anthropic.as_bytes())
+                .as_deref(),
+            Some(expected)
+        );
+        let old = "<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n{\"city\":\"Paris\"}<|im_end|>\n<|im_start|>user\n18 C<|im_end|>\n<|im_start|>assistant\n";
+        assert_eq!(
+            tokenizer.encode_plain(old) - tokenizer.encode_plain(expected),
+            tokenizer.encode_plain("{\"city\":\"Paris\"}")
+        );
+        assert_eq!(tokenizer.encode_plain("{\"city\":\"Paris\"}"), 5);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! `llm-replay export aiperf RECORDING -o trace.jsonl`: AIPerf's `mooncake_trace` JSONL, one
 //! line per exchange: `timestamp` (ms), `session_id`, the prompt as `messages` (OpenAI chat
-//! shape; Anthropic, Ollama and Bedrock bodies converted) or `text_input`, `output_length`
+//! shape, as the one prompt walker `common::formats::request::prompt_of` finds it: Anthropic,
+//! Responses, Ollama and Bedrock bodies converted, tools included) or `text_input`, `output_length`
 //! (the recorded output length, `common::measure::recorded_output_length`, else the request's
 //! max tokens) and generation settings in `extra`. With `--tokenizer FILE`, the output length
 //! of an answer recorded without usage is its text's token count rather than its content
@@ -13,7 +14,8 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use common::formats::{self, Family, request};
+use common::formats;
+use common::formats::request::{self, Prompt};
 use common::measure::recorded_output_length_with;
 use common::recording::{Exchange, RecordingError, RecordingReader};
 use common::redact::{RedactError, Redactor};
@@ -201,19 +203,23 @@ pub fn aiperf_line_with(
         .or_else(|| exchange.id.clone())
         .unwrap_or_else(|| format!("line-{line_no}"));
     line.insert("session_id".into(), json!(session));
-    match prompt_of(family, &body) {
-        Prompt::Messages(messages) => {
+    match request::prompt_of(family, &body)? {
+        Prompt::Chat(chat) => {
+            let messages = chat
+                .messages
+                .iter()
+                .map(|message| serde_json::to_value(message).unwrap_or(Value::Null))
+                .collect();
             line.insert("messages".into(), Value::Array(messages));
-            if let Some(tools) = body.get("tools").filter(|t| t.is_array())
-                && family != Some(Family::Anthropic)
-            {
-                line.insert("tools".into(), tools.clone());
+            if let Some(tools) = chat.tools {
+                line.insert("tools".into(), tools);
             }
         }
-        Prompt::Text(text) => {
-            line.insert("text_input".into(), json!(text));
+        // A batch of completions prompts is not one AIPerf request.
+        Prompt::Text(mut texts) if texts.len() == 1 => {
+            line.insert("text_input".into(), json!(texts.remove(0)));
         }
-        Prompt::None => return None,
+        Prompt::Text(_) => return None,
     }
     // The recorded length (as `--pin-output-length` asks for it), else what the request asked.
     if let Some(n) = recorded_output_length_with(exchange, tokenizer)
@@ -255,91 +261,6 @@ pub fn aiperf_line_with(
     Some(Value::Object(line))
 }
 
-enum Prompt {
-    Messages(Vec<Value>),
-    Text(String),
-    None,
-}
-
-/// The text of an Anthropic/Bedrock content value (string or list of blocks).
-fn content_text(content: &Value) -> Option<String> {
-    match content {
-        Value::String(s) => Some(s.clone()),
-        Value::Array(blocks) => {
-            let parts: Vec<&str> = blocks
-                .iter()
-                .filter_map(|b| b.get("text").and_then(Value::as_str))
-                .collect();
-            (!parts.is_empty()).then(|| parts.join("\n"))
-        }
-        _ => None,
-    }
-}
-
-fn prompt_of(family: Option<Family>, body: &Value) -> Prompt {
-    let messages = body.get("messages").and_then(Value::as_array);
-    match (family, messages) {
-        (Some(Family::Anthropic | Family::BedrockConverse | Family::BedrockInvoke), Some(list)) => {
-            let mut out = Vec::new();
-            if let Some(system) = body.get("system").and_then(content_text) {
-                out.push(json!({"role": "system", "content": system}));
-            }
-            for message in list {
-                let role = message
-                    .get("role")
-                    .and_then(Value::as_str)
-                    .unwrap_or("user");
-                let text = message
-                    .get("content")
-                    .and_then(content_text)
-                    .unwrap_or_default();
-                out.push(json!({"role": role, "content": text}));
-            }
-            Prompt::Messages(out)
-        }
-        (_, Some(list)) => {
-            // OpenAI-shaped already (OpenAI chat, Ollama /api/chat, gateways); keep only what
-            // a chat endpoint accepts.
-            let out = list
-                .iter()
-                .filter(|m| m.get("role").is_some())
-                .map(|m| {
-                    let mut clean = Map::new();
-                    for key in ["role", "content", "name", "tool_calls", "tool_call_id"] {
-                        if let Some(value) = m.get(key) {
-                            clean.insert(key.to_owned(), value.clone());
-                        }
-                    }
-                    Value::Object(clean)
-                })
-                .collect();
-            Prompt::Messages(out)
-        }
-        _ => {
-            for key in ["prompt", "input", "inputText"] {
-                match body.get(key) {
-                    Some(Value::String(text)) => return Prompt::Text(text.clone()),
-                    Some(Value::Array(items)) if key == "input" => {
-                        let messages: Vec<Value> = items
-                            .iter()
-                            .filter_map(|m| {
-                                let role = m.get("role")?.as_str()?;
-                                let text = m.get("content").and_then(content_text)?;
-                                Some(json!({"role": role, "content": text}))
-                            })
-                            .collect();
-                        if !messages.is_empty() {
-                            return Prompt::Messages(messages);
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            Prompt::None
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -367,6 +288,53 @@ mod tests {
         assert_eq!(line["output_length"], json!(64));
         assert_eq!(line["extra"], json!({"temperature": 0.2, "stop": ["END"]}));
         assert!(!line.to_string().contains("sk-secret"));
+    }
+
+    #[test]
+    fn a_responses_body_exports_its_instructions_as_the_system_message() {
+        let ex: Exchange = serde_json::from_value(json!({
+            "request": {"path": "/v1/responses",
+                "body": json!({"model": "m", "instructions": "Answer in French.",
+                    "input": "What is the capital of Peru?", "max_output_tokens": 20}).to_string()}
+        }))
+        .expect("valid exchange");
+        let line = aiperf_line(&ex, 1).expect("has a prompt");
+        assert_eq!(
+            line["messages"],
+            json!([{"role": "system", "content": "Answer in French."},
+                   {"role": "user", "content": "What is the capital of Peru?"}])
+        );
+        assert!(line.get("text_input").is_none(), "{line}");
+        assert_eq!(line["output_length"], json!(20));
+    }
+
+    #[test]
+    fn anthropic_tool_history_and_tools_export_as_openai_messages_and_tools() {
+        let ex: Exchange = serde_json::from_value(json!({
+            "request": {"path": "/v1/messages",
+                "body": json!({"model": "claude", "max_tokens": 8,
+                    "tools": [{"name": "weather", "description": "d", "input_schema": {"type": "object"}}],
+                    "messages": [
+                        {"role": "user", "content": "Weather in Paris?"},
+                        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1",
+                            "name": "weather", "input": {"city": "Paris"}}]},
+                        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                            "content": "18 C"}]}]}).to_string()}
+        }))
+        .expect("valid exchange");
+        let line = aiperf_line(&ex, 1).expect("has a prompt");
+        assert_eq!(
+            line["messages"],
+            json!([{"role": "user", "content": "Weather in Paris?"},
+                   {"role": "assistant", "content": "", "tool_calls": [{"id": "t1", "type": "function",
+                       "function": {"name": "weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+                   {"role": "tool", "content": "18 C", "tool_call_id": "t1"}])
+        );
+        assert_eq!(
+            line["tools"],
+            json!([{"type": "function", "function": {"name": "weather", "description": "d",
+                "parameters": {"type": "object"}}}])
+        );
     }
 
     #[test]

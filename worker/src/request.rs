@@ -1,6 +1,7 @@
 //! Builds the replayed HTTP request from a recorded one: the recorded method, path, body and
 //! non-credential headers, plus `--header` values and `--set` body overrides.
 
+use common::env_template::{self, EnvTemplateError};
 use common::formats::pin::{PinMode, pin_output_tokens};
 use common::formats::request::ask_usage;
 use common::recording::{
@@ -76,13 +77,15 @@ fn is_dropped_header(name: &str) -> bool {
             .any(|h| h.eq_ignore_ascii_case(name))
 }
 
-/// A problem expanding a `--header` template.
+/// A problem expanding a `--header` template: the header's name and what the one expander
+/// ([`common::env_template`]) found; never its value.
 #[derive(Debug, thiserror::Error)]
 pub enum HeaderTemplateError {
-    #[error("header {header:?}: ${{{var}}} is not set in this worker's environment")]
-    Unset { header: String, var: String },
-    #[error("header {header:?}: unterminated ${{ in {value:?}")]
-    Unterminated { header: String, value: String },
+    #[error("header {header:?}: {error}")]
+    Template {
+        header: String,
+        error: EnvTemplateError,
+    },
     #[error("header {header:?}: not a valid header after expansion")]
     Invalid { header: String },
 }
@@ -93,27 +96,10 @@ pub fn expand_template(
     value: &str,
     lookup: &dyn Fn(&str) -> Option<String>,
 ) -> Result<String, HeaderTemplateError> {
-    let mut out = String::with_capacity(value.len());
-    let mut rest = value;
-    while let Some(start) = rest.find("${") {
-        out.push_str(&rest[..start]);
-        let after = &rest[start + 2..];
-        let Some(end) = after.find('}') else {
-            return Err(HeaderTemplateError::Unterminated {
-                header: header.to_owned(),
-                value: value.to_owned(),
-            });
-        };
-        let var = &after[..end];
-        let expanded = lookup(var).ok_or_else(|| HeaderTemplateError::Unset {
-            header: header.to_owned(),
-            var: var.to_owned(),
-        })?;
-        out.push_str(&expanded);
-        rest = &after[end + 1..];
-    }
-    out.push_str(rest);
-    Ok(out)
+    env_template::expand(value, lookup).map_err(|error| HeaderTemplateError::Template {
+        header: header.to_owned(),
+        error,
+    })
 }
 
 /// Parse `Name: value` header templates and expand them from `lookup`.
@@ -260,6 +246,22 @@ mod tests {
         );
         let err = expand_template("Authorization", "Bearer ${NOPE}", &lookup).expect_err("unset");
         assert!(err.to_string().contains("${NOPE} is not set"), "{err}");
+        // The one expander's error, with the header named and the value not shown.
+        let err = expand_template("Authorization", "Bearer sk-live ${KEY", &lookup)
+            .expect_err("unterminated");
+        assert!(matches!(
+            err,
+            HeaderTemplateError::Template {
+                error: EnvTemplateError::Unterminated { column: 16 },
+                ..
+            }
+        ));
+        let text = err.to_string();
+        assert!(
+            text.starts_with("header \"Authorization\": a ${ at character 16 has no closing }"),
+            "{text}"
+        );
+        assert!(!text.contains("sk-live"), "{text}");
     }
 
     #[test]

@@ -2,28 +2,14 @@
 //! the coordinator's environment, and the hint a path-prefixed target's failed `/metrics`
 //! gets.
 
-/// Expand each `${VAR}` of `template` with `lookup` (the coordinator's environment):
-/// `Err` names what is wrong (an unset variable, a `${` never closed), never the value.
+/// Expand each `${VAR}` of `template` with `lookup` (the coordinator's environment), by the
+/// one expander ([`common::env_template`]): the error names an unset variable or where a `${`
+/// is never closed, never the value.
 pub fn expand_env(
     template: &str,
     lookup: &dyn Fn(&str) -> Option<String>,
-) -> Result<String, String> {
-    let mut out = String::with_capacity(template.len());
-    let mut rest = template;
-    while let Some(start) = rest.find("${") {
-        out.push_str(&rest[..start]);
-        let after = &rest[start + 2..];
-        let Some(end) = after.find('}') else {
-            return Err("a ${ without its closing } (the value is not shown)".to_owned());
-        };
-        let var = &after[..end];
-        let value = lookup(var)
-            .ok_or_else(|| format!("${{{var}}} is not set in this process's environment"))?;
-        out.push_str(&value);
-        rest = &after[end + 1..];
-    }
-    out.push_str(rest);
-    Ok(out)
+) -> Result<String, common::env_template::EnvTemplateError> {
+    common::env_template::expand(template, lookup)
 }
 
 /// For a target whose path has a prefix before its API path (`https://host/prefix/v1`, a
@@ -71,10 +57,18 @@ mod tests {
             Ok("Bearer s3cret")
         );
         assert_eq!(expand_env("plain", &lookup).as_deref(), Ok("plain"));
-        let unset = expand_env("Bearer ${OTHER}", &lookup).expect_err("unset");
+        let unset = expand_env("Bearer ${OTHER}", &lookup)
+            .expect_err("unset")
+            .to_string();
         assert!(unset.contains("${OTHER} is not set"), "{unset}");
-        let open = expand_env("Bearer ${KEY", &lookup).expect_err("unterminated");
-        assert!(!open.contains("Bearer"), "{open}");
+        let open = expand_env("Bearer ${KEY", &lookup)
+            .expect_err("unterminated")
+            .to_string();
+        // The same text as the worker's `--header` error.
+        assert_eq!(
+            open,
+            "a ${ at character 8 has no closing } (the value is not shown)"
+        );
     }
 
     #[test]
