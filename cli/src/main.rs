@@ -3,6 +3,7 @@
 //! `capture`, `recordings`) return values and typed errors.
 
 mod commands;
+mod healthcheck;
 mod output_paths;
 mod print;
 mod run_bar;
@@ -44,6 +45,8 @@ enum Command {
     Recording(recordings::stats::RecordingArgs),
     /// print a fresh random token for --token / LLM_REPLAY_TOKEN (128 bits)
     Token,
+    /// GET a cleartext health endpoint; exit 0 on a 2xx answer (for container health checks)
+    Healthcheck(healthcheck::HealthcheckArgs),
 }
 
 /// Print `llm-replay: MESSAGE` on stderr (control characters escaped: messages quote files,
@@ -132,6 +135,7 @@ fn main() -> ExitCode {
         Command::Export(args) => tools::export_command(args),
         Command::Recording(args) => tools::recording_command(args),
         Command::Token => tools::token_command(),
+        Command::Healthcheck(args) => healthcheck::healthcheck_command(args),
         Command::Record(args) => match runtime() {
             Ok(runtime) => runtime.block_on(tools::record_command(args)),
             Err(code) => code,
