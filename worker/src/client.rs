@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::measure::TransportCause;
+use common::measure::{TlsProblem, TransportCause};
 use common::metrics::{HttpProtocol, TlsVersion};
 use hyper_util::client::legacy::connect::{Connected, HttpInfo};
 use rustls::pki_types::ServerName;
@@ -473,12 +473,22 @@ impl TargetClient {
                 Ok(Response::Reqwest(response))
             }
             Err(error) if error.is_timeout() => Err(AttemptError::Timeout),
-            Err(error) => Err(AttemptError::Failed {
-                cause: classify(&error),
-                written: !error.is_connect(),
-                reused: self.reqwest_connection_reused(&error),
-                detail: chain(&error),
-            }),
+            Err(error) => {
+                let cause = classify(&error);
+                if cause == TransportCause::Tls(TlsProblem::NameMismatch) {
+                    // The names the certificate holds, for the report's hint; the actor
+                    // has them before the request's outcome (one channel, in order).
+                    self.connections
+                        .note_presented_names(common::tls::presented_names(&error))
+                        .await;
+                }
+                Err(AttemptError::Failed {
+                    cause,
+                    written: !error.is_connect(),
+                    reused: self.reqwest_connection_reused(&error),
+                    detail: chain(&error),
+                })
+            }
         }
     }
 
@@ -924,6 +934,15 @@ impl ConnectShared {
                 version,
             )
             .await;
+        }
+    }
+
+    /// Tell the metrics the names a certificate refused for its name holds
+    /// ([`MetricsHandle::presented_names`]).
+    async fn note_presented_names(&self, names: Option<String>) {
+        let sink = lock(&self.sink).clone();
+        if let (Some(sink), Some(names)) = (sink, names) {
+            sink.presented_names(names).await;
         }
     }
 
