@@ -13,8 +13,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use common::measure::TlsProblem;
 use common::load::Schedule;
+use common::measure::TlsProblem;
 use common::metrics::Metric;
 use tokio::sync::watch;
 

@@ -16,8 +16,7 @@ fn path_str(path: &Path) -> &str {
 /// alone, valid 2020–2099: its PEM and key files in `dir`.
 fn localhost_certificate(dir: &TempDir) -> (PathBuf, PathBuf) {
     let key = rcgen::KeyPair::generate().expect("key");
-    let mut params =
-        rcgen::CertificateParams::new(vec!["localhost".to_owned()]).expect("params");
+    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).expect("params");
     params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
     params.not_before = rcgen::date_time_ymd(2020, 1, 1);
     params.not_after = rcgen::date_time_ymd(2099, 1, 1);

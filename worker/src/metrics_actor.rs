@@ -417,7 +417,10 @@ mod tests {
             BTreeMap::from([
                 ("expired".to_owned(), 1),
                 ("name mismatch".to_owned(), 1),
-                ("name mismatch (certificate for localhost, ::1)".to_owned(), 2),
+                (
+                    "name mismatch (certificate for localhost, ::1)".to_owned(),
+                    2
+                ),
             ])
         );
     }
