@@ -78,7 +78,7 @@ fn a_name_mismatch_names_the_certificates_names_and_does_not_suggest_target_ca()
     // The verdict: the certificate's name, and what to do with it; not `--target-ca`.
     let verdict = output
         .lines()
-        .find(|line| line.contains("TLS with the target"))
+        .find(|line| line.contains(&format!("TLS with the target {target} failed")))
         .unwrap_or_else(|| panic!("no TLS verdict: {output}"));
     assert!(
         verdict.contains("the certificate is for localhost")
