@@ -44,8 +44,6 @@ PACED = ["--ttft", "20ms", "--itl", "10ms", "--tokens", "16"]
 BURST = ["--ttft", "0ms", "--itl", "0ms", "--tokens", "256"]
 # Slow streams for the memory row: 8 tokens 2 s apart (~16 s a stream).
 SLOW = ["--ttft", "2s", "--itl", "2s", "--tokens", "8"]
-# The worker's internal switch of its cleartext HTTP/1.1 transport (`worker::hyper_conn`).
-SEND_PATH_ENV = "LLM_REPLAY_BENCH_SEND_PATH"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,19 +204,17 @@ def worker_cpu_s(report):
 
 def run_llm_replay(cfg, url, recording, name, extra, timeout=900, send_path="h1"):
     """One `llm-replay run` on core 1: its per-request records, report, CPU and wall time.
-    A `send_path` other than `h1` sets the worker's internal switch (LLM_REPLAY_BENCH_SEND_PATH)
-    for the comparison of `docs/performance.md` ("One send path")."""
+    `h1` is the worker's one cleartext transport (the hyper `client::conn::http1` alternative
+    of `docs/performance.md`, "One send path", was removed); a `+scrape…` suffix varies the
+    coordinator's scraping."""
     out = cfg.out_dir
     env = dict(os.environ)
-    env.pop(SEND_PATH_ENV, None)
     if send_path != "h1":
         name = f"{name}@{send_path}"
     # `PATH+scrape100ms` / `PATH+noscrape`: the same send path with the coordinator scraping
     # the target's /metrics every 100 ms, or not at all (the default scrapes every second).
     send_path, _, scrape = send_path.partition("+")
     extra = list(extra) + SCRAPE_ARGS[scrape]
-    if send_path != "h1":
-        env[SEND_PATH_ENV] = send_path
     requests_path = out / f"{name}.llm-replay.requests.jsonl"
     report_path = out / f"{name}.llm-replay.report.json"
     argv = [
@@ -924,17 +920,20 @@ def main():
                         help="more `llm-replay run` flags for the coord and coord-sim rows")
     parser.add_argument("--out-dir", default=str(REPO / "target/bench"))
     parser.add_argument("--send-paths", default="h1",
-                        help="llm-replay's cleartext HTTP/1.1 transports to compare, run "
-                             "interleaved in every row: h1 (the default), hyper-conn or "
-                             "hyper-conn:BYTES (hyper's client::conn::http1, read buffer BYTES); "
-                             "a suffix +scrape100ms or +noscrape sets how often the coordinator "
-                             "scrapes the target's /metrics (default: every second)")
+                        help="llm-replay variants to compare, run interleaved in every row: "
+                             "h1 (the default), h1+scrape100ms or h1+noscrape (how often the "
+                             "coordinator scrapes the target's /metrics; default every second)")
     parser.add_argument("--no-stall-probe", action="store_true",
                         help="do not run bench/stall_probe.py on each core beside the rows")
     cfg = parser.parse_args()
     cfg.out_dir = Path(cfg.out_dir).resolve()
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     cfg.send_paths = [p for p in cfg.send_paths.split(",") if p]
+    for path in cfg.send_paths:
+        base, _, scrape = path.partition("+")
+        if base != "h1" or scrape not in SCRAPE_ARGS:
+            parser.error(f"--send-paths {path}: only h1, h1+scrape100ms, h1+noscrape "
+                         "(hyper-conn was removed; docs/performance.md, \"One send path\")")
     if "h1" not in cfg.send_paths:
         cfg.send_paths.insert(0, "h1")
     cfg.run_index = 0

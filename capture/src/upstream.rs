@@ -41,14 +41,9 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-/// A problem setting up TLS to the upstream.
-#[derive(Debug, thiserror::Error)]
-pub enum TlsSetupError {
-    #[error("--upstream-ca {path}: {message}")]
-    Ca { path: String, message: String },
-    #[error("TLS setup: {0}")]
-    Rustls(#[from] rustls::Error),
-}
+/// A problem setting up TLS to the upstream: the one TLS module's ([`common::tls`]), the
+/// `--upstream-ca` file named.
+pub type TlsSetupError = common::tls::TlsError;
 
 /// The HTTP client to the upstream: a pooled client for every first attempt and a client
 /// without a pool for resends, both over [`Metered`] connections.
@@ -61,42 +56,24 @@ pub struct UpstreamClient {
     resent: AtomicU64,
 }
 
-/// Build the upstream client. TLS trusts the Mozilla roots (webpki-roots) plus the PEM
-/// certificates in `extra_ca` (`--upstream-ca`, for private CAs and tests).
+/// Build the upstream client. TLS is the one TLS module's (`common::tls`): the Mozilla roots
+/// (webpki-roots) plus the PEM certificates in `extra_ca` (`--upstream-ca`, for private CAs
+/// and tests; a file with none is an error naming it), each also trusted as a pinned
+/// self-signed server certificate, name and dates checked.
 pub fn upstream_client(
     h2c: bool,
     extra_ca: Option<&std::path::Path>,
 ) -> Result<UpstreamClient, TlsSetupError> {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
-
-    let mut roots = rustls::RootCertStore {
-        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    let ca = match extra_ca {
+        Some(path) => vec![common::tls::CaPem::read("--upstream-ca", path)?],
+        None => Vec::new(),
     };
-    if let Some(path) = extra_ca {
-        let ca_error = |message: String| TlsSetupError::Ca {
-            path: path.display().to_string(),
-            message,
-        };
-        let certificates = CertificateDer::pem_file_iter(path)
-            .map_err(|e| ca_error(e.to_string()))?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| ca_error(e.to_string()))?;
-        if certificates.is_empty() {
-            return Err(ca_error("no PEM certificate in the file".to_owned()));
-        }
-        for certificate in certificates {
-            roots
-                .add(certificate)
-                .map_err(|e| ca_error(e.to_string()))?;
-        }
-    }
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    let trust = common::tls::Trust {
+        ca,
+        insecure: false,
+    };
+    // ALPN is hyper-rustls's (`enable_all_versions`: h2, then http/1.1).
+    let tls = common::tls::client_config(&trust, common::tls::Alpn::ByConnector)?;
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);

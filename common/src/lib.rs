@@ -7,7 +7,8 @@
 //! and parsing (plus the pacer's thread), so the worker, the coordinator, the mock, the proxy
 //! and the importers all measure with the same code. (`transport`, behind the feature
 //! `transport-errors`, reads hyper's and rustls's error types to name a transport failure;
-//! it builds no client.)
+//! it builds no client; `tls`, behind the feature `tls`, is the one TLS module: the rustls
+//! client configuration every client of the project builds.)
 
 pub mod assignment;
 pub mod civil;
@@ -27,6 +28,8 @@ pub mod replay;
 pub mod slo;
 pub mod text;
 pub mod timeline;
+#[cfg(feature = "tls")]
+pub mod tls;
 pub mod tokenizer;
 #[cfg(feature = "transport-errors")]
 pub mod transport;

@@ -4,14 +4,15 @@
 //! before a response or a TLS problem is named the same wherever it happens, and the resend
 //! rule both apply ("closed or reset before any response byte") rests on one reading.
 //!
-//! It reads error *types* only — `std::io::Error` kinds, `rustls::Error`, `hyper::Error`'s
+//! A rustls error is read by the one TLS module ([`crate::tls::problem`]). It reads error
+//! *types* only — `std::io::Error` kinds, `rustls::Error`, `hyper::Error`'s
 //! kinds — and builds no client: behind the feature `transport-errors`, which only the worker
 //! and the proxy enable, so the rest of `common` still knows nothing of HTTP or TLS.
 
 use std::error::Error as StdError;
 use std::io::ErrorKind;
 
-use crate::measure::{TlsProblem, TransportCause};
+use crate::measure::TransportCause;
 
 /// What an error's source chain says went wrong.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +54,7 @@ pub fn classify(error: &(dyn StdError + 'static)) -> ChainCause {
         // wrapping rustls's I/O error in another) put theirs: walk into the payload instead.
         let mut next = e.source();
         if let Some(tls) = e.downcast_ref::<rustls::Error>() {
-            return ChainCause::Transport(TransportCause::Tls(tls_problem(tls)));
+            return ChainCause::Transport(TransportCause::Tls(crate::tls::problem(tls)));
         }
         if let Some(io) = e.downcast_ref::<std::io::Error>() {
             match io.kind() {
@@ -90,31 +91,10 @@ pub fn classify(error: &(dyn StdError + 'static)) -> ChainCause {
     ChainCause::Transport(fallback)
 }
 
-/// What a rustls error says about the handshake.
-pub fn tls_problem(error: &rustls::Error) -> TlsProblem {
-    use rustls::CertificateError as C;
-    match error {
-        rustls::Error::InvalidCertificate(certificate) => match certificate {
-            C::UnknownIssuer => TlsProblem::UnknownIssuer,
-            C::NotValidForName | C::NotValidForNameContext { .. } => TlsProblem::NameMismatch,
-            C::Expired | C::ExpiredContext { .. } => TlsProblem::Expired,
-            C::NotValidYet | C::NotValidYetContext { .. } => TlsProblem::NotYetValid,
-            C::Revoked => TlsProblem::Revoked,
-            C::BadSignature => TlsProblem::BadSignature,
-            _ => TlsProblem::Other,
-        },
-        rustls::Error::AlertReceived(_)
-        | rustls::Error::InvalidMessage(_)
-        | rustls::Error::PeerIncompatible(_)
-        | rustls::Error::PeerMisbehaved(_)
-        | rustls::Error::NoApplicationProtocol => TlsProblem::Handshake,
-        _ => TlsProblem::Other,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::measure::TlsProblem;
     use std::io::Error;
 
     #[test]

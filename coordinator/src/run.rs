@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use common::load::Schedule;
+use common::measure::TlsProblem;
 use common::metrics::Metric;
 use tokio::sync::watch;
 
@@ -1580,7 +1581,8 @@ fn no_response(target: &str, result: &ReplayResult) -> Option<String> {
             .collect::<Vec<_>>()
             .join(", ");
         return Some(format!(
-            "TLS with the target {target} failed: {problems} ({causes}); --target-ca FILE trusts a private CA, --insecure skips verification"
+            "TLS with the target {target} failed: {problems} ({causes}); {}",
+            tls_hint(result)
         ));
     }
     if c.transport.http2_only > 0 {
@@ -1600,6 +1602,30 @@ fn no_response(target: &str, result: &ReplayResult) -> Option<String> {
         "no request to {target} got a response: every one failed in transport ({causes}){}",
         most_said(result)
     ))
+}
+
+/// What to do about a failed TLS handshake. A certificate valid for other names is not
+/// fixed by trusting a CA: name the names it holds (from the worker's failure, carried in
+/// the problem's key: `common::tls::problem_key`) and say to use one in the URL (no flag
+/// sets the TLS server name apart from the URL's host).
+fn tls_hint(result: &ReplayResult) -> String {
+    let insecure = "--insecure skips verification";
+    let mismatch = TlsProblem::NameMismatch.description();
+    if let Some(names) = result
+        .tls_problems
+        .keys()
+        .find_map(|key| common::tls::names_of_key(key))
+    {
+        return format!(
+            "the certificate is for {names}: use one of those names as the target URL's host (an /etc/hosts entry can point it at the server); {insecure}"
+        );
+    }
+    if result.tls_problems.keys().any(|key| key == mismatch) {
+        return format!(
+            "the certificate is for another name than the target URL's host: use a name it holds in the URL; {insecure}"
+        );
+    }
+    format!("--target-ca FILE trusts a private CA, {insecure}")
 }
 
 /// A run in which requests got answers but none succeeded could not do what it was for

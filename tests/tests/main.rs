@@ -27,6 +27,7 @@ mod ingress;
 mod ingress_balancer;
 mod ingress_certificates;
 mod ingress_failure_share;
+mod ingress_name_mismatch;
 mod ingress_scrape_auth;
 mod ingress_scrape_errors;
 mod ingress_server_units;

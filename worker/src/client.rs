@@ -14,10 +14,8 @@
 //! which streams it did not process (GOAWAY, `REFUSED_STREAM`; hyper and reqwest send those
 //! again themselves).
 //!
-//! Three transports carry requests: reqwest (HTTPS, HTTP/2, SigV4, a proxy), the own
-//! HTTP/1.1 client `h1` (cleartext targets), and — only under the benchmark's internal
-//! switch — hyper's `client::conn::http1` (`hyper_conn`). The send rules are written once,
-//! over all of them ([`TargetClient::send_route`]): t0, the deadline, the resend, the
+//! Two transports carry requests: reqwest (HTTPS, HTTP/2, SigV4, a proxy) and the own
+//! HTTP/1.1 client `h1` (cleartext targets). The send rules are written once, over both ([`TargetClient::send_route`]): t0, the deadline, the resend, the
 //! connection timing; so are the pre-opening of connections (`open_ahead`) and the
 //! classification of failures ([`classify`], on `common::transport`'s, which the recording
 //! proxy shares). A transport contributes one attempt and nothing else.
@@ -30,35 +28,22 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::measure::TransportCause;
+use common::measure::{TlsProblem, TransportCause};
 use common::metrics::{HttpProtocol, TlsVersion};
 use hyper_util::client::legacy::connect::{Connected, HttpInfo};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::pki_types::ServerName;
 
 use crate::config::TransportConfig;
+use crate::h1;
 use crate::metrics_actor::MetricsHandle;
-use crate::{h1, hyper_conn};
 
 /// Why the HTTP client could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("target CA #{index}: not a PEM certificate: {source}")]
-    CaPem {
-        index: usize,
-        #[source]
-        source: rustls::pki_types::pem::Error,
-    },
-    #[error("target CA #{index}: holds no certificate")]
-    CaEmpty { index: usize },
-    #[error("target CA #{index}: {source}")]
-    CaRejected {
-        index: usize,
-        #[source]
-        source: rustls::Error,
-    },
-    #[error("TLS configuration: {0}")]
-    Tls(#[source] rustls::Error),
+    /// The TLS configuration (a `--target-ca` file, named by its position): see
+    /// [`common::tls`].
+    #[error(transparent)]
+    Tls(#[from] common::tls::TlsError),
     #[error("could not build the HTTP client: {0}")]
     Build(#[source] reqwest::Error),
 }
@@ -80,36 +65,13 @@ pub struct TargetClient {
     h2c: bool,
     /// The cleartext HTTP/1.1 transport's keep-alive connections: `http://` targets go
     /// through it unless HTTP/2, SigV4 or a proxy is asked for ([`TargetClient::own_http1`]).
-    h1: Option<Http1Stack>,
-}
-
-/// Which HTTP/1.1 transport carries cleartext requests, with its pool: `h1`, or hyper's
-/// `client::conn::http1` when the internal benchmark switch asks for it
-/// ([`hyper_conn::SEND_PATH_ENV`]).
-#[derive(Clone)]
-enum Http1Stack {
-    Own(Arc<h1::Pool>),
-    HyperConn {
-        pool: Arc<hyper_conn::Pool>,
-        read_buffer: usize,
-    },
-}
-
-impl Http1Stack {
-    fn idle_count(&self) -> usize {
-        match self {
-            Http1Stack::Own(pool) => pool.idle_count(),
-            Http1Stack::HyperConn { pool, .. } => pool.idle_count(),
-        }
-    }
+    h1: Option<Arc<h1::Pool>>,
 }
 
 /// A response head and the body to read, from either client.
 pub enum Response {
     Reqwest(reqwest::Response),
     H1(h1::Response),
-    /// Boxed: hyper's connection is large, and every open stream would carry its space.
-    HyperConn(Box<hyper_conn::Response>),
 }
 
 /// Why reading a response body failed.
@@ -120,8 +82,6 @@ pub enum BodyError {
     Reqwest(#[source] reqwest::Error),
     #[error("{0}")]
     H1(#[source] h1::H1Error),
-    #[error("{0}")]
-    HyperConn(#[source] hyper::Error),
 }
 
 impl Response {
@@ -129,7 +89,6 @@ impl Response {
         match self {
             Response::Reqwest(response) => response.status(),
             Response::H1(response) => response.status,
-            Response::HyperConn(response) => response.status,
         }
     }
 
@@ -141,7 +100,6 @@ impl Response {
                 .get(http::header::CONTENT_TYPE)
                 .and_then(|v| v.to_str().ok()),
             Response::H1(response) => response.content_type.as_deref(),
-            Response::HyperConn(response) => response.content_type.as_deref(),
         }
     }
 
@@ -168,7 +126,6 @@ impl Response {
                 .await
                 .map_err(|e| BodyError::Reqwest(e.without_url())),
             Response::H1(response) => response.chunk().await.map_err(BodyError::H1),
-            Response::HyperConn(response) => response.chunk().await.map_err(BodyError::HyperConn),
         }
     }
 
@@ -182,11 +139,6 @@ impl Response {
             (Duration::from_millis(2), Duration::from_secs(1), 64 << 10);
         match self {
             Response::H1(response) => response.finish(inline, patience, limit).await,
-            // Boxed: hyper's response is large, and every stream's task would carry the
-            // space of this future (measured: +1.2 KB a stream, 10,000 streams +12 MB).
-            Response::HyperConn(response) => {
-                Box::pin(response.finish(inline, patience, limit)).await
-            }
             Response::Reqwest(_) => {}
         }
     }
@@ -219,53 +171,16 @@ pub struct Sent {
     pub result: Result<Response, SendFailure>,
 }
 
-/// The rustls configuration for https targets: Mozilla roots plus the extra CAs (or no
-/// verification at all with `insecure`), ring, ALPN `h2` then `http/1.1`.
+/// The rustls configuration for https targets: the one TLS module's
+/// ([`common::tls::client_config`]: Mozilla roots plus the extra CAs, each also pinned, or no
+/// verification with `insecure`; ALPN `h2` then `http/1.1`), plus what only the replay
+/// measures: the handshake's start (the session store) and its version (the key log).
 pub fn tls_config(transport: &TransportConfig) -> Result<rustls::ClientConfig, ClientError> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(ClientError::Tls)?;
-    let mut config = if transport.insecure {
-        builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(NoVerification(provider)))
-            .with_no_client_auth()
-    } else {
-        let mut roots = rustls::RootCertStore {
-            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-        };
-        for (index, pem) in transport.extra_ca_pem.iter().enumerate() {
-            let mut any = false;
-            for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
-                let cert = cert.map_err(|source| ClientError::CaPem { index, source })?;
-                roots
-                    .add(cert)
-                    .map_err(|source| ClientError::CaRejected { index, source })?;
-                any = true;
-            }
-            if !any {
-                return Err(ClientError::CaEmpty { index });
-            }
-        }
-        let pinned: Vec<CertificateDer<'static>> = transport
-            .extra_ca_pem
-            .iter()
-            .flat_map(|pem| CertificateDer::pem_slice_iter(pem.as_bytes()))
-            .filter_map(Result::ok)
-            .collect();
-        let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(
-            Arc::new(roots),
-            provider.clone(),
-        )
-        .build()
-        .map_err(|error| ClientError::Tls(rustls::Error::General(error.to_string())))?;
-        builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(WebPkiOrPinned { webpki, pinned }))
-            .with_no_client_auth()
+    let trust = common::tls::Trust {
+        ca: common::tls::CaPem::numbered("target CA", &transport.extra_ca_pem),
+        insecure: transport.insecure,
     };
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let mut config = common::tls::client_config(&trust, common::tls::Alpn::H2ThenHttp1)?;
     // rustls's own cache (the size of its default), which also stamps handshake starts.
     config.resumption = rustls::client::Resumption::store(Arc::new(TimedSessionStore(Arc::new(
         rustls::client::ClientSessionMemoryCache::new(256),
@@ -310,13 +225,7 @@ impl TargetClient {
             signer: transport.sigv4.clone(),
             connections,
             h2c: transport.h2c,
-            h1: own_http1.then(|| match hyper_conn::from_environment() {
-                Some(read_buffer) => Http1Stack::HyperConn {
-                    pool: Arc::default(),
-                    read_buffer,
-                },
-                None => Http1Stack::Own(Arc::default()),
-            }),
+            h1: own_http1.then(Arc::default),
         })
     }
 
@@ -324,7 +233,7 @@ impl TargetClient {
     /// client sends to `url`: a cleartext `http://` URL without credentials, and neither
     /// HTTP/2 (`--target-h2c`), SigV4 nor a proxy (`HTTP_PROXY`, `ALL_PROXY`, which reqwest
     /// honours) asked for.
-    fn own_http1<'u>(&self, url: &'u str) -> Option<(&Http1Stack, &'u str, &'u str)> {
+    fn own_http1<'u>(&self, url: &'u str) -> Option<(&Arc<h1::Pool>, &'u str, &'u str)> {
         let pool = self.h1.as_ref()?;
         let (authority, target) = h1::split_url(url)?;
         Some((pool, authority, target))
@@ -343,28 +252,15 @@ impl TargetClient {
         if count == 0 {
             return self.spare_connections();
         }
-        match self.own_http1(url) {
-            Some((Http1Stack::Own(pool), authority, _)) => {
-                let open_one = || async move {
-                    let connect = self.timed_connect(h1::connect(authority));
-                    if let Ok(Ok(conn)) = tokio::time::timeout(patience, connect).await {
-                        pool.put(authority, conn);
-                    }
-                };
-                open_ahead(count, open_one, || pool.idle_count() > 0).await;
-                return self.spare_connections();
-            }
-            Some((Http1Stack::HyperConn { pool, read_buffer }, authority, _)) => {
-                let open_one = || async move {
-                    let connect = self.timed_connect(hyper_conn::connect(authority, *read_buffer));
-                    if let Ok(Ok(conn)) = tokio::time::timeout(patience, connect).await {
-                        pool.put(authority, conn);
-                    }
-                };
-                open_ahead(count, open_one, || pool.idle_count() > 0).await;
-                return self.spare_connections();
-            }
-            None => {}
+        if let Some((pool, authority, _)) = self.own_http1(url) {
+            let open_one = || async move {
+                let connect = self.timed_connect(h1::connect(authority));
+                if let Ok(Ok(conn)) = tokio::time::timeout(patience, connect).await {
+                    pool.put(authority, conn);
+                }
+            };
+            open_ahead(count, open_one, || pool.idle_count() > 0).await;
+            return self.spare_connections();
         }
         let open_one = || {
             // The layer keeps the connection and fails the request before anything is
@@ -384,7 +280,7 @@ impl TargetClient {
 
     /// Pre-opened connections not yet taken by a request.
     pub fn spare_connections(&self) -> usize {
-        lock(&self.connections.stash).len() + self.h1.as_ref().map_or(0, Http1Stack::idle_count)
+        lock(&self.connections.stash).len() + self.h1.as_ref().map_or(0, |pool| pool.idle_count())
     }
 
     /// Send a prepared request: through the own HTTP/1.1 client when it serves `url`
@@ -406,25 +302,13 @@ impl TargetClient {
                 let request = self.request(method, url).headers(headers).body(body);
                 Box::pin(self.send(request, timeout)).await
             }
-            Some((Http1Stack::Own(pool), authority, target)) => {
+            Some((pool, authority, target)) => {
                 let head = h1::request_head(&method, authority, target, &headers, body.len());
                 let route = Route::Http1(Http1Exchange {
                     pool,
                     authority,
                     method: &method,
                     head: &head,
-                    body: &body,
-                });
-                self.send_route(&route, url, timeout).await
-            }
-            Some((Http1Stack::HyperConn { pool, read_buffer }, authority, target)) => {
-                let route = Route::HyperConn(HyperConnExchange {
-                    pool,
-                    read_buffer: *read_buffer,
-                    authority,
-                    method: &method,
-                    target,
-                    headers: &headers,
                     body: &body,
                 });
                 self.send_route(&route, url, timeout).await
@@ -544,21 +428,6 @@ impl TargetClient {
                     stamp_t0(sent);
                     self.attempt_http1(exchange, connection, &ready).await
                 }
-                Route::HyperConn(exchange) => {
-                    // Built for each attempt: hyper takes the request.
-                    let request = hyper_conn::request(
-                        exchange.method,
-                        exchange.authority,
-                        exchange.target,
-                        exchange.headers,
-                        exchange.body,
-                    )
-                    .map_err(|error| {
-                        AttemptError::before_write(TransportCause::Other, error.to_string())
-                    })?;
-                    stamp_t0(sent);
-                    Box::pin(self.attempt_hyper_conn(exchange, request, connection, &ready)).await
-                }
             }
         };
         let result = tokio::select! {
@@ -619,12 +488,22 @@ impl TargetClient {
                 Ok(Response::Reqwest(response))
             }
             Err(error) if error.is_timeout() => Err(AttemptError::Timeout),
-            Err(error) => Err(AttemptError::Failed {
-                cause: classify(&error),
-                written: !error.is_connect(),
-                reused: self.reqwest_connection_reused(&error),
-                detail: chain(&error),
-            }),
+            Err(error) => {
+                let cause = classify(&error);
+                if cause == TransportCause::Tls(TlsProblem::NameMismatch) {
+                    // The names the certificate holds, for the report's hint; the actor
+                    // has them before the request's outcome (one channel, in order).
+                    self.connections
+                        .note_presented_names(common::tls::presented_names(&error))
+                        .await;
+                }
+                Err(AttemptError::Failed {
+                    cause,
+                    written: !error.is_connect(),
+                    reused: self.reqwest_connection_reused(&error),
+                    detail: chain(&error),
+                })
+            }
         }
     }
 
@@ -694,50 +573,6 @@ impl TargetClient {
         )))
     }
 
-    /// One attempt through hyper's `client::conn::http1`, driven in this task: a pooled
-    /// connection (or a new one when `Fresh` or none waits), the write, the response head.
-    async fn attempt_hyper_conn(
-        &self,
-        exchange: &HyperConnExchange<'_>,
-        request: http::Request<http_body_util::Full<bytes::Bytes>>,
-        connection: Connection,
-        ready: &ConnectReady,
-    ) -> Result<Response, AttemptError> {
-        let pooled = match connection {
-            Connection::Any => exchange.pool.take(exchange.authority),
-            Connection::Fresh => None,
-        };
-        let mut conn = match pooled {
-            Some(conn) => conn,
-            None => {
-                let connect = hyper_conn::connect(exchange.authority, exchange.read_buffer);
-                let conn = self.timed_connect(connect).await.map_err(|error| {
-                    AttemptError::before_write(classify(&error), error.to_string())
-                })?;
-                let connected = Instant::now();
-                *lock(ready) = Some(connected);
-                publish_t0(connected);
-                conn
-            }
-        };
-        let reused = conn.reused();
-        let response = conn
-            .send(request)
-            .await
-            .map_err(|error| AttemptError::Failed {
-                cause: classify(&error),
-                written: true,
-                reused,
-                detail: error.to_string(),
-            })?;
-        Ok(Response::HyperConn(Box::new(hyper_conn::Response::new(
-            response,
-            conn,
-            exchange.authority,
-            Arc::clone(exchange.pool),
-        ))))
-    }
-
     /// A new cleartext HTTP/1.1 connection, timed into the metrics like every other.
     async fn timed_connect<T, E>(
         &self,
@@ -799,19 +634,6 @@ enum Route<'a> {
     Reqwest(Box<reqwest::Request>),
     /// Through the own HTTP/1.1 client.
     Http1(Http1Exchange<'a>),
-    /// Through hyper's `client::conn::http1` (the benchmark's switch).
-    HyperConn(HyperConnExchange<'a>),
-}
-
-/// One request for hyper's `client::conn::http1`: where it goes and what it is.
-struct HyperConnExchange<'a> {
-    pool: &'a Arc<hyper_conn::Pool>,
-    read_buffer: usize,
-    authority: &'a str,
-    method: &'a http::Method,
-    target: &'a str,
-    headers: &'a http::HeaderMap,
-    body: &'a bytes::Bytes,
 }
 
 /// Which connection an attempt may use.
@@ -1130,6 +952,15 @@ impl ConnectShared {
         }
     }
 
+    /// Tell the metrics the names a certificate refused for its name holds
+    /// ([`MetricsHandle::presented_names`]).
+    async fn note_presented_names(&self, names: Option<String>) {
+        let sink = lock(&self.sink).clone();
+        if let (Some(sink), Some(names)) = (sink, names) {
+            sink.presented_names(names).await;
+        }
+    }
+
     fn take_stashed<C: 'static>(&self) -> Option<C> {
         let conn = lock(&self.stash).pop()?;
         // The stash only ever holds this connector's connections.
@@ -1304,79 +1135,6 @@ fn unix_micros(t: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
-/// What webpki trusts (Mozilla's roots and the `--target-ca` certificates as roots), plus a
-/// server whose certificate *is* one of the `--target-ca` certificates. The certificate most
-/// people make for a private server (`openssl req -x509 ... -addext subjectAltName=...`) is
-/// self-signed with `CA:TRUE`: webpki refuses a CA certificate as the server's own, while
-/// curl `--cacert` and Python's `ssl` accept it as given. Such a pinned certificate must
-/// still name the target's host and be within its validity dates (webpki's refusal for the
-/// dates is kept, with them named), and the handshake's signatures are still checked against
-/// it.
-#[derive(Debug)]
-struct WebPkiOrPinned {
-    webpki: Arc<rustls::client::WebPkiServerVerifier>,
-    pinned: Vec<CertificateDer<'static>>,
-}
-
-impl rustls::client::danger::ServerCertVerifier for WebPkiOrPinned {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        match self.webpki.verify_server_cert(
-            end_entity,
-            intermediates,
-            server_name,
-            ocsp_response,
-            now,
-        ) {
-            Ok(verified) => Ok(verified),
-            // webpki checks the end certificate's validity dates before refusing a CA
-            // certificate as a server's own: an expired (or not yet valid) pinned certificate
-            // keeps that refusal, worded as for any chain, with its dates (as curl does).
-            Err(error) if refused_for_dates(&error) => Err(error),
-            Err(error)
-                if self
-                    .pinned
-                    .iter()
-                    .any(|pinned| pinned.as_ref() == end_entity.as_ref()) =>
-            {
-                let parsed =
-                    rustls::server::ParsedCertificate::try_from(end_entity).map_err(|_| error)?;
-                rustls::client::verify_server_name(&parsed, server_name)?;
-                Ok(rustls::client::danger::ServerCertVerified::assertion())
-            }
-            Err(error) => Err(error),
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        self.webpki.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        self.webpki.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.webpki.supported_verify_schemes()
-    }
-}
-
 /// The worker's first TLS failure, logged as a warning with rustls's own words (an expired
 /// certificate's dates, the names a certificate holds), once per process: the report counts
 /// TLS failures by problem only, and every later one is counted there, not logged.
@@ -1390,67 +1148,6 @@ fn warn_first_tls_failure(cause: TransportCause, detail: &str) {
             error = %detail,
             "TLS with the target failed (later TLS failures are counted in the report, not logged)"
         );
-    }
-}
-
-/// True when the certificate was refused for its validity dates (expired, not yet valid).
-fn refused_for_dates(error: &rustls::Error) -> bool {
-    use rustls::CertificateError as C;
-    matches!(
-        error,
-        rustls::Error::InvalidCertificate(
-            C::Expired | C::ExpiredContext { .. } | C::NotValidYet | C::NotValidYetContext { .. }
-        )
-    )
-}
-
-/// `--insecure`: accept any certificate, but still check the handshake signatures so the
-/// connection is at least consistent with the certificate presented.
-#[derive(Debug)]
-struct NoVerification(Arc<rustls::crypto::CryptoProvider>);
-
-impl rustls::client::danger::ServerCertVerifier for NoVerification {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
     }
 }
 
@@ -1744,10 +1441,15 @@ mod tests {
             extra_ca_pem: vec!["not a certificate".into()],
             ..TransportConfig::default()
         };
-        assert!(matches!(
-            tls_config(&transport),
-            Err(ClientError::CaEmpty { index: 0 })
-        ));
+        let error = tls_config(&transport).expect_err("refused");
+        assert!(
+            matches!(
+                &error,
+                ClientError::Tls(common::tls::TlsError::CaEmpty { source_name })
+                    if source_name == "target CA #0"
+            ),
+            "{error:?}"
+        );
     }
 
     #[test]

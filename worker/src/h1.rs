@@ -10,7 +10,7 @@
 //! (a burst), so ten thousand slow streams cost little more than their sockets.
 //!
 //! Measured against hyper's own `client::conn::http1`, driven in the request's task with a
-//! sized read buffer (`hyper_conn`, `docs/performance.md`, "One send path"): hyper spent
+//! sized read buffer (a transport since removed; `docs/performance.md`, "One send path"): hyper spent
 //! 1.45× the CPU per output token and held 2.5× the memory for 10,000 open streams (its
 //! fixed 8 KiB write buffer, its dispatcher and body channel), with no TTFT row clearly
 //! better; so this client stays.

@@ -1,8 +1,7 @@
 //! The worker: replays its slice of a recording against a target and measures every frame.
 //!
 //! - [`client`]: the HTTP client: TLS trust, HTTP/2, one resend, transport-failure causes;
-//! - [`h1`]: the own HTTP/1.1 client of cleartext targets; [`hyper_conn`]: hyper's
-//!   `client::conn::http1`, the alternative measured against it (an internal switch);
+//! - [`h1`]: the own HTTP/1.1 client of cleartext targets;
 //! - [`sigv4`]: AWS SigV4 signing of replayed Bedrock requests;
 //! - [`config`]: the typed replay configuration (load model, target, headers, overrides);
 //! - [`engine`]: the scheduler and one stream task per request;
@@ -16,7 +15,6 @@ pub mod config;
 pub mod engine;
 pub mod h1;
 pub mod health;
-pub mod hyper_conn;
 pub mod link;
 pub mod metrics_actor;
 pub mod request;

@@ -28,7 +28,9 @@ pub struct Snapshot {
     pub metrics: RunMetrics,
     /// HTTP status of failed-by-status requests: code → count.
     pub status_codes: BTreeMap<u16, u64>,
-    /// TLS failures by problem (`unknown issuer` → count).
+    /// TLS failures by problem (`unknown issuer` → count); a name mismatch whose
+    /// certificate's names the client saw is keyed with them
+    /// (`name mismatch (certificate for localhost)`, [`common::tls::problem_key`]).
     pub tls_problems: BTreeMap<String, u64>,
     /// Per-request records measured since the previous snapshot (with `--requests-out`).
     pub records: Vec<RequestRecord>,
@@ -93,6 +95,9 @@ enum Message {
         protocol: HttpProtocol,
         tls: TlsVersion,
     },
+    /// The names a certificate refused for its name holds (the latest), which the next
+    /// name-mismatch failures are counted under.
+    PresentedNames(String),
     Snapshot {
         reply: oneshot::Sender<Snapshot>,
     },
@@ -136,6 +141,8 @@ fn record_measured(
 struct Actor {
     snapshot: Snapshot,
     judging: Judging,
+    /// The latest names a certificate refused for its name held (from the client).
+    presented_names: Option<String>,
 }
 
 impl Actor {
@@ -146,6 +153,7 @@ impl Actor {
                 ..Snapshot::default()
             },
             judging,
+            presented_names: None,
         }
     }
 
@@ -167,10 +175,8 @@ impl Actor {
             *snapshot.status_codes.entry(code).or_default() += 1;
         }
         if let Some(TransportCause::Tls(problem)) = outcome.transport_cause {
-            *snapshot
-                .tls_problems
-                .entry(problem.description().to_owned())
-                .or_default() += 1;
+            let key = common::tls::problem_key(problem, self.presented_names.as_deref());
+            *snapshot.tls_problems.entry(key).or_default() += 1;
         }
         // Judged here, once, as the request completes: the run's good count is the sum of
         // the workers' (exact), never estimated from merged histograms.
@@ -232,6 +238,7 @@ impl MetricsHandle {
                         metrics.record_connection(connect_us, tls_handshake_us);
                         metrics.count_connection(protocol, tls);
                     }
+                    Message::PresentedNames(names) => actor.presented_names = Some(names),
                     Message::Snapshot { reply } => {
                         let _ = reply.send(actor.take_snapshot());
                     }
@@ -265,6 +272,13 @@ impl MetricsHandle {
                 tls,
             })
             .await;
+    }
+
+    /// The names the certificate of a connection refused for its name holds
+    /// ([`common::tls::presented_names`]): the name-mismatch failures recorded after this are
+    /// counted under a key that carries them, for the report's hint.
+    pub async fn presented_names(&self, names: String) {
+        let _ = self.tx.send(Message::PresentedNames(names)).await;
     }
 
     /// A copy of everything recorded so far.
@@ -380,5 +394,34 @@ mod tests {
         actor.record(finished(succeeded(10, 1), true));
         let again = actor.take_snapshot();
         assert_eq!(again.steady.expect("kept").counters.succeeded, 4);
+    }
+
+    #[tokio::test]
+    async fn a_name_mismatch_is_counted_under_the_names_the_certificate_holds() {
+        use common::measure::TlsProblem;
+        let metrics = MetricsHandle::spawn(Judging::default());
+        let mismatch =
+            || RequestOutcome::transport_failure(TransportCause::Tls(TlsProblem::NameMismatch));
+        // Before the client saw any names: the bare problem.
+        metrics.record(finished(mismatch(), false)).await;
+        metrics.presented_names("localhost, ::1".into()).await;
+        metrics.record(finished(mismatch(), false)).await;
+        metrics.record(finished(mismatch(), false)).await;
+        let expired = TransportCause::Tls(TlsProblem::Expired);
+        metrics
+            .record(finished(RequestOutcome::transport_failure(expired), false))
+            .await;
+        let snapshot = metrics.snapshot().await;
+        assert_eq!(
+            snapshot.tls_problems,
+            BTreeMap::from([
+                ("expired".to_owned(), 1),
+                ("name mismatch".to_owned(), 1),
+                (
+                    "name mismatch (certificate for localhost, ::1)".to_owned(),
+                    2
+                ),
+            ])
+        );
     }
 }

@@ -20,8 +20,6 @@ use std::time::{Duration, SystemTime};
 
 use common::assignment::TargetTransport;
 use common::recording::redact_url;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::{JoinHandle, JoinSet};
 
@@ -499,173 +497,14 @@ fn same_origin(a: &reqwest::Url, b: &reqwest::Url) -> bool {
         && a.port_or_known_default() == b.port_or_known_default()
 }
 
-/// The rustls configuration: Mozilla roots plus the extra CAs (each also trusted as a
-/// pinned end certificate), or no verification with `insecure`.
+/// The rustls configuration: the one TLS module's (`common::tls`), with the workers' trust:
+/// Mozilla roots plus the extra CAs (each also trusted as a pinned end certificate), or no
+/// verification with `insecure`; ALPN `h2` then `http/1.1`.
 fn tls_config(options: &ScrapeClientOptions) -> Result<rustls::ClientConfig, String> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|error| format!("TLS configuration: {error}"))?;
-    let mut config = if options.insecure {
-        builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(NoVerification(provider)))
-            .with_no_client_auth()
-    } else {
-        let mut roots = rustls::RootCertStore {
-            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-        };
-        let mut pinned = Vec::new();
-        for (index, pem) in options.ca_pem.iter().enumerate() {
-            for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
-                let cert = cert.map_err(|error| {
-                    format!("target CA #{index}: not a PEM certificate: {error}")
-                })?;
-                roots
-                    .add(cert.clone())
-                    .map_err(|error| format!("target CA #{index}: {error}"))?;
-                pinned.push(cert);
-            }
-        }
-        let webpki =
-            rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
-                .build()
-                .map_err(|error| format!("TLS configuration: {error}"))?;
-        builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(WebPkiOrPinned { webpki, pinned }))
-            .with_no_client_auth()
+    let trust = common::tls::Trust {
+        ca: common::tls::CaPem::numbered("target CA", &options.ca_pem),
+        insecure: options.insecure,
     };
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(config)
-}
-
-/// Mozilla roots and the extra CAs, or an extra CA presented as the server's own
-/// certificate (a self-signed one with `CA:TRUE`, which webpki refuses as an end
-/// certificate): it must still name the host and be within its validity dates (webpki's
-/// refusal for the dates is kept, with them named), and the handshake's signatures are
-/// checked.
-#[derive(Debug)]
-struct WebPkiOrPinned {
-    webpki: Arc<rustls::client::WebPkiServerVerifier>,
-    pinned: Vec<CertificateDer<'static>>,
-}
-
-impl rustls::client::danger::ServerCertVerifier for WebPkiOrPinned {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        match self.webpki.verify_server_cert(
-            end_entity,
-            intermediates,
-            server_name,
-            ocsp_response,
-            now,
-        ) {
-            Ok(verified) => Ok(verified),
-            // webpki checks the end certificate's validity dates before refusing a CA
-            // certificate as a server's own: an expired (or not yet valid) pinned certificate
-            // keeps that refusal, worded as for any chain, with its dates (as curl does).
-            Err(error) if refused_for_dates(&error) => Err(error),
-            Err(error)
-                if self
-                    .pinned
-                    .iter()
-                    .any(|pinned| pinned.as_ref() == end_entity.as_ref()) =>
-            {
-                let parsed =
-                    rustls::server::ParsedCertificate::try_from(end_entity).map_err(|_| error)?;
-                rustls::client::verify_server_name(&parsed, server_name)?;
-                Ok(rustls::client::danger::ServerCertVerified::assertion())
-            }
-            Err(error) => Err(error),
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        self.webpki.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        self.webpki.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.webpki.supported_verify_schemes()
-    }
-}
-
-/// True when the certificate was refused for its validity dates (expired, not yet valid).
-fn refused_for_dates(error: &rustls::Error) -> bool {
-    use rustls::CertificateError as C;
-    matches!(
-        error,
-        rustls::Error::InvalidCertificate(
-            C::Expired | C::ExpiredContext { .. } | C::NotValidYet | C::NotValidYetContext { .. }
-        )
-    )
-}
-
-/// `--insecure`: accept any certificate, still checking the handshake's signatures.
-#[derive(Debug)]
-struct NoVerification(Arc<rustls::crypto::CryptoProvider>);
-
-impl rustls::client::danger::ServerCertVerifier for NoVerification {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
+    common::tls::client_config(&trust, common::tls::Alpn::H2ThenHttp1)
+        .map_err(|error| error.to_string())
 }
