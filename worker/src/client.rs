@@ -114,7 +114,7 @@ impl Response {
                     HttpProtocol::H2c
                 }
             }
-            Response::Reqwest(_) | Response::H1(_) | Response::HyperConn(_) => HttpProtocol::Http1,
+            Response::Reqwest(_) | Response::H1(_) => HttpProtocol::Http1,
         }
     }
 
