@@ -130,7 +130,7 @@ impl Sink {
     /// A rotation is due: the file is past `--rotate-size`, or older than `--rotate-every`
     /// (and holds an exchange).
     pub fn rotation_due(&self) -> bool {
-        if !self.plan.directory || self.recent.iter().all(|(_, n)| *n == 0) && self.len < 4096 {
+        if !self.plan.directory || (self.recent.iter().all(|(_, n)| *n == 0) && self.len < 4096) {
             return false;
         }
         self.plan.rotate_size.is_some_and(|size| self.len >= size)
