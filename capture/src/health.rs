@@ -4,8 +4,8 @@
 //! orchestrator's probes never reach the upstream or the recording.
 
 use std::convert::Infallible;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -18,10 +18,11 @@ use crate::RecordError;
 use crate::proxy::ProxyState;
 
 /// Bind `address` and serve until the returned task is aborted; a readiness probe of the
-/// upstream runs beside it until the upstream is reached.
+/// upstream runs beside it until the upstream is reached. The tasks hold the proxy's state
+/// weakly: they never keep the writer open past the proxy's end.
 pub async fn start(
     address: &str,
-    state: Arc<ProxyState>,
+    state: &Arc<ProxyState>,
 ) -> Result<tokio::task::JoinHandle<()>, RecordError> {
     let listener = TcpListener::bind(address)
         .await
@@ -29,6 +30,7 @@ pub async fn start(
     if let Ok(bound) = listener.local_addr() {
         tracing::info!(address = %bound, "health, readiness and metrics endpoint listening");
     }
+    let state = Arc::downgrade(state);
     Ok(tokio::spawn(async move {
         tokio::spawn(probe_upstream(state.clone()));
         loop {
@@ -48,8 +50,10 @@ pub async fn start(
 }
 
 /// Connect to the upstream every second until it accepts (or it answered a request).
-async fn probe_upstream(state: Arc<ProxyState>) {
-    let upstream = &state.upstream;
+async fn probe_upstream(weak: Weak<ProxyState>) {
+    let Some(state) = weak.upgrade() else { return };
+    let upstream = state.upstream.clone();
+    drop(state);
     let port =
         upstream
             .authority
@@ -60,20 +64,29 @@ async fn probe_upstream(state: Arc<ProxyState>) {
                 80
             });
     let target = format!("{}:{port}", upstream.authority.host());
-    while !state.metrics.ready.load(Ordering::Relaxed) {
-        let connect = tokio::net::TcpStream::connect(&target);
-        if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(2), connect).await {
-            state.metrics.ready.store(true, Ordering::Relaxed);
+    while let Some(metrics) = weak.upgrade().map(|s| s.metrics.clone()) {
+        if metrics.ready.load(Ordering::Relaxed) {
             break;
         }
+        let connect = tokio::net::TcpStream::connect(&target);
+        if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(2), connect).await {
+            metrics.ready.store(true, Ordering::Relaxed);
+            break;
+        }
+        drop(metrics);
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 
 async fn answer(
-    state: Arc<ProxyState>,
+    weak: Weak<ProxyState>,
     request: http::Request<hyper::body::Incoming>,
 ) -> Result<http::Response<Full<Bytes>>, Infallible> {
+    let Some(state) = weak.upgrade() else {
+        let mut response = http::Response::new(Full::new(Bytes::from_static(b"stopping\n")));
+        *response.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+        return Ok(response);
+    };
     let (status, content_type, body) = match request.uri().path() {
         "/healthz" | "/livez" => (200, "text/plain", "ok\n".to_owned()),
         "/readyz" if state.metrics.ready.load(Ordering::Relaxed) => {

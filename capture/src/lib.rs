@@ -374,7 +374,7 @@ pub async fn run(
         metrics: metrics.clone(),
     });
     let health = match &options.health_listen {
-        Some(address) => Some(health::start(address, state.clone()).await?),
+        Some(address) => Some(health::start(address, &state).await?),
         None => None,
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -397,6 +397,9 @@ pub async fn run(
     let _ = stop_tx.send(true);
     // Connection tasks drop their bodies (recording cut streams as incomplete) as they stop.
     tokio::time::sleep(Duration::from_millis(50)).await;
+    if let Some(health) = &health {
+        health.abort();
+    }
     drop(state);
     let written = tokio::task::spawn_blocking(move || writer.join())
         .await
