@@ -49,6 +49,7 @@ async fn bench(streams: usize, frames: usize, gap_us: u64) {
         max_recorded_bytes: capture::DEFAULT_MAX_RECORDED_BYTES,
         upstream_idle_timeout: capture::DEFAULT_UPSTREAM_IDLE_TIMEOUT,
         health: Default::default(),
+        recording: Default::default(),
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let proxy_task = tokio::spawn(run(proxy, config, async {

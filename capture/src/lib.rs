@@ -19,9 +19,15 @@ use tokio::net::TcpListener;
 use common::duration::parse_duration;
 use common::redact::{RedactError, Redactor};
 
+mod health;
+pub mod metrics;
 pub mod proxy;
+pub mod sink;
 pub mod upstream;
 pub mod writer;
+
+pub use metrics::{DropReason, RecordMetrics};
+pub use writer::OnRecordError;
 
 /// `llm-replay record` arguments.
 #[derive(Debug, Clone, clap::Args)]
@@ -32,9 +38,36 @@ pub struct RecordArgs {
     /// Upstream base URL (http:// or https://; a path prefix is put before every request).
     #[arg(long)]
     pub upstream: String,
-    /// Recording to write (truncated first).
+    /// Recording to write: a file (truncated first; compressed when it ends in `.gz`), or a
+    /// directory (existing, or ending in `/`) of rotated `recording-<UTC time>-<seq>.jsonl.gz`
+    /// files.
     #[arg(long)]
     pub out: PathBuf,
+    /// With a directory --out: start a new file once the open one reaches SIZE (e.g. 100MiB).
+    #[arg(long, value_name = "SIZE")]
+    pub rotate_size: Option<String>,
+    /// With a directory --out: start a new file once the open one is DURATION old (e.g. 1h).
+    #[arg(long, value_name = "DURATION")]
+    pub rotate_every: Option<String>,
+    /// With a directory --out: delete the oldest files while the recording files take more
+    /// than SIZE (e.g. 10GiB).
+    #[arg(long, value_name = "SIZE")]
+    pub max_disk: Option<String>,
+    /// With a directory --out: keep at most N files (the oldest are deleted).
+    #[arg(long, value_name = "N")]
+    pub keep: Option<usize>,
+    /// Record only P% of the traffic (e.g. 10%), chosen deterministically: by session when
+    /// --session-header is set (sessions stay whole), else by exchange.
+    #[arg(long, value_name = "P%")]
+    pub sample: Option<String>,
+    /// When the recording cannot be written (a full disk, a slow disk): `skip` proxies the
+    /// exchange untouched and leaves it out of the recording (counted, the gap marked);
+    /// `refuse` answers 503 to every request from then on.
+    #[arg(long, value_enum, default_value = "skip")]
+    pub on_record_error: writer::OnRecordError,
+    /// Serve /healthz, /readyz and /metrics (Prometheus) on ADDR (e.g. 0.0.0.0:9464).
+    #[arg(long, value_name = "ADDR")]
+    pub health_listen: Option<String>,
     /// Another header never to write, besides the built-in credential list (repeatable).
     #[arg(long = "redact-header", value_name = "NAME")]
     pub redact_header: Vec<String>,
@@ -86,6 +119,54 @@ pub struct RecordConfig {
     pub upstream_idle_timeout: Duration,
     /// Reports a write error the moment the writer has one (the command prints it).
     pub health: writer::WriterHealth,
+    /// Rotation, retention, sampling, error policy and the health endpoint.
+    pub recording: RecordingOptions,
+}
+
+/// The long-running sidecar's options (defaults: one file, everything recorded, `skip`).
+#[derive(Debug, Clone)]
+pub struct RecordingOptions {
+    /// `--out` names a directory of rotated files.
+    pub directory: bool,
+    pub rotate_size: Option<u64>,
+    pub rotate_every: Option<Duration>,
+    pub max_disk: Option<u64>,
+    pub keep: Option<usize>,
+    /// The share recorded (`--sample`), 1 for all.
+    pub sample: f64,
+    pub on_error: writer::OnRecordError,
+    pub health_listen: Option<String>,
+}
+
+impl Default for RecordingOptions {
+    fn default() -> RecordingOptions {
+        RecordingOptions {
+            directory: false,
+            rotate_size: None,
+            rotate_every: None,
+            max_disk: None,
+            keep: None,
+            sample: 1.0,
+            on_error: writer::OnRecordError::Skip,
+            health_listen: None,
+        }
+    }
+}
+
+/// Parse `--sample`: `P%` (0 < P <= 100) or a fraction (0 < F <= 1).
+pub fn parse_share(text: &str) -> Result<f64, String> {
+    let trimmed = text.trim();
+    let share = match trimmed.strip_suffix('%') {
+        Some(percent) => percent.trim().parse::<f64>().map(|p| p / 100.0),
+        None => trimmed.parse::<f64>(),
+    }
+    .map_err(|_| format!("invalid share {text:?}: expected a percentage such as 10%"))?;
+    if !(share > 0.0 && share <= 1.0) {
+        return Err(format!(
+            "invalid share {text:?}: expected above 0% and at most 100%"
+        ));
+    }
+    Ok(share)
 }
 
 /// A problem running the proxy.
@@ -112,17 +193,7 @@ impl RecordArgs {
     /// Validate into a [`RecordConfig`].
     pub fn into_config(self) -> Result<RecordConfig, RecordError> {
         let upstream = proxy::Upstream::parse(&self.upstream).map_err(RecordError::Usage)?;
-        if self
-            .out
-            .extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("gz"))
-        {
-            return Err(RecordError::Usage(format!(
-                "--out {}: record writes plain JSONL (a gzip stream cut by a crash loses \
-                 everything after its last flush); compress the file afterwards",
-                self.out.display()
-            )));
-        }
+        let recording = self.recording_options()?;
         let redactor = Redactor::new(&self.redact_body)?;
         let session_header = self
             .session_header
@@ -156,6 +227,58 @@ impl RecordArgs {
             max_recorded_bytes,
             upstream_idle_timeout,
             health: writer::WriterHealth::default(),
+            recording,
+        })
+    }
+
+    /// The rotation, retention, sampling and health options, checked.
+    fn recording_options(&self) -> Result<RecordingOptions, RecordError> {
+        let usage = |flag: &str, e: String| RecordError::Usage(format!("{flag}: {e}"));
+        let directory = self.out.is_dir() || self.out.to_string_lossy().ends_with('/');
+        let size = |flag: &str, value: &Option<String>| {
+            value
+                .as_deref()
+                .map(|v| parse_size(v).map(|n| n as u64).map_err(|e| usage(flag, e)))
+                .transpose()
+        };
+        let rotate_size = size("--rotate-size", &self.rotate_size)?;
+        let max_disk = size("--max-disk", &self.max_disk)?;
+        let rotate_every = self
+            .rotate_every
+            .as_deref()
+            .map(|v| parse_duration(v).map_err(|e| usage("--rotate-every", e.to_string())))
+            .transpose()?;
+        if rotate_every.is_some_and(|d| d.is_zero()) || rotate_size == Some(0) {
+            return Err(RecordError::Usage(
+                "--rotate-size and --rotate-every must be above zero".to_owned(),
+            ));
+        }
+        let rotating = rotate_size.is_some()
+            || rotate_every.is_some()
+            || max_disk.is_some()
+            || self.keep.is_some();
+        if rotating && !directory {
+            return Err(RecordError::Usage(format!(
+                "--out {}: --rotate-size, --rotate-every, --max-disk and --keep need a directory \
+                 (an existing one, or a path ending in /)",
+                self.out.display()
+            )));
+        }
+        let sample = self
+            .sample
+            .as_deref()
+            .map(|v| parse_share(v).map_err(|e| usage("--sample", e)))
+            .transpose()?
+            .unwrap_or(1.0);
+        Ok(RecordingOptions {
+            directory,
+            rotate_size,
+            rotate_every,
+            max_disk,
+            keep: self.keep,
+            sample,
+            on_error: self.on_record_error,
+            health_listen: self.health_listen.clone(),
         })
     }
 }
@@ -192,9 +315,15 @@ pub fn parse_size(text: &str) -> Result<usize, String> {
 }
 
 /// What one proxy run did.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct RecordSummary {
     pub written: u64,
+    /// Exchanges proxied but not recorded (a full disk, a slow writer, ...).
+    pub dropped: u64,
+    /// The same by reason, `disk_full=3, writer_behind=1` (empty when none).
+    pub dropped_by_reason: String,
+    /// Exchanges left out by `--sample`.
+    pub sampled_out: u64,
     /// Streams still open when the drain time ran out (not written).
     pub abandoned: u64,
     /// Requests sent to the upstream a second time, on a new connection, because the reused
@@ -203,7 +332,7 @@ pub struct RecordSummary {
 }
 
 /// Serve `listener` until `shutdown` resolves, then let open streams finish (up to
-/// `config.drain`) and write everything queued.
+/// `config.drain`) and write everything queued (the open file closed whole).
 pub async fn run(
     listener: TcpListener,
     config: RecordConfig,
@@ -211,7 +340,26 @@ pub async fn run(
 ) -> Result<RecordSummary, RecordError> {
     let client = upstream::upstream_client(config.upstream_h2c, config.upstream_ca.as_deref())
         .map_err(|e| RecordError::Usage(e.to_string()))?;
-    let (handle, writer) = writer::start(&config.out, config.scrub.clone(), config.health.clone())?;
+    // A file size limit (RLIMIT_FSIZE) must fail the write (EFBIG), not kill the proxy:
+    // SIGXFSZ (25 on Linux) is caught and ignored while the proxy runs.
+    let _sigxfsz = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::from_raw(25)).ok();
+    let metrics = Arc::new(RecordMetrics::default());
+    let options = &config.recording;
+    let (handle, writer) = writer::start(writer::WriterSetup {
+        plan: sink::OutputPlan {
+            path: config.out.clone(),
+            directory: options.directory,
+            rotate_size: options.rotate_size,
+            rotate_every: options.rotate_every,
+            max_disk: options.max_disk,
+            keep: options.keep,
+            sample: options.sample,
+        },
+        scrub: config.scrub.clone(),
+        health: config.health.clone(),
+        on_error: options.on_error,
+        metrics: metrics.clone(),
+    })?;
     let state = Arc::new(proxy::ProxyState {
         upstream: config.upstream.clone(),
         client,
@@ -222,8 +370,60 @@ pub async fn run(
         first_arrival: std::sync::OnceLock::new(),
         in_flight: AtomicU64::new(0),
         next_id: AtomicU64::new(0),
+        sampler: proxy::Sampler::new(options.sample),
+        metrics: metrics.clone(),
     });
+    let health = match &options.health_listen {
+        Some(address) => Some(health::start(address, &state).await?),
+        None => None,
+    };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    serve(listener, &state, stop_rx, shutdown).await;
+    // Let open streams finish.
+    let deadline = Instant::now() + config.drain;
+    while state.in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let abandoned = state.in_flight.load(Ordering::SeqCst);
+    let resent = state.client.resent();
+    if resent > 0 {
+        // Said even when every resend succeeded: the upstream closes kept-alive connections
+        // without `Connection: close` (llama.cpp's server does), which costs a new connection.
+        tracing::warn!(
+            upstream = %config.upstream.display(),
+            "{resent} requests resent on a new connection: the upstream closed the reused connection they were written to before any byte of response"
+        );
+    }
+    let _ = stop_tx.send(true);
+    // Connection tasks drop their bodies (recording cut streams as incomplete) as they stop.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    if let Some(health) = &health {
+        health.abort();
+    }
+    drop(state);
+    let written = tokio::task::spawn_blocking(move || writer.join())
+        .await
+        .map_err(|_| writer::WriterError::Panicked)??;
+    if let Some(health) = health {
+        health.abort();
+    }
+    Ok(RecordSummary {
+        written,
+        dropped: metrics.dropped_total(),
+        dropped_by_reason: metrics.dropped_summary(),
+        sampled_out: metrics.sampled_out.load(Ordering::Relaxed),
+        abandoned,
+        resent,
+    })
+}
+
+/// Accept and serve client connections until `shutdown`.
+async fn serve(
+    listener: TcpListener,
+    state: &Arc<proxy::ProxyState>,
+    stop_rx: tokio::sync::watch::Receiver<bool>,
+    shutdown: impl Future<Output = ()>,
+) {
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -255,34 +455,6 @@ pub async fn run(
             }
         }
     }
-    drop(listener);
-    // Let open streams finish.
-    let deadline = Instant::now() + config.drain;
-    while state.in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let abandoned = state.in_flight.load(Ordering::SeqCst);
-    let resent = state.client.resent();
-    if resent > 0 {
-        // Said even when every resend succeeded: the upstream closes kept-alive connections
-        // without `Connection: close` (llama.cpp's server does), which costs a new connection.
-        tracing::warn!(
-            upstream = %config.upstream.display(),
-            "{resent} requests resent on a new connection: the upstream closed the reused connection they were written to before any byte of response"
-        );
-    }
-    let _ = stop_tx.send(true);
-    // Connection tasks drop their bodies (recording cut streams as incomplete) as they stop.
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    drop(state);
-    let written = tokio::task::spawn_blocking(move || writer.join())
-        .await
-        .map_err(|_| writer::WriterError::Panicked)??;
-    Ok(RecordSummary {
-        written,
-        abandoned,
-        resent,
-    })
 }
 
 #[cfg(test)]

@@ -110,6 +110,47 @@ pub struct ProxyState {
     /// Exchanges started and not yet handed to the writer.
     pub in_flight: AtomicU64,
     pub next_id: AtomicU64,
+    /// Which exchanges are recorded (`--sample`).
+    pub sampler: Sampler,
+    /// The recorder's own figures.
+    pub metrics: Arc<crate::metrics::RecordMetrics>,
+}
+
+/// `--sample P%`: a deterministic share of the traffic, by a hash of the session id (so
+/// sessions stay whole) or, without one, of the exchange's number.
+#[derive(Debug, Clone, Copy)]
+pub struct Sampler {
+    /// Kept when the hash, reduced to 0..1_000_000, is below this.
+    per_million: u64,
+}
+
+impl Sampler {
+    pub fn new(share: f64) -> Sampler {
+        Sampler {
+            per_million: (share.clamp(0.0, 1.0) * 1e6).round() as u64,
+        }
+    }
+
+    /// Whether the exchange `id` (in session `session`, if any) is recorded.
+    pub fn keeps(&self, session: Option<&str>, id: &str) -> bool {
+        if self.per_million >= 1_000_000 {
+            return true;
+        }
+        let hash = match session {
+            Some(session) => fnv1a(session.as_bytes()),
+            None => fnv1a(id.as_bytes()),
+        };
+        // FNV's low bits mix poorly: fold the high half in first.
+        let mixed = (hash ^ (hash >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        (mixed >> 11) % 1_000_000 < self.per_million
+    }
+}
+
+/// FNV-1a, 64 bits: stable across builds and platforms (the sampling choice must be).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// The response body handed to the client.
@@ -150,6 +191,14 @@ pub async fn handle(
     };
     let at_ms = (arrival.duration_since(zero).as_secs_f64() * 1e6).round() / 1000.0;
     let recorded = recorded_request(&state, &parts, &path_and_query, &body, at_ms);
+    state.metrics.seen.fetch_add(1, Ordering::Relaxed);
+    let keep = state.sampler.keeps(
+        recorded.session.as_deref(),
+        recorded.id.as_deref().unwrap_or_default(),
+    );
+    if !keep {
+        state.metrics.sampled_out.fetch_add(1, Ordering::Relaxed);
+    }
     let upstream_request = match upstream_request(&state, &parts, &path_and_query, body) {
         Ok(request) => request,
         Err(why) => return Ok(plain(StatusCode::BAD_REQUEST, &why)),
@@ -157,7 +206,7 @@ pub async fn handle(
 
     // From here the exchange is in flight: the guard records it even if the client hangs up
     // before the upstream answers (hyper then drops this future).
-    let mut guard = InFlight::new(state.clone(), recorded);
+    let mut guard = InFlight::new(state.clone(), recorded, keep);
     let idle = state.upstream_idle_timeout;
     // t0 is taken just before the request is forwarded (before the resend, after one).
     let sent = state
@@ -166,8 +215,15 @@ pub async fn handle(
         .await;
     let t0 = sent.t0;
     match sent.result {
-        Ok(response) => Ok(recording_response(&state, guard.take(), response, t0)),
-        Err(error) => Ok(upstream_failed(&state, &mut guard, error, sent.resent)),
+        Ok(response) => {
+            state.metrics.status(Some(response.status().as_u16()));
+            state.metrics.ready.store(true, Ordering::Relaxed);
+            Ok(recording_response(&state, guard.take(), response, t0, keep))
+        }
+        Err(error) => {
+            state.metrics.status(None);
+            Ok(upstream_failed(&state, &mut guard, error, sent.resent))
+        }
     }
 }
 
@@ -291,6 +347,7 @@ fn recording_response(
     mut recorded: Exchange,
     response: http::Response<Incoming>,
     t0: Instant,
+    keep: bool,
 ) -> http::Response<ProxyBody> {
     let idle = state.upstream_idle_timeout;
     let (parts, upstream_body) = response.into_parts();
@@ -322,6 +379,7 @@ fn recording_response(
             t0,
             content_type,
             state: state.clone(),
+            keep,
         }),
     };
     let mut response = http::Response::new(http_body_util::Either::Left(recording));
@@ -501,14 +559,17 @@ fn forwardable(headers: &HeaderMap) -> HeaderMap {
 struct InFlight {
     state: Arc<ProxyState>,
     exchange: Option<Exchange>,
+    /// Recorded (false: left out by `--sample`).
+    keep: bool,
 }
 
 impl InFlight {
-    fn new(state: Arc<ProxyState>, exchange: Exchange) -> InFlight {
+    fn new(state: Arc<ProxyState>, exchange: Exchange, keep: bool) -> InFlight {
         state.in_flight.fetch_add(1, Ordering::SeqCst);
         InFlight {
             state,
             exchange: Some(exchange),
+            keep,
         }
     }
 
@@ -523,7 +584,9 @@ impl InFlight {
     fn abandon(&mut self, error: String) {
         if let Some(mut exchange) = self.exchange.take() {
             exchange.unknown.insert("error".into(), json!(error));
-            self.state.writer.submit(exchange);
+            if self.keep {
+                self.state.writer.submit(exchange);
+            }
             self.state.in_flight.fetch_sub(1, Ordering::SeqCst);
         }
     }
@@ -548,6 +611,8 @@ struct Pending {
     t0: Instant,
     content_type: Option<String>,
     state: Arc<ProxyState>,
+    /// Recorded (false: left out by `--sample`).
+    keep: bool,
 }
 
 impl Pending {
@@ -555,7 +620,7 @@ impl Pending {
     /// first that does not fit, so what is kept is a prefix of the stream).
     fn keep(&mut self, t_ms: f64, data: &Bytes) {
         self.seen_bytes += data.len() as u64;
-        if self.truncated {
+        if self.truncated || !self.keep {
             return;
         }
         if self.recorded_bytes + data.len() > self.state.max_recorded_bytes {
@@ -572,6 +637,10 @@ impl Pending {
     /// (a transport error or silence: incomplete whatever it holds), or the client hung up
     /// first.
     fn finish(mut self, end: StreamEnd) {
+        if !self.keep {
+            self.state.in_flight.fetch_sub(1, Ordering::SeqCst);
+            return;
+        }
         let path = self.exchange.request.path.clone();
         let mut tracker = CompletionTracker::new(&path, self.content_type.as_deref());
         for (_, bytes) in &self.frames {

@@ -96,6 +96,7 @@ async fn records_through_a_tls_upstream_over_http2() {
         max_recorded_bytes: super::DEFAULT_MAX_RECORDED_BYTES,
         upstream_idle_timeout: super::DEFAULT_UPSTREAM_IDLE_TIMEOUT,
         health: Default::default(),
+        recording: Default::default(),
     };
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
@@ -229,6 +230,7 @@ async fn a_client_that_hangs_up_mid_stream_is_recorded_with_when() {
         max_recorded_bytes: super::DEFAULT_MAX_RECORDED_BYTES,
         upstream_idle_timeout: super::DEFAULT_UPSTREAM_IDLE_TIMEOUT,
         health: Default::default(),
+        recording: Default::default(),
     };
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");

@@ -1,11 +1,16 @@
-//! The recording writer: a dedicated thread that owns the output file and appends each
-//! finished exchange as ONE `write` of a whole line, so a crash or SIGKILL can at worst leave
-//! a torn last line (which readers report and skip), never a broken line in the middle.
+//! The recording writer: a dedicated thread that owns the output ([`crate::sink`]) and
+//! appends finished exchanges as whole lines — a batch of what is queued at once in one write
+//! (one gzip member in a `.gz` file) — so a crash or SIGKILL can at worst leave a torn end
+//! (which readers report and skip), never a broken line in the middle.
 //!
-//! A write (or fsync) error is reported at once through [`WriterHealth`] — the proxy then
-//! answers `503` and the command prints the cause — instead of only at exit. The file is
-//! `fsync`ed at most every [`SYNC_INTERVAL`] while lines are written, so a host crash loses at
-//! most about that much.
+//! Recording never breaks the traffic it records: under `--on-record-error skip` (the
+//! default) a write that fails (a full disk, EFBIG past a file size limit, any I/O error), an
+//! exchange that cannot be serialized, or a full queue (a slow disk) leaves the proxied
+//! exchange untouched and unrecorded; the drop is counted by reason ([`RecordMetrics`]) and
+//! the gap marked in the recording (a `{"gap": ...}` line, rewritten in place as it grows).
+//! Under `refuse` a write error is reported at once through [`WriterHealth`] — the proxy then
+//! answers `503` and the command prints the cause. The file is `fsync`ed at most every
+//! [`SYNC_INTERVAL`] while lines are written, so a host crash loses at most about that much.
 //!
 //! Credentials are removed here, on the one path to disk: the built-in credential headers
 //! (`common::recording::is_credential_header`: by name and by credential word) and every
@@ -17,10 +22,9 @@
 //! a line is kept under [`MAX_WRITTEN_LINE_BYTES`] (half the readers' cap) by storing what
 //! does not fit cut and marked `truncated` (`common::recording::write_line_within`).
 
-use std::fs::File;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -31,8 +35,12 @@ use common::recording::{
 use common::redact::Redactor;
 use tokio::sync::mpsc;
 
-/// Exchanges waiting for the writer. When it is full, finishing streams wait in their own
-/// tasks (see [`WriterHandle::submit`]); the proxy never drops an exchange.
+use crate::metrics::{DropReason, RecordMetrics};
+use crate::sink::{OutputPlan, Sink, unix_now, utc_millis};
+
+/// Exchanges waiting for the writer. When it is full, an exchange is dropped from the
+/// recording (counted, gap marked), or under `--on-record-error refuse` waits in a task of its
+/// own (see [`WriterHandle::submit`]).
 pub const WRITER_QUEUE: usize = 1024;
 
 /// How often written lines are `fsync`ed (when any were written since the last sync).
@@ -161,11 +169,23 @@ pub enum WriterError {
     Panicked,
 }
 
+/// What to do when the recording cannot be written (`--on-record-error`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum OnRecordError {
+    /// Proxy the exchange untouched, leave it out of the recording, count it and mark the gap.
+    #[default]
+    Skip,
+    /// Stop recording and answer 503 to every request from then on.
+    Refuse,
+}
+
 /// Cheap handle to the writer thread.
 #[derive(Clone)]
 pub struct WriterHandle {
     tx: mpsc::Sender<Exchange>,
     health: WriterHealth,
+    on_error: OnRecordError,
+    metrics: Arc<RecordMetrics>,
 }
 
 /// The writer thread; `join` after every handle is dropped.
@@ -173,26 +193,48 @@ pub struct Writer {
     thread: JoinHandle<Result<u64, WriterError>>,
 }
 
-/// Open `path` (created or truncated) and start the writer thread, which reports a write
-/// error to `health` the moment it happens and then stops (the error is also returned by
-/// [`Writer::join`]).
-pub fn start(
-    path: &Path,
-    scrub: Scrub,
-    health: WriterHealth,
-) -> Result<(WriterHandle, Writer), WriterError> {
-    let file = File::create(path).map_err(|source| WriterError::Open {
-        path: path.to_path_buf(),
+/// What the writer thread needs besides the queue.
+pub struct WriterSetup {
+    pub plan: OutputPlan,
+    pub scrub: Scrub,
+    pub health: WriterHealth,
+    pub on_error: OnRecordError,
+    pub metrics: Arc<RecordMetrics>,
+}
+
+/// Open the output (a file created or truncated, or a directory's first file) and start the
+/// writer thread. Under `--on-record-error refuse` a write error is reported to `health` the
+/// moment it happens and the thread stops (the error is also returned by [`Writer::join`]);
+/// under `skip` it is counted, the gap marked, and writing goes on when it can.
+pub fn start(setup: WriterSetup) -> Result<(WriterHandle, Writer), WriterError> {
+    let WriterSetup {
+        plan,
+        scrub,
+        health,
+        on_error,
+        metrics,
+    } = setup;
+    let out = plan.path.clone();
+    let sink = Sink::open(plan).map_err(|source| WriterError::Open {
+        path: out.clone(),
         source,
     })?;
     let (tx, rx) = mpsc::channel::<Exchange>(WRITER_QUEUE);
-    let path = path.to_path_buf();
     let thread_health = health.clone();
+    let thread_metrics = metrics.clone();
     let thread = std::thread::Builder::new()
         .name("record-writer".into())
         .spawn(move || {
-            let result = write_loop(file, rx, &scrub).map_err(|source| WriterError::Write {
-                path: path.clone(),
+            let mut state = WriteState {
+                sink,
+                scrub,
+                on_error,
+                metrics: thread_metrics,
+                gap: None,
+                written: 0,
+            };
+            let result = write_loop(&mut state, rx).map_err(|source| WriterError::Write {
+                path: state.sink.path.clone(),
                 source,
             });
             if let Err(error) = &result {
@@ -205,83 +247,307 @@ pub fn start(
             path: PathBuf::from("(writer thread)"),
             source,
         })?;
-    Ok((WriterHandle { tx, health }, Writer { thread }))
+    Ok((
+        WriterHandle {
+            tx,
+            health,
+            on_error,
+            metrics,
+        },
+        Writer { thread },
+    ))
 }
 
-/// Write every exchange received as one line; `fsync` when lines were written and
-/// [`SYNC_INTERVAL`] has passed (also while idle), and once at the end.
-fn write_loop(
-    mut file: File,
-    mut rx: mpsc::Receiver<Exchange>,
-    scrub: &Scrub,
-) -> std::io::Result<u64> {
+/// Most uncompressed bytes gathered into one write (one gzip member).
+const BATCH_BYTES: usize = 1 << 20;
+
+/// Exchanges serialized and waiting to be written together.
+#[derive(Default)]
+struct Batch {
+    lines: Vec<u8>,
+    exchanges: u64,
+    from_ms: Option<f64>,
+    to_ms: Option<f64>,
+}
+
+/// An open gap: exchanges not recorded since the last write that succeeded.
+struct Gap {
+    reason: DropReason,
+    exchanges: u64,
+    from_ms: Option<f64>,
+    to_ms: Option<f64>,
+    from: Duration,
+    to: Duration,
+    /// Where its marker is, once written.
+    marker: Option<u64>,
+}
+
+impl Gap {
+    fn json(&self) -> String {
+        serde_json::json!({ common::recording::GAP_KEY: {
+            "reason": self.reason.name(),
+            "exchanges": self.exchanges,
+            "from_ms": self.from_ms,
+            "to_ms": self.to_ms,
+            "from": utc_millis(self.from),
+            "to": utc_millis(self.to),
+        }})
+        .to_string()
+    }
+}
+
+struct WriteState {
+    sink: Sink,
+    scrub: Scrub,
+    on_error: OnRecordError,
+    metrics: Arc<RecordMetrics>,
+    gap: Option<Gap>,
+    written: u64,
+}
+
+/// Write what arrives in batches (everything queued at the time, up to [`BATCH_BYTES`]);
+/// `fsync` when lines were written and [`SYNC_INTERVAL`] has passed (also while idle), and
+/// once at the end; rotate when due.
+fn write_loop(state: &mut WriteState, mut rx: mpsc::Receiver<Exchange>) -> std::io::Result<u64> {
     // A timed receive needs a timer: a one-thread runtime of its own, on this thread only.
     let timer = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()?;
-    let mut written = 0u64;
     let mut line = Vec::with_capacity(64 << 10);
     let mut unsynced = false;
     let mut last_sync = Instant::now();
     loop {
-        let received = if unsynced {
-            let wait = SYNC_INTERVAL.saturating_sub(last_sync.elapsed());
-            timer.block_on(async { tokio::time::timeout(wait, rx.recv()).await })
-        } else {
-            Ok(rx.blocking_recv())
+        let mut wait = state
+            .sink
+            .age_deadline()
+            .map(|at| at.saturating_duration_since(Instant::now()));
+        if unsynced {
+            let sync_wait = SYNC_INTERVAL.saturating_sub(last_sync.elapsed());
+            wait = Some(wait.map_or(sync_wait, |w| w.min(sync_wait)));
+        }
+        let received = match wait {
+            Some(wait) => timer.block_on(async { tokio::time::timeout(wait, rx.recv()).await }),
+            None => Ok(rx.blocking_recv()),
         };
         match received {
-            Ok(Some(mut exchange)) => {
-                scrub.apply(&mut exchange);
-                // Cut and marked when too long for one readable line (logged there).
-                if let Err(error) =
-                    write_line_within(&mut exchange, &mut line, MAX_WRITTEN_LINE_BYTES)
-                {
-                    tracing::error!(%error, "cannot serialize an exchange; skipped");
-                    continue;
+            Ok(Some(first)) => {
+                let mut batch = Batch::default();
+                state.add(first, &mut batch, &mut line);
+                while batch.lines.len() < BATCH_BYTES {
+                    match rx.try_recv() {
+                        Ok(next) => state.add(next, &mut batch, &mut line),
+                        Err(_) => break,
+                    }
                 }
-                // One write of the whole line (a regular file takes it whole), no user-space
-                // buffer: what the kernel has survives a SIGKILL of this process.
-                file.write_all(&line)?;
-                written += 1;
-                // A huge exchange must not keep its buffer for the life of the proxy.
-                if line.capacity() > 1 << 20 {
-                    line = Vec::with_capacity(64 << 10);
-                }
+                state.commit(batch)?;
                 unsynced = true;
             }
             Ok(None) => break,
             Err(_elapsed) => {}
         }
+        state.mark_unseen_drops();
+        if state.sink.rotation_due() {
+            state.rotate()?;
+            unsynced = false;
+            last_sync = Instant::now();
+        }
         if unsynced && last_sync.elapsed() >= SYNC_INTERVAL {
-            sync(&file)?;
+            state.sync()?;
             unsynced = false;
             last_sync = Instant::now();
         }
     }
-    file.flush()?;
-    if unsynced {
-        sync(&file)?;
-    }
-    Ok(written)
+    state.mark_unseen_drops();
+    state.sync()?;
+    state.close_gap();
+    Ok(state.written)
 }
 
-/// `fsync` the data; a file that cannot be synced at all (a pipe, `/dev/stdout`) is not an
-/// error — there is nothing more durable to wait for.
-fn sync(file: &File) -> std::io::Result<()> {
-    match file.sync_data() {
-        Err(error) if error.kind() == std::io::ErrorKind::InvalidInput => Ok(()),
-        other => other,
+impl WriteState {
+    /// Scrub and serialize one exchange into the batch (or count it dropped).
+    fn add(&mut self, mut exchange: Exchange, batch: &mut Batch, line: &mut Vec<u8>) {
+        self.scrub.apply(&mut exchange);
+        // Cut and marked when too long for one readable line (logged there).
+        if let Err(error) = write_line_within(&mut exchange, line, MAX_WRITTEN_LINE_BYTES) {
+            tracing::error!(%error, "cannot serialize an exchange; skipped");
+            self.dropped(
+                DropReason::Unserializable,
+                1,
+                exchange.at_ms,
+                exchange.at_ms,
+            );
+            return;
+        }
+        batch.lines.extend_from_slice(line);
+        batch.exchanges += 1;
+        batch.from_ms = batch.from_ms.or(exchange.at_ms);
+        batch.to_ms = exchange.at_ms.or(batch.to_ms);
+        // A huge exchange must not keep its buffer for the life of the proxy.
+        if line.capacity() > 1 << 20 {
+            *line = Vec::with_capacity(64 << 10);
+        }
+    }
+
+    /// Write a batch as one unit; a failure drops it (counted, gap marked) or, under
+    /// `refuse`, ends the writer.
+    fn commit(&mut self, batch: Batch) -> std::io::Result<()> {
+        if batch.exchanges == 0 {
+            return Ok(());
+        }
+        match self.sink.append(&batch.lines, batch.exchanges) {
+            Ok(bytes) => {
+                self.written += batch.exchanges;
+                self.metrics
+                    .recorded
+                    .fetch_add(batch.exchanges, Ordering::Relaxed);
+                self.metrics
+                    .bytes_written
+                    .fetch_add(bytes, Ordering::Relaxed);
+                self.close_gap();
+                Ok(())
+            }
+            Err(error) if self.on_error == OnRecordError::Refuse => Err(error),
+            Err(error) => {
+                let reason = DropReason::of_io(&error);
+                if self.gap.is_none() {
+                    tracing::error!(%error, reason = reason.name(), file = %self.sink.path.display(),
+                        "the recording cannot be written: exchanges are proxied and not recorded until it can");
+                }
+                self.dropped(reason, batch.exchanges, batch.from_ms, batch.to_ms);
+                Ok(())
+            }
+        }
+    }
+
+    /// Count `exchanges` not recorded and mark them in the open gap (opened if needed).
+    fn dropped(
+        &mut self,
+        reason: DropReason,
+        exchanges: u64,
+        from_ms: Option<f64>,
+        to_ms: Option<f64>,
+    ) {
+        self.metrics.add_dropped(reason, exchanges);
+        let now = unix_now();
+        let gap = self.gap.get_or_insert(Gap {
+            reason,
+            exchanges: 0,
+            from_ms,
+            to_ms,
+            from: now,
+            to: now,
+            marker: None,
+        });
+        gap.exchanges += exchanges;
+        gap.from_ms = gap.from_ms.or(from_ms);
+        gap.to_ms = to_ms.or(gap.to_ms);
+        gap.to = now;
+        self.write_gap_marker();
+    }
+
+    /// Write (or rewrite in place) the open gap's marker. When even the marker does not fit,
+    /// the newest recorded units are taken back (and counted in the gap) to make room — a
+    /// gap is always marked when anything can be.
+    fn write_gap_marker(&mut self) {
+        let Some(gap) = self.gap.as_mut() else { return };
+        if let Some(offset) = gap.marker {
+            if let Err(error) = self.sink.rewrite_marker(offset, &gap.json()) {
+                tracing::warn!(%error, "cannot update the gap marker");
+            }
+            return;
+        }
+        for _ in 0..4 {
+            match self.sink.append_marker(&gap.json()) {
+                Ok(offset) => {
+                    gap.marker = Some(offset);
+                    return;
+                }
+                Err(_) => {
+                    let Some(taken) = self.sink.remove_last_unit() else {
+                        return;
+                    };
+                    self.written = self.written.saturating_sub(taken);
+                    self.metrics.recorded.fetch_sub(taken, Ordering::Relaxed);
+                    self.metrics.add_dropped(gap.reason, taken);
+                    gap.exchanges += taken;
+                }
+            }
+        }
+    }
+
+    /// The writer is writing again (or stopping): the gap is over.
+    fn close_gap(&mut self) {
+        if let Some(gap) = self.gap.take() {
+            tracing::warn!(
+                exchanges = gap.exchanges,
+                reason = gap.reason.name(),
+                from = %utc_millis(gap.from),
+                to = %utc_millis(gap.to),
+                marked = gap.marker.is_some(),
+                "exchanges proxied but not recorded"
+            );
+        }
+    }
+
+    /// Mark the exchanges dropped before they reached the writer (its queue was full).
+    fn mark_unseen_drops(&mut self) {
+        if let Some(unseen) = self.metrics.take_unseen() {
+            self.close_gap();
+            let now = unix_now();
+            self.gap = Some(Gap {
+                reason: DropReason::WriterBehind,
+                exchanges: unseen.exchanges,
+                from_ms: unseen.from_ms,
+                to_ms: unseen.to_ms,
+                from: now,
+                to: now,
+                marker: None,
+            });
+            self.write_gap_marker();
+            self.close_gap();
+        }
+    }
+
+    fn rotate(&mut self) -> std::io::Result<()> {
+        self.close_gap();
+        match self.sink.rotate() {
+            Ok(()) => {
+                self.metrics.rotations.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(error) if self.on_error == OnRecordError::Refuse => Err(error),
+            Err(error) => {
+                // Keep writing to the file already open.
+                tracing::error!(%error, "cannot open the next recording file; the current one goes on");
+                Ok(())
+            }
+        }
+    }
+
+    fn sync(&mut self) -> std::io::Result<()> {
+        match self.sink.sync() {
+            Err(error) if self.on_error == OnRecordError::Refuse => Err(error),
+            Err(error) => {
+                tracing::warn!(%error, "cannot sync the recording");
+                Ok(())
+            }
+            Ok(()) => Ok(()),
+        }
     }
 }
 
 impl WriterHandle {
-    /// Queue a finished exchange. Never blocks: when the queue is full, a task waits for
-    /// room (one per finishing stream, so the wait is bounded by the open streams).
+    /// Queue a finished exchange. Never blocks. When the queue is full, under `skip` the
+    /// exchange is dropped (counted, and its gap marked by the writer); under `refuse` a task
+    /// waits for room (one per finishing stream, so the wait is bounded by the open streams).
     pub fn submit(&self, exchange: Exchange) {
         match self.tx.try_send(exchange) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(exchange)) => {
+                if self.on_error == OnRecordError::Skip {
+                    self.metrics.dropped_unseen(exchange.at_ms);
+                    return;
+                }
                 let tx = self.tx.clone();
                 if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                     runtime.spawn(async move {
@@ -300,14 +566,14 @@ impl WriterHandle {
         }
     }
 
-    /// The writer's write error, if it has had one.
+    /// The writer's write error, if it has had one (only under `--on-record-error refuse`).
     pub fn failure(&self) -> Option<String> {
         self.health.failure()
     }
 }
 
 impl Writer {
-    /// Wait for the thread to write everything queued; returns the lines written.
+    /// Wait for the thread to write everything queued; returns the exchanges written.
     pub fn join(self) -> Result<u64, WriterError> {
         self.thread.join().map_err(|_| WriterError::Panicked)?
     }

@@ -99,7 +99,7 @@ pub async fn record_command(args: RecordArgs) -> ExitCode {
     let reporter = tokio::spawn(async move {
         let cause = health.failed().await;
         print::stderr_line(&format!(
-            "llm-replay record: {cause}; nothing more is recorded and new requests get 503"
+            "llm-replay record: {cause}; nothing more is recorded and new requests get 503 (--on-record-error refuse)"
         ));
     });
     let _ = ready_line(&format!("llm-replay record listening on http://{address}"));
@@ -120,6 +120,14 @@ pub async fn record_command(args: RecordArgs) -> ExitCode {
                     String::new()
                 }
             ));
+            if summary.dropped > 0 {
+                // The traffic went through; the recording misses some of it: exit 3.
+                print::stderr_line(&format!(
+                    "llm-replay record: {} exchanges were proxied but not recorded ({}); the gaps are marked in the recording",
+                    summary.dropped, summary.dropped_by_reason
+                ));
+                return ExitCode::from(exit::RUN_FAILED);
+            }
             ExitCode::from(exit::OK)
         }
         Err(error) if error.is_usage() => fail(exit::USAGE, error),

@@ -677,10 +677,89 @@ impl RecordingError {
     }
 }
 
-/// Streams the exchanges of a recording, one line at a time.
+/// A gap the recorder marked: exchanges it proxied but could not record (a `{"gap": ...}`
+/// line, format v1; see README "Recording format v1").
+#[derive(Debug, Clone, PartialEq)]
+pub struct GapNote {
+    /// The file and line of the marker.
+    pub path: PathBuf,
+    pub line: u64,
+    /// Why (`disk_full`, `write_error`, `writer_behind`, `unserializable`).
+    pub reason: String,
+    /// How many exchanges were not recorded.
+    pub exchanges: u64,
+    /// The first and last unrecorded exchange's arrival (`at_ms`), when known.
+    pub from_ms: Option<f64>,
+    pub to_ms: Option<f64>,
+    /// The same as UTC wall-clock times (`YYYY-MM-DDTHH:MM:SS.mmmZ`), when known.
+    pub from: Option<String>,
+    pub to: Option<String>,
+}
+
+/// The key of the first line of a file `llm-replay record` wrote when sampling or rotating
+/// (`{"recording": {"sample": 0.5, ...}}`): what share of the traffic it holds.
+pub const HEADER_KEY: &str = "recording";
+/// The key of a gap marker line (`{"gap": {...}}`).
+pub const GAP_KEY: &str = "gap";
+
+/// The files of a recording at `path`: the file itself, or a directory's `*.jsonl` and
+/// `*.jsonl.gz` files in name order (the recorder names rotated files by time).
+pub fn recording_files(path: &Path) -> Result<Vec<PathBuf>, RecordingError> {
+    if !path.is_dir() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let open_error = |source| RecordingError::Open {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(path).map_err(open_error)? {
+        let entry = entry.map_err(open_error)?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let recording = name.ends_with(".jsonl") || name.ends_with(".jsonl.gz");
+        if recording && !name.starts_with('.') && entry.path().is_file() {
+            files.push(entry.path());
+        }
+    }
+    files.sort();
+    if files.is_empty() {
+        return Err(open_error(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "a directory without recording files (*.jsonl, *.jsonl.gz)",
+        )));
+    }
+    Ok(files)
+}
+
+fn open_input(path: &Path) -> Result<Box<dyn BufRead + Send>, RecordingError> {
+    let file = File::open(path).map_err(|source| RecordingError::Open {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(if is_gzip_path(path) {
+        Box::new(BufReader::with_capacity(
+            256 * 1024,
+            flate2::read::MultiGzDecoder::new(file),
+        ))
+    } else {
+        Box::new(BufReader::with_capacity(256 * 1024, file))
+    })
+}
+
+/// Streams the exchanges of a recording, one line at a time. A recording may be several
+/// files (a directory of rotated files, or a list): they are read one after another as ONE
+/// recording, in name order; messages name the file and line they are about. Recorder
+/// metadata lines (a file header, a gap marker) are noted, never returned as exchanges.
 pub struct RecordingReader {
     path: PathBuf,
     input: Box<dyn BufRead + Send>,
+    /// Files still to read after this one.
+    rest: std::collections::VecDeque<PathBuf>,
+    /// Gap markers met so far.
+    gaps: Vec<GapNote>,
+    /// The smallest share of traffic a file's header said it holds.
+    sample_share: Option<f64>,
     line_no: u64,
     buf: Vec<u8>,
     done: bool,
@@ -693,22 +772,95 @@ pub struct RecordingReader {
 }
 
 impl RecordingReader {
-    /// Open `path`; `.gz` files are decompressed on the fly.
+    /// Open `path`; `.gz` files are decompressed on the fly. A directory is read as one
+    /// recording: its `*.jsonl` and `*.jsonl.gz` files in name order ([`recording_files`]).
     pub fn open(path: impl AsRef<Path>) -> Result<RecordingReader, RecordingError> {
-        let path = path.as_ref().to_path_buf();
-        let file = File::open(&path).map_err(|source| RecordingError::Open {
-            path: path.clone(),
-            source,
-        })?;
-        let input: Box<dyn BufRead + Send> = if is_gzip_path(&path) {
-            Box::new(BufReader::with_capacity(
-                256 * 1024,
-                flate2::read::MultiGzDecoder::new(file),
-            ))
-        } else {
-            Box::new(BufReader::with_capacity(256 * 1024, file))
+        let files = recording_files(path.as_ref())?;
+        RecordingReader::open_many(&files)
+    }
+
+    /// Read `paths` one after another as one recording (each may be a directory).
+    pub fn open_many(paths: &[PathBuf]) -> Result<RecordingReader, RecordingError> {
+        let mut files = std::collections::VecDeque::new();
+        for path in paths {
+            files.extend(recording_files(path)?);
+        }
+        let Some(first) = files.pop_front() else {
+            return Err(RecordingError::Open {
+                path: PathBuf::from("(no recording given)"),
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no file to read"),
+            });
         };
-        Ok(RecordingReader::from_reader(path, input))
+        let mut reader = RecordingReader::from_reader(first.clone(), open_input(&first)?);
+        reader.rest = files;
+        Ok(reader)
+    }
+
+    /// Move on to the next file, if there is one.
+    fn next_file(&mut self) -> Result<bool, RecordingError> {
+        let Some(next) = self.rest.pop_front() else {
+            return Ok(false);
+        };
+        self.input = open_input(&next)?;
+        self.path = next;
+        self.line_no = 0;
+        self.done = false;
+        Ok(true)
+    }
+
+    /// The gap markers read so far: exchanges the recorder proxied but did not record.
+    pub fn gaps(&self) -> &[GapNote] {
+        &self.gaps
+    }
+
+    /// The share of traffic the recording holds (`0.5` for `--sample 50%`), when a file's
+    /// header said so (the smallest when files differ); `None`: all of it.
+    pub fn sample_share(&self) -> Option<f64> {
+        self.sample_share
+    }
+
+    /// A recorder's metadata line (a file header or a gap marker): noted, never an exchange.
+    /// False for any other line.
+    fn metadata_line(&mut self, line: &str) -> bool {
+        let header = line.starts_with("{\"recording\":");
+        let gap = line.starts_with("{\"gap\":");
+        if !header && !gap {
+            return false;
+        }
+        let Ok(value) = serde_json::from_str::<serde_json::Value>(line) else {
+            return false;
+        };
+        if header {
+            if let Some(share) = value[HEADER_KEY]["sample"].as_f64()
+                && share > 0.0
+                && share <= 1.0
+            {
+                self.sample_share = Some(self.sample_share.map_or(share, |s| s.min(share)));
+            }
+            return true;
+        }
+        let g = &value[GAP_KEY];
+        let note = GapNote {
+            path: self.path.clone(),
+            line: self.line_no,
+            reason: g["reason"].as_str().unwrap_or("unknown").to_owned(),
+            exchanges: g["exchanges"].as_u64().unwrap_or(0),
+            from_ms: g["from_ms"].as_f64(),
+            to_ms: g["to_ms"].as_f64(),
+            from: g["from"].as_str().map(str::to_owned),
+            to: g["to"].as_str().map(str::to_owned),
+        };
+        tracing::warn!(
+            "{}:{}: {} exchanges were not recorded ({}) from {} to {}",
+            self.path.display(),
+            self.line_no,
+            note.exchanges,
+            note.reason,
+            note.from.as_deref().unwrap_or("?"),
+            note.to.as_deref().unwrap_or("?")
+        );
+        self.gaps.push(note);
+        true
     }
 
     /// Read from any buffered reader; `path` is used in messages only.
@@ -716,6 +868,9 @@ impl RecordingReader {
         RecordingReader {
             path,
             input,
+            rest: std::collections::VecDeque::new(),
+            gaps: Vec::new(),
+            sample_share: None,
             line_no: 0,
             buf: Vec::new(),
             done: false,
@@ -856,7 +1011,7 @@ impl RecordingReader {
     /// policy are the same for all.
     fn read_line(&mut self) -> Result<Option<(usize, usize, bool)>, RecordingError> {
         loop {
-            if self.done {
+            if self.done && !self.next_file()? {
                 return Ok(None);
             }
             self.buf.clear();
@@ -870,6 +1025,16 @@ impl RecordingReader {
                     return Ok(None);
                 }
                 Ok(_) => {}
+                Err(source)
+                    if source.kind() == std::io::ErrorKind::UnexpectedEof
+                        && is_gzip_path(&self.path) =>
+                {
+                    // A gzip file cut short (its writer was killed): what came whole was
+                    // read; the rest is a torn end, as a torn last line.
+                    self.done = true;
+                    self.torn_last_line = Some(self.line_no);
+                    continue;
+                }
                 Err(source) => {
                     self.done = true;
                     return Err(RecordingError::Io {
@@ -884,7 +1049,6 @@ impl RecordingReader {
                 self.skip_over_long_line();
                 if !line_ended {
                     self.done = true;
-                    return Ok(None);
                 }
                 continue;
             }
@@ -894,7 +1058,7 @@ impl RecordingReader {
                 Err(_) if !has_newline => {
                     self.done = true;
                     self.torn_last_line = Some(self.line_no);
-                    return Ok(None);
+                    continue;
                 }
                 Err(e) => return Err(self.invalid("(line)", format!("not UTF-8: {e}"))),
             };
@@ -903,7 +1067,14 @@ impl RecordingReader {
                 continue;
             }
             let start = trimmed.as_ptr() as usize - line.as_ptr() as usize;
-            return Ok(Some((start, start + trimmed.len(), has_newline)));
+            let end = start + trimmed.len();
+            if trimmed.starts_with("{\"recording\":") || trimmed.starts_with("{\"gap\":") {
+                let owned = trimmed.to_owned();
+                if self.metadata_line(&owned) {
+                    continue;
+                }
+            }
+            return Ok(Some((start, end, has_newline)));
         }
     }
 
@@ -959,20 +1130,23 @@ impl RecordingReader {
 
     /// The next exchange with its 1-based line number; `None` at the end.
     pub fn next_exchange(&mut self) -> Option<Result<(u64, Exchange), RecordingError>> {
-        let (start, end, has_newline) = match self.read_line() {
-            Ok(Some(found)) => found,
-            Ok(None) => return None,
-            Err(e) => return Some(Err(e)),
-        };
-        let line = std::str::from_utf8(&self.buf[start..end]).expect("checked by read_line");
-        match self.parse_line(line) {
-            Ok(exchange) => Some(Ok((self.line_no, exchange))),
-            Err(_) if !has_newline => {
-                self.done = true;
-                self.torn_last_line = Some(self.line_no);
-                None
-            }
-            Err(e) => Some(Err(e)),
+        loop {
+            let (start, end, has_newline) = match self.read_line() {
+                Ok(Some(found)) => found,
+                Ok(None) => return None,
+                Err(e) => return Some(Err(e)),
+            };
+            let line = std::str::from_utf8(&self.buf[start..end]).expect("checked by read_line");
+            return match self.parse_line(line) {
+                Ok(exchange) => Some(Ok((self.line_no, exchange))),
+                Err(_) if !has_newline => {
+                    // A torn last line: skipped; the next file (if any) goes on.
+                    self.done = true;
+                    self.torn_last_line = Some(self.line_no);
+                    continue;
+                }
+                Err(e) => Some(Err(e)),
+            };
         }
     }
 
@@ -984,10 +1158,23 @@ impl RecordingReader {
     /// a line that is not a JSON object is an error naming it, a torn last line is skipped
     /// as everywhere else.
     pub fn next_raw(&mut self) -> Option<Result<RawExchange<'_>, RecordingError>> {
-        let (start, end, has_newline) = match self.read_line() {
-            Ok(Some(found)) => found,
-            Ok(None) => return None,
-            Err(e) => return Some(Err(e)),
+        let (start, end) = loop {
+            let (start, end, has_newline) = match self.read_line() {
+                Ok(Some(found)) => found,
+                Ok(None) => return None,
+                Err(e) => return Some(Err(e)),
+            };
+            // A torn last line (no newline, not JSON) is skipped; the next file goes on.
+            if !has_newline
+                && std::str::from_utf8(&self.buf[start..end]).map_or(true, |text| {
+                    serde_json::from_str::<serde::de::IgnoredAny>(text).is_err()
+                })
+            {
+                self.done = true;
+                self.torn_last_line = Some(self.line_no);
+                continue;
+            }
+            break (start, end);
         };
         let line_no = self.line_no;
         // Disjoint fields: the line stays borrowed from `buf` while `done` and
@@ -999,11 +1186,6 @@ impl RecordingReader {
                 line: line_no,
                 fields: fields.0,
             })),
-            Err(_) if !has_newline => {
-                self.done = true;
-                self.torn_last_line = Some(line_no);
-                None
-            }
             Err(e) => Some(Err(self.invalid("(line)", e.to_string()))),
         }
     }
@@ -1085,6 +1267,9 @@ impl<'a> RawExchange<'a> {
         RecordingReader {
             path: self.path.to_path_buf(),
             input: Box::new(std::io::empty()),
+            rest: std::collections::VecDeque::new(),
+            gaps: Vec::new(),
+            sample_share: None,
             line_no: self.line,
             buf: Vec::new(),
             done: true,

@@ -1323,6 +1323,25 @@ pub fn read_saved_report(path: &std::path::Path) -> Result<Report, RunError> {
     Report::from_json(&text).map_err(|e| RunError::Input(format!("{}: {e}", path.display())))
 }
 
+/// What the recorder said of its recording: a sampled share, gaps it could not record.
+fn recorder_warnings(recording: &str, scanned: &RecordingScan) -> Vec<String> {
+    let mut warnings = Vec::new();
+    if let Some(share) = scanned.sample_share.filter(|s| *s < 1.0) {
+        let percent = (share * 100_000.0).round() / 1000.0;
+        warnings.push(format!(
+            "{recording}: the recording holds {percent} % of the traffic (record --sample); --speed {} replays the recorded rate",
+            (1.0 / share * 1000.0).round() / 1000.0
+        ));
+    }
+    if scanned.gaps > 0 {
+        warnings.push(format!(
+            "{recording}: {} exchanges were proxied but not recorded ({} gaps marked by the recorder)",
+            scanned.not_recorded, scanned.gaps
+        ));
+    }
+    warnings
+}
+
 /// The warnings a run's input earns before any load is sent.
 fn input_warnings(config: &RunConfig, scanned: &RecordingScan) -> Vec<String> {
     let recording = config.recording.display();
@@ -1334,6 +1353,7 @@ fn input_warnings(config: &RunConfig, scanned: &RecordingScan) -> Vec<String> {
         );
     }
     warnings.extend(untemplated_chat_warning(config, scanned));
+    warnings.extend(recorder_warnings(&recording.to_string(), scanned));
     if let Some(line) = scanned.torn_last_line {
         warnings.push(format!(
             "{recording}:{line}: torn last line (the recorder stopped mid-line); it was not replayed"

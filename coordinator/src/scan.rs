@@ -41,6 +41,13 @@ pub struct RecordingScan {
     /// of their line numbers.
     pub skipped_long_lines: u64,
     pub skipped_long_line_numbers: Vec<u64>,
+    /// The share of the traffic the recording holds, when its recorder sampled
+    /// (`record --sample`: each file's header says).
+    pub sample_share: Option<f64>,
+    /// Gaps the recorder marked (exchanges proxied but not recorded) and how many exchanges
+    /// they left out.
+    pub gaps: u64,
+    pub not_recorded: u64,
     /// Recorded think times between a session's turns (ms), when any.
     pub think_time_ms: Option<Stats>,
     /// First `at_ms` to the end of the last exchange's last frame (ms), when timed.
@@ -118,6 +125,9 @@ pub fn scan_with(
         }
     }
     out.torn_last_line = reader.torn_last_line();
+    out.sample_share = reader.sample_share();
+    out.gaps = reader.gaps().len() as u64;
+    out.not_recorded = reader.gaps().iter().map(|g| g.exchanges).sum();
     out.skipped_long_lines = reader.skipped_lines();
     out.skipped_long_line_numbers = reader.skipped_line_numbers().to_vec();
     out.think_time_ms = common::metrics::stats_of(&think_hist, 1000.0);

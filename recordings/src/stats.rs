@@ -117,6 +117,12 @@ pub struct RecordingStats {
     pub statuses: BTreeMap<String, u64>,
     /// Line of a torn last line that was skipped, if any.
     pub torn_last_line: Option<u64>,
+    /// The share of the traffic the recording holds, when its recorder sampled
+    /// (`record --sample`).
+    pub sample_share: Option<f64>,
+    /// Gaps the recorder marked and the exchanges they left out (proxied, not recorded).
+    pub gaps: u64,
+    pub not_recorded: u64,
     /// Lines skipped for being longer than the reader's cap
     /// ([`common::recording::MAX_LINE_BYTES`]): not counted anywhere else here.
     pub skipped_long_lines: u64,
@@ -280,6 +286,9 @@ pub fn recording_stats_with(
         }
     }
     out.torn_last_line = reader.torn_last_line();
+    out.sample_share = reader.sample_share();
+    out.gaps = reader.gaps().len() as u64;
+    out.not_recorded = reader.gaps().iter().map(|g| g.exchanges).sum();
     out.skipped_long_lines = reader.skipped_lines();
     out.skipped_long_line_numbers = reader.skipped_line_numbers().to_vec();
     out.sessions = sessions.len() as u64;
@@ -408,6 +417,18 @@ pub fn render_text(s: &RecordingStats) -> String {
     }
     if let Some(line) = s.torn_last_line {
         out.push_str(&format!("torn last line {line} (not counted)\n"));
+    }
+    if let Some(share) = s.sample_share {
+        out.push_str(&format!(
+            "sampled    the recording holds {} % of the traffic (record --sample)\n",
+            (share * 100_000.0).round() / 1000.0
+        ));
+    }
+    if s.gaps > 0 {
+        out.push_str(&format!(
+            "gaps       {} exchanges proxied but not recorded ({} gaps marked)\n",
+            s.not_recorded, s.gaps
+        ));
     }
     if s.skipped_long_lines > 0 {
         let lines: Vec<String> = s

@@ -376,7 +376,7 @@ fn a_recording_that_cannot_be_written_is_reported_at_once_then_503() {
     let full = Path::new("/dev/full");
     assert!(full.exists(), "this test needs Linux's /dev/full");
     let mock = MockServer::start(&["--ttft", "0ms", "--itl", "0ms", "--tokens", "2"]);
-    let (mut recorder, url) = start_recorder(&mock.url, full, &[]);
+    let (mut recorder, url) = start_recorder(&mock.url, full, &["--on-record-error", "refuse"]);
     let rt = runtime();
     let client = reqwest::Client::new();
     let send = |i: usize| {

@@ -8,6 +8,7 @@ mod capacity_gateway;
 mod capacity_probes;
 mod capture;
 mod capture_limits;
+mod capture_rotation;
 mod capture_upstream;
 mod complete_runs;
 mod connections;

@@ -1,0 +1,119 @@
+//! `--health-listen ADDR`: `/healthz` (the process is alive), `/readyz` (200 once the upstream
+//! answered a request, or a TCP probe to it connected; 503 before) and `/metrics`
+//! (Prometheus text of [`crate::metrics::RecordMetrics`]), on a listener of their own so an
+//! orchestrator's probes never reach the upstream or the recording.
+
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+
+use crate::RecordError;
+use crate::proxy::ProxyState;
+
+/// Bind `address` and serve until the returned task is aborted; a readiness probe of the
+/// upstream runs beside it until the upstream is reached. The tasks hold the proxy's state
+/// weakly: they never keep the writer open past the proxy's end.
+pub async fn start(
+    address: &str,
+    state: &Arc<ProxyState>,
+) -> Result<tokio::task::JoinHandle<()>, RecordError> {
+    let listener = TcpListener::bind(address)
+        .await
+        .map_err(|e| RecordError::Usage(format!("--health-listen {address}: {e}")))?;
+    if let Ok(bound) = listener.local_addr() {
+        tracing::info!(address = %bound, "health, readiness and metrics endpoint listening");
+    }
+    let state = Arc::downgrade(state);
+    Ok(tokio::spawn(async move {
+        tokio::spawn(probe_upstream(state.clone()));
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let state = state.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |request| answer(state.clone(), request));
+                let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                let _ = builder
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    }))
+}
+
+/// Connect to the upstream every second until it accepts (or it answered a request).
+async fn probe_upstream(weak: Weak<ProxyState>) {
+    let Some(state) = weak.upgrade() else { return };
+    let upstream = state.upstream.clone();
+    drop(state);
+    let port =
+        upstream
+            .authority
+            .port_u16()
+            .unwrap_or(if upstream.scheme == http::uri::Scheme::HTTPS {
+                443
+            } else {
+                80
+            });
+    let target = format!("{}:{port}", upstream.authority.host());
+    while let Some(metrics) = weak.upgrade().map(|s| s.metrics.clone()) {
+        if metrics.ready.load(Ordering::Relaxed) {
+            break;
+        }
+        let connect = tokio::net::TcpStream::connect(&target);
+        if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(2), connect).await {
+            metrics.ready.store(true, Ordering::Relaxed);
+            break;
+        }
+        drop(metrics);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+async fn answer(
+    weak: Weak<ProxyState>,
+    request: http::Request<hyper::body::Incoming>,
+) -> Result<http::Response<Full<Bytes>>, Infallible> {
+    let Some(state) = weak.upgrade() else {
+        let mut response = http::Response::new(Full::new(Bytes::from_static(b"stopping\n")));
+        *response.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+        return Ok(response);
+    };
+    let (status, content_type, body) = match request.uri().path() {
+        "/healthz" | "/livez" => (200, "text/plain", "ok\n".to_owned()),
+        "/readyz" if state.metrics.ready.load(Ordering::Relaxed) => {
+            (200, "text/plain", "ready\n".to_owned())
+        }
+        "/readyz" => (
+            503,
+            "text/plain",
+            "not ready: the upstream has not answered yet\n".to_owned(),
+        ),
+        "/metrics" => (
+            200,
+            "text/plain; version=0.0.4",
+            state.metrics.render(state.in_flight.load(Ordering::SeqCst)),
+        ),
+        _ => (
+            404,
+            "text/plain",
+            "not found: /healthz, /readyz, /metrics\n".to_owned(),
+        ),
+    };
+    let mut response = http::Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = http::StatusCode::from_u16(status).unwrap_or_default();
+    if let Ok(value) = http::HeaderValue::from_str(content_type) {
+        response
+            .headers_mut()
+            .insert(http::header::CONTENT_TYPE, value);
+    }
+    Ok(response)
+}
