@@ -15,6 +15,7 @@ pub mod duration;
 pub mod error_text;
 pub mod exit;
 pub mod formats;
+pub mod launch;
 pub mod load;
 pub mod measure;
 pub mod metrics;

@@ -8,7 +8,8 @@
 //! - [`engine`]: the scheduler and one stream task per request;
 //! - [`metrics_actor`]: the actor that owns the HDR histograms;
 //! - [`request`]: builds the replayed HTTP request from a recorded one;
-//! - [`link`]: the gRPC link to the coordinator (the only place that knows `proto`).
+//! - [`link`]: the gRPC link to the coordinator (the only place that knows `proto`);
+//! - [`InProcess`]: local workers in the caller's process (`common::launch`'s launcher).
 
 pub mod cli;
 pub mod client;
@@ -17,8 +18,11 @@ pub mod engine;
 pub mod h1;
 pub mod health;
 pub mod hyper_conn;
+mod in_process;
 pub mod link;
 pub mod metrics_actor;
 pub mod request;
 pub mod sigv4;
 pub mod tokens;
+
+pub use in_process::InProcess;
