@@ -97,7 +97,7 @@ fn a_typed_config_replays_through_in_process_workers_on_a_listener_the_caller_ow
     let ttft = num(&report, &["llm", "ttft_ms", "p50"]);
     assert!((19.0..60.0).contains(&ttft), "TTFT p50 {ttft} ms");
     // Both in-process workers joined and answered for their part.
-    let workers = report["workers"].as_array().expect("workers");
+    let workers = report["run"]["workers"].as_array().expect("workers");
     assert_eq!(workers.len(), 2, "{report:#}");
     assert!(last.finished);
     assert_eq!(last.answered, 24);
