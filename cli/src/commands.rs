@@ -10,7 +10,8 @@ use coordinator::config::{ReportFiles, RunArgs};
 use coordinator::goals::parse_goals;
 use coordinator::outcome::RunError;
 use coordinator::report::{Report, compare_reports, render_html, render_junit, render_markdown};
-use coordinator::run::{RunHooks, RunPlan, Verdict, read_saved_report};
+use coordinator::requests_out::RequestsOut;
+use coordinator::run::{RunHooks, RunPlan, ScannedRecording, Verdict, read_saved_report};
 use coordinator::supervisor::{Notice, RunSnapshot};
 
 use crate::output_paths::{Input, Output, check_outputs};
@@ -176,8 +177,33 @@ fn notice_printer(remote_workers: bool) -> coordinator::supervisor::NoticeSink {
     })
 }
 
+/// Read the recording, merge the flags with `--config` into the typed configuration, and
+/// check it: the library's plan.
+async fn prepare(args: RunArgs) -> Result<RunPlan, RunError> {
+    let recording = ScannedRecording::read(&args.recording).await?;
+    let config = args
+        .into_config(recording.has_arrival_times())
+        .map_err(|error| RunError::flagged(format!("{error:#}")))?;
+    RunPlan::prepare_scanned(recording, config).await
+}
+
+/// `--requests-out`, opened before any load is sent: a path that cannot be written is found
+/// now.
+fn open_requests_out(path: Option<&Path>) -> Result<Option<RequestsOut>, ExitCode> {
+    let Some(path) = path else {
+        return Ok(None);
+    };
+    RequestsOut::create(path).map(Some).map_err(|error| {
+        fail(
+            exit::USAGE,
+            format!("--requests-out {}: cannot write: {error}", path.display()),
+        )
+    })
+}
+
 async fn replay_command(args: RunArgs, live: &mut Option<LiveServer>) -> ExitCode {
-    let plan = match RunPlan::prepare(args).await {
+    let read_files = args.read_files();
+    let plan = match prepare(args).await {
         Ok(plan) => plan,
         Err(error) => return run_error(error),
     };
@@ -191,8 +217,7 @@ async fn replay_command(args: RunArgs, live: &mut Option<LiveServer>) -> ExitCod
             path,
         });
     }
-    let inputs: Vec<Input<'_>> = plan
-        .read_files()
+    let inputs: Vec<Input<'_>> = read_files
         .iter()
         .map(|(what, path)| Input { what, path })
         .collect();
@@ -200,6 +225,10 @@ async fn replay_command(args: RunArgs, live: &mut Option<LiveServer>) -> ExitCod
         return fail(exit::USAGE, message);
     }
     let files = config.files.clone();
+    let requests_out = match open_requests_out(config.requests_out.as_deref()) {
+        Ok(out) => out,
+        Err(code) => return code,
+    };
     let remote_workers = matches!(
         config.source,
         coordinator::config::WorkerSource::Remote { .. }
@@ -224,8 +253,8 @@ async fn replay_command(args: RunArgs, live: &mut Option<LiveServer>) -> ExitCod
         }
         _ => None,
     };
-    let worker_program = match std::env::current_exe() {
-        Ok(program) => program,
+    let launcher = match std::env::current_exe() {
+        Ok(program) => std::sync::Arc::new(coordinator::launch::ProcessLauncher::new(program)),
         Err(error) => {
             return fail(
                 exit::RUN_FAILED,
@@ -235,7 +264,9 @@ async fn replay_command(args: RunArgs, live: &mut Option<LiveServer>) -> ExitCod
     };
     let outcome = plan
         .execute(RunHooks {
-            worker_program,
+            launcher,
+            listener: None,
+            requests_out,
             interrupt,
             snapshots,
             waiting_for_workers: &|expect, addr| {
@@ -276,8 +307,7 @@ async fn replay_command(args: RunArgs, live: &mut Option<LiveServer>) -> ExitCod
         return code;
     }
     match outcome.verdict {
-        Verdict::BadGoal(message) => fail(exit::USAGE, message),
-        Verdict::RunFailed(message) => fail(exit::RUN_FAILED, message),
+        Verdict::BadGoal(error) | Verdict::RunFailed(error) => run_error(error),
         Verdict::GoalFailed => ExitCode::from(exit::GOAL_FAILED),
         Verdict::Passed => ExitCode::from(exit::OK),
     }
@@ -286,10 +316,12 @@ async fn replay_command(args: RunArgs, live: &mut Option<LiveServer>) -> ExitCod
 /// A run that could not start or measured nothing: bad input is a usage error (exit 2),
 /// anything else a failed run (exit 3).
 fn run_error(error: RunError) -> ExitCode {
-    match error {
-        RunError::Input(message) => fail(exit::USAGE, message),
-        RunError::Failed(message) => fail(exit::RUN_FAILED, message),
-    }
+    let code = if error.is_input() {
+        exit::USAGE
+    } else {
+        exit::RUN_FAILED
+    };
+    fail(code, error.to_string())
 }
 
 fn read_report(path: &Path) -> Result<Report, ExitCode> {

@@ -17,6 +17,7 @@ pub mod env_template;
 pub mod error_text;
 pub mod exit;
 pub mod formats;
+pub mod launch;
 pub mod load;
 pub mod measure;
 pub mod metrics;

@@ -653,7 +653,7 @@ fn read_target_ca(path: &Path) -> anyhow::Result<String> {
 
 /// A target must be an absolute http:// or https:// URL. Messages show it redacted: its query
 /// may carry a credential.
-fn check_target(target: &str, h2c: bool) -> anyhow::Result<()> {
+pub(crate) fn check_target(target: &str, h2c: bool) -> anyhow::Result<()> {
     let shown = common::recording::redact_url(target);
     let uri: http::Uri = target
         .parse()
@@ -801,6 +801,25 @@ fn duration_arg(flag: &str, text: &str) -> anyhow::Result<Duration> {
 }
 
 impl RunArgs {
+    /// Files the run reads: (what, path), for the CLI's check that no output overwrites one.
+    pub fn read_files(&self) -> Vec<(&'static str, PathBuf)> {
+        let mut read_files = vec![("the recording", self.recording.clone())];
+        for (what, path) in [
+            ("the --config file", &self.config),
+            ("the --tls-cert file", &self.tls_cert),
+            ("the --tls-key file", &self.tls_key),
+            ("the --tls-ca file", &self.tls_ca),
+        ] {
+            read_files.extend(path.clone().map(|path| (what, path)));
+        }
+        read_files.extend(
+            self.target_ca
+                .iter()
+                .map(|path| ("a --target-ca file", path.clone())),
+        );
+        read_files
+    }
+
     /// Merge with the config file (if any) and validate. `has_arrival_times` tells whether
     /// the recording carries arrival offsets (it decides the default schedule).
     pub fn into_config(self, has_arrival_times: bool) -> anyhow::Result<RunConfig> {

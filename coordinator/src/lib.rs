@@ -7,11 +7,13 @@
 //! Only this crate renders reports; the `llm-replay` CLI (`cli`) prints them and
 //! picks the exit code.
 
+mod builder;
 pub mod capacity;
 pub mod config;
 pub mod embedded;
 pub mod faithful;
 pub mod goals;
+pub mod launch;
 pub mod link_guard;
 pub mod live;
 pub mod outcome;

@@ -7,13 +7,128 @@ use std::time::{Duration, SystemTime};
 
 use common::metrics::{RunMetrics, SliceTotals, SparseMetrics};
 
-/// Why a run could not complete (exit code 3), or bad input found late (exit code 2).
-#[derive(Debug, thiserror::Error)]
+/// Why a run could not complete, or bad input found: an enum a caller matches. Each variant
+/// carries the message the CLI prints (`Display` is that message, unchanged); the CLI maps
+/// the variant to its exit code ([`RunError::is_input`]: 2, the rest: 3, PRODUCT.md).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum RunError {
-    #[error("{0}")]
-    Input(String),
-    #[error("{0}")]
-    Failed(String),
+    /// Bad input (exit code 2): `at` names the option, or the file and line, at fault.
+    #[error("{message}")]
+    Input { at: InputAt, message: String },
+    /// No request got a connection to the target (refused, no route, DNS): exit code 3.
+    #[error("{message}")]
+    Unreachable { target: String, message: String },
+    /// No request got a response, for another cause than the connection (TLS, a stream
+    /// lost after its head, a protocol mismatch): exit code 3.
+    #[error("{message}")]
+    NoResponse { target: String, message: String },
+    /// Responses came, none a success: exit code 3.
+    #[error("{message}")]
+    NoneSucceeded { target: String, message: String },
+    /// Fewer workers joined than the run waits for, within the join timeout.
+    #[error("{message}")]
+    WorkersDidNotJoin {
+        joined: usize,
+        expected: usize,
+        message: String,
+    },
+    /// A worker could not start, left before the start, did not answer, or was lost (the run
+    /// was aborted).
+    #[error("{message}")]
+    Worker { message: String },
+    /// SIGINT or SIGTERM (the caller's interrupt) stopped the run.
+    #[error("{message}")]
+    Interrupted { message: String },
+    /// The run did not do all its work: a sweep level or a probe could not run, or a
+    /// worker's slice came back short.
+    #[error("{message}")]
+    Incomplete { message: String },
+    /// Anything else that stopped the run: the worker link, the embedded mock, a task.
+    #[error("{message}")]
+    Failed { message: String },
+}
+
+/// Where bad input is: the option (flag or config field) or the file and line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InputAt {
+    /// An option: the flag as the CLI spells it (`--concurrency`), or `goal` for a goal
+    /// expression.
+    Option(String),
+    /// A file (the recording, a baseline report, a TLS file), at a line and field when known.
+    File {
+        path: std::path::PathBuf,
+        line: Option<u64>,
+        field: Option<String>,
+    },
+    /// Nothing more precise than the message.
+    Unknown,
+}
+
+impl RunError {
+    /// Bad input at an option.
+    pub fn option(option: impl Into<String>, message: impl Into<String>) -> RunError {
+        RunError::Input {
+            at: InputAt::Option(option.into()),
+            message: message.into(),
+        }
+    }
+
+    /// Bad input in a file (no line known).
+    pub fn file(path: &std::path::Path, message: impl Into<String>) -> RunError {
+        RunError::Input {
+            at: InputAt::File {
+                path: path.to_owned(),
+                line: None,
+                field: None,
+            },
+            message: message.into(),
+        }
+    }
+
+    /// Bad input whose message starts with the flag at fault (`--workers must be ...`), as
+    /// the option checks write them: the flag is read back from the message.
+    pub fn flagged(message: impl Into<String>) -> RunError {
+        let message = message.into();
+        let at = message
+            .split([' ', ':', '='])
+            .next()
+            .filter(|word| word.starts_with("--") && word.len() > 2)
+            .map_or(InputAt::Unknown, |flag| InputAt::Option(flag.to_owned()));
+        RunError::Input { at, message }
+    }
+
+    /// Anything else that stopped the run.
+    pub fn failed(message: impl Into<String>) -> RunError {
+        RunError::Failed {
+            message: message.into(),
+        }
+    }
+
+    /// A recording that could not be read, with its line and field.
+    pub fn recording(error: &common::recording::RecordingError) -> RunError {
+        use common::recording::RecordingError;
+        let (path, line, field) = match error {
+            RecordingError::Open { path, .. } => (path, None, None),
+            RecordingError::Io { path, line, .. } => (path, Some(*line), None),
+            RecordingError::Invalid {
+                path, line, field, ..
+            } => (path, Some(*line), Some(field.clone())),
+        };
+        RunError::Input {
+            at: InputAt::File {
+                path: path.clone(),
+                line,
+                field,
+            },
+            message: error.to_string(),
+        }
+    }
+
+    /// Bad input (exit code 2), rather than a run that could not do its work (exit code 3).
+    pub fn is_input(&self) -> bool {
+        matches!(self, RunError::Input { .. })
+    }
 }
 
 /// A worker's clock against the coordinator's, from NTP-style samples.

@@ -8,6 +8,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::launch::{LaunchedWorker, LocalWorker, WorkerLauncher};
+
 use crate::config::{RunConfig, WorkerSource};
 use crate::outcome::RunError;
 use crate::server::{CoordinatorService, LevelLink, ServiceState};
@@ -34,8 +36,11 @@ pub struct PoolSetup<'a> {
     /// Told how many remote workers the run waits for and where it listens, once it does
     /// (the CLI prints how to start them).
     pub waiting_for_workers: &'a (dyn Fn(usize, SocketAddr) + Send + Sync),
-    /// The program local workers run (`PROGRAM worker --once ...`): the `llm-replay` binary.
-    pub worker_program: &'a std::path::Path,
+    /// Starts the local workers (`WorkerSource::Local`).
+    pub launcher: &'a dyn WorkerLauncher,
+    /// The caller's listener for the worker link; `None`: bound here (loopback for local
+    /// workers, `--listen` for remote ones).
+    pub listener: Option<tokio::net::TcpListener>,
 }
 
 /// The run's workers and the service they dial.
@@ -46,7 +51,7 @@ pub struct WorkerPool {
     stop_server: Option<tokio::sync::oneshot::Sender<()>>,
     server: Option<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>>,
     idle: tokio::task::JoinHandle<()>,
-    children: Vec<tokio::process::Child>,
+    children: Vec<Box<dyn LaunchedWorker>>,
 }
 
 impl WorkerPool {
@@ -65,16 +70,21 @@ impl WorkerPool {
             (WorkerSource::Remote { .. }, None) => None,
         };
         let state = Arc::new(ServiceState::new(workers, token.clone()));
-        let listen = match &config.source {
-            WorkerSource::Local(_) => "127.0.0.1:0".to_owned(),
-            WorkerSource::Remote { listen, .. } => listen.clone(),
+        let listener = match setup.listener {
+            Some(listener) => listener,
+            None => {
+                let listen = match &config.source {
+                    WorkerSource::Local(_) => "127.0.0.1:0".to_owned(),
+                    WorkerSource::Remote { listen, .. } => listen.clone(),
+                };
+                tokio::net::TcpListener::bind(&listen).await.map_err(|e| {
+                    RunError::failed(format!("cannot listen for workers on {listen}: {e}"))
+                })?
+            }
         };
-        let listener = tokio::net::TcpListener::bind(&listen)
-            .await
-            .map_err(|e| RunError::Failed(format!("cannot listen for workers on {listen}: {e}")))?;
         let addr: SocketAddr = listener
             .local_addr()
-            .map_err(|e| RunError::Failed(format!("cannot listen for workers: {e}")))?;
+            .map_err(|e| RunError::failed(format!("cannot listen for workers: {e}")))?;
         let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
         let server = serve(config, Arc::clone(&state), listener, server_stopped)?;
         let idle = {
@@ -99,7 +109,7 @@ impl WorkerPool {
         match &config.source {
             WorkerSource::Local(n) => {
                 pool.children =
-                    start_local_workers(setup.worker_program, *n, addr, config, token.as_deref())?;
+                    start_local_workers(setup.launcher, *n, addr, config, token.as_deref())?;
             }
             WorkerSource::Remote { expect, .. } => (setup.waiting_for_workers)(*expect, addr),
         }
@@ -149,13 +159,8 @@ impl WorkerPool {
                 "the worker link did not close within {SERVER_SHUTDOWN_PATIENCE:?} (a stalled link?); the report goes on without it"
             );
         }
-        for mut child in std::mem::take(&mut self.children) {
-            if tokio::time::timeout(Duration::from_secs(5), child.wait())
-                .await
-                .is_err()
-            {
-                let _ = child.kill().await;
-            }
+        for child in std::mem::take(&mut self.children) {
+            child.finish(Duration::from_secs(5)).await;
         }
     }
 }
@@ -173,7 +178,7 @@ fn tls_server_config(
     tls: &crate::config::LinkTls,
 ) -> Result<tonic::transport::ServerTlsConfig, RunError> {
     let read = |path: &std::path::Path| {
-        std::fs::read(path).map_err(|e| RunError::Input(format!("{}: {e}", path.display())))
+        std::fs::read(path).map_err(|e| RunError::file(path, format!("{}: {e}", path.display())))
     };
     let mut config = tonic::transport::ServerTlsConfig::new().identity(
         tonic::transport::Identity::from_pem(read(&tls.cert)?, read(&tls.key)?),
@@ -205,7 +210,7 @@ fn serve(
     if let Some(tls) = &config.tls {
         builder = builder
             .tls_config(tls_server_config(tls)?)
-            .map_err(|e| RunError::Input(format!("TLS configuration: {e}")))?;
+            .map_err(|e| RunError::option("--tls-cert", format!("TLS configuration: {e}")))?;
     }
     let service = CoordinatorService { state };
     Ok(tokio::spawn(async move {
@@ -224,16 +229,16 @@ fn serve(
     }))
 }
 
-/// Start `n` local worker processes: `program`'s `worker` command, dialling the coordinator
-/// at `addr` over loopback gRPC with the link token. The one place their command line is
-/// written. They stay joined for the whole run (every level) and exit when it is over.
+/// Start `n` local workers through `launcher`, dialling the coordinator at `addr` over
+/// loopback gRPC with the link token. They stay joined for the whole run (every level) and
+/// end when it is over.
 fn start_local_workers(
-    program: &std::path::Path,
+    launcher: &dyn WorkerLauncher,
     n: usize,
     addr: std::net::SocketAddr,
     config: &RunConfig,
     token: Option<&str>,
-) -> Result<Vec<tokio::process::Child>, RunError> {
+) -> Result<Vec<Box<dyn LaunchedWorker>>, RunError> {
     // Local workers run with the user's own environment: they may read what the user's own
     // options name, and nothing else.
     let allow_env: Vec<String> = common::assignment::EnvReads::of(
@@ -243,31 +248,19 @@ fn start_local_workers(
     .all()
     .cloned()
     .collect();
-    let mut children = Vec::with_capacity(n);
-    for i in 0..n {
-        let child = tokio::process::Command::new(program)
-            .args([
-                "worker",
-                "--coordinator",
-                &addr.to_string(),
-                "--once",
-                "--worker-id",
-                &format!("local-{i}"),
-                "--heartbeat-timeout",
-                &config.heartbeat_timeout.as_secs_f64().to_string(),
-            ])
-            .args(allow_env.iter().flat_map(|v| ["--allow-env", v.as_str()]))
-            .env("LLM_REPLAY_TOKEN", token.unwrap_or_default())
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::inherit())
-            // Their own process group: a Ctrl-C on the terminal reaches the coordinator
-            // alone, which stops them over the link and keeps their data.
-            .process_group(0)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| RunError::Failed(format!("cannot start local worker {i}: {e}")))?;
-        children.push(child);
-    }
-    Ok(children)
+    (0..n)
+        .map(|i| {
+            launcher
+                .launch(LocalWorker {
+                    id: format!("local-{i}"),
+                    coordinator: addr,
+                    token: token.map(str::to_owned),
+                    heartbeat_timeout: config.heartbeat_timeout,
+                    allow_env: allow_env.clone(),
+                })
+                .map_err(|error| RunError::Worker {
+                    message: error.to_string(),
+                })
+        })
+        .collect()
 }

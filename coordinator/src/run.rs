@@ -21,7 +21,7 @@ use tokio::sync::watch;
 use crate::capacity::budget::{Need, ProbeBudget, ProbeSize, Sizer, need_of};
 use crate::capacity::progress::SearchProgress;
 use crate::capacity::{Dimension, FindMax, RunResult, Search, Step};
-use crate::config::{BaselineSource, GlobalLoad, RunArgs, RunConfig, WorkerSource};
+use crate::config::{BaselineSource, GlobalLoad, RunConfig, WorkerSource};
 use crate::goals::{Goal, parse_goals};
 use crate::outcome::{ReplayResult, RunError};
 use crate::pool::{PoolSetup, WorkerPool};
@@ -47,8 +47,6 @@ pub struct RunPlan {
     saved_baseline: Option<(PathBuf, Report)>,
     /// What the input earned before any load (insecure transport, torn lines, ...).
     warnings: Vec<String>,
-    /// Files the run reads, which no output may overwrite: (what, path).
-    read_files: Vec<(&'static str, PathBuf)>,
 }
 
 /// What the CLI hands a run: the signals and the live views it owns.
@@ -60,8 +58,15 @@ pub struct RunHooks<'a> {
     pub snapshots: Option<watch::Sender<RunSnapshot>>,
     /// Told how many remote workers the run waits for and where it listens.
     pub waiting_for_workers: &'a (dyn Fn(usize, SocketAddr) + Send + Sync),
-    /// The program local workers run (`PROGRAM worker --once ...`): the `llm-replay` binary.
-    pub worker_program: PathBuf,
+    /// Starts the local workers: `crate::launch::ProcessLauncher` (the `llm-replay`
+    /// binary's `worker` command) or `worker::InProcess` (no process).
+    pub launcher: Arc<dyn common::launch::WorkerLauncher>,
+    /// The worker link's listener, the caller's; `None`: the run binds one (loopback for
+    /// local workers, the `--listen` address for remote ones).
+    pub listener: Option<tokio::net::TcpListener>,
+    /// Where one line per request goes (`--requests-out`), opened by the caller; `None`:
+    /// nowhere.
+    pub requests_out: Option<RequestsOut>,
     /// Told what happens as it happens: join progress (and the level it is for), a worker
     /// lost or quitting. `None`: nobody is told (the report says it all the same).
     pub notices: Option<crate::supervisor::NoticeSink>,
@@ -92,47 +97,68 @@ pub struct RunOutcome {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     /// A goal names a server metric that the reachable endpoints never exposed: a usage
-    /// error found once the run had scraped them (exit code 2), with why.
-    BadGoal(String),
+    /// error found once the run had scraped them (exit code 2; `RunError::Input` at `goal`).
+    BadGoal(RunError),
     /// The run did not do what it was for (interrupted, a worker lost with `fail`, a sweep
     /// level that could not run, no response or no success): exit code 3, with why.
-    RunFailed(String),
+    RunFailed(RunError),
     /// A `--fail-if` goal failed: exit code 1.
     GoalFailed,
     /// Every goal held: exit code 0.
     Passed,
 }
 
+/// A recording read and checked, every line, before any option is decided (the default
+/// schedule depends on whether it has arrival times): the first step of a run.
+pub struct ScannedRecording {
+    path: PathBuf,
+    scan: RecordingScan,
+}
+
+impl ScannedRecording {
+    /// Read `path` whole: a bad line is `RunError::Input` at its file and line, an empty
+    /// recording too.
+    pub async fn read(path: &std::path::Path) -> Result<ScannedRecording, RunError> {
+        let scan = scan_blocking(path.to_owned(), None).await?;
+        if scan.exchanges == 0 {
+            return Err(RunError::file(
+                path,
+                format!("{}: the recording has no exchanges", path.display()),
+            ));
+        }
+        Ok(ScannedRecording {
+            path: path.to_owned(),
+            scan,
+        })
+    }
+
+    /// Whether its exchanges carry arrival offsets (`at_ms`): the recorded schedule is then
+    /// the CLI's default.
+    pub fn has_arrival_times(&self) -> bool {
+        self.scan.with_arrival > 0
+    }
+}
+
 impl RunPlan {
-    /// Read and check everything a run needs before any load is sent. An input problem is
-    /// `RunError::Input` (exit code 2).
-    pub async fn prepare(args: RunArgs) -> Result<RunPlan, RunError> {
-        let recording = args.recording.clone();
-        let mut read_files: Vec<(&'static str, PathBuf)> =
-            vec![("the recording", recording.clone())];
-        for (what, path) in [
-            ("the --config file", &args.config),
-            ("the --tls-cert file", &args.tls_cert),
-            ("the --tls-key file", &args.tls_key),
-            ("the --tls-ca file", &args.tls_ca),
-        ] {
-            read_files.extend(path.clone().map(|path| (what, path)));
-        }
-        read_files.extend(
-            args.target_ca
-                .iter()
-                .map(|path| ("a --target-ca file", path.clone())),
-        );
-        let scanned = scan_blocking(recording.clone(), None).await?;
-        if scanned.exchanges == 0 {
-            return Err(RunError::Input(format!(
-                "{}: the recording has no exchanges",
-                recording.display()
-            )));
-        }
-        let mut config = args
-            .into_config(scanned.with_arrival > 0)
-            .map_err(|error| RunError::Input(format!("{error:#}")))?;
+    /// Read the recording and check everything a run needs before any load is sent. An
+    /// input problem is `RunError::Input` (exit code 2), naming the option or file:line.
+    pub async fn prepare(config: RunConfig) -> Result<RunPlan, RunError> {
+        config.validate()?;
+        let recording = ScannedRecording::read(&config.recording).await?;
+        RunPlan::prepare_scanned(recording, config).await
+    }
+
+    /// [`RunPlan::prepare`] with the recording read already (the CLI reads it first: the
+    /// options' defaults depend on it).
+    pub async fn prepare_scanned(
+        recording: ScannedRecording,
+        mut config: RunConfig,
+    ) -> Result<RunPlan, RunError> {
+        config.validate()?;
+        let ScannedRecording {
+            path: recording,
+            scan: scanned,
+        } = recording;
         // A sampled run counts, measures and paces only the sessions it keeps; with a
         // tokenizer the baseline counts recorded outputs without usage with it (a second scan:
         // the tokenizer is known once the options are).
@@ -147,13 +173,16 @@ impl RunPlan {
                 let sampled =
                     scan_blocking_with(recording.clone(), Some(sample), tokenizer.clone()).await?;
                 if sampled.exchanges == 0 {
-                    return Err(RunError::Input(format!(
-                        "--sample-sessions {} --seed {}: keeps none of the {} exchanges of {}; raise the fraction or try another seed",
-                        sample.fraction,
-                        sample.seed,
-                        scanned.exchanges,
-                        recording.display()
-                    )));
+                    return Err(RunError::option(
+                        "--sample-sessions",
+                        format!(
+                            "--sample-sessions {} --seed {}: keeps none of the {} exchanges of {}; raise the fraction or try another seed",
+                            sample.fraction,
+                            sample.seed,
+                            scanned.exchanges,
+                            recording.display()
+                        ),
+                    ));
                 }
                 let unsampled = (scanned.exchanges, scanned.sessions);
                 (sampled, Some(unsampled))
@@ -167,15 +196,18 @@ impl RunPlan {
                 .await
                 .unwrap_or(true)
         };
-        let goals =
-            parse_goals(&config.goals).map_err(|error| RunError::Input(error.to_string()))?;
+        let goals = parse_goals(&config.goals)
+            .map_err(|error| RunError::option("goal", error.to_string()))?;
         if config.slos.is_empty()
             && let Some(goal) = goals.iter().find(|goal| goal.needs_slos())
         {
-            return Err(RunError::Input(format!(
-                "goal {:?}: goodput counts the requests that meet every --slo; give at least one, e.g. --slo ttft:500ms",
-                goal.expr
-            )));
+            return Err(RunError::option(
+                "--slo",
+                format!(
+                    "goal {:?}: goodput counts the requests that meet every --slo; give at least one, e.g. --slo ttft:500ms",
+                    goal.expr
+                ),
+            ));
         }
         let saved_baseline = match &config.baseline {
             BaselineSource::Report(path) => Some((path.clone(), read_saved_report(path)?)),
@@ -197,7 +229,6 @@ impl RunPlan {
             goals,
             saved_baseline,
             warnings,
-            read_files,
         })
     }
 
@@ -206,15 +237,10 @@ impl RunPlan {
         &self.config
     }
 
-    /// Files the run reads: (what, path), for the CLI's check that no output overwrites one.
-    pub fn read_files(&self) -> &[(&'static str, PathBuf)] {
-        &self.read_files
-    }
-
     /// Send the load, level by level, and turn what was measured into a report and a
     /// verdict. `Err` only when nothing was measured: bad input found late
-    /// (`RunError::Input`) or a first replay that could not run (`RunError::Failed`).
-    pub async fn execute(self, hooks: RunHooks<'_>) -> Result<RunOutcome, RunError> {
+    /// (`RunError::Input`) or a first replay that could not run (another variant).
+    pub async fn execute(self, mut hooks: RunHooks<'_>) -> Result<RunOutcome, RunError> {
         let RunPlan {
             config,
             scanned,
@@ -222,16 +248,15 @@ impl RunPlan {
             goals,
             saved_baseline,
             mut warnings,
-            read_files: _,
         } = self;
-        let requests_out = open_requests_out(&config)?;
+        let requests_out = hooks.requests_out.take().map(Arc::new);
         // With no target, an embedded mock serves the recorded streams at their recorded
         // timing.
         let (target, embedded) = match &config.target {
             Some(target) => (target.clone(), None),
             None => {
                 let mock = crate::embedded::start_embedded(&config.recording)
-                    .map_err(|error| RunError::Failed(format!("embedded mock: {error:#}")))?;
+                    .map_err(|error| RunError::failed(format!("embedded mock: {error:#}")))?;
                 (mock.url.clone(), Some(mock))
             }
         };
@@ -242,7 +267,8 @@ impl RunPlan {
         let pool = match WorkerPool::open(PoolSetup {
             config: &config,
             waiting_for_workers: hooks.waiting_for_workers,
-            worker_program: &hooks.worker_program,
+            launcher: hooks.launcher.as_ref(),
+            listener: hooks.listener.take(),
         })
         .await
         {
@@ -359,21 +385,6 @@ impl RunPlan {
     }
 }
 
-/// `--requests-out`, opened before any load is sent: a path that cannot be written is found
-/// now.
-fn open_requests_out(config: &RunConfig) -> Result<Option<Arc<RequestsOut>>, RunError> {
-    let Some(path) = &config.requests_out else {
-        return Ok(None);
-    };
-    let out = RequestsOut::create(path).map_err(|error| {
-        RunError::Input(format!(
-            "--requests-out {}: cannot write: {error}",
-            path.display()
-        ))
-    })?;
-    Ok(Some(Arc::new(out)))
-}
-
 /// Close `--requests-out`. A failure writing it is a failed run like a report that cannot be
 /// written: said in the report (a warning), and by the CLI after the other outputs (the
 /// message returned).
@@ -390,10 +401,13 @@ fn finish_requests_out(out: Option<&RequestsOut>, warnings: &mut Vec<String>) ->
 
 /// Goals on server families the reachable endpoints never exposed: a usage error.
 fn unknown_goals_verdict(unknown: &[String]) -> Verdict {
-    Verdict::BadGoal(format!(
-        "{}: the server's metrics endpoints answered but never exposed {}; the report's server section lists what they expose",
-        unknown.join(", "),
-        if unknown.len() == 1 { "it" } else { "them" }
+    Verdict::BadGoal(RunError::option(
+        "goal",
+        format!(
+            "{}: the server's metrics endpoints answered but never exposed {}; the report's server section lists what they expose",
+            unknown.join(", "),
+            if unknown.len() == 1 { "it" } else { "them" }
+        ),
     ))
 }
 
@@ -1230,10 +1244,12 @@ fn search_verdict(
 ) -> Verdict {
     let shown = common::recording::redact_url(target);
     if let Some(failed) = level_failed {
-        return Verdict::RunFailed(format!(
-            "a probe could not run: {} (the probes before it are above)",
-            failed.error
-        ));
+        return Verdict::RunFailed(RunError::Incomplete {
+            message: format!(
+                "a probe could not run: {} (the probes before it are above)",
+                failed.error
+            ),
+        });
     }
     if let Some((_, last)) = results.last() {
         let probe = capacity
@@ -1242,23 +1258,31 @@ fn search_verdict(
             .map(|p| capacity_value(capacity, p.value))
             .unwrap_or_default();
         if last.interrupted {
-            return Verdict::RunFailed(format!(
-                "the search was interrupted during the probe at {probe} (the probes so far are above)"
-            ));
+            return Verdict::RunFailed(RunError::Interrupted {
+                message: format!(
+                    "the search was interrupted during the probe at {probe} (the probes so far are above)"
+                ),
+            });
         }
         if last.aborted {
-            return Verdict::RunFailed(format!(
-                "the probe at {probe} was aborted: a worker was lost (the probes so far are above)"
-            ));
+            return Verdict::RunFailed(RunError::Worker {
+                message: format!(
+                    "the probe at {probe} was aborted: a worker was lost (the probes so far are above)"
+                ),
+            });
         }
         let earlier = &capacity.probes[..capacity.probes.len().saturating_sub(1)];
         if let Some(message) = no_response(&shown, last) {
-            return Verdict::RunFailed(format!("the probe at {probe}: {message}"));
+            let message = format!("the probe at {probe}: {message}");
+            return Verdict::RunFailed(no_response_error(&shown, last, message));
         }
         if !earlier.iter().any(|p| p.passed)
             && let Some(message) = none_succeeded(&shown, last)
         {
-            return Verdict::RunFailed(format!("the probe at {probe}: {message}"));
+            return Verdict::RunFailed(RunError::NoneSucceeded {
+                target: shown.clone(),
+                message: format!("the probe at {probe}: {message}"),
+            });
         }
     }
     match capacity.max {
@@ -1311,16 +1335,16 @@ async fn scan_blocking_with(
     .await
     {
         Ok(Ok(scanned)) => Ok(scanned),
-        Ok(Err(error)) => Err(RunError::Input(error.to_string())),
-        Err(error) => Err(RunError::Failed(error.to_string())),
+        Ok(Err(error)) => Err(RunError::recording(&error)),
+        Err(error) => Err(RunError::failed(error.to_string())),
     }
 }
 
 /// A saved report (`--report-json` output), read for `--baseline`.
 pub fn read_saved_report(path: &std::path::Path) -> Result<Report, RunError> {
     let text = std::fs::read_to_string(path)
-        .map_err(|e| RunError::Input(format!("{}: {e}", path.display())))?;
-    Report::from_json(&text).map_err(|e| RunError::Input(format!("{}: {e}", path.display())))
+        .map_err(|e| RunError::file(path, format!("{}: {e}", path.display())))?;
+    Report::from_json(&text).map_err(|e| RunError::file(path, format!("{}: {e}", path.display())))
 }
 
 /// What the recorder said of its recording: a sampled share, gaps it could not record.
@@ -1545,27 +1569,36 @@ fn verdict(
 ) -> Verdict {
     let target = common::recording::redact_url(target);
     if main.interrupted {
-        return Verdict::RunFailed("the run was interrupted (partial report above)".into());
+        return Verdict::RunFailed(RunError::Interrupted {
+            message: "the run was interrupted (partial report above)".into(),
+        });
     }
     if main.aborted {
-        return Verdict::RunFailed(
-            "the run was aborted: a worker was lost (partial report above)".into(),
-        );
+        return Verdict::RunFailed(RunError::Worker {
+            message: "the run was aborted: a worker was lost (partial report above)".into(),
+        });
     }
     if let Some(failed) = level_failed {
-        return Verdict::RunFailed(format!(
-            "a sweep level could not run: {} (the levels before it are above)",
-            failed.error
-        ));
+        return Verdict::RunFailed(RunError::Incomplete {
+            message: format!(
+                "a sweep level could not run: {} (the levels before it are above)",
+                failed.error
+            ),
+        });
     }
     if let Some(shortfall) = main.shortfalls.first() {
-        return Verdict::RunFailed(format!("the run did not do all its work: {shortfall}"));
+        return Verdict::RunFailed(RunError::Incomplete {
+            message: format!("the run did not do all its work: {shortfall}"),
+        });
     }
     if let Some(message) = no_response(&target, main) {
-        return Verdict::RunFailed(message);
+        return Verdict::RunFailed(no_response_error(&target, main, message));
     }
     if let Some(message) = none_succeeded(&target, main) {
-        return Verdict::RunFailed(message);
+        return Verdict::RunFailed(RunError::NoneSucceeded {
+            target: target.clone(),
+            message,
+        });
     }
     if report.any_goal_failed() {
         return Verdict::GoalFailed;
@@ -1646,6 +1679,17 @@ fn tls_hint(result: &ReplayResult) -> String {
         );
     }
     format!("--target-ca FILE trusts a private CA, {insecure}")
+}
+
+/// What `no_response` found, as a variant: no connection at all is an unreachable target.
+fn no_response_error(target: &str, result: &ReplayResult, message: String) -> RunError {
+    let c = &result.metrics.counters;
+    let target = target.to_owned();
+    if c.transport.no_connection() == c.failed_transport {
+        RunError::Unreachable { target, message }
+    } else {
+        RunError::NoResponse { target, message }
+    }
 }
 
 /// A run in which requests got answers but none succeeded could not do what it was for

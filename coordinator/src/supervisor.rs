@@ -684,17 +684,23 @@ impl Supervisor {
                     continue;
                 }
                 Ok(_) = self.interrupt.wait_for(|i| *i) => {
-                    return Err(RunError::Failed("interrupted before the load started".into()));
+                    return Err(RunError::Interrupted {
+                        message: "interrupted before the load started".into(),
+                    });
                 }
                 () = tokio::time::sleep_until(deadline) => {
-                    return Err(RunError::Failed(format!(
-                        "only {joined} of {workers} workers joined within {:?}",
-                        self.settings.join_timeout
-                    )));
+                    return Err(RunError::WorkersDidNotJoin {
+                        joined,
+                        expected: workers,
+                        message: format!(
+                            "only {joined} of {workers} workers joined within {:?}",
+                            self.settings.join_timeout
+                        ),
+                    });
                 }
             };
             let Some(event) = event else {
-                return Err(RunError::Failed("worker link closed".into()));
+                return Err(RunError::failed("worker link closed"));
             };
             match event {
                 WorkerEvent::Joined {
@@ -721,15 +727,15 @@ impl Supervisor {
                         .get(index)
                         .and_then(Option::as_ref)
                         .map_or("?", |slot| slot.id.as_str());
-                    return Err(RunError::Failed(format!(
-                        "worker {name} could not start: {reason}"
-                    )));
+                    return Err(RunError::Worker {
+                        message: format!("worker {name} could not start: {reason}"),
+                    });
                 }
                 WorkerEvent::Gone { reason, .. } if self.settings.local_workers => {
                     // A local worker process that dies before the start will not come back.
-                    return Err(RunError::Failed(format!(
-                        "a worker left before the start: {reason}"
-                    )));
+                    return Err(RunError::Worker {
+                        message: format!("a worker left before the start: {reason}"),
+                    });
                 }
                 WorkerEvent::Gone { index, reason } => {
                     // A remote worker's slot is free again (the service released it): wait
@@ -811,7 +817,9 @@ impl Supervisor {
                 let event = tokio::select! {
                     event = self.events.recv() => event,
                     Ok(_) = self.interrupt.wait_for(|i| *i) => {
-                        return Err(RunError::Failed("interrupted before the load started".into()));
+                        return Err(RunError::Interrupted {
+                        message: "interrupted before the load started".into(),
+                    });
                     }
                     () = tokio::time::sleep_until(deadline) => {
                         if retries < CLOCK_ROUND_RETRIES {
@@ -836,14 +844,14 @@ impl Supervisor {
                             .filter(|(_, waiting)| **waiting)
                             .map(|(slot, _)| slot.id.as_str())
                             .collect();
-                        return Err(RunError::Failed(format!(
+                        return Err(RunError::Worker { message: format!(
                             "a worker did not answer clock pings ({})",
                             silent.join(", ")
-                        )));
+                        ) });
                     }
                 };
                 let Some(event) = event else {
-                    return Err(RunError::Failed("worker link closed".into()));
+                    return Err(RunError::failed("worker link closed"));
                 };
                 match event {
                     WorkerEvent::ClockPong { index, sample }
@@ -854,16 +862,20 @@ impl Supervisor {
                         samples[index].add(clock_offset(sample));
                     }
                     WorkerEvent::Gone { index, reason } => {
-                        return Err(RunError::Failed(format!(
-                            "worker {} left before the start: {reason}",
-                            self.worker_name(index)
-                        )));
+                        return Err(RunError::Worker {
+                            message: format!(
+                                "worker {} left before the start: {reason}",
+                                self.worker_name(index)
+                            ),
+                        });
                     }
                     WorkerEvent::Failed { index, reason } => {
-                        return Err(RunError::Failed(format!(
-                            "worker {} could not start: {reason}",
-                            self.worker_name(index)
-                        )));
+                        return Err(RunError::Worker {
+                            message: format!(
+                                "worker {} could not start: {reason}",
+                                self.worker_name(index)
+                            ),
+                        });
                     }
                     _ => {}
                 }
@@ -1100,9 +1112,9 @@ impl Supervisor {
         &mut self,
         done: Result<Background, tokio::task::JoinError>,
     ) -> Result<(), RunError> {
-        match done.map_err(|e| RunError::Failed(format!("feeding a slice: {e}")))? {
+        match done.map_err(|e| RunError::failed(format!("feeding a slice: {e}")))? {
             Background::Fed { result } => {
-                let sent = result.map_err(|e| RunError::Input(e.to_string()))?;
+                let sent = result.map_err(|e| RunError::recording(&e))?;
                 for (slot, sent) in self.slots.iter_mut().zip(sent) {
                     slot.sent += sent;
                     slot.feeding = false;
@@ -1125,7 +1137,7 @@ impl Supervisor {
                 for &i in &survivors {
                     self.slots[i].incoming -= 1;
                 }
-                let counts = result.map_err(|e| RunError::Input(e.to_string()))?;
+                let counts = result.map_err(|e| RunError::recording(&e))?;
                 let moved: u64 = counts.iter().sum();
                 for (&i, n) in survivors.iter().zip(&counts) {
                     self.slots[i].sent += n;

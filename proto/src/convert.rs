@@ -535,6 +535,14 @@ pub enum AssignmentError {
     /// `cancel_rate` is not a percentage.
     #[error("assignment cancel_rate = {rate}: expected a percentage from 0 to 100")]
     CancelRate { rate: f64 },
+    /// A `load.schedule` or `load.arrival` this worker does not know (an unset one is the
+    /// default, as an older coordinator meant it).
+    #[error("assignment {field} = {name:?}: expected {expected}")]
+    UnknownName {
+        field: &'static str,
+        name: String,
+        expected: &'static str,
+    },
 }
 
 impl AssignmentError {
@@ -547,6 +555,7 @@ impl AssignmentError {
             AssignmentError::Slo { .. } => "slos",
             AssignmentError::Tokenizer { field, .. } => field,
             AssignmentError::CancelRate { .. } => "cancel_rate",
+            AssignmentError::UnknownName { field, .. } => field,
         }
     }
 }
@@ -707,14 +716,27 @@ pub fn assignment_from_proto(assignment: &v1::Assignment) -> Result<Assignment, 
             "recorded" => Schedule::Recorded {
                 speed: if load.speed > 0.0 { load.speed } else { 1.0 },
             },
-            _ => Schedule::Asap,
+            "asap" | "" => Schedule::Asap,
+            name => {
+                return Err(AssignmentError::UnknownName {
+                    field: "load.schedule",
+                    name: name.to_owned(),
+                    expected: "\"recorded\" or \"asap\"",
+                });
+            }
         },
         concurrency: (load.concurrency > 0).then_some(load.concurrency as usize),
         rate: (load.rate > 0.0).then_some(load.rate),
-        arrival: if load.arrival == "poisson" {
-            Arrival::Poisson
-        } else {
-            Arrival::Constant
+        arrival: match load.arrival.as_str() {
+            "poisson" => Arrival::Poisson,
+            "constant" | "" => Arrival::Constant,
+            name => {
+                return Err(AssignmentError::UnknownName {
+                    field: "load.arrival",
+                    name: name.to_owned(),
+                    expected: "\"constant\" or \"poisson\"",
+                });
+            }
         },
         duration: match load.duration_s {
             None => None,
@@ -960,6 +982,26 @@ mod tests {
         let encoded = prost::Message::encoded_len(&wire);
         assert!(encoded < 16 << 20, "deflated to {encoded} bytes");
         assert_eq!(assignment_from_proto(&wire).expect("valid"), domain);
+    }
+
+    #[test]
+    fn an_unknown_schedule_or_arrival_is_an_error_not_a_default() {
+        let mut wire = assignment_to_proto(&assignment());
+        wire.load.as_mut().expect("load").schedule = "fastest".into();
+        let error = assignment_from_proto(&wire).expect_err("an unknown schedule");
+        assert_eq!(error.field(), "load.schedule");
+        let mut wire = assignment_to_proto(&assignment());
+        wire.load.as_mut().expect("load").arrival = "bursty".into();
+        let error = assignment_from_proto(&wire).expect_err("an unknown arrival");
+        assert_eq!(error.field(), "load.arrival");
+        // Unset names are the defaults, as an older coordinator meant them.
+        let mut wire = assignment_to_proto(&assignment());
+        let load = wire.load.as_mut().expect("load");
+        load.schedule.clear();
+        load.arrival.clear();
+        let domain = assignment_from_proto(&wire).expect("valid");
+        assert_eq!(domain.load.schedule, Schedule::Asap);
+        assert_eq!(domain.load.arrival, Arrival::Constant);
     }
 
     #[test]

@@ -1,29 +1,21 @@
 //! The coordinator library turns a run into a report and a verdict with no CLI in between
 //! (`coordinator::run::RunPlan`): the entry point the capacity search builds on. Each test
-//! drives `prepare` and `execute` in this process against a real mock server, with real
-//! local worker processes (the `llm-replay` binary) over loopback gRPC.
+//! builds a typed `RunConfig` in code (no argv), prepares and executes it in this process
+//! against a real mock server, with workers over loopback gRPC: in-process ones
+//! (`worker::InProcess`) dialling a listener the test owns, or worker processes (the
+//! `llm-replay` binary, the CLI's default launcher). Errors and verdicts are matched as
+//! variants, not messages.
 
-use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
 
-use clap::Parser;
-use coordinator::config::RunArgs;
-use coordinator::outcome::RunError;
-use coordinator::run::{RunHooks, RunPlan, Verdict};
+use common::launch::WorkerLauncher;
+use coordinator::config::RunConfig;
+use coordinator::launch::ProcessLauncher;
+use coordinator::outcome::{InputAt, RunError};
+use coordinator::run::{RunHooks, RunOutcome, RunPlan, Verdict};
 use coordinator::supervisor::RunSnapshot;
 use fixtures::{MockServer, TempDir, bin, parallel_lock, write_chat_recording};
-
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    run: RunArgs,
-}
-
-fn plan(recording: &Path, args: &[&str]) -> Result<RunPlan, RunError> {
-    let mut all = vec!["llm-replay", recording.to_str().expect("utf-8 path")];
-    all.extend_from_slice(args);
-    let args = Cli::try_parse_from(all).expect("the arguments parse").run;
-    runtime().block_on(RunPlan::prepare(args))
-}
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -33,10 +25,24 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("a runtime")
 }
 
-/// Execute a plan with no interrupt, the live snapshots kept, and the `llm-replay` binary
-/// as the local workers' program: the outcome and the last snapshot published.
-fn execute(plan: RunPlan) -> (coordinator::run::RunOutcome, RunSnapshot) {
+/// Prepare and execute `config` with no interrupt, the live snapshots kept, workers started
+/// by `launcher` and, when `own_listener`, a worker-link listener bound here and handed over:
+/// the outcome and the last snapshot published.
+fn run(
+    config: RunConfig,
+    launcher: Arc<dyn WorkerLauncher>,
+    own_listener: bool,
+) -> (RunOutcome, RunSnapshot) {
     runtime().block_on(async {
+        let plan = RunPlan::prepare(config).await.expect("a valid plan");
+        let listener = match own_listener {
+            true => Some(
+                tokio::net::TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .expect("a loopback listener"),
+            ),
+            false => None,
+        };
         let (_interrupt_tx, interrupt) = tokio::sync::watch::channel(false);
         let (snapshots, last) = tokio::sync::watch::channel(RunSnapshot::default());
         let outcome = plan
@@ -44,7 +50,9 @@ fn execute(plan: RunPlan) -> (coordinator::run::RunOutcome, RunSnapshot) {
                 interrupt,
                 snapshots: Some(snapshots),
                 waiting_for_workers: &|_, _| {},
-                worker_program: bin("llm-replay"),
+                launcher,
+                listener,
+                requests_out: None,
                 notices: None,
                 search_lines: None,
                 search_progress: None,
@@ -67,32 +75,54 @@ fn num(report: &serde_json::Value, path: &[&str]) -> f64 {
 }
 
 #[test]
+fn a_typed_config_replays_through_in_process_workers_on_a_listener_the_caller_owns() {
+    let _cores = parallel_lock();
+    let mock = MockServer::start(&["--ttft", "20ms", "--itl", "2ms", "--tokens", "5"]);
+    let dir = TempDir::new("library-in-process");
+    let recording = dir.join("rec.jsonl");
+    write_chat_recording(&recording, 12, 5, None);
+    let config = RunConfig::builder(&recording)
+        .target(&mock.url)
+        .concurrency(4)
+        .requests(24)
+        .workers(2)
+        .timeout(Duration::from_secs(10))
+        .fail_if("llm.ttft-p50 > 5000")
+        .build()
+        .expect("a valid configuration");
+    let (outcome, last) = run(config, Arc::new(worker::InProcess), true);
+    assert_eq!(outcome.verdict, Verdict::Passed);
+    let report = serde_json::to_value(&outcome.report).expect("the report serializes");
+    assert_eq!(num(&report, &["requests", "succeeded"]), 24.0, "{report:#}");
+    let ttft = num(&report, &["llm", "ttft_ms", "p50"]);
+    assert!((19.0..60.0).contains(&ttft), "TTFT p50 {ttft} ms");
+    // Both in-process workers joined and answered for their part.
+    let workers = report["run"]["workers"].as_array().expect("workers");
+    assert_eq!(workers.len(), 2, "{report:#}");
+    assert!(last.finished);
+    assert_eq!(last.answered, 24);
+}
+
+#[test]
 fn a_sweep_becomes_a_report_with_its_levels_and_a_goal_verdict() {
     let _cores = parallel_lock();
     let mock = MockServer::start(&["--ttft", "20ms", "--itl", "2ms", "--tokens", "5"]);
     let dir = TempDir::new("library-sweep");
     let recording = dir.join("rec.jsonl");
     write_chat_recording(&recording, 24, 5, None);
-    let plan = plan(
-        &recording,
-        &[
-            "--target",
-            &mock.url,
-            "--sweep-concurrency",
-            "1,4",
-            "--requests",
-            "24",
-            // Holds: TTFT is about 20 ms, not over 5 s.
-            "--fail-if",
-            "llm.ttft-p50 > 5000",
-            // Fails: every TTFT is over a microsecond.
-            "--fail-if",
-            "llm.ttft-p50 > 0.001",
-        ],
-    )
-    .expect("a valid plan");
-    assert_eq!(plan.config().sweep, [1, 4]);
-    let (outcome, last) = execute(plan);
+    let mut config = RunConfig::builder(&recording)
+        .target(&mock.url)
+        .requests(24)
+        // Holds: TTFT is about 20 ms, not over 5 s.
+        .fail_if("llm.ttft-p50 > 5000")
+        // Fails: every TTFT is over a microsecond.
+        .fail_if("llm.ttft-p50 > 0.001")
+        .build()
+        .expect("a valid configuration");
+    config.sweep = vec![1, 4];
+    // Worker processes: the CLI's launcher.
+    let launcher = Arc::new(ProcessLauncher::new(bin("llm-replay")));
+    let (outcome, last) = run(config, launcher, false);
     assert_eq!(outcome.verdict, Verdict::GoalFailed);
     assert_eq!(outcome.requests_out_failed, None);
     let report = serde_json::to_value(&outcome.report).expect("the report serializes");
@@ -104,8 +134,6 @@ fn a_sweep_becomes_a_report_with_its_levels_and_a_goal_verdict() {
     }
     // The main numbers are the last level's.
     assert_eq!(num(&report, &["requests", "succeeded"]), 24.0);
-    let ttft = num(&report, &["llm", "ttft_ms", "p50"]);
-    assert!((19.0..60.0).contains(&ttft), "TTFT p50 {ttft} ms");
     let goals = report["goals"].as_array().expect("goals");
     assert_eq!(goals.len(), 2);
     assert_eq!(goals[0]["failed"], false, "{goals:#?}");
@@ -116,7 +144,7 @@ fn a_sweep_becomes_a_report_with_its_levels_and_a_goal_verdict() {
 }
 
 #[test]
-fn a_run_that_reaches_nothing_is_a_failed_verdict_with_its_report() {
+fn a_run_that_reaches_nothing_is_an_unreachable_verdict_with_its_report() {
     let _cores = parallel_lock();
     let dir = TempDir::new("library-unreachable");
     let recording = dir.join("rec.jsonl");
@@ -128,35 +156,88 @@ fn a_run_that_reaches_nothing_is_a_failed_verdict_with_its_report() {
         .expect("its address")
         .port();
     let target = format!("http://127.0.0.1:{port}");
-    let plan = plan(&recording, &["--target", &target, "--concurrency", "1"]).expect("valid");
-    let (outcome, _) = execute(plan);
-    match &outcome.verdict {
-        Verdict::RunFailed(message) => {
-            assert!(message.contains("unreachable"), "{message}");
-        }
-        other => panic!("{other:?}"),
-    }
+    let config = RunConfig::builder(&recording)
+        .target(&target)
+        .build()
+        .expect("valid");
+    let (outcome, _) = run(config, Arc::new(worker::InProcess), true);
+    assert!(
+        matches!(&outcome.verdict, Verdict::RunFailed(RunError::Unreachable { target: t, .. }) if *t == target),
+        "{:?}",
+        outcome.verdict
+    );
     let report = serde_json::to_value(&outcome.report).expect("the report serializes");
     assert_eq!(num(&report, &["requests", "failed"]), 3.0, "{report:#}");
 }
 
 #[test]
-fn bad_input_is_found_before_any_load() {
+fn bad_input_is_found_before_any_load_and_names_where_it_is() {
+    let prepare = |config: RunConfig| runtime().block_on(RunPlan::prepare(config));
     let dir = TempDir::new("library-input");
-    let recording = dir.join("empty.jsonl");
-    std::fs::write(&recording, "").expect("write");
-    match plan(&recording, &[]) {
-        Err(RunError::Input(message)) => {
+    let empty = dir.join("empty.jsonl");
+    std::fs::write(&empty, "").expect("write");
+    match prepare(RunConfig::builder(&empty).build().expect("valid")) {
+        Err(RunError::Input {
+            at: InputAt::File { path, .. },
+            message,
+        }) => {
+            assert_eq!(path, empty);
             assert!(message.contains("no exchanges"), "{message}");
         }
-        Err(other) => panic!("{other}"),
-        Ok(_) => panic!("an empty recording was accepted"),
+        other => panic!("{:?}", other.err()),
+    }
+    // A bad line: its file and line number.
+    let torn = dir.join("torn.jsonl");
+    std::fs::write(&torn, "{\"not\": \"an exchange\"}\n").expect("write");
+    match prepare(RunConfig::builder(&torn).build().expect("valid")) {
+        Err(RunError::Input {
+            at: InputAt::File { path, line, .. },
+            ..
+        }) => {
+            assert_eq!(path, torn);
+            assert_eq!(line, Some(1));
+        }
+        other => panic!("{:?}", other.err()),
     }
     let recording = dir.join("rec.jsonl");
     write_chat_recording(&recording, 2, 5, None);
-    match plan(&recording, &["--fail-if", "llm.nonsense > 1"]) {
-        Err(RunError::Input(message)) => assert!(message.contains("nonsense"), "{message}"),
-        Err(other) => panic!("{other}"),
-        Ok(_) => panic!("an unknown goal metric was accepted"),
+    let config = RunConfig::builder(&recording)
+        .fail_if("llm.nonsense > 1")
+        .build()
+        .expect("goals are read by prepare");
+    match prepare(config) {
+        Err(RunError::Input {
+            at: InputAt::Option(option),
+            message,
+        }) => {
+            assert_eq!(option, "goal");
+            assert!(message.contains("nonsense"), "{message}");
+        }
+        other => panic!("{:?}", other.err()),
+    }
+    // The builder's own checks name the option.
+    for (built, option) in [
+        (
+            RunConfig::builder(&recording).workers(0).build(),
+            "--workers",
+        ),
+        (
+            RunConfig::builder(&recording).target("ftp://x").build(),
+            "--target",
+        ),
+        (
+            RunConfig::builder(&recording)
+                .timeout(Duration::ZERO)
+                .build(),
+            "--timeout",
+        ),
+    ] {
+        match built {
+            Err(RunError::Input {
+                at: InputAt::Option(named),
+                ..
+            }) => assert_eq!(named, option),
+            other => panic!("{option}: {other:?}"),
+        }
     }
 }

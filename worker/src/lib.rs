@@ -7,7 +7,8 @@
 //! - [`engine`]: the scheduler and one stream task per request;
 //! - [`metrics_actor`]: the actor that owns the HDR histograms;
 //! - [`request`]: builds the replayed HTTP request from a recorded one;
-//! - [`link`]: the gRPC link to the coordinator (the only place that knows `proto`).
+//! - [`link`]: the gRPC link to the coordinator (the only place that knows `proto`);
+//! - [`InProcess`]: local workers in the caller's process (`common::launch`'s launcher).
 
 pub mod cli;
 pub mod client;
@@ -15,8 +16,11 @@ pub mod config;
 pub mod engine;
 pub mod h1;
 pub mod health;
+mod in_process;
 pub mod link;
 pub mod metrics_actor;
 pub mod request;
 pub mod sigv4;
 pub mod tokens;
+
+pub use in_process::InProcess;
