@@ -97,7 +97,10 @@ mod tests {
         assert_eq!(split_url("http://h:1"), Some(("h:1", "/")));
         assert_eq!(split_url("https://h:1/x"), None);
         assert_eq!(split_url("http://host/x"), None);
-        assert_eq!(parse_status(b"HTTP/1.1 503 Service Unavailable\r\n"), Some(503));
+        assert_eq!(
+            parse_status(b"HTTP/1.1 503 Service Unavailable\r\n"),
+            Some(503)
+        );
         assert_eq!(parse_status(b"HTTP/1.0 200 OK\r\n"), Some(200));
         assert_eq!(parse_status(b"SSH-2.0-x\r\n"), None);
     }
