@@ -1021,8 +1021,9 @@ impl RecordingReader {
                 .read_until(b'\n', &mut self.buf);
             match read {
                 Ok(0) => {
+                    // This file ended: the next one (if any) goes on.
                     self.done = true;
-                    return Ok(None);
+                    continue;
                 }
                 Ok(_) => {}
                 Err(source)
