@@ -130,6 +130,10 @@ fn compose_example_hands_back_reports_and_the_coordinators_exit_code() {
             .uid();
         assert_eq!(owner, IMAGE_UID, "report.json written by uid {owner}");
     }
+
+    // The recording sidecar (issue 35): an application records through it, then what was
+    // recorded is replayed.
+    record_through_the_sidecar_then_replay(&compose, &image);
 }
 
 #[test]
@@ -255,6 +259,193 @@ fn compose_example_writes_reports_to_a_host_volume() {
         coordinator["user"].as_str(),
         Some(format!("${{LLM_REPLAY_USER:-{IMAGE_UID}:{IMAGE_UID}}}").as_str())
     );
+}
+
+/// deploy/compose.record.yaml end to end: the application (`llm-replay run` of the example)
+/// calls the mock through the recording sidecar, which starts once its own readiness
+/// endpoint says the upstream answered; `up --exit-code-from app` stops the recorder, which
+/// closes its gzip file; `run --rm replay` replays the directory against the mock.
+fn record_through_the_sidecar_then_replay(compose: &[String], image: &Image) {
+    let recordings = TempDir::new("compose-recordings");
+    let reports = TempDir::new("compose-replay-reports");
+    // Written by the image's non-root user.
+    set_mode(recordings.path(), 0o777);
+    set_mode(reports.path(), 0o777);
+    let project = format!("llm-replay-test-{}-{}-record", std::process::id(), unique());
+    let file = workspace_root().join("deploy/compose.record.yaml");
+    let env = [
+        ("LLM_REPLAY_IMAGE", image.tag.as_str()),
+        (
+            "LLM_REPLAY_RECORDINGS",
+            recordings.path().to_str().expect("utf-8 temp path"),
+        ),
+        (
+            "LLM_REPLAY_REPORTS",
+            reports.path().to_str().expect("utf-8 temp path"),
+        ),
+        ("LLM_REPLAY_USER", ""),
+    ];
+    let compose_step = |step: &[&str], patience: Duration| -> (i32, String) {
+        let mut args: Vec<&str> = compose[1..].iter().map(String::as_str).collect();
+        args.extend(["-p", &project, "-f", file.to_str().expect("utf-8 path")]);
+        args.extend_from_slice(step);
+        let mut process = Spawned::start(Path::new(&compose[0]), &args, &env);
+        let code = process.wait_timeout(patience).unwrap_or(-1);
+        let output = format!("{}{}", process.stdout(), process.stderr());
+        process.kill();
+        (code, output)
+    };
+    let down = || {
+        compose_step(
+            &["down", "-v", "--remove-orphans", "-t", "1"],
+            Duration::from_secs(60),
+        )
+    };
+
+    let (code, output) = compose_step(&["up", "--exit-code-from", "app"], Duration::from_secs(240));
+    if code != 0 {
+        down();
+        panic!("recording through the sidecar should exit 0, got {code}:\n{output}");
+    }
+    let files: Vec<PathBuf> = std::fs::read_dir(recordings.path())
+        .expect("the recordings directory")
+        .map(|entry| entry.expect("an entry").path())
+        .collect();
+    assert!(
+        !files.is_empty()
+            && files.iter().all(|f| {
+                let name = f.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                name.starts_with("recording-") && name.ends_with(".jsonl.gz")
+            }),
+        "rotated gzip recordings: {files:?}\n{output}"
+    );
+    let recorded = std::fs::read_to_string(workspace_root().join("examples/qwen3-sharegpt.jsonl"))
+        .expect("the example recording")
+        .lines()
+        .filter(|line| !line.trim().is_empty())
+        .count() as f64;
+    // Closed cleanly on SIGTERM: every exchange the application sent is in it, readable.
+    let stats = fixtures::llm_replay(
+        &[
+            "recording",
+            "stats",
+            recordings.path().to_str().expect("utf-8"),
+            "--json",
+        ],
+        None,
+    );
+    assert_eq!(stats.code, 0, "{}", stats.stderr);
+    let stats: serde_json::Value = serde_json::from_str(&stats.stdout).expect("stats JSON");
+    assert_eq!(num(&stats, &["exchanges"]), recorded, "{stats:#}\n{output}");
+    assert_eq!(num(&stats, &["complete_responses"]), recorded, "{stats:#}");
+
+    let (code, output) = compose_step(&["run", "--rm", "replay"], Duration::from_secs(180));
+    down();
+    assert_eq!(
+        code, 0,
+        "the replay of the recording should exit 0:\n{output}"
+    );
+    let text = std::fs::read_to_string(reports.join("replay.json")).expect("replay.json");
+    let report: serde_json::Value = serde_json::from_str(&text).expect("replay.json is JSON");
+    assert_eq!(
+        num(&report, &["requests", "succeeded"]),
+        recorded,
+        "{report:#}"
+    );
+}
+
+/// The recording sidecar's manifests agree with each other: the application's base URL is
+/// the sidecar's listener, the probes ask its health port, it writes on the claim the
+/// collect pod mounts; in Compose, the application and the health check reach the same
+/// ports and the replay reads what the recorder wrote.
+#[test]
+fn recording_sidecar_manifests_agree_with_each_other() {
+    let _parallel = parallel_lock();
+    let patch = &manifests("deploy/k8s/recorder-sidecar.yaml")[0];
+    let recordings = manifests("deploy/k8s/recordings.yaml");
+    let pod_spec = &patch["spec"]["template"]["spec"];
+    let containers = pod_spec["containers"].as_sequence().expect("containers");
+    let named = |name: &str| {
+        containers
+            .iter()
+            .find(|c| c["name"].as_str() == Some(name))
+            .unwrap_or_else(|| panic!("no container {name}"))
+    };
+    let (app, recorder) = (named("app"), named("llm-replay-recorder"));
+    let args = strings(&recorder["args"]);
+    assert_eq!(args.first().map(String::as_str), Some("record"), "{args:?}");
+    let listen = flag(&args, "--listen").expect("--listen");
+    let base_url = app["env"]
+        .as_sequence()
+        .expect("env")
+        .iter()
+        .find(|e| e["name"].as_str() == Some("OPENAI_BASE_URL"))
+        .map(|e| text(&e["value"]))
+        .expect("OPENAI_BASE_URL");
+    assert!(
+        base_url.starts_with(&format!("http://{listen}/")),
+        "{base_url} is not the sidecar's {listen}"
+    );
+    let health = flag(&args, "--health-listen").expect("--health-listen");
+    let health_port: u64 = health
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("port");
+    for (probe, path) in [("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")] {
+        assert_eq!(
+            recorder[probe]["httpGet"]["port"].as_u64(),
+            Some(health_port),
+            "{probe}"
+        );
+        assert_eq!(
+            recorder[probe]["httpGet"]["path"].as_str(),
+            Some(path),
+            "{probe}"
+        );
+    }
+    assert!(recorder["resources"]["limits"]["memory"].as_str().is_some());
+    let claim = of_kind(&recordings, "PersistentVolumeClaim");
+    let claim_name = text(&claim["metadata"]["name"]);
+    let mounted = mount_of_claim(pod_spec, recorder, &claim_name).expect("the claim is mounted");
+    let out = flag(&args, "--out").expect("--out");
+    assert!(
+        out.ends_with('/') && Path::new(&out).starts_with(&mounted),
+        "{out} on {mounted}"
+    );
+    let collect = of_kind(&recordings, "Pod");
+    let collect_container = &collect["spec"]["containers"][0];
+    assert!(
+        mount_of_claim(&collect["spec"], collect_container, &claim_name).is_some(),
+        "the collect pod mounts the recordings"
+    );
+    // The drain fits in the grace period.
+    let drain: u64 = flag(&args, "--drain")
+        .and_then(|d| d.trim_end_matches('s').parse().ok())
+        .expect("--drain in seconds");
+    assert!(pod_spec["terminationGracePeriodSeconds"].as_u64() > Some(drain));
+
+    let compose = &manifests("deploy/compose.record.yaml")[0]["services"];
+    let recorder = strings(&compose["recorder"]["entrypoint"]);
+    let listen_port =
+        flag(&recorder, "--listen").and_then(|l| l.rsplit(':').next().map(str::to_owned));
+    let app = strings(&compose["app"]["entrypoint"]);
+    assert_eq!(
+        flag(&app, "--target"),
+        listen_port.map(|port| format!("http://recorder:{port}"))
+    );
+    let health = flag(&recorder, "--health-listen").expect("--health-listen");
+    let check = strings(&compose["recorder"]["healthcheck"]["test"]);
+    assert!(
+        check.iter().any(|a| a.ends_with(&format!(
+            ":{}/readyz",
+            health.rsplit(':').next().expect("port")
+        ))),
+        "{check:?}"
+    );
+    let out = flag(&recorder, "--out").expect("--out");
+    let replay = strings(&compose["replay"]["entrypoint"]);
+    assert_eq!(replay.get(1).map(|d| format!("{d}/")), Some(out));
 }
 
 /// The Compose command (`docker compose` or `docker-compose`), or `None` when `docker` is
