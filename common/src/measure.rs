@@ -9,7 +9,6 @@
 //! one-body answer for the replay and the recording alike.
 
 use crate::formats::{self, Ending, Event, Family, StreamParser, Usage};
-use crate::metrics::HttpProtocol;
 use crate::recording::Exchange;
 use crate::tokenizer::Tokenizer;
 
@@ -930,6 +929,28 @@ pub fn estimate_input_tokens(body: &[u8]) -> Option<u64> {
     let value: serde_json::Value = serde_json::from_slice(body).ok()?;
     let tokens = formats::request::estimated_input_tokens(&value);
     (tokens > 0).then_some(tokens)
+}
+
+/// The protocol a connection to the target spoke.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HttpProtocol {
+    /// HTTP/1.1 (cleartext, or over TLS by ALPN or without ALPN).
+    Http1,
+    /// HTTP/2 negotiated by ALPN over TLS.
+    H2,
+    /// Cleartext HTTP/2 with prior knowledge (`--target-h2c`).
+    H2c,
+}
+
+impl HttpProtocol {
+    /// Report name: `http/1.1`, `h2`, `h2c`.
+    pub fn name(self) -> &'static str {
+        match self {
+            HttpProtocol::Http1 => "http/1.1",
+            HttpProtocol::H2 => "h2",
+            HttpProtocol::H2c => "h2c",
+        }
+    }
 }
 
 #[cfg(test)]

@@ -297,16 +297,7 @@ pub struct Counters {
     pub good_output_tokens: u64,
 }
 
-/// The protocol a connection to the target spoke.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HttpProtocol {
-    /// HTTP/1.1 (cleartext, or over TLS by ALPN or without ALPN).
-    Http1,
-    /// HTTP/2 negotiated by ALPN over TLS.
-    H2,
-    /// Cleartext HTTP/2 with prior knowledge (`--target-h2c`).
-    H2c,
-}
+pub use crate::measure::HttpProtocol;
 
 /// The TLS version of a connection to the target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -317,17 +308,6 @@ pub enum TlsVersion {
     Tls13,
     /// TLS, version not known (a connection whose handshake the client did not see).
     Unknown,
-}
-
-impl HttpProtocol {
-    /// Report name: `http/1.1`, `h2`, `h2c`.
-    pub fn name(self) -> &'static str {
-        match self {
-            HttpProtocol::Http1 => "http/1.1",
-            HttpProtocol::H2 => "h2",
-            HttpProtocol::H2c => "h2c",
-        }
-    }
 }
 
 impl TlsVersion {

@@ -377,11 +377,12 @@ fn a_thousand_exchanges_rotate_into_gzip_files_read_as_one_sampled_recording_of_
     assert_eq!(replay.code, 0, "{}{}", replay.stdout, replay.stderr);
     let report = replay.report.expect("report");
     assert_eq!(num(&report, &["requests", "succeeded"]) as u64, total);
+    let warnings = report["warnings"].to_string();
     assert!(
-        replay.stderr.contains("50 %") && replay.stderr.contains("--speed 2"),
-        "run says the recording holds half the traffic: {}",
-        replay.stderr
+        warnings.contains("50 %") && warnings.contains("--speed 2"),
+        "run says the recording holds half the traffic: {warnings}"
     );
+    assert!(replay.stdout.contains("--speed 2"), "{}", replay.stdout);
     eprintln!(
         "rotation: {} files, {total} exchanges in {kept} whole sessions of {SESSIONS}",
         files.len()

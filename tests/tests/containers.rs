@@ -445,7 +445,7 @@ fn recording_sidecar_manifests_agree_with_each_other() {
     );
     let out = flag(&recorder, "--out").expect("--out");
     let replay = strings(&compose["replay"]["entrypoint"]);
-    assert_eq!(replay.get(1).map(|d| format!("{d}/")), Some(out));
+    assert_eq!(replay.get(2).map(|d| format!("{d}/")), Some(out));
 }
 
 /// The Compose command (`docker compose` or `docker-compose`), or `None` when `docker` is
