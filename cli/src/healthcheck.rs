@@ -56,10 +56,10 @@ fn status_of(authority: &str, path: &str, timeout: Duration) -> std::io::Result<
     let mut stream = TcpStream::connect_timeout(&address, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n"
-    )?;
+    // One write of the whole request (a peer that answers and closes before reading a
+    // second piece would reset it).
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes())?;
     // The status line is all that is read: at most 64 bytes of it.
     let mut head = [0u8; 64];
     let mut filled = 0;
@@ -114,8 +114,13 @@ mod tests {
         let server = std::thread::spawn(move || {
             for answer in ["200 OK", "503 Service Unavailable"] {
                 let (mut conn, _) = listener.accept().expect("accept");
-                let mut request = [0u8; 512];
-                let _ = conn.read(&mut request);
+                // The whole head is read before answering and closing: closing with unread
+                // bytes would reset the connection.
+                let mut request = Vec::new();
+                let mut byte = [0u8; 1];
+                while !request.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap_or(0) == 1 {
+                    request.push(byte[0]);
+                }
                 let _ = write!(conn, "HTTP/1.1 {answer}\r\nContent-Length: 0\r\n\r\n");
             }
         });
