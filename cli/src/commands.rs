@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use common::exit;
-use coordinator::config::{ReportFiles, RunArgs};
+use coordinator::config::ReportFiles;
+
+use crate::run_args::{ReportFileArgs, RunArgs};
 use coordinator::goals::parse_goals;
 use coordinator::outcome::RunError;
 use coordinator::report::{Report, compare_reports, render_html, render_junit, render_markdown};
@@ -340,7 +342,7 @@ pub struct ReportArgs {
     #[arg(long = "fail-if")]
     pub fail_if: Vec<String>,
     #[command(flatten)]
-    pub files: ReportFiles,
+    pub files: ReportFileArgs,
 }
 
 /// `llm-replay report FILE [--baseline FILE]`.
@@ -349,9 +351,10 @@ pub fn report_command(args: ReportArgs) -> ExitCode {
         Ok(goals) => goals,
         Err(error) => return fail(exit::USAGE, error),
     };
+    let files = ReportFiles::from(args.files.clone());
     // A saved report may be rendered over itself (it is read first); two outputs on one
     // file, or a link to nothing, are refused.
-    if let Err(message) = check_outputs(&report_outputs(&args.files), &[]) {
+    if let Err(message) = check_outputs(&report_outputs(&files), &[]) {
         return fail(exit::USAGE, message);
     }
     let current = match read_report(&args.file) {
@@ -371,7 +374,7 @@ pub fn report_command(args: ReportArgs) -> ExitCode {
         kept.append(&mut evaluated.goals);
         report.goals = kept;
     }
-    if let Err(code) = emit(&report, &args.files) {
+    if let Err(code) = emit(&report, &files) {
         return code;
     }
     if report.any_goal_failed() {

@@ -6,6 +6,7 @@ mod commands;
 mod healthcheck;
 mod output_paths;
 mod print;
+mod run_args;
 mod run_bar;
 mod tools;
 
@@ -28,7 +29,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Replay a recording (with no --target, against an embedded mock at recorded timing).
-    Run(Box<coordinator::config::RunArgs>),
+    Run(Box<run_args::RunArgs>),
     /// Run a worker that dials a coordinator (same as llm-replay-worker).
     Worker(worker::cli::WorkerArgs),
     /// Mock LLM server speaking all four response families.

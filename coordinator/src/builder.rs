@@ -1,7 +1,7 @@
 //! A run configuration built in code: [`RunConfig`]'s `Default` (the CLI's defaults), a
 //! builder with typed durations and counts, and the checks the library makes of any
 //! configuration (`RunConfig::validate`, called by `RunPlan::prepare`), each naming the
-//! option at fault. Flags and `--config` files are the CLI's (`RunArgs::into_config`).
+//! option at fault. Flags and `--config` files are the CLI's (`cli::run_args`).
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -1062,7 +1062,7 @@ mod tests {
             started_at: "2026-11-30T10:00:00.000Z".into(),
             duration_s: 1.0,
             target: "t".into(),
-            load: serde_json::Value::Null,
+            load: Default::default(),
             start_skew_ms: None,
             start_skew_bound_ms: None,
             workers: Vec::new(),

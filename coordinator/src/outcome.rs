@@ -173,7 +173,7 @@ pub struct ReplayResult {
     pub status_codes: BTreeMap<u16, u64>,
     /// TLS failures by problem (`unknown issuer` → count).
     pub tls_problems: BTreeMap<String, u64>,
-    pub load: serde_json::Value,
+    pub load: crate::report::LoadSection,
     /// What happened to the run's exchanges beyond the outcomes in `metrics`: the workers'
     /// totals added up, with lost workers' accounting and the exchanges no worker got to.
     pub totals: SliceTotals,

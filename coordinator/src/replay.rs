@@ -15,22 +15,6 @@ use crate::server::{LevelLink, WorkerEvent};
 use crate::shard::SlicePlan;
 use crate::supervisor::{NoticeSink, RunIdentity, RunSnapshot, Settings, Supervisor};
 
-/// The load model as the report shows it (`load` in the report JSON): derived from the run's
-/// `GlobalLoad` here and nowhere else.
-pub fn describe_load(load: &GlobalLoad, workers: usize) -> serde_json::Value {
-    serde_json::json!({
-        "schedule": load.schedule.name(),
-        "speed": load.schedule.speed(),
-        "concurrency": load.concurrency,
-        "rate": load.rate,
-        "arrival": load.rate.map(|_| load.arrival.name()),
-        "requests": load.requests,
-        "duration_s": load.duration.map(|d| d.as_secs_f64()),
-        "warmup": load.warmup,
-        "workers": workers,
-    })
-}
-
 /// Everything a worker's assignment is made of; one per replay.
 #[derive(Clone)]
 struct AssignmentPlan {
@@ -143,7 +127,7 @@ pub async fn replay(setup: ReplaySetup<'_>) -> Result<ReplayResult, RunError> {
     let identity = RunIdentity {
         run_id: run_id.clone(),
         target: setup.target.clone(),
-        load: describe_load(&load, workers),
+        load: crate::report::LoadSection::of(&load, workers),
         scheduled: load.is_scheduled(),
         level: setup.level.clone(),
     };

@@ -327,26 +327,22 @@ impl RunPlan {
             level_failed.as_ref(),
         ));
         let requests_out_failed = finish_requests_out(requests_out.as_deref(), &mut warnings);
-        let report = ReportParts {
+        let mut report = ReportParts {
             config: &config,
             scanned: &scanned,
             levels: &results,
             main: main_index,
             warnings,
+            saved_baseline: saved_baseline.as_ref(),
         }
         .build();
-        let report = match &saved_baseline {
-            Some((path, saved)) => compare_reports(&report, saved, &path.display().to_string()),
-            None => report,
-        };
         let (_, main) = &results[main_index];
-        let mut report = report;
         crate::faithful::apply_to_report(
             &mut report,
             crate::faithful::FaithfulInput {
                 options: &config.faithful,
                 recorded_speed: match (&capacity, config.load.schedule) {
-                    (Some(capacity), _) if capacity.dimension == Dimension::Speed.name() => {
+                    (Some(capacity), _) if capacity.dimension == Dimension::Speed => {
                         capacity.max
                     }
                     (Some(_), _) => None,
@@ -358,10 +354,6 @@ impl RunPlan {
                 steady: main.steady,
             },
         );
-        if let Some(tokenizer) = &config.tokenizer {
-            report.requests.token_source.tokenizer = Some(tokenizer.name().to_owned());
-        }
-        report.requests.token_source.usage_requested = config.request_usage;
         crate::report::warn_cached_when_cold(
             &mut report,
             crate::report::cold_cache_request(&config.sets).as_deref(),
@@ -642,7 +634,7 @@ async fn search(
         failed,
         main,
         capacity: Some(CapacitySection {
-            dimension: find_max.dimension.name().to_owned(),
+            dimension: find_max.dimension,
             max: answer.max,
             min_failing: answer.min_failing,
             precision_pct: find_max.precision_pct,
@@ -1010,25 +1002,16 @@ impl ProbeJudge<'_> {
             Some(steady) if steady.counters.completed() > 0 => (steady, "steady window"),
             _ => (&result.metrics, "whole run"),
         };
-        let mut report = Report::build(ReportInput {
-            run: run_info(self.config, result),
+        let mut report = level_report(LevelReport {
+            config: self.config,
+            scanned: self.scanned,
+            result,
             metrics,
-            requests: request_totals(result),
-            baseline: recorded_baseline(self.config, self.scanned),
             sweep: Vec::new(),
             warnings: Vec::new(),
             timeline: Vec::new(),
-            slos: &self.config.slos,
+            saved_baseline: self.saved_baseline,
         });
-        report.requests = RequestsSection::new(&result.metrics.counters, &request_totals(result))
-            .with_errors(&result.metrics.errors);
-        if let Some(tokenizer) = &self.config.tokenizer {
-            report.requests.token_source.tokenizer = Some(tokenizer.name().to_owned());
-        }
-        report.requests.token_source.usage_requested = self.config.request_usage;
-        if let Some((path, saved)) = self.saved_baseline {
-            report = compare_reports(&report, saved, &path.display().to_string());
-        }
         if let Some(scraper) = self.scraper
             && let Some(log) = scraper.snapshot().await
         {
@@ -1226,11 +1209,7 @@ fn level_warnings(
 
 /// A capacity value as the report's dimension reads it.
 fn capacity_value(capacity: &CapacitySection, value: f64) -> String {
-    match capacity.dimension.as_str() {
-        "concurrency" => Dimension::Concurrency.show(value),
-        "rate" => Dimension::Rate.show(value),
-        _ => Dimension::Speed.show(value),
-    }
+    capacity.dimension.show(value)
 }
 
 /// A search's verdict (PRODUCT.md, exit codes with `--find-max`): a probe that could not
@@ -1435,6 +1414,8 @@ struct ReportParts<'a> {
     /// The level whose numbers the report's main sections show.
     main: usize,
     warnings: Vec<String>,
+    /// `--baseline FILE`: a saved report the run is compared against.
+    saved_baseline: Option<&'a (PathBuf, Report)>,
 }
 
 impl ReportParts<'_> {
@@ -1460,16 +1441,66 @@ impl ReportParts<'_> {
             }));
         let mut warnings = result.warnings.clone();
         warnings.extend(self.warnings);
-        Report::build(ReportInput {
-            run: run_info(config, result),
+        level_report(LevelReport {
+            config,
+            scanned: self.scanned,
+            result,
             metrics: &result.metrics,
-            requests: request_totals(result),
-            baseline: recorded_baseline(config, self.scanned),
             sweep,
             warnings,
             timeline,
-            slos: &config.slos,
+            saved_baseline: self.saved_baseline,
         })
+    }
+}
+
+/// One level's results, and what its report is compared against.
+struct LevelReport<'a> {
+    config: &'a RunConfig,
+    scanned: &'a RecordingScan,
+    result: &'a ReplayResult,
+    /// What the latency sections and goals are judged on: the level's metrics, or a
+    /// probe's steady window.
+    metrics: &'a common::metrics::RunMetrics,
+    sweep: Vec<SweepLevel>,
+    warnings: Vec<String>,
+    timeline: Vec<TimelinePoint>,
+    saved_baseline: Option<&'a (PathBuf, Report)>,
+}
+
+/// The one recipe that turns a level's results into a report (the run's, or a capacity
+/// probe's section): its sections from `metrics`, the requests counted over the whole level,
+/// where its token counts come from, and the comparison with a saved baseline.
+fn level_report(level: LevelReport<'_>) -> Report {
+    let LevelReport {
+        config,
+        scanned,
+        result,
+        metrics,
+        sweep,
+        warnings,
+        timeline,
+        saved_baseline,
+    } = level;
+    let mut report = Report::build(ReportInput {
+        run: run_info(config, result),
+        metrics,
+        requests: request_totals(result),
+        baseline: recorded_baseline(config, scanned),
+        sweep,
+        warnings,
+        timeline,
+        slos: &config.slos,
+    });
+    report.requests = RequestsSection::new(&result.metrics.counters, &request_totals(result))
+        .with_errors(&result.metrics.errors);
+    if let Some(tokenizer) = &config.tokenizer {
+        report.requests.token_source.tokenizer = Some(tokenizer.name().to_owned());
+    }
+    report.requests.token_source.usage_requested = config.request_usage;
+    match saved_baseline {
+        Some((path, saved)) => compare_reports(&report, saved, &path.display().to_string()),
+        None => report,
     }
 }
 

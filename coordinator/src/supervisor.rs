@@ -214,7 +214,7 @@ pub struct RunIdentity {
     pub run_id: String,
     pub target: String,
     /// The load model as shown in reports.
-    pub load: serde_json::Value,
+    pub load: crate::report::LoadSection,
     /// A recorded schedule or a rate: start skew matters.
     pub scheduled: bool,
     /// Which level of the run this replay is, in words (empty for a run of one level).

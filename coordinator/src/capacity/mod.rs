@@ -38,27 +38,9 @@ pub const MAX_PROBES: usize = 64;
 /// The default `--find-max-precision`, percent.
 pub const DEFAULT_PRECISION_PCT: f64 = 5.0;
 
-/// What `--find-max` varies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dimension {
-    /// Closed-loop concurrency (in-flight requests across every worker).
-    Concurrency,
-    /// Open-loop arrival rate, requests per second across every worker.
-    Rate,
-    /// The recording's own schedule, compressed ×S.
-    Speed,
-}
+pub use crate::report::Dimension;
 
 impl Dimension {
-    /// The name `--find-max` takes and the report shows.
-    pub fn name(self) -> &'static str {
-        match self {
-            Dimension::Concurrency => "concurrency",
-            Dimension::Rate => "rate",
-            Dimension::Speed => "speed",
-        }
-    }
-
     /// PRODUCT.md's default `--find-max-range`.
     pub fn default_range(self) -> (f64, f64) {
         match self {

@@ -4,7 +4,8 @@
 use common::metrics::{Metric, Stats, Unit};
 
 use super::{
-    COMPARED_METRICS, CapacitySection, Change, GoodputSection, ProbeSection, Report, change_key,
+    COMPARED_METRICS, CapacitySection, Change, Dimension, GoodputSection, ProbeSection, Report, ScheduleKind,
+    change_key,
 };
 use crate::goals::Stat;
 
@@ -258,11 +259,11 @@ pub(super) fn load_value(value: f64) -> String {
 
 /// `concurrency`, `rate (requests/s)`, `speed (× the recorded schedule)`: the dimension of
 /// the capacity search with its unit.
-pub(super) fn dimension_label(dimension: &str) -> String {
+pub(super) fn dimension_label(dimension: Dimension) -> String {
     match dimension {
-        "rate" => "rate (requests/s)".to_string(),
-        "speed" => "speed (× the recorded schedule)".to_string(),
-        other => other.to_string(),
+        Dimension::Concurrency => "concurrency".to_string(),
+        Dimension::Rate => "rate (requests/s)".to_string(),
+        Dimension::Speed => "speed (× the recorded schedule)".to_string(),
     }
 }
 
@@ -383,7 +384,7 @@ fn failed_goals_text(goals: &[String]) -> String {
 /// `Capacity (concurrency): 16 holds every goal; 17 fails (llm.ttft-p95 > 60) — within 5 %`,
 /// `... even the lowest load (1) fails: ...`, or that the range's top held.
 pub(super) fn capacity_answer(capacity: &CapacitySection) -> String {
-    let head = format!("Capacity ({})", dimension_label(&capacity.dimension));
+    let head = format!("Capacity ({})", dimension_label(capacity.dimension));
     match (capacity.max, capacity.min_failing) {
         (Some(max), Some(min_failing)) => {
             let gap_pct = if max > 0.0 {
@@ -391,7 +392,7 @@ pub(super) fn capacity_answer(capacity: &CapacitySection) -> String {
             } else {
                 f64::INFINITY
             };
-            let closeness = if capacity.dimension == "concurrency" && min_failing - max <= 1.0 {
+            let closeness = if capacity.dimension == Dimension::Concurrency && min_failing - max <= 1.0 {
                 // Whole users: nothing lies between, whatever the precision asked.
                 "neighbours: nothing lies between".to_string()
             } else if gap_pct <= capacity.precision_pct + 1e-9 {
@@ -695,26 +696,24 @@ pub(super) fn total_line(report: &Report) -> String {
 /// The load in words, from the report's `run.load` (so a saved report reads the same):
 /// `closed loop, concurrency 8, as fast as possible, 1 worker`; `recorded schedule ×2,
 /// at most 16 in flight, 3 workers`; `open loop, 5 requests/s (poisson), 100 requests`.
-/// A load that is not an object (a report from elsewhere) is shown as its JSON.
 pub(super) fn load(report: &Report) -> String {
     let load = &report.run.load;
-    if !load.is_object() {
-        return load.to_string();
-    }
-    let number = |key: &str| load.get(key).and_then(serde_json::Value::as_f64);
-    let count = |key: &str| load.get(key).and_then(serde_json::Value::as_u64);
-    let cap = count("concurrency");
+    let cap = load.concurrency;
     let mut parts = Vec::new();
-    if load.get("schedule").and_then(|s| s.as_str()) == Some("recorded") {
-        parts.push(match number("speed") {
-            Some(speed) if speed != 1.0 => format!("recorded schedule ×{}", load_value(speed)),
-            _ => "recorded schedule".to_owned(),
+    if load.schedule == ScheduleKind::Recorded {
+        parts.push(if load.speed != 1.0 {
+            format!("recorded schedule ×{}", load_value(load.speed))
+        } else {
+            "recorded schedule".to_owned()
         });
         parts.extend(cap.map(|n| format!("at most {n} in flight")));
-    } else if let Some(rate) = number("rate") {
-        let arrival = load.get("arrival").and_then(|a| a.as_str());
-        parts.push(match arrival {
-            Some(arrival) => format!("open loop, {} requests/s ({arrival})", load_value(rate)),
+    } else if let Some(rate) = load.rate {
+        parts.push(match load.arrival {
+            Some(arrival) => format!(
+                "open loop, {} requests/s ({})",
+                load_value(rate),
+                arrival.name()
+            ),
             None => format!("open loop, {} requests/s", load_value(rate)),
         });
         parts.extend(cap.map(|n| format!("at most {n} in flight")));
@@ -725,17 +724,16 @@ pub(super) fn load(report: &Report) -> String {
         }
         parts.push("as fast as possible".to_owned());
     }
-    parts.extend(count("requests").map(|n| format!("{n} requests")));
-    parts.extend(number("duration_s").map(|s| format!("for {} s", load_value(s))));
-    parts.extend(
-        count("warmup")
-            .filter(|n| *n > 0)
-            .map(|n| format!("{n} warm-up requests")),
-    );
-    parts.extend(count("workers").map(|n| match n {
-        1 => "1 worker".to_owned(),
-        n => format!("{n} workers"),
-    }));
+    parts.extend(load.requests.map(|n| format!("{n} requests")));
+    parts.extend(load.duration_s.map(|s| format!("for {} s", load_value(s))));
+    if load.warmup > 0 {
+        parts.push(format!("{} warm-up requests", load.warmup));
+    }
+    match load.workers {
+        0 => {}
+        1 => parts.push("1 worker".to_owned()),
+        n => parts.push(format!("{n} workers")),
+    }
     parts.join(", ")
 }
 

@@ -818,9 +818,7 @@ fn capacity(out: &mut String, report: &Report) {
     let _ = write!(
         out,
         "<table id=\"probes\">\n<tr><th>#</th><th>{}</th><th>Result</th><th>Judged on</th>",
-        esc(&format::capitalized(&format::dimension_label(
-            &capacity.dimension
-        )))
+        esc(&format::capitalized(&format::dimension_label(capacity.dimension)))
     );
     for metric in &goal_columns {
         let _ = write!(out, "<th><code>{}</code></th>", esc(metric));
@@ -899,7 +897,7 @@ fn capacity_charts(capacity: &CapacitySection) -> Vec<Chart> {
         (lo.min(v), hi.max(v))
     });
     let x_log = low.is_finite() && high / low >= LOG_AXIS_RATIO;
-    let dimension = format::dimension_label(&capacity.dimension);
+    let dimension = format::dimension_label(capacity.dimension);
     first
         .goals
         .iter()

@@ -146,11 +146,34 @@ impl GoodputSection {
     }
 }
 
+/// What `--find-max` varies: `capacity.dimension` in the report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dimension {
+    /// Closed-loop concurrency (in-flight requests across every worker).
+    Concurrency,
+    /// Open-loop arrival rate, requests per second across every worker.
+    Rate,
+    /// The recording's own schedule, compressed ×S.
+    Speed,
+}
+
+impl Dimension {
+    /// The name `--find-max` takes and the report shows.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dimension::Concurrency => "concurrency",
+            Dimension::Rate => "rate",
+            Dimension::Speed => "speed",
+        }
+    }
+}
+
 /// The `capacity` section: the probes of `--find-max` in the order they ran, and the answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CapacitySection {
     /// `concurrency`, `rate` (requests/s) or `speed` (× the recorded schedule).
-    pub dimension: String,
+    pub dimension: Dimension,
     /// The largest load at which every goal held; `null` when even the lowest failed.
     pub max: Option<f64>,
     /// The smallest load at which a goal failed; `null` when the range's top held.
@@ -415,6 +438,87 @@ pub struct TimelinePoint {
     pub hand_over: bool,
 }
 
+/// `run.load`: the load a run (or one level of it) was sent at, as configured. Every key is
+/// written; on read, a missing one takes its default (an empty object reads as an
+/// unconfigured load).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LoadSection {
+    /// `recorded` (the recording's own arrival offsets) or `asap`.
+    pub schedule: ScheduleKind,
+    /// The recorded schedule's time scale (2 = twice as fast); 1 on `asap`.
+    pub speed: f64,
+    /// The closed loop's concurrency, or the cap on requests in flight of a schedule or a
+    /// rate; `null` without one.
+    pub concurrency: Option<usize>,
+    /// The open loop's requests per second, across all workers.
+    pub rate: Option<f64>,
+    /// The open loop's inter-arrival distribution (with `rate` only).
+    pub arrival: Option<ArrivalKind>,
+    /// `--requests`: the run stops after this many exchanges.
+    pub requests: Option<u64>,
+    /// `--duration`, seconds.
+    pub duration_s: Option<f64>,
+    /// Leading requests measured as warm-up.
+    pub warmup: u64,
+    /// Workers that were given a share of the load (0 when not recorded).
+    pub workers: usize,
+}
+
+/// `run.load.schedule`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScheduleKind {
+    /// At the recorded arrival offsets, scaled by `speed`.
+    Recorded,
+    /// As soon as the concurrency or the rate allows.
+    #[default]
+    Asap,
+}
+
+/// `run.load.arrival`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ArrivalKind {
+    Constant,
+    Poisson,
+}
+
+impl ArrivalKind {
+    /// The distribution's name, as in the report and the flags.
+    pub fn name(self) -> &'static str {
+        match self {
+            ArrivalKind::Constant => "constant",
+            ArrivalKind::Poisson => "poisson",
+        }
+    }
+}
+
+impl LoadSection {
+    /// The report's view of a run's load across `workers` workers.
+    pub fn of(load: &crate::config::GlobalLoad, workers: usize) -> LoadSection {
+        use common::load::{Arrival, Schedule};
+        LoadSection {
+            schedule: match load.schedule {
+                Schedule::Recorded { .. } => ScheduleKind::Recorded,
+                Schedule::Asap => ScheduleKind::Asap,
+            },
+            speed: load.schedule.speed(),
+            concurrency: load.concurrency,
+            rate: load.rate,
+            arrival: load.rate.map(|_| match load.arrival {
+                Arrival::Constant => ArrivalKind::Constant,
+                Arrival::Poisson => ArrivalKind::Poisson,
+            }),
+            requests: load.requests,
+            duration_s: load.duration.map(|d| d.as_secs_f64()),
+            warmup: load.warmup,
+            workers,
+        }
+    }
+}
+
+
 /// The `run` section. Filled in by the coordinator; also the builder's input.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunInfo {
@@ -426,8 +530,8 @@ pub struct RunInfo {
     pub duration_s: f64,
     /// The target URL, or `embedded mock` when none was given.
     pub target: String,
-    /// Free-form description of the load model (`{"schedule":"recorded","speed":2}`).
-    pub load: serde_json::Value,
+    /// The load model the run was sent at.
+    pub load: LoadSection,
     /// Largest difference between the workers' actual start instants (ms), each taken in the
     /// coordinator's clock through its estimated offset: blind to the offsets' own error.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -427,7 +427,7 @@ fn capacity_block(out: &mut String, capacity: &CapacitySection, color: bool) {
         out,
         &format!(
             "Capacity search ({}, range {}–{}, precision {} %; {}): probes in the order they ran",
-            format::dimension_label(&capacity.dimension),
+            format::dimension_label(capacity.dimension),
             format::load_value(capacity.low),
             format::load_value(capacity.high),
             format::load_value(capacity.precision_pct),
@@ -464,8 +464,8 @@ fn capacity_table(capacity: &CapacitySection) -> TextTable {
         p.goals.iter().map(|g| g.metric.clone()).collect()
     });
     let with_goodput = capacity.probes.iter().any(|p| p.goodput.is_some());
-    let dimension = capacity.dimension.clone();
-    let mut header: Vec<&str> = vec!["#", &dimension, "result", "judged on"];
+    let dimension = capacity.dimension.name();
+    let mut header: Vec<&str> = vec!["#", dimension, "result", "judged on"];
     header.extend(goal_columns.iter().map(String::as_str));
     if with_goodput {
         header.push("goodput req/s");

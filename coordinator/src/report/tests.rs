@@ -108,7 +108,11 @@ fn run_info() -> RunInfo {
         started_at: rfc3339_utc(T0_US),
         duration_s: 4.5,
         target: "http://127.0.0.1:8080".to_string(),
-        load: serde_json::json!({"schedule": "recorded", "speed": 1.0}),
+        load: LoadSection {
+            schedule: ScheduleKind::Recorded,
+            speed: 1.0,
+            ..LoadSection::default()
+        },
         start_skew_ms: None,
         start_skew_bound_ms: None,
         workers: vec![
@@ -1516,7 +1520,7 @@ fn capacity_section() -> CapacitySection {
     probes[7].decided = Some(true);
     probes[8].decided = Some(true);
     CapacitySection {
-        dimension: "concurrency".to_string(),
+        dimension: Dimension::Concurrency,
         max: Some(16.0),
         min_failing: Some(17.0),
         precision_pct: 5.0,
@@ -1695,7 +1699,7 @@ fn the_capacity_answer_reads_each_outcome() {
             && !answer.contains("held"),
         "{answer}"
     );
-    capacity.dimension = "rate".to_string();
+    capacity.dimension = Dimension::Rate;
     capacity.max = Some(100_000.0);
     capacity.min_failing = None;
     capacity.low = 0.1;
@@ -1705,7 +1709,7 @@ fn the_capacity_answer_reads_each_outcome() {
         "Capacity (rate (requests/s)): 100000 holds every goal — the top of the range \
          (0.1–100000) held, so the capacity is at least that"
     );
-    capacity.dimension = "speed".to_string();
+    capacity.dimension = Dimension::Speed;
     capacity.max = Some(2.5);
     capacity.min_failing = Some(3.75);
     assert!(

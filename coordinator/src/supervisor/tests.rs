@@ -82,7 +82,7 @@ fn identity() -> RunIdentity {
     RunIdentity {
         run_id: "test-run".into(),
         target: "http://127.0.0.1:1".into(),
-        load: serde_json::json!({}),
+        load: Default::default(),
         scheduled: false,
         level: String::new(),
     }
