@@ -105,9 +105,9 @@ const MAX_FUNCTION_LINES: usize = 150;
 const SHORT_FUNCTION_CRATES: [&str; 3] = ["worker", "coordinator", "capture"];
 
 /// Functions over the limit that predate this check, with their length when it was added: each
-/// may shrink, none may grow, and a function that is split leaves this list (a ratchet).
-const LONG_FUNCTIONS_TO_SPLIT: [(&str, &str, usize); 1] =
-    [("coordinator/src/config.rs", "into_config", 185)];
+/// may shrink, none may grow, and a function that is split leaves this list (a ratchet). Empty:
+/// the last (`into_config`, 185 lines) was split when the run's flags moved to `cli`.
+const LONG_FUNCTIONS_TO_SPLIT: [(&str, &str, usize); 0] = [];
 
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
