@@ -6,15 +6,15 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use common::exit;
-use coordinator::config::ReportFiles;
+use coordinator::ReportFiles;
 
 use crate::run_args::{ReportFileArgs, RunArgs};
-use coordinator::goals::parse_goals;
-use coordinator::outcome::RunError;
+use coordinator::RequestsOut;
+use coordinator::RunError;
+use coordinator::parse_goals;
 use coordinator::report::{Report, compare_reports, render_html, render_junit, render_markdown};
-use coordinator::requests_out::RequestsOut;
-use coordinator::run::{RunHooks, RunPlan, ScannedRecording, Verdict, read_saved_report};
-use coordinator::supervisor::{Notice, RunSnapshot};
+use coordinator::{Notice, RunSnapshot};
+use coordinator::{RunHooks, RunPlan, ScannedRecording, Verdict, read_saved_report};
 
 use crate::output_paths::{Input, Output, check_outputs};
 use crate::{fail, print};
@@ -113,8 +113,7 @@ fn show_progress(
 
 /// Where a search stands, shared between the run (which sets it as each probe starts) and
 /// the progress line.
-type SearchStatus =
-    std::sync::Arc<std::sync::Mutex<Option<coordinator::capacity::progress::SearchProgress>>>;
+type SearchStatus = std::sync::Arc<std::sync::Mutex<Option<coordinator::SearchProgress>>>;
 
 fn write_file(path: &Path, text: &str) -> Result<(), ExitCode> {
     std::fs::write(path, text).map_err(|e| {
@@ -171,7 +170,7 @@ impl LiveServer {
 
 /// Live lines on stderr, one per event: a worker lost or quitting (always), and join
 /// progress with the level it is for when the workers are remote (local ones join at once).
-fn notice_printer(remote_workers: bool) -> coordinator::supervisor::NoticeSink {
+fn notice_printer(remote_workers: bool) -> coordinator::NoticeSink {
     std::sync::Arc::new(move |notice: Notice| {
         if remote_workers || !matches!(notice, Notice::Joined { .. }) {
             print::stderr_line(&format!("llm-replay: {notice}"));
@@ -231,10 +230,7 @@ async fn replay_command(args: RunArgs, live: &mut Option<LiveServer>) -> ExitCod
         Ok(out) => out,
         Err(code) => return code,
     };
-    let remote_workers = matches!(
-        config.source,
-        coordinator::config::WorkerSource::Remote { .. }
-    );
+    let remote_workers = matches!(config.source, coordinator::WorkerSource::Remote { .. });
     let interrupt = interrupt_signal();
 
     // Live state for the terminal's progress line and the Prometheus endpoint, one channel
@@ -256,7 +252,7 @@ async fn replay_command(args: RunArgs, live: &mut Option<LiveServer>) -> ExitCod
         _ => None,
     };
     let launcher = match std::env::current_exe() {
-        Ok(program) => std::sync::Arc::new(coordinator::launch::ProcessLauncher::new(program)),
+        Ok(program) => std::sync::Arc::new(coordinator::ProcessLauncher::new(program)),
         Err(error) => {
             return fail(
                 exit::RUN_FAILED,
@@ -282,7 +278,7 @@ async fn replay_command(args: RunArgs, live: &mut Option<LiveServer>) -> ExitCod
             })),
             search_progress: on_terminal.then(|| {
                 let status = search_status.clone();
-                let sink: coordinator::run::SearchProgressSink =
+                let sink: coordinator::SearchProgressSink =
                     std::sync::Arc::new(move |progress| {
                         if let Ok(mut slot) = status.lock() {
                             *slot = Some(progress.clone());

@@ -12,13 +12,12 @@ use common::duration::parse_duration;
 use common::formats::pin::PinMode;
 use common::load::{Arrival, Schedule};
 use common::replay::{DEFAULT_REORDER_WINDOW, DEFAULT_REQUEST_TIMEOUT};
-use coordinator::config::{
-    BaselineSource, GlobalLoad, LinkTls, MIN_SERVER_METRICS_INTERVAL, MIN_TOKEN_CHARS,
-    ReportFiles, RunConfig, ServerMetricsOptions, TargetTransport, WorkerSource, check_target,
+use coordinator::{
+    BaselineSource, GlobalLoad, LinkTls, MIN_SERVER_METRICS_INTERVAL, MIN_TOKEN_CHARS, ReportFiles,
+    RunConfig, ServerMetricsOptions, TargetTransport, WorkerSource, check_target,
     listen_is_loopback, load_tokenizer, max_local_workers,
 };
-use coordinator::faithful::{FaithfulOptions, SessionSample};
-
+use coordinator::{FaithfulOptions, SessionSample};
 
 /// `llm-replay run` arguments.
 #[derive(Debug, Clone, clap::Args)]
@@ -365,10 +364,10 @@ struct SearchContext {
 /// `--find-max` checked against the other options; `--concurrency N` with `--find-max
 /// concurrency` is the search's first load.
 fn search_options(
-    find_max: Option<coordinator::capacity::FindMax>,
+    find_max: Option<coordinator::FindMax>,
     context: SearchContext,
-) -> anyhow::Result<Option<coordinator::capacity::FindMax>> {
-    use coordinator::capacity::Dimension;
+) -> anyhow::Result<Option<coordinator::FindMax>> {
+    use coordinator::Dimension;
     let Some(find_max) = find_max else {
         return Ok(None);
     };
@@ -730,7 +729,9 @@ impl RunArgs {
                 .clone()
                 .map(PinSetting::Mode)
                 .or_else(|| file.pin_output_length.clone()),
-            self.session_mode.clone().or_else(|| file.session_mode.clone()),
+            self.session_mode
+                .clone()
+                .or_else(|| file.session_mode.clone()),
             self.sample_sessions.or(file.sample_sessions),
             seed,
         )?;
@@ -738,7 +739,9 @@ impl RunArgs {
             self.cancel_rate
                 .clone()
                 .or_else(|| file.cancel_rate.clone().map(CancelRateSetting::text)),
-            self.cancel_after.clone().or_else(|| file.cancel_after.clone()),
+            self.cancel_after
+                .clone()
+                .or_else(|| file.cancel_after.clone()),
             seed,
         )?;
         let tokenizer = match self.tokenizer.as_ref().or(file.tokenizer.as_ref()) {
@@ -771,8 +774,8 @@ impl RunArgs {
         load: &LoadChoice,
         has_goals: bool,
         has_arrival_times: bool,
-    ) -> anyhow::Result<Option<coordinator::capacity::FindMax>> {
-        let find_max = coordinator::capacity::FindMax::from_options(
+    ) -> anyhow::Result<Option<coordinator::FindMax>> {
+        let find_max = coordinator::FindMax::from_options(
             self.find_max.as_deref().or(file.find_max.as_deref()),
             self.find_max_range
                 .as_deref()
@@ -837,9 +840,9 @@ struct RunOptions {
     seed: Option<u64>,
     faithful: FaithfulOptions,
     cancel: common::assignment::CancelOptions,
-    tokenizer: Option<coordinator::config::RunTokenizer>,
+    tokenizer: Option<coordinator::RunTokenizer>,
     slos: common::slo::Slos,
-    find_max: Option<coordinator::capacity::FindMax>,
+    find_max: Option<coordinator::FindMax>,
 }
 
 /// The arrivals the flags and the file ask for, checked.
@@ -1047,7 +1050,6 @@ impl RunArgs {
     }
 }
 
-
 /// Validate the faithful-replay options.
 fn faithful_options(
     pin: Option<PinSetting>,
@@ -1085,7 +1087,6 @@ fn faithful_options(
         sample,
     })
 }
-
 
 impl From<ReportFileArgs> for ReportFiles {
     fn from(args: ReportFileArgs) -> ReportFiles {

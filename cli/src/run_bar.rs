@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use coordinator::capacity::progress::SearchProgress;
-use coordinator::supervisor::RunSnapshot;
+use coordinator::RunSnapshot;
+use coordinator::SearchProgress;
 
 /// The bar of one replay. Every method is a no-op when it is hidden.
 pub struct RunBar {

@@ -208,7 +208,6 @@ pub fn load_tokenizer(path: &Path) -> anyhow::Result<RunTokenizer> {
     })
 }
 
-
 /// `--server-metrics`, `--server-metrics-interval`, `--no-server-metrics`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerMetricsOptions {
@@ -226,7 +225,6 @@ pub struct ServerMetricsOptions {
 
 /// The shortest `--server-metrics-interval`: a scrape is an HTTP request and a parse.
 pub const MIN_SERVER_METRICS_INTERVAL: Duration = Duration::from_millis(10);
-
 
 /// A target must be an absolute http:// or https:// URL. Messages show it redacted: its query
 /// may carry a credential.
@@ -251,7 +249,6 @@ pub fn check_target(target: &str, h2c: bool) -> anyhow::Result<()> {
     }
     Ok(())
 }
-
 
 /// The most local worker processes a run may start: 8 per core, and at least 64. Each is a
 /// process with two runtimes, its connections to the target and a gRPC link; past this a
@@ -287,7 +284,6 @@ pub fn listen_is_loopback(listen: &str) -> anyhow::Result<bool> {
 
 /// Shortest `--token` accepted when workers may join from other hosts.
 pub const MIN_TOKEN_CHARS: usize = 16;
-
 
 impl RunConfig {
     /// The options every worker applies as they are (`common::assignment::RequestOptions`):

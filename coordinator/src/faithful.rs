@@ -20,6 +20,7 @@ pub use crate::sessions::{SessionSample, ThinkTimes};
 
 /// The output length `--pin-output-length` asks for, without a tokenizer
 /// ([`recorded_pin`]).
+#[cfg(test)]
 pub fn recorded_output_tokens(exchange: &Exchange) -> Option<u64> {
     recorded_pin(exchange, None).map(|(tokens, _)| tokens)
 }

@@ -528,6 +528,7 @@ impl fmt::Display for GoalMetric {
 
 /// Every valid goal metric name without the `.change` suffix, in catalogue order. Each of them
 /// is also valid with [`CHANGE_SUFFIX`].
+#[cfg(test)]
 pub fn valid_metric_names() -> Vec<String> {
     Quantity::all().iter().map(Quantity::name).collect()
 }

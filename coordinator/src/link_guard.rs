@@ -180,6 +180,7 @@ impl PeerGate {
     }
 
     /// How many peers the gate remembers (bounded by `MAX_TRACKED_PEERS`).
+    #[cfg(test)]
     pub fn tracked_peers(&self) -> usize {
         self.lock().len()
     }

@@ -46,7 +46,6 @@ pub struct PoolSetup<'a> {
 /// The run's workers and the service they dial.
 pub struct WorkerPool {
     state: Arc<ServiceState>,
-    addr: SocketAddr,
     workers: usize,
     stop_server: Option<tokio::sync::oneshot::Sender<()>>,
     server: Option<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>>,
@@ -99,7 +98,6 @@ impl WorkerPool {
         };
         let mut pool = WorkerPool {
             state,
-            addr,
             workers,
             stop_server: Some(stop_server),
             server: Some(server),
@@ -119,16 +117,6 @@ impl WorkerPool {
     /// How many workers the run takes.
     pub fn workers(&self) -> usize {
         self.workers
-    }
-
-    /// Where workers dial.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// How many workers are joined now.
-    pub fn joined(&self) -> usize {
-        self.state.joined()
     }
 
     /// A level begins: the joined workers are enlisted at once, later ones as they join.

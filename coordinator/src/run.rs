@@ -78,6 +78,29 @@ pub struct RunHooks<'a> {
     pub search_progress: Option<SearchProgressSink>,
 }
 
+impl RunHooks<'static> {
+    /// Hooks nobody watches: never interrupted, no live views, no listener of the caller's
+    /// (the run binds its own), nobody told of notices or probes; local workers started by
+    /// `launcher`. Set the fields a caller owns on the value returned.
+    pub fn new(launcher: Arc<dyn common::launch::WorkerLauncher>) -> RunHooks<'static> {
+        RunHooks {
+            // A closed channel never turns true: the run is never interrupted.
+            interrupt: watch::channel(false).1,
+            snapshots: None,
+            waiting_for_workers: &nobody_waits,
+            launcher,
+            listener: None,
+            requests_out: None,
+            notices: None,
+            search_lines: None,
+            search_progress: None,
+        }
+    }
+}
+
+/// Nobody is told where remote workers are awaited.
+fn nobody_waits(_workers: usize, _listen: SocketAddr) {}
+
 /// Where a search's per-probe lines go.
 pub type SearchLineSink = Arc<dyn Fn(&str) + Send + Sync>;
 
@@ -342,9 +365,7 @@ impl RunPlan {
             crate::faithful::FaithfulInput {
                 options: &config.faithful,
                 recorded_speed: match (&capacity, config.load.schedule) {
-                    (Some(capacity), _) if capacity.dimension == Dimension::Speed => {
-                        capacity.max
-                    }
+                    (Some(capacity), _) if capacity.dimension == Dimension::Speed => capacity.max,
                     (Some(_), _) => None,
                     (None, Schedule::Recorded { speed }) if config.sweep.is_empty() => Some(speed),
                     (None, _) => None,

@@ -55,12 +55,14 @@ pub struct RecordingScan {
 }
 
 /// Scan `path`. Any invalid line is an error naming file, line and field.
+#[cfg(test)]
 pub fn scan(path: &Path) -> Result<RecordingScan, RecordingError> {
     scan_sampled(path, None)
 }
 
 /// [`scan`], counting and measuring only the exchanges `sample` keeps (every line is still
 /// validated), without a tokenizer ([`scan_with`]).
+#[cfg(test)]
 pub fn scan_sampled(
     path: &Path,
     sample: Option<&SessionSample>,

@@ -453,14 +453,6 @@ impl ServiceState {
         }
     }
 
-    /// How many workers are joined now.
-    pub fn joined(&self) -> usize {
-        self.members
-            .lock()
-            .expect("member lock is never poisoned")
-            .len()
-    }
-
     /// The run is over: every worker is told (`Done`, sealed like every message) and its
     /// stream ends once that is written.
     pub async fn close(&self) {

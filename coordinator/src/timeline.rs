@@ -128,15 +128,6 @@ impl RunTimeline {
         self
     }
 
-    /// Take the latest report of every worker (in worker order; `None` before its first
-    /// one), now. Returns the merged totals so far for the progress line.
-    pub fn sample<'a>(
-        &mut self,
-        latest: impl IntoIterator<Item = Option<&'a ReceivedReport>>,
-    ) -> LiveTotals {
-        self.sample_at(SystemTime::now(), latest)
-    }
-
     /// The series, after a last sample of the workers' final reports.
     pub fn finish<'a>(
         self,

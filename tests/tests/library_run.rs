@@ -1,5 +1,5 @@
 //! The coordinator library turns a run into a report and a verdict with no CLI in between
-//! (`coordinator::run::RunPlan`): the entry point the capacity search builds on. Each test
+//! (`coordinator::RunPlan`): the entry point the capacity search builds on. Each test
 //! builds a typed `RunConfig` in code (no argv), prepares and executes it in this process
 //! against a real mock server, with workers over loopback gRPC: in-process ones
 //! (`worker::InProcess`) dialling a listener the test owns, or worker processes (the
@@ -10,11 +10,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::launch::WorkerLauncher;
-use coordinator::config::RunConfig;
-use coordinator::launch::ProcessLauncher;
-use coordinator::outcome::{InputAt, RunError};
-use coordinator::run::{RunHooks, RunOutcome, RunPlan, Verdict};
-use coordinator::supervisor::RunSnapshot;
+use coordinator::ProcessLauncher;
+use coordinator::RunConfig;
+use coordinator::RunSnapshot;
+use coordinator::{InputAt, RunError};
+use coordinator::{RunHooks, RunOutcome, RunPlan, Verdict};
 use fixtures::{MockServer, TempDir, bin, parallel_lock, write_chat_recording};
 
 fn runtime() -> tokio::runtime::Runtime {

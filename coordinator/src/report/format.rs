@@ -4,8 +4,8 @@
 use common::metrics::{Metric, Stats, Unit};
 
 use super::{
-    COMPARED_METRICS, CapacitySection, Change, Dimension, GoodputSection, ProbeSection, Report, ScheduleKind,
-    change_key,
+    COMPARED_METRICS, CapacitySection, Change, Dimension, GoodputSection, ProbeSection, Report,
+    ScheduleKind, change_key,
 };
 use crate::goals::Stat;
 
@@ -392,18 +392,19 @@ pub(super) fn capacity_answer(capacity: &CapacitySection) -> String {
             } else {
                 f64::INFINITY
             };
-            let closeness = if capacity.dimension == Dimension::Concurrency && min_failing - max <= 1.0 {
-                // Whole users: nothing lies between, whatever the precision asked.
-                "neighbours: nothing lies between".to_string()
-            } else if gap_pct <= capacity.precision_pct + 1e-9 {
-                format!("within {} %", load_value(capacity.precision_pct))
-            } else {
-                format!(
-                    "{gap_pct:.0} % apart, wider than the {} % asked (the search stopped: {})",
-                    load_value(capacity.precision_pct),
-                    capacity.stopped
-                )
-            };
+            let closeness =
+                if capacity.dimension == Dimension::Concurrency && min_failing - max <= 1.0 {
+                    // Whole users: nothing lies between, whatever the precision asked.
+                    "neighbours: nothing lies between".to_string()
+                } else if gap_pct <= capacity.precision_pct + 1e-9 {
+                    format!("within {} %", load_value(capacity.precision_pct))
+                } else {
+                    format!(
+                        "{gap_pct:.0} % apart, wider than the {} % asked (the search stopped: {})",
+                        load_value(capacity.precision_pct),
+                        capacity.stopped
+                    )
+                };
             format!(
                 "{head}: {} holds every goal; {} fails{} — {closeness}",
                 load_value(max),

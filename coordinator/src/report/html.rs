@@ -818,7 +818,9 @@ fn capacity(out: &mut String, report: &Report) {
     let _ = write!(
         out,
         "<table id=\"probes\">\n<tr><th>#</th><th>{}</th><th>Result</th><th>Judged on</th>",
-        esc(&format::capitalized(&format::dimension_label(capacity.dimension)))
+        esc(&format::capitalized(&format::dimension_label(
+            capacity.dimension
+        )))
     );
     for metric in &goal_columns {
         let _ = write!(out, "<th><code>{}</code></th>", esc(metric));

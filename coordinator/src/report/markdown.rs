@@ -147,7 +147,11 @@ fn verdict(out: &mut String, report: &Report) {
             n => format!("⚠️ {n} regressions"),
         });
     let capacity = report.capacity.as_ref().map(|c| match c.max {
-        Some(max) => format!("max {} {}", plain(c.dimension.name()), format::load_value(max)),
+        Some(max) => format!(
+            "max {} {}",
+            plain(c.dimension.name()),
+            format::load_value(max)
+        ),
         None => format!("❌ even the lowest {} fails", plain(c.dimension.name())),
     });
     let parts: Vec<String> = capacity
@@ -547,7 +551,9 @@ fn capacity(out: &mut String, report: &Report) {
         out,
         "| # | {} | Result | Judged on | Goal values |{goodput_head}{server_head} Failed goals |\n\
          |--:|--:|---|---|---|{goodput_rule}{server_rule}---|",
-        plain(&format::capitalized(&format::dimension_label(capacity.dimension)))
+        plain(&format::capitalized(&format::dimension_label(
+            capacity.dimension
+        )))
     );
     let rows: Vec<String> = capacity
         .probes

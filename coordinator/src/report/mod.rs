@@ -518,7 +518,6 @@ impl LoadSection {
     }
 }
 
-
 /// The `run` section. Filled in by the coordinator; also the builder's input.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunInfo {

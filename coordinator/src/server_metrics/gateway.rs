@@ -52,11 +52,6 @@ const GATEWAY_FAMILIES: &[GatewayFamily] = &[
     },
 ];
 
-/// The gateway families known (LiteLLM's).
-pub fn gateway_families() -> &'static [GatewayFamily] {
-    GATEWAY_FAMILIES
-}
-
 /// The gateway role of family `name` (as the report keys it), if it is a known one.
 pub fn gateway_role_of(name: &str) -> Option<GatewayRole> {
     GATEWAY_FAMILIES

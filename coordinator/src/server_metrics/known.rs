@@ -54,24 +54,6 @@ pub enum Role {
     PrefixCacheQueries,
 }
 
-impl Role {
-    /// A short human label ("queue depth").
-    pub fn label(self) -> &'static str {
-        match self {
-            Role::QueueDepth => "queue depth",
-            Role::Running => "running requests",
-            Role::KvCacheUsage => "KV-cache usage",
-            Role::Preemptions => "preemptions",
-            Role::PromptTokens => "prompt tokens",
-            Role::GenerationTokens => "generated tokens",
-            Role::ServerTtft => "server TTFT",
-            Role::ServerLatency => "server latency",
-            Role::CachedPromptTokens => "cached prompt tokens",
-            Role::PrefixCacheQueries => "prefix-cache queries",
-        }
-    }
-}
-
 /// One known family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KnownFamily {
@@ -89,6 +71,7 @@ pub struct KnownFamily {
 
 impl KnownFamily {
     /// True when the name was checked in the server's source.
+    #[cfg(test)]
     pub fn verified(&self) -> bool {
         !self.checked.is_empty()
     }
@@ -317,6 +300,7 @@ pub fn server_of(name: &str) -> Option<&'static str> {
 }
 
 /// The known families of vLLM, SGLang, TGI, llama.cpp, TensorRT-LLM/Triton and Dynamo.
+#[cfg(test)]
 pub fn known_families() -> &'static [KnownFamily] {
     KNOWN
 }

@@ -69,12 +69,9 @@ use serde::{Deserialize, Serialize};
 
 pub use endpoints::{expand_env, prefix_hint};
 pub use known::{
-    COUNTS_CACHED, KnownFamily, Role, in_seconds, known_families, known_family,
-    prompt_tokens_meaning, role_of, server_of,
+    COUNTS_CACHED, Role, in_seconds, known_family, prompt_tokens_meaning, role_of, server_of,
 };
-pub use mixed::{TOKEN_RATIO_LIMIT, token_mismatch};
-pub use parse::{MAX_SERIES, ParseError};
-pub use scrape::{MAX_BODY_BYTES, ScrapeClientOptions, ScrapeEndpoint, Scraper, request_timeout};
+pub use scrape::{ScrapeClientOptions, ScrapeEndpoint, Scraper};
 
 use parse::{FamilyValue, add_bucket};
 

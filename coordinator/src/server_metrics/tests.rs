@@ -10,6 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 use super::parse::{parse, reduce};
+use super::scrape::{MAX_BODY_BYTES, request_timeout};
 use super::*;
 
 /// The instant `seconds` after an arbitrary origin.
