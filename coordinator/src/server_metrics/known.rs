@@ -299,12 +299,6 @@ pub fn server_of(name: &str) -> Option<&'static str> {
         .map(|(_, server)| *server)
 }
 
-/// The known families of vLLM, SGLang, TGI, llama.cpp, TensorRT-LLM/Triton and Dynamo.
-#[cfg(test)]
-pub fn known_families() -> &'static [KnownFamily] {
-    KNOWN
-}
-
 /// The role of family `name` (as the report keys it), if it is a known one.
 pub fn role_of(name: &str) -> Option<Role> {
     KNOWN

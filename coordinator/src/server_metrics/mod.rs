@@ -51,7 +51,7 @@
 //!   `unit: "ms"`, so every time a goal reads is in ms; quantiles are 0 when the window saw
 //!   no observation.
 //! - timeline: per round inside the window (or the fallback round), the known families'
-//!   ([`known_families`]) gauge values, their counters' rate since the previous round,
+//!   (`known::KNOWN`) gauge values, their counters' rate since the previous round,
 //!   and their histograms' mean observation since the previous round (in ms for a family
 //!   of seconds).
 
