@@ -31,6 +31,9 @@ pub struct RecordingArgs {
 pub enum RecordingCommand {
     /// Summarise a recording: exchanges, arrival rate, burstiness, ISL/OSL, families, models.
     Stats(StatsArgs),
+    /// Copy the exchanges one upstream served (`record` with several `--upstream` routes)
+    /// into a recording of their own.
+    Filter(crate::filter::FilterArgs),
 }
 
 /// `llm-replay recording stats` arguments.
