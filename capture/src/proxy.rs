@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::formats::complete::CompletionTracker;
 use common::recording::{Exchange, Frame, Request, Response, UpstreamNote};
+use http::StatusCode;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
-use http::{StatusCode, Uri};
 use http_body::{Body, Frame as BodyFrame, SizeHint};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
@@ -37,82 +37,13 @@ use serde_json::{Map, json};
 
 use common::recording::is_hop_by_hop_header;
 
+pub use super::routes::Upstream;
 use super::routes::{Route, Routes};
 use super::upstream::{FailureCause, SendError, UpstreamClient, chain, humanize};
 use super::writer::WriterHandle;
 
 /// The largest request body the proxy accepts (LLM requests are far smaller).
 pub const MAX_REQUEST_BODY: usize = 64 << 20;
-
-/// The upstream: scheme and authority, and a path prefix put before every request's path.
-#[derive(Debug, Clone)]
-pub struct Upstream {
-    pub scheme: http::uri::Scheme,
-    pub authority: http::uri::Authority,
-    pub base_path: String,
-}
-
-impl Upstream {
-    /// Parse `http(s)://host[:port][/prefix]`; an error names `--upstream`.
-    pub fn parse(url: &str) -> Result<Upstream, String> {
-        Upstream::parse_url(url).map_err(|e| format!("--upstream {url:?}: {e}"))
-    }
-
-    /// Parse `http(s)://host[:port][/prefix]`; the error says what is wrong only.
-    pub fn parse_url(url: &str) -> Result<Upstream, String> {
-        let uri: Uri = url.parse().map_err(|e| format!("not a URL: {e}"))?;
-        let scheme = uri
-            .scheme()
-            .cloned()
-            .ok_or_else(|| "expected http:// or https://".to_owned())?;
-        if scheme != http::uri::Scheme::HTTP && scheme != http::uri::Scheme::HTTPS {
-            return Err("expected http:// or https://".to_owned());
-        }
-        let authority = uri
-            .authority()
-            .cloned()
-            .ok_or_else(|| "no host".to_owned())?;
-        Ok(Upstream {
-            scheme,
-            authority,
-            base_path: uri.path().trim_end_matches('/').to_owned(),
-        })
-    }
-
-    /// `scheme://host[:port]`, as messages name the upstream (without any user info or
-    /// path prefix).
-    pub fn display(&self) -> String {
-        let host = self.authority.host();
-        match self.authority.port_u16() {
-            Some(port) => format!("{}://{host}:{port}", self.scheme),
-            None => format!("{}://{host}", self.scheme),
-        }
-    }
-
-    /// [`Upstream::display`] and the path prefix: the base URL as the recording names it.
-    pub fn display_with_path(&self) -> String {
-        format!("{}{}", self.display(), self.base_path)
-    }
-
-    /// `host:port` to open a TCP connection to (the scheme's port when none is given).
-    pub fn socket_address(&self) -> String {
-        let default_port = if self.scheme == http::uri::Scheme::HTTPS {
-            443
-        } else {
-            80
-        };
-        let port = self.authority.port_u16().unwrap_or(default_port);
-        format!("{}:{port}", self.authority.host())
-    }
-
-    fn uri_for(&self, path_and_query: &str) -> Result<Uri, http::Error> {
-        Uri::builder()
-            .scheme(self.scheme.clone())
-            .authority(self.authority.clone())
-            .path_and_query(format!("{}{}", self.base_path, path_and_query))
-            .build()
-    }
-}
 
 /// State shared by every request of one proxy.
 pub struct ProxyState {
