@@ -170,14 +170,6 @@ impl Routes {
         self.routes.iter()
     }
 
-    pub fn len(&self) -> usize {
-        self.routes.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.routes.is_empty()
-    }
-
     /// More than a lone default: each recorded exchange names its upstream.
     pub fn names_upstreams(&self) -> bool {
         !matches!(self.routes.as_slice(), [only] if only.matcher == RouteMatch::Default)
