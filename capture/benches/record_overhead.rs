@@ -7,6 +7,7 @@
 use std::time::{Duration, Instant};
 
 use capture::proxy::Upstream;
+use capture::routes::Routes;
 use capture::writer::Scrub;
 use capture::{RecordConfig, run};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -39,7 +40,7 @@ async fn bench(streams: usize, frames: usize, gap_us: u64) {
     let proxy = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
     let proxy_addr = proxy.local_addr().expect("addr");
     let config = RecordConfig {
-        upstream: Upstream::parse(&format!("http://{upstream_addr}")).expect("url"),
+        routes: Routes::single(Upstream::parse(&format!("http://{upstream_addr}")).expect("url")),
         out: out.clone(),
         scrub: Scrub::default(),
         session_header: None,

@@ -1,5 +1,6 @@
-//! `--health-listen ADDR`: `/healthz` (the process is alive), `/readyz` (200 once the upstream
-//! answered a request, or a TCP probe to it connected; 503 before) and `/metrics`
+//! `--health-listen ADDR`: `/healthz` (the process is alive), `/readyz` (200 once every
+//! upstream answered a request, or a TCP probe to it connected; 503 before, naming those not
+//! reached) and `/metrics`
 //! (Prometheus text of [`crate::metrics::RecordMetrics`]), on a listener of their own so an
 //! orchestrator's probes never reach the upstream or the recording.
 
@@ -49,33 +50,48 @@ pub async fn start(
     }))
 }
 
-/// Connect to the upstream every second until it accepts (or it answered a request).
+/// Connect to each upstream not reached yet, every second, until every one has accepted
+/// (or answered a request).
 async fn probe_upstream(weak: Weak<ProxyState>) {
     let Some(state) = weak.upgrade() else { return };
-    let upstream = state.upstream.clone();
+    let targets: Vec<(String, String)> = state
+        .routes
+        .iter()
+        .map(|route| (route.name.clone(), route.upstream.socket_address()))
+        .collect();
     drop(state);
-    let port =
-        upstream
-            .authority
-            .port_u16()
-            .unwrap_or(if upstream.scheme == http::uri::Scheme::HTTPS {
-                443
-            } else {
-                80
-            });
-    let target = format!("{}:{port}", upstream.authority.host());
     while let Some(metrics) = weak.upgrade().map(|s| s.metrics.clone()) {
-        if metrics.ready.load(Ordering::Relaxed) {
+        let waiting = metrics.unready_upstreams();
+        if metrics.ready.load(Ordering::Relaxed) || waiting.is_empty() {
             break;
         }
-        let connect = tokio::net::TcpStream::connect(&target);
-        if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(2), connect).await {
-            metrics.ready.store(true, Ordering::Relaxed);
+        for (name, target) in targets.iter().filter(|(name, _)| waiting.contains(name)) {
+            let connect = tokio::net::TcpStream::connect(target);
+            if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(2), connect).await {
+                metrics.upstream_ready(name);
+            }
+        }
+        if metrics.ready.load(Ordering::Relaxed) {
             break;
         }
         drop(metrics);
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+}
+
+/// The `/readyz` answer before every upstream was reached: which ones were not.
+fn not_ready(state: &ProxyState) -> String {
+    let waiting = state.metrics.unready_upstreams();
+    let named: Vec<String> = state
+        .routes
+        .iter()
+        .filter(|route| waiting.contains(&route.name))
+        .map(|route| format!("{} ({})", route.name, route.upstream.display()))
+        .collect();
+    format!(
+        "not ready: no answer yet from the upstream {}\n",
+        named.join(", ")
+    )
 }
 
 async fn answer(
@@ -92,11 +108,7 @@ async fn answer(
         "/readyz" if state.metrics.ready.load(Ordering::Relaxed) => {
             (200, "text/plain", "ready\n".to_owned())
         }
-        "/readyz" => (
-            503,
-            "text/plain",
-            "not ready: the upstream has not answered yet\n".to_owned(),
-        ),
+        "/readyz" => (503, "text/plain", not_ready(&state)),
         "/metrics" => (
             200,
             "text/plain; version=0.0.4",

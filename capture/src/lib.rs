@@ -22,6 +22,7 @@ use common::redact::{RedactError, Redactor};
 mod health;
 pub mod metrics;
 pub mod proxy;
+pub mod routes;
 pub mod sink;
 pub mod upstream;
 pub mod writer;
@@ -35,9 +36,13 @@ pub struct RecordArgs {
     /// Address to listen on (e.g. 127.0.0.1:8080; port 0 picks a free one).
     #[arg(long)]
     pub listen: String,
-    /// Upstream base URL (http:// or https://; a path prefix is put before every request).
-    #[arg(long)]
-    pub upstream: String,
+    /// Where requests go (repeatable): `URL` — the default upstream (http:// or https://; a
+    /// path in it is put before every request path); `/PREFIX=URL` — requests whose path
+    /// starts with the whole segments PREFIX, which is stripped (the longest prefix wins);
+    /// `HOST=URL` — requests whose Host (or :authority) is HOST, port ignored. A request no
+    /// route takes gets a 404 from the proxy.
+    #[arg(long, required = true, value_name = "URL|/PREFIX=URL|HOST=URL")]
+    pub upstream: Vec<String>,
     /// Recording to write: a file (truncated first; compressed when it ends in `.gz`), or a
     /// directory (existing, or ending in `/`) of rotated `recording-<UTC time>-<seq>.jsonl.gz`
     /// files.
@@ -106,7 +111,8 @@ pub const DEFAULT_UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 /// The validated configuration of one recording proxy.
 #[derive(Clone)]
 pub struct RecordConfig {
-    pub upstream: proxy::Upstream,
+    /// The `--upstream` routes (one default upstream, or several routes).
+    pub routes: routes::Routes,
     pub out: PathBuf,
     pub scrub: writer::Scrub,
     pub session_header: Option<http::HeaderName>,
@@ -192,7 +198,7 @@ impl RecordError {
 impl RecordArgs {
     /// Validate into a [`RecordConfig`].
     pub fn into_config(self) -> Result<RecordConfig, RecordError> {
-        let upstream = proxy::Upstream::parse(&self.upstream).map_err(RecordError::Usage)?;
+        let routes = routes::Routes::parse(&self.upstream).map_err(RecordError::Usage)?;
         let recording = self.recording_options()?;
         let redactor = Redactor::new(&self.redact_body)?;
         let session_header = self
@@ -214,7 +220,7 @@ impl RecordArgs {
             ));
         }
         Ok(RecordConfig {
-            upstream,
+            routes,
             out: self.out,
             scrub: writer::Scrub {
                 redact_headers: self.redact_header,
@@ -344,6 +350,10 @@ pub async fn run(
     // SIGXFSZ (25 on Linux) is caught and ignored while the proxy runs.
     let _sigxfsz = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::from_raw(25)).ok();
     let metrics = Arc::new(RecordMetrics::default());
+    metrics.register_upstreams(config.routes.iter().map(|route| route.name.as_str()));
+    if config.routes.names_upstreams() {
+        tracing::info!(routes = %config.routes.describe(), "upstream routes");
+    }
     let options = &config.recording;
     let (handle, writer) = writer::start(writer::WriterSetup {
         plan: sink::OutputPlan {
@@ -361,7 +371,7 @@ pub async fn run(
         metrics: metrics.clone(),
     })?;
     let state = Arc::new(proxy::ProxyState {
-        upstream: config.upstream.clone(),
+        routes: config.routes.clone(),
         client,
         writer: handle,
         session_header: config.session_header.clone(),
@@ -390,7 +400,7 @@ pub async fn run(
         // Said even when every resend succeeded: the upstream closes kept-alive connections
         // without `Connection: close` (llama.cpp's server does), which costs a new connection.
         tracing::warn!(
-            upstream = %config.upstream.display(),
+            upstreams = %config.routes.describe(),
             "{resent} requests resent on a new connection: the upstream closed the reused connection they were written to before any byte of response"
         );
     }

@@ -27,9 +27,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::formats::complete::CompletionTracker;
-use common::recording::{Exchange, Frame, Request, Response};
+use common::recording::{Exchange, Frame, Request, Response, UpstreamNote};
+use http::StatusCode;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
-use http::{StatusCode, Uri};
 use http_body::{Body, Frame as BodyFrame, SizeHint};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
@@ -37,66 +37,18 @@ use serde_json::{Map, json};
 
 use common::recording::is_hop_by_hop_header;
 
+pub use super::routes::Upstream;
+use super::routes::{Route, Routes};
 use super::upstream::{FailureCause, SendError, UpstreamClient, chain, humanize};
 use super::writer::WriterHandle;
 
 /// The largest request body the proxy accepts (LLM requests are far smaller).
 pub const MAX_REQUEST_BODY: usize = 64 << 20;
 
-/// The upstream: scheme and authority, and a path prefix put before every request's path.
-#[derive(Debug, Clone)]
-pub struct Upstream {
-    pub scheme: http::uri::Scheme,
-    pub authority: http::uri::Authority,
-    pub base_path: String,
-}
-
-impl Upstream {
-    /// Parse `http(s)://host[:port][/prefix]`.
-    pub fn parse(url: &str) -> Result<Upstream, String> {
-        let uri: Uri = url
-            .parse()
-            .map_err(|e| format!("--upstream {url:?}: not a URL: {e}"))?;
-        let scheme = uri
-            .scheme()
-            .cloned()
-            .ok_or_else(|| format!("--upstream {url:?}: expected http:// or https://"))?;
-        if scheme != http::uri::Scheme::HTTP && scheme != http::uri::Scheme::HTTPS {
-            return Err(format!("--upstream {url:?}: expected http:// or https://"));
-        }
-        let authority = uri
-            .authority()
-            .cloned()
-            .ok_or_else(|| format!("--upstream {url:?}: no host"))?;
-        Ok(Upstream {
-            scheme,
-            authority,
-            base_path: uri.path().trim_end_matches('/').to_owned(),
-        })
-    }
-
-    /// `scheme://host[:port]`, as messages name the upstream (without any user info or
-    /// path prefix).
-    pub fn display(&self) -> String {
-        let host = self.authority.host();
-        match self.authority.port_u16() {
-            Some(port) => format!("{}://{host}:{port}", self.scheme),
-            None => format!("{}://{host}", self.scheme),
-        }
-    }
-
-    fn uri_for(&self, path_and_query: &str) -> Result<Uri, http::Error> {
-        Uri::builder()
-            .scheme(self.scheme.clone())
-            .authority(self.authority.clone())
-            .path_and_query(format!("{}{}", self.base_path, path_and_query))
-            .build()
-    }
-}
-
 /// State shared by every request of one proxy.
 pub struct ProxyState {
-    pub upstream: Upstream,
+    /// The `--upstream` routes.
+    pub routes: Routes,
     pub client: UpstreamClient,
     pub writer: WriterHandle,
     /// Header whose value becomes the exchange's `session` (`--session-header`).
@@ -170,15 +122,19 @@ pub async fn handle(
             &format!("llm-replay record: the recording cannot be written: {cause}\n"),
         ));
     }
-    if is_metrics_scrape(request.method(), request.uri()) {
-        return Ok(pass_through_scrape(&state, request).await);
-    }
-    let zero = *state.first_arrival.get_or_init(|| arrival);
     let (parts, body) = request.into_parts();
-    let path_and_query = parts
+    let client_path = parts
         .uri
         .path_and_query()
         .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
+    let Some((route, path_and_query)) = state.routes.lookup(request_host(&parts), &client_path)
+    else {
+        return Ok(no_route(&state, &parts, &client_path));
+    };
+    if is_metrics_scrape(&parts.method, &path_and_query) {
+        return Ok(pass_through_scrape(&state, route, &parts, &path_and_query).await);
+    }
+    let zero = *state.first_arrival.get_or_init(|| arrival);
     let body = match Limited::new(body, MAX_REQUEST_BODY).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(error) => {
@@ -190,7 +146,13 @@ pub async fn handle(
         }
     };
     let at_ms = (arrival.duration_since(zero).as_secs_f64() * 1e6).round() / 1000.0;
-    let recorded = recorded_request(&state, &parts, &path_and_query, &body, at_ms);
+    let mut recorded = recorded_request(&state, &parts, &path_and_query, &body, at_ms);
+    if state.routes.names_upstreams() {
+        recorded.set_upstream(&UpstreamNote::new(
+            &route.name,
+            &route.upstream.display_with_path(),
+        ));
+    }
     state.metrics.seen.fetch_add(1, Ordering::Relaxed);
     let keep = state.sampler.keeps(
         recorded.session.as_deref(),
@@ -199,7 +161,7 @@ pub async fn handle(
     if !keep {
         state.metrics.sampled_out.fetch_add(1, Ordering::Relaxed);
     }
-    let upstream_request = match upstream_request(&state, &parts, &path_and_query, body) {
+    let upstream_request = match upstream_request(route, &parts, &path_and_query, body) {
         Ok(request) => request,
         Err(why) => return Ok(plain(StatusCode::BAD_REQUEST, &why)),
     };
@@ -216,13 +178,24 @@ pub async fn handle(
     let t0 = sent.t0;
     match sent.result {
         Ok(response) => {
-            state.metrics.status(Some(response.status().as_u16()));
-            state.metrics.ready.store(true, Ordering::Relaxed);
-            Ok(recording_response(&state, guard.take(), response, t0, keep))
+            state
+                .metrics
+                .status(&route.name, Some(response.status().as_u16()));
+            state.metrics.upstream_ready(&route.name);
+            let recorded = guard.take();
+            Ok(recording_response(
+                &state, route, recorded, response, t0, keep,
+            ))
         }
         Err(error) => {
-            state.metrics.status(None);
-            Ok(upstream_failed(&state, &mut guard, error, sent.resent))
+            state.metrics.status(&route.name, None);
+            Ok(upstream_failed(
+                &state,
+                route,
+                &mut guard,
+                error,
+                sent.resent,
+            ))
         }
     }
 }
@@ -265,12 +238,12 @@ fn recorded_request(
 /// The request as forwarded upstream (HTTP/1.1, the client's headers less hop-by-hop ones),
 /// or the text of the 400 that refuses it.
 fn upstream_request(
-    state: &ProxyState,
+    route: &Route,
     parts: &http::request::Parts,
     path_and_query: &str,
     body: Bytes,
 ) -> Result<http::Request<Full<Bytes>>, String> {
-    let uri = state
+    let uri = route
         .upstream
         .uri_for(path_and_query)
         .map_err(|error| format!("llm-replay record: bad path: {error}\n"))?;
@@ -290,11 +263,12 @@ fn upstream_request(
 /// the client gets a 504 (no headers in time) or a 502 naming it.
 fn upstream_failed(
     state: &ProxyState,
+    route: &Route,
     guard: &mut InFlight,
     error: SendError,
     resent: bool,
 ) -> http::Response<ProxyBody> {
-    let upstream = state.upstream.display();
+    let upstream = route.upstream.display();
     let idle = state.upstream_idle_timeout;
     match error {
         SendError::Timeout => {
@@ -344,6 +318,7 @@ fn upstream_failed(
 /// its frames as they pass.
 fn recording_response(
     state: &Arc<ProxyState>,
+    route: &Route,
     mut recorded: Exchange,
     response: http::Response<Incoming>,
     t0: Instant,
@@ -357,7 +332,7 @@ fn recording_response(
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let mut recorded_headers = header_map(&parts.headers, false);
-    drop_other_hosts(&mut recorded_headers, state.upstream.authority.as_str());
+    drop_other_hosts(&mut recorded_headers, route.upstream.authority.as_str());
     recorded.response = Some(Response {
         status: parts.status.as_u16(),
         headers: recorded_headers,
@@ -388,27 +363,64 @@ fn recording_response(
     response
 }
 
+/// The host a request was sent to: HTTP/2's `:authority` (the URI's), else the `Host`
+/// header.
+fn request_host(parts: &http::request::Parts) -> Option<&str> {
+    parts
+        .uri
+        .authority()
+        .map(http::uri::Authority::as_str)
+        .or_else(|| {
+            parts
+                .headers
+                .get(http::header::HOST)
+                .and_then(|v| v.to_str().ok())
+        })
+}
+
+/// No `--upstream` route takes the request (and there is no default): the proxy answers
+/// `404` itself, as Envoy and nginx do for a request no route or `location` matches, naming
+/// the routes; the request is counted (`no_route`), never forwarded nor recorded.
+fn no_route(
+    state: &ProxyState,
+    parts: &http::request::Parts,
+    client_path: &str,
+) -> http::Response<ProxyBody> {
+    state
+        .metrics
+        .refused(crate::metrics::RefusalReason::NoRoute);
+    let host = request_host(parts).unwrap_or("(none)");
+    // The query may hold credentials: only the path is named.
+    let path = client_path.split('?').next().unwrap_or_default();
+    tracing::debug!(%host, %path, "no upstream route for the request");
+    plain(
+        StatusCode::NOT_FOUND,
+        &format!(
+            "llm-replay record: no upstream route for host {host:?} and path {path:?}; \
+             routes (--upstream): {}\n",
+            state.routes.describe()
+        ),
+    )
+}
+
 /// Most bytes of a `/metrics` answer passed through (vLLM's is about 100 KiB).
 const MAX_SCRAPE_BYTES: usize = 8 << 20;
 
 /// A Prometheus scrape of the upstream through the proxy (`GET /metrics`: `llm-replay run`
 /// scrapes its target's, a monitoring system may too) is not traffic to record: it is
 /// forwarded, and neither recorded nor counted, nor does it start the recording's clock.
-fn is_metrics_scrape(method: &http::Method, uri: &http::Uri) -> bool {
-    method == http::Method::GET && uri.path() == "/metrics"
+fn is_metrics_scrape(method: &http::Method, path_and_query: &str) -> bool {
+    method == http::Method::GET && path_and_query.split('?').next() == Some("/metrics")
 }
 
-/// Forward a scrape and hand back the upstream's answer, unrecorded.
+/// Forward a scrape to its route's upstream and hand back the answer, unrecorded.
 async fn pass_through_scrape(
     state: &ProxyState,
-    request: http::Request<Incoming>,
+    route: &Route,
+    parts: &http::request::Parts,
+    path_and_query: &str,
 ) -> http::Response<ProxyBody> {
-    let (parts, _) = request.into_parts();
-    let path_and_query = parts
-        .uri
-        .path_and_query()
-        .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
-    let Ok(uri) = state.upstream.uri_for(&path_and_query) else {
+    let Ok(uri) = route.upstream.uri_for(path_and_query) else {
         return plain(StatusCode::BAD_REQUEST, "llm-replay record: bad path\n");
     };
     let mut upstream_request = http::Request::builder()

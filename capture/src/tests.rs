@@ -13,6 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 use super::proxy::Upstream;
+use super::routes::Routes;
 use super::writer::Scrub;
 use super::{RecordConfig, run};
 
@@ -86,7 +87,7 @@ async fn records_through_a_tls_upstream_over_http2() {
     std::fs::write(&ca, pem).expect("ca");
     let out = dir.join("recorded.jsonl");
     let config = RecordConfig {
-        upstream: Upstream::parse(&format!("https://localhost:{port}")).expect("url"),
+        routes: Routes::single(Upstream::parse(&format!("https://localhost:{port}")).expect("url")),
         out: out.clone(),
         scrub: Scrub::default(),
         session_header: None,
@@ -220,7 +221,7 @@ async fn a_client_that_hangs_up_mid_stream_is_recorded_with_when() {
     std::fs::create_dir_all(&dir).expect("dir");
     let out = dir.join("recorded.jsonl");
     let config = RecordConfig {
-        upstream: Upstream::parse(&format!("http://{upstream_addr}")).expect("url"),
+        routes: Routes::single(Upstream::parse(&format!("http://{upstream_addr}")).expect("url")),
         out: out.clone(),
         scrub: Scrub::default(),
         session_header: None,

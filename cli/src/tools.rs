@@ -226,6 +226,22 @@ pub fn export_command(args: ExportArgs) -> ExitCode {
 pub fn recording_command(args: RecordingArgs) -> ExitCode {
     match args.command {
         RecordingCommand::Stats(args) => stats_command(args),
+        RecordingCommand::Filter(args) => filter_command(&args),
+    }
+}
+
+/// `llm-replay recording filter`.
+fn filter_command(args: &recordings::filter::FilterArgs) -> ExitCode {
+    match recordings::filter::filter_by_upstream(args) {
+        Ok(summary) => stdout_written(print::stdout_text(&format!(
+            "kept {} of {} exchanges (upstream {:?}) in {}\n",
+            summary.kept,
+            summary.read,
+            args.upstream,
+            args.output.display()
+        ))),
+        Err(error) if error.is_write() => fail(exit::RUN_FAILED, error),
+        Err(error) => fail(exit::USAGE, error),
     }
 }
 

@@ -509,6 +509,66 @@ impl<'de> Deserialize<'de> for SourceNote {
     }
 }
 
+/// The key of an exchange's [`UpstreamNote`] among its fields.
+pub const UPSTREAM_NOTE_KEY: &str = "upstream";
+
+/// Which upstream served an exchange, as `llm-replay record` with several `--upstream` routes
+/// notes it (its `upstream` field): `{"name":"openai","url":"https://api.openai.com/v1"}`.
+/// `name` is the route's (a path prefix without its slash, a host name, or `default`), `url`
+/// the upstream's base URL without user info. Recordings without the field (older ones, or
+/// a proxy with one upstream) read as before.
+///
+/// Format v1 does not change: like the [`SourceNote`], the note is one of the exchange's
+/// unknown fields and reads leniently: a plain string is the name, anything else without a
+/// string `name` is no note, never an error.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct UpstreamNote {
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+}
+
+impl UpstreamNote {
+    /// The note of route `name` to the upstream at `url`.
+    pub fn new(name: &str, url: &str) -> UpstreamNote {
+        UpstreamNote {
+            name: name.to_owned(),
+            url: Some(url.to_owned()),
+        }
+    }
+
+    /// The note a JSON value holds: an object with a string `name` (and `url`), or a string.
+    pub fn from_json(value: &serde_json::Value) -> Option<UpstreamNote> {
+        if let Some(name) = value.as_str() {
+            return Some(UpstreamNote {
+                name: name.to_owned(),
+                url: None,
+            });
+        }
+        let object = value.as_object()?;
+        Some(UpstreamNote {
+            name: object.get("name")?.as_str()?.to_owned(),
+            url: object
+                .get("url")
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_owned),
+        })
+    }
+}
+
+impl Exchange {
+    /// Which upstream served the exchange, when the recorder noted it (`upstream`).
+    pub fn upstream_note(&self) -> Option<UpstreamNote> {
+        UpstreamNote::from_json(self.unknown.get(UPSTREAM_NOTE_KEY)?)
+    }
+
+    /// Note which upstream served the exchange (replacing any note).
+    pub fn set_upstream(&mut self, note: &UpstreamNote) {
+        let value = serde_json::to_value(note).expect("an upstream note is two strings");
+        self.unknown.insert(UPSTREAM_NOTE_KEY.to_owned(), value);
+    }
+}
+
 impl Exchange {
     /// The import's [`SourceNote`], when the exchange has one (a `source` object).
     pub fn source_note(&self) -> Option<SourceNote> {
@@ -1871,6 +1931,44 @@ mod tests {
             PathBuf::from("rec.jsonl"),
             Box::new(std::io::Cursor::new(text.as_bytes().to_vec())),
         )
+    }
+
+    #[test]
+    fn the_upstream_note_is_read_when_present_and_absent_in_old_lines() {
+        let old = r#"{"request":{"path":"/v1/chat/completions"}}"#;
+        let noted = r#"{"upstream":{"name":"openai","url":"http://10.0.0.5:8000/v1"},"request":{"path":"/v1/chat/completions"}}"#;
+        let short = r#"{"upstream":"anthropic","request":{"path":"/v1/messages"}}"#;
+        let odd = r#"{"upstream":{"url":7},"request":{"path":"/v1/messages"}}"#;
+        let mut r = reader(&format!("{old}\n{noted}\n{short}\n{odd}\n"));
+        let notes: Vec<Option<UpstreamNote>> = r
+            .by_ref()
+            .map(|item| item.expect("every line reads").1.upstream_note())
+            .collect();
+        assert_eq!(
+            notes,
+            [
+                None,
+                Some(UpstreamNote::new("openai", "http://10.0.0.5:8000/v1")),
+                Some(UpstreamNote {
+                    name: "anthropic".into(),
+                    url: None
+                }),
+                None,
+            ]
+        );
+        // Written as an object, and read back the same.
+        let mut exchange: Exchange = serde_json::from_str(old).expect("valid");
+        exchange.set_upstream(&UpstreamNote::new("openai", "https://api.openai.com"));
+        let line = serde_json::to_string(&exchange).expect("serializes");
+        assert!(
+            line.contains(r#""upstream":{"name":"openai","url":"https://api.openai.com"}"#),
+            "{line}"
+        );
+        let back: Exchange = serde_json::from_str(&line).expect("reads");
+        assert_eq!(
+            back.upstream_note(),
+            Some(UpstreamNote::new("openai", "https://api.openai.com"))
+        );
     }
 
     #[test]

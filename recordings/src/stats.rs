@@ -31,6 +31,9 @@ pub struct RecordingArgs {
 pub enum RecordingCommand {
     /// Summarise a recording: exchanges, arrival rate, burstiness, ISL/OSL, families, models.
     Stats(StatsArgs),
+    /// Copy the exchanges one upstream served (`record` with several `--upstream` routes)
+    /// into a recording of their own.
+    Filter(crate::filter::FilterArgs),
 }
 
 /// `llm-replay recording stats` arguments.
@@ -114,6 +117,10 @@ pub struct RecordingStats {
     pub ttft_ms: Option<Stats>,
     pub families: BTreeMap<String, u64>,
     pub models: BTreeMap<String, u64>,
+    /// Exchanges by the upstream that served them (`record` with several `--upstream`
+    /// routes notes the route's name); absent when no exchange names one.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub upstreams: BTreeMap<String, u64>,
     pub statuses: BTreeMap<String, u64>,
     /// Line of a torn last line that was skipped, if any.
     pub torn_last_line: Option<u64>,
@@ -215,6 +222,9 @@ pub fn recording_stats_with(
         let model = request::model_of(&exchange.request.path, body.as_ref())
             .unwrap_or_else(|| "(none)".to_owned());
         *out.models.entry(model).or_default() += 1;
+        if let Some(note) = exchange.upstream_note() {
+            *out.upstreams.entry(note.name).or_default() += 1;
+        }
         let family = recorded_family(&exchange);
         *out.families
             .entry(family.map_or("other", Family::name).to_owned())
@@ -403,6 +413,9 @@ pub fn render_text(s: &RecordingStats) -> String {
     }
     out.push_str(&format!("families   {}\n", render_counts(&s.families, 8)));
     out.push_str(&format!("models     {}\n", render_counts(&s.models, 8)));
+    if !s.upstreams.is_empty() {
+        out.push_str(&format!("upstreams  {}\n", render_counts(&s.upstreams, 8)));
+    }
     out.push_str(&format!("statuses   {}\n", render_counts(&s.statuses, 8)));
     if s.order.out_of_order > 0 {
         out.push_str(&format!(

@@ -10,6 +10,7 @@ mod capture;
 mod capture_limits;
 mod capture_rotation;
 mod capture_upstream;
+mod capture_upstreams;
 mod complete_runs;
 mod connections;
 mod containers;
