@@ -53,7 +53,9 @@ pub struct Connections {
 /// arrive within `head_timeout`, counted from the start of each head's read: a connection's
 /// first request, and each next one on a kept-alive connection (so it is also the idle limit
 /// of a kept-alive connection, and should exceed the clients' pool idle times).
-pub fn http_builder(head_timeout: Duration) -> hyper_util::server::conn::auto::Builder<TokioExecutor> {
+pub fn http_builder(
+    head_timeout: Duration,
+) -> hyper_util::server::conn::auto::Builder<TokioExecutor> {
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
         .http1()

@@ -580,13 +580,15 @@ impl Accepted {
         match acceptor {
             None => serve_connection(&builder, TokioIo::new(stream), service, stop, peer).await,
             // The handshake is part of the head: it gets the same time.
-            Some(acceptor) => match tokio::time::timeout(HEAD_TIMEOUT, acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => {
-                    serve_connection(&builder, TokioIo::new(tls), service, stop, peer).await
+            Some(acceptor) => {
+                match tokio::time::timeout(HEAD_TIMEOUT, acceptor.accept(stream)).await {
+                    Ok(Ok(tls)) => {
+                        serve_connection(&builder, TokioIo::new(tls), service, stop, peer).await
+                    }
+                    Ok(Err(error)) => tracing::debug!(%error, %peer, "TLS handshake failed"),
+                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
                 }
-                Ok(Err(error)) => tracing::debug!(%error, %peer, "TLS handshake failed"),
-                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-            },
+            }
         }
     }
 }

@@ -95,7 +95,8 @@ fn cpu_seconds(pid: u32) -> f64 {
     // Fields after the command name (which may hold spaces), from field 3 (the state) on.
     let after_name = &stat[stat.rfind(')').expect("a command name in parentheses") + 2..];
     let fields: Vec<&str> = after_name.split_whitespace().collect();
-    let ticks: u64 = fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    let ticks: u64 =
+        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
     ticks as f64 / clock_ticks_per_second()
 }
 
