@@ -32,8 +32,9 @@ const MAX_CPU_SECONDS: f64 = 0.1;
 /// whatever the load (measured: 2.00 s in 2 s), one that sleeps between tries almost never.
 const MAX_RUNNABLE_SECONDS: f64 = 0.5;
 
-/// What the proxy logs when an accept fails (once per burst of failures).
-const ACCEPT_FAILED: &str = "accepting a connection failed";
+/// The cause the proxy logs when an accept fails for want of a descriptor (EMFILE), once per
+/// burst of failures.
+const EMFILE: &str = "Too many open files";
 
 const CHAT: &str = r#"{"model":"mock-model","stream":true,"max_tokens":2,"messages":[{"role":"user","content":"hi"}]}"#;
 
@@ -153,7 +154,7 @@ fn the_recording_proxy_out_of_descriptors_backs_off_instead_of_spinning_and_reco
     assert!(
         eventually(Duration::from_secs(10), || recorder
             .stderr()
-            .contains(ACCEPT_FAILED)),
+            .contains(EMFILE)),
         "the proxy never ran out of descriptors: {}",
         recorder.stderr()
     );
@@ -166,7 +167,7 @@ fn the_recording_proxy_out_of_descriptors_backs_off_instead_of_spinning_and_reco
         "out of descriptors for {WATCHED:?}, the proxy used {cpu:.2} s of CPU (bound \
          {MAX_CPU_SECONDS} s) and was runnable {runnable:.2} s (bound {MAX_RUNNABLE_SECONDS} s)"
     );
-    let warnings = recorder.stderr().matches(ACCEPT_FAILED).count();
+    let warnings = recorder.stderr().matches(EMFILE).count();
     assert_eq!(warnings, 1, "logged once per burst: {}", recorder.stderr());
 
     // The connections close: descriptors come back and the proxy serves again.
