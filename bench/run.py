@@ -1089,6 +1089,8 @@ def main():
                         help="simulated request latency of the coord-sim row")
     parser.add_argument("--coord-extra", default="",
                         help="more `llm-replay run` flags for the coord and coord-sim rows")
+    parser.add_argument("--tput-requests", type=int, default=2560,
+                        help="requests of the tput row (256 output tokens each)")
     parser.add_argument("--record-load", default=str(REPO / "target/release/record-load"))
     parser.add_argument("--record-rate", default="1200",
                         help="streamed requests a second of the record row")
@@ -1126,7 +1128,7 @@ def main():
         "ttft16": lambda: row_ttft(cfg, 16, 640),
         "ttft128": lambda: row_ttft(cfg, 128, 2560),
         "ttft1024": lambda: row_ttft(cfg, 1024, 5120),
-        "tput": lambda: row_throughput(cfg, 128, 2560),
+        "tput": lambda: row_throughput(cfg, 128, cfg.tput_requests),
         "tok": lambda: row_tokenizer(cfg, 128, 25600),
         "lag": lambda: row_schedule_lag(cfg, 2000),
         "rss": lambda: row_memory(cfg, cfg.streams),
