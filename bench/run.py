@@ -732,7 +732,7 @@ def run_record_variant(cfg, name, via_proxy):
                     old.unlink()
             folder.mkdir(exist_ok=True)
             proxy, target, proxy_log = start_with_ready_line(
-                pinned(CLIENT_CORE, [cfg.llm_replay, "record", "--listen", "127.0.0.1:0",
+                pinned(cfg.record_proxy_core, [cfg.llm_replay, "record", "--listen", "127.0.0.1:0",
                                      "--upstream", url, "--out", f"{folder}/",
                                      "--rotate-size", cfg.record_rotate_size]),
                 "llm-replay record listening on ", out / f"{name}.record.log")
@@ -1098,6 +1098,8 @@ def main():
                         help="seconds of paced load of the record row")
     parser.add_argument("--record-connections", default="64",
                         help="client connections of the record row")
+    parser.add_argument("--record-proxy-core", default=CLIENT_CORE,
+                        help="the core of the record row's proxy (default: the load's, 1)")
     parser.add_argument("--record-rotate-size", default="1MiB",
                         help="`llm-replay record --rotate-size` of the record row")
     parser.add_argument("--out-dir", default=str(REPO / "target/bench"))
