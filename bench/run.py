@@ -665,6 +665,137 @@ def row_coordinator_simulated(cfg, workers, rounds=40):
                            "cpu_s_total": samples[-1][1] if samples else None}}
 
 
+# The recording proxy's row: a stamping upstream (`record-load upstream`) on core 0, paced
+# streamed requests (`record-load client`) on core 1, directly and through `llm-replay record`
+# (also on core 1, writing a rotated gzip directory as in production).
+RECORD_SHAPE = ["--ttft-ms", "5", "--itl-us", "2000", "--tokens", "16"]
+# Stamped frames a response: the role frame, 16 content frames, the finish and usage frames.
+RECORD_FRAMES = 16 + 3
+
+
+def start_with_ready_line(argv, prefix, log_path):
+    """Start `argv` (stdout piped) and wait for its `prefix<url>` line: (process, url, log)."""
+    log = open(log_path, "w")
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True,
+                            preexec_fn=raise_fd_limit)
+    line = []
+    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()))
+    reader.daemon = True
+    reader.start()
+    reader.join(15)
+    if not line or not line[0].startswith(prefix):
+        proc.kill()
+        raise RuntimeError(f"{argv[3]} did not start: {line!r}, see {log_path}")
+    return proc, line[0][len(prefix):].strip(), log
+
+
+def proc_peak_rss_mb(pid):
+    """VmHWM of `pid` in MB (peak resident set)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024.0
+    return None
+
+
+def count_recorded(folder):
+    """In a directory of rotated .jsonl.gz files: files, exchanges, complete 200 exchanges,
+    and the stamped frames recorded (each frame the upstream wrote carries one `"fp-`)."""
+    import gzip
+    files = sorted(Path(folder).glob("*.jsonl.gz"))
+    exchanges = complete = frames = 0
+    for path in files:
+        with gzip.open(path, "rt") as lines:
+            for line in lines:
+                record = json.loads(line)
+                if "request" not in record:
+                    continue  # the file's header line
+                exchanges += 1
+                response = record.get("response") or {}
+                complete += bool(response.get("complete")) and response.get("status") == 200
+                frames += sum(f.get("data", "").count('"fp-') for f in response.get("frames", []))
+    return {"files": len(files), "exchanges": exchanges, "complete": complete, "frames": frames}
+
+
+def run_record_variant(cfg, name, via_proxy):
+    """One paced load run against a fresh upstream, directly or through `llm-replay record`."""
+    out = cfg.out_dir
+    upstream, url, upstream_log = start_with_ready_line(
+        pinned(SERVER_CORE, [cfg.record_load, "upstream", *RECORD_SHAPE]),
+        "record-load upstream listening on ", out / f"{name}.upstream.log")
+    proxy = proxy_log = None
+    folder = out / f"{name}.recording"
+    try:
+        target = url
+        if via_proxy:
+            if folder.exists():
+                for old in folder.iterdir():
+                    old.unlink()
+            folder.mkdir(exist_ok=True)
+            proxy, target, proxy_log = start_with_ready_line(
+                pinned(cfg.record_proxy_core, [cfg.llm_replay, "record", "--listen", "127.0.0.1:0",
+                                     "--upstream", url, "--out", f"{folder}/",
+                                     "--rotate-size", cfg.record_rotate_size]),
+                "llm-replay record listening on ", out / f"{name}.record.log")
+        cpu_before = proc_cpu_s(proxy.pid) if proxy else None
+        started = time.monotonic()
+        client = subprocess.Popen(
+            pinned(CLIENT_CORE, [cfg.record_load, "client", "--target", target,
+                                 "--rate", cfg.record_rate, "--duration", cfg.record_duration,
+                                 "--connections", cfg.record_connections]),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            preexec_fn=raise_fd_limit)
+        stdout, stderr = client.communicate(timeout=600)
+        window_s = time.monotonic() - started
+        if client.returncode != 0:
+            raise RuntimeError(f"record-load client exited {client.returncode}: {stderr[-2000:]}")
+        result = json.loads(stdout.strip().splitlines()[-1])
+        if proxy:
+            cpu_s = proc_cpu_s(proxy.pid) - cpu_before
+            requests = result["requests"] + result["warmup_requests"]
+            rate = result["achieved_rate"]
+            result["proxy"] = {
+                "cpu_s": cpu_s, "window_s": window_s,
+                "cpu_s_per_1000_requests": cpu_s / requests * 1000,
+                # CPU-s per 1,000 requests = % of a core per 1,000 requests/s ÷ 100.
+                "pct_core_per_1000_rps": cpu_s / requests * 1000 * 100,
+                "pct_core_at_rate": cpu_s / window_s * 100, "rate": rate,
+                "peak_rss_mb": proc_peak_rss_mb(proxy.pid),
+            }
+            proxy.send_signal(signal.SIGTERM)
+            proxy.wait(timeout=60)
+            result["recording"] = count_recorded(folder)
+            result["recording"].update({
+                "expected": requests, "proxy_exit": proxy.returncode,
+                "frames_sent": requests * RECORD_FRAMES})
+        return result
+    finally:
+        for proc in (proxy, upstream):
+            if proc and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for log in (proxy_log, upstream_log):
+            if log:
+                log.close()
+
+
+def row_record(cfg):
+    """The recording proxy's overhead: added TTFB and per-frame delay (p50/p99, through the
+    proxy − direct, same run), its CPU per 1,000 requests and peak RSS, every exchange
+    recorded."""
+    variants = [("direct", False), ("record", True)]
+    k = cfg.run_index % len(variants)
+    result = {}
+    for key, via_proxy in variants[k:] + variants[:k]:
+        result[key] = run_record_variant(cfg, f"record-{key}", via_proxy)
+    direct, proxied = result["direct"], result["record"]
+    result["added_us"] = {
+        f"{metric}_{q}": proxied[metric][q] - direct[metric][q]
+        for metric in ("ttfb_us", "frame_delay_us") for q in ("p50", "p99")
+    }
+    result["load_avg"] = os.getloadavg()[0]
+    return result
+
+
 def row_image(cfg):
     """Size of the image deploy/build-image.sh builds from the binaries given."""
     if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
@@ -795,6 +926,46 @@ def build_table(rows):
     return "\n".join(lines)
 
 
+def record_lines(rows, raw):
+    """The record row: direct and through the proxy (medians), what the proxy added, its cost
+    and the recording's count; every run's added figures after."""
+    row = rows.get("record")
+    if not row:
+        return ""
+    d, p, a = row["direct"], row["record"], row["added_us"]
+    proxy, rec = p.get("proxy", {}), p.get("recording", {})
+    q = lambda r, m: f"{fmt(r[m]['p50'], 0)} / {fmt(r[m]['p99'], 0)}"
+    lines = [
+        "\nrecording proxy overhead (median of runs; µs p50 / p99):",
+        "| | TTFB | per-frame delay | requests ok / sent | achieved rate (req/s) |",
+        "|---|---|---|---|---|",
+        f"| direct | {q(d, 'ttfb_us')} | {q(d, 'frame_delay_us')} "
+        f"| {fmt(d['succeeded'])} / {fmt(d['requests'])} | {fmt(d['achieved_rate'], 0)} |",
+        f"| through `llm-replay record` | {q(p, 'ttfb_us')} | {q(p, 'frame_delay_us')} "
+        f"| {fmt(p['succeeded'])} / {fmt(p['requests'])} | {fmt(p['achieved_rate'], 0)} |",
+        f"| added | {fmt(a['ttfb_us_p50'], 0)} / {fmt(a['ttfb_us_p99'], 0)} "
+        f"| {fmt(a['frame_delay_us_p50'], 0)} / {fmt(a['frame_delay_us_p99'], 0)} | | |",
+        f"proxy: {fmt(proxy.get('cpu_s_per_1000_requests'), 3)} CPU-s per 1,000 requests "
+        f"(= {fmt(proxy.get('pct_core_per_1000_rps'), 1)} % of a core per 1,000 req/s; "
+        f"{fmt(proxy.get('pct_core_at_rate'), 1)} % at the achieved rate); "
+        f"peak RSS {fmt(proxy.get('peak_rss_mb'), 1)} MB; recorded "
+        f"{fmt(rec.get('complete'))} complete of {fmt(rec.get('expected'))} "
+        f"in {fmt(rec.get('files'))} files, {fmt(rec.get('frames'))} of "
+        f"{fmt(rec.get('frames_sent'))} frames",
+    ]
+    for i, run in enumerate(raw.get("record") or []):
+        a, proxy = run["added_us"], run["record"].get("proxy", {})
+        rec = run["record"].get("recording", {})
+        lines.append(
+            f"  run {i + 1}: added TTFB {fmt(a['ttfb_us_p50'], 0)} / {fmt(a['ttfb_us_p99'], 0)}, "
+            f"frame {fmt(a['frame_delay_us_p50'], 0)} / {fmt(a['frame_delay_us_p99'], 0)} µs; "
+            f"{fmt(proxy.get('cpu_s_per_1000_requests'), 3)} CPU-s / 1,000 req; "
+            f"{fmt(proxy.get('peak_rss_mb'), 1)} MB; rate {fmt(run['record']['achieved_rate'], 0)} "
+            f"/ direct {fmt(run['direct']['achieved_rate'], 0)}; recorded "
+            f"{fmt(rec.get('complete'))}/{fmt(rec.get('expected'))}; load {fmt(run['load_avg'])}")
+    return "\n".join(lines)
+
+
 def send_path_lines(cfg, raw):
     """Per row, each other send path against `h1` in the same runs: the ratio of every run
     (other ÷ h1), their median and range. Lower is better except tokens per second."""
@@ -918,6 +1089,19 @@ def main():
                         help="simulated request latency of the coord-sim row")
     parser.add_argument("--coord-extra", default="",
                         help="more `llm-replay run` flags for the coord and coord-sim rows")
+    parser.add_argument("--tput-requests", type=int, default=2560,
+                        help="requests of the tput row (256 output tokens each)")
+    parser.add_argument("--record-load", default=str(REPO / "target/release/record-load"))
+    parser.add_argument("--record-rate", default="1200",
+                        help="streamed requests a second of the record row")
+    parser.add_argument("--record-duration", default="10",
+                        help="seconds of paced load of the record row")
+    parser.add_argument("--record-connections", default="64",
+                        help="client connections of the record row")
+    parser.add_argument("--record-proxy-core", default=CLIENT_CORE,
+                        help="the core of the record row's proxy (default: the load's, 1)")
+    parser.add_argument("--record-rotate-size", default="1MiB",
+                        help="`llm-replay record --rotate-size` of the record row")
     parser.add_argument("--out-dir", default=str(REPO / "target/bench"))
     parser.add_argument("--send-paths", default="h1",
                         help="llm-replay variants to compare, run interleaved in every row: "
@@ -946,12 +1130,13 @@ def main():
         "ttft16": lambda: row_ttft(cfg, 16, 640),
         "ttft128": lambda: row_ttft(cfg, 128, 2560),
         "ttft1024": lambda: row_ttft(cfg, 1024, 5120),
-        "tput": lambda: row_throughput(cfg, 128, 2560),
+        "tput": lambda: row_throughput(cfg, 128, cfg.tput_requests),
         "tok": lambda: row_tokenizer(cfg, 128, 25600),
         "lag": lambda: row_schedule_lag(cfg, 2000),
         "rss": lambda: row_memory(cfg, cfg.streams),
         "coord": lambda: row_coordinator(cfg, cfg.coord_workers),
         "image": lambda: row_image(cfg),
+        "record": lambda: row_record(cfg),
     }
     keys = []
     for key in cfg.rows.split(","):
@@ -997,6 +1182,7 @@ def main():
                    indent=2, default=str))
     print(build_table(rows))
     print(send_path_lines(cfg, raw))
+    print(record_lines(rows, raw))
     print(stall_lines(stalls))
     print(f"\nmachine: {machine['nproc']} cores, {machine['cpu']}; "
           f"load average at end {machine['load_avg_at_end']}; median of repeats; "

@@ -3,6 +3,11 @@
 //! and the per-frame delivery delays (receive − send, one process, one clock) are compared.
 //!
 //! `cargo bench -p llm-replay-capture --bench record_overhead [-- STREAMS FRAMES GAP_US]`
+//!
+//! The proxy under production-like load (1,200 streamed requests a second through the
+//! release binary as a process of its own, writing rotated gzip files, with its CPU, peak
+//! memory and the recording checked) is `bench/run.py --rows record`; docs/performance.md,
+//! "Recording proxy overhead".
 
 use std::time::{Duration, Instant};
 

@@ -203,7 +203,16 @@ impl Conn {
                 self.buf.reserve_exact(grow);
             }
         }
-        self.stream.read_buf(&mut self.buf).await
+        let read = self.stream.read_buf(&mut self.buf).await?;
+        if read > 0 && self.buf.len() == self.buf.capacity() {
+            // This read filled the buffer: more is likely waiting (a burst). Grow now, since
+            // the body decoder uses every byte before the next read and the check above (a
+            // full buffer at the next read) would never see it: the buffer would stay at
+            // 2 KiB and a 72 KB burst would take 38 reads instead of 6.
+            let room = MAX_READ_BUFFER.saturating_sub(self.buf.capacity());
+            self.buf.reserve_exact(self.buf.capacity().min(room));
+        }
+        Ok(read)
     }
 
     /// Write a request: `head` then `body`, as few writes as the socket allows.
@@ -436,6 +445,8 @@ impl Response {
             let Some(conn) = self.conn.as_mut() else {
                 return Ok(None);
             };
+            // The payload is at most what is buffered: one allocation, not a doubling chain.
+            out.reserve_exact(conn.buffered().len());
             decode(&conn.buf, &mut conn.pos, &mut self.state, &mut out)?;
             if !out.is_empty() {
                 self.release_if_done();
@@ -816,6 +827,52 @@ mod tests {
             )
             .is_err()
         );
+    }
+
+    /// A burst (reads that fill the buffer) doubles the buffer up to its cap even though the
+    /// decoder uses every byte between reads; a stream of small reads keeps it at 2 KiB.
+    #[tokio::test]
+    async fn reads_that_fill_the_buffer_grow_it_up_to_the_cap() {
+        use tokio::io::AsyncWriteExt as _;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let address = listener.local_addr().expect("address");
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.expect("accept");
+            socket.write_all(b"small").await.expect("write");
+            // Wait for the client to read it, then send a burst of 512 KiB at once.
+            let mut byte = [0u8; 1];
+            tokio::io::AsyncReadExt::read_exact(&mut socket, &mut byte)
+                .await
+                .expect("go");
+            socket
+                .write_all(&vec![b'x'; 512 << 10])
+                .await
+                .expect("burst");
+        });
+        let mut conn = connect(&address.to_string()).await.expect("connect");
+        assert_eq!(conn.fill().await.expect("read"), 5);
+        conn.pos = conn.buf.len();
+        assert_eq!(
+            conn.buf.capacity(),
+            INITIAL_BUFFER,
+            "a small read does not grow it"
+        );
+        conn.stream.write_all(b"g").await.expect("go");
+        let mut total = 0;
+        let mut largest = 0;
+        while total < 512 << 10 {
+            let read = conn.fill().await.expect("read");
+            assert!(read > 0, "the burst ended early");
+            total += read;
+            largest = largest.max(read);
+            // As the body decoder does: every byte used before the next read.
+            conn.pos = conn.buf.len();
+        }
+        assert_eq!(conn.buf.capacity(), MAX_READ_BUFFER);
+        assert!(largest > INITIAL_BUFFER, "largest read {largest} bytes");
+        server.await.expect("server");
     }
 
     #[test]
