@@ -11,9 +11,33 @@ use tokio::sync::mpsc;
 use crate::config::{GlobalLoad, RunConfig};
 use crate::outcome::{ReplayResult, RunError};
 use crate::pool::WorkerPool;
+use crate::report::{ArrivalKind, LoadSection, ScheduleKind};
 use crate::server::{LevelLink, WorkerEvent};
 use crate::shard::SlicePlan;
 use crate::supervisor::{NoticeSink, RunIdentity, RunSnapshot, Settings, Supervisor};
+
+/// The load as the report shows it (`run.load`): derived from the run's `GlobalLoad` here
+/// and nowhere else.
+fn load_section(load: &GlobalLoad, workers: usize) -> LoadSection {
+    use common::load::{Arrival, Schedule};
+    LoadSection {
+        schedule: match load.schedule {
+            Schedule::Recorded { .. } => ScheduleKind::Recorded,
+            Schedule::Asap => ScheduleKind::Asap,
+        },
+        speed: load.schedule.speed(),
+        concurrency: load.concurrency,
+        rate: load.rate,
+        arrival: load.rate.map(|_| match load.arrival {
+            Arrival::Constant => ArrivalKind::Constant,
+            Arrival::Poisson => ArrivalKind::Poisson,
+        }),
+        requests: load.requests,
+        duration_s: load.duration.map(|d| d.as_secs_f64()),
+        warmup: load.warmup,
+        workers,
+    }
+}
 
 /// Everything a worker's assignment is made of; one per replay.
 #[derive(Clone)]
@@ -127,7 +151,7 @@ pub async fn replay(setup: ReplaySetup<'_>) -> Result<ReplayResult, RunError> {
     let identity = RunIdentity {
         run_id: run_id.clone(),
         target: setup.target.clone(),
-        load: crate::report::LoadSection::of(&load, workers),
+        load: load_section(&load, workers),
         scheduled: load.is_scheduled(),
         level: setup.level.clone(),
     };

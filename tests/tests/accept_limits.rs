@@ -32,6 +32,10 @@ const MAX_CPU_SECONDS: f64 = 0.1;
 /// whatever the load (measured: 2.00 s in 2 s), one that sleeps between tries almost never.
 const MAX_RUNNABLE_SECONDS: f64 = 0.5;
 
+/// The most bursts of failed accepts the flood may cause: one, and one more for each
+/// descriptor freed as it starts (the first request's connection closing).
+const MAX_BURSTS: usize = 3;
+
 /// The cause the proxy logs when an accept fails for want of a descriptor (EMFILE), once per
 /// burst of failures.
 const EMFILE: &str = "Too many open files";
@@ -133,8 +137,9 @@ fn clock_ticks_per_second() -> f64 {
 
 #[test]
 fn the_recording_proxy_out_of_descriptors_backs_off_instead_of_spinning_and_recovers() {
-    // CPU time, not wall time: under load a spinning loop still burns far above the bound.
-    let _parallel = fixtures::parallel_lock();
+    // Alone: the runnable time counts the waits in the run queue of every wake-up, which
+    // parallel neighbours lengthen (a sleeping loop wakes ~20 times in the watched 2 s).
+    let _alone = fixtures::timing_lock();
     assert!(
         Path::new("/usr/bin/prlimit").exists() || Path::new("/bin/prlimit").exists(),
         "this test needs util-linux's prlimit"
@@ -158,6 +163,10 @@ fn the_recording_proxy_out_of_descriptors_backs_off_instead_of_spinning_and_reco
         "the proxy never ran out of descriptors: {}",
         recorder.stderr()
     );
+    // A descriptor freed just after the flood (the first request's connection closing) lets
+    // one accept succeed and starts a new burst: give the bursts a moment to settle.
+    std::thread::sleep(Duration::from_millis(500));
+    let warned_before = recorder.stderr().matches(EMFILE).count();
     let (cpu_before, runnable_before) = (cpu_seconds(pid), runnable_seconds(pid));
     std::thread::sleep(WATCHED);
     let cpu = cpu_seconds(pid) - cpu_before;
@@ -167,8 +176,21 @@ fn the_recording_proxy_out_of_descriptors_backs_off_instead_of_spinning_and_reco
         "out of descriptors for {WATCHED:?}, the proxy used {cpu:.2} s of CPU (bound \
          {MAX_CPU_SECONDS} s) and was runnable {runnable:.2} s (bound {MAX_RUNNABLE_SECONDS} s)"
     );
+    // Logged once per burst of failures: none while the proxy stays saturated, and a burst
+    // only after an accept succeeded (a spinning loop that logged each failure wrote 94,548
+    // lines in 3 s).
     let warnings = recorder.stderr().matches(EMFILE).count();
-    assert_eq!(warnings, 1, "logged once per burst: {}", recorder.stderr());
+    assert_eq!(
+        warnings,
+        warned_before,
+        "no new warning while saturated: {}",
+        recorder.stderr()
+    );
+    assert!(
+        (1..=MAX_BURSTS).contains(&warnings),
+        "{warnings} warnings: logged once per burst: {}",
+        recorder.stderr()
+    );
 
     // The connections close: descriptors come back and the proxy serves again.
     drop(held);

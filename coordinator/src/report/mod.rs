@@ -494,30 +494,6 @@ impl ArrivalKind {
     }
 }
 
-impl LoadSection {
-    /// The report's view of a run's load across `workers` workers.
-    pub fn of(load: &crate::config::GlobalLoad, workers: usize) -> LoadSection {
-        use common::load::{Arrival, Schedule};
-        LoadSection {
-            schedule: match load.schedule {
-                Schedule::Recorded { .. } => ScheduleKind::Recorded,
-                Schedule::Asap => ScheduleKind::Asap,
-            },
-            speed: load.schedule.speed(),
-            concurrency: load.concurrency,
-            rate: load.rate,
-            arrival: load.rate.map(|_| match load.arrival {
-                Arrival::Constant => ArrivalKind::Constant,
-                Arrival::Poisson => ArrivalKind::Poisson,
-            }),
-            requests: load.requests,
-            duration_s: load.duration.map(|d| d.as_secs_f64()),
-            warmup: load.warmup,
-            workers,
-        }
-    }
-}
-
 /// The `run` section. Filled in by the coordinator; also the builder's input.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunInfo {
