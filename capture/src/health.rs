@@ -12,11 +12,23 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
+
+use common::accept;
 
 use crate::RecordError;
 use crate::proxy::ProxyState;
+
+/// The time a probe gets to send its request head (first byte included).
+const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Probes served at once (by `common::accept`); more wait in the kernel's backlog.
+const LIMITS: accept::AcceptLimits = accept::AcceptLimits {
+    name: "--health-listen",
+    max_connections: 64,
+    head_timeout: Some(HEAD_TIMEOUT),
+};
 
 /// Bind `address` and serve until the returned task is aborted; a readiness probe of the
 /// upstream runs beside it until the upstream is reached. The tasks hold the proxy's state
@@ -34,19 +46,24 @@ pub async fn start(
     let state = Arc::downgrade(state);
     Ok(tokio::spawn(async move {
         tokio::spawn(probe_upstream(state.clone()));
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            let state = state.clone();
-            tokio::spawn(async move {
-                let service = service_fn(move |request| answer(state.clone(), request));
-                let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                let _ = builder
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
+        let builder = accept::http_builder(HEAD_TIMEOUT);
+        // Runs until aborted: the connections go with it.
+        let _connections = accept::serve(
+            listener,
+            &LIMITS,
+            std::future::pending(),
+            move |stream, _peer| {
+                let state = state.clone();
+                let builder = builder.clone();
+                async move {
+                    let service = service_fn(move |request| answer(state.clone(), request));
+                    let _ = builder
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                }
+            },
+        )
+        .await;
     }))
 }
 

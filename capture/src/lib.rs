@@ -13,9 +13,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
+use common::accept;
 use common::duration::parse_duration;
 use common::redact::{RedactError, Redactor};
 
@@ -427,44 +428,55 @@ pub async fn run(
     })
 }
 
-/// Accept and serve client connections until `shutdown`.
+/// The time a client connection gets to send each request head; on a kept-alive connection
+/// it counts from the previous response's end, so it is also the idle limit: longer than the
+/// usual client pools keep an idle connection (90 s for Go's and hyper's).
+const CLIENT_HEAD_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How the proxy accepts its clients: a cap far above an application's concurrency that
+/// bounds a runaway client, the head timeout for the first byte too.
+const CLIENT_LIMITS: accept::AcceptLimits = accept::AcceptLimits {
+    name: "record --listen",
+    max_connections: 16_384,
+    head_timeout: Some(CLIENT_HEAD_TIMEOUT),
+};
+
+/// Accept and serve client connections until `shutdown` (by `common::accept`, under
+/// [`CLIENT_LIMITS`]). The open ones go on serving until `stop_rx` turns true, which ends them
+/// all (their bodies dropped: cut streams are recorded incomplete).
 async fn serve(
     listener: TcpListener,
     state: &Arc<proxy::ProxyState>,
     stop_rx: tokio::sync::watch::Receiver<bool>,
     shutdown: impl Future<Output = ()>,
 ) {
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            () = &mut shutdown => break,
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(accepted) => accepted,
-                    Err(error) => {
-                        tracing::warn!(%error, "accept failed");
-                        continue;
+    let builder = accept::http_builder(CLIENT_HEAD_TIMEOUT);
+    let shared = state.clone();
+    let stop = stop_rx.clone();
+    let connections = accept::serve(listener, &CLIENT_LIMITS, shutdown, move |stream, peer| {
+        let state = shared.clone();
+        let mut stop = stop.clone();
+        let builder = builder.clone();
+        async move {
+            let service = service_fn(move |request| proxy::handle(state.clone(), request));
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                result = connection => {
+                    if let Err(error) = result {
+                        tracing::debug!(%error, %peer, "client connection ended with an error");
                     }
-                };
-                let _ = stream.set_nodelay(true);
-                let state = state.clone();
-                let mut stop = stop_rx.clone();
-                tokio::spawn(async move {
-                    let service = service_fn(move |request| proxy::handle(state.clone(), request));
-                    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                    let connection = builder.serve_connection(TokioIo::new(stream), service);
-                    tokio::select! {
-                        result = connection => {
-                            if let Err(error) = result {
-                                tracing::debug!(%error, %peer, "client connection ended with an error");
-                            }
-                        }
-                        _ = stop.wait_for(|stop| *stop) => {}
-                    }
-                });
+                }
+                _ = stop.wait_for(|stop| *stop) => {}
             }
         }
-    }
+    })
+    .await;
+    // Also ends the connections still waiting for their first byte, which hold the state.
+    let mut stop = stop_rx;
+    tokio::spawn(async move {
+        let _ = stop.wait_for(|stop| *stop).await;
+        connections.abort().await;
+    });
 }
 
 #[cfg(test)]

@@ -102,6 +102,16 @@ fn escaped_fields() -> impl for<'writer> tracing_subscriber::fmt::FormatFields<'
     .delimited(" ")
 }
 
+/// The worker binary's name, which this binary answers to as well (see `main`).
+const WORKER_BINARY_NAME: &str = "llm-replay-worker";
+
+/// Whether this process was started under `name` (the file name of its argv[0]).
+fn invoked_as(name: &str) -> bool {
+    std::env::args_os()
+        .next()
+        .is_some_and(|argv0| std::path::Path::new(&argv0).file_name() == Some(name.as_ref()))
+}
+
 fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -115,6 +125,13 @@ fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
 }
 
 fn main() -> ExitCode {
+    // One binary, two names (busybox style): run as `llm-replay-worker` (the container
+    // image's link to this binary), it is that binary: the same parser, flags and help.
+    if invoked_as(WORKER_BINARY_NAME) {
+        let command = worker::cli::WorkerCommand::parse();
+        init_tracing();
+        return worker::cli::run(command.args);
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(error) => {

@@ -8,8 +8,11 @@
 //! and the importers all measure with the same code. (`transport`, behind the feature
 //! `transport-errors`, reads hyper's and rustls's error types to name a transport failure;
 //! it builds no client; `tls`, behind the feature `tls`, is the one TLS module: the rustls
-//! client configuration every client of the project builds.)
+//! client configuration every client of the project builds; `accept`, behind the feature
+//! `accept`, is the one accept loop of the project's servers.)
 
+#[cfg(feature = "accept")]
+pub mod accept;
 pub mod assignment;
 pub mod civil;
 pub mod duration;

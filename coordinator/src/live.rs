@@ -6,17 +6,17 @@
 
 use std::convert::Infallible;
 use std::fmt::Write as _;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::accept;
 use common::metrics::{Metric, RunMetrics};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 
 use crate::supervisor::RunSnapshot;
 
@@ -92,62 +92,43 @@ pub const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 /// milliseconds; a scraper reconnects).
 pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
 
-/// The pause after a failed accept (out of descriptors, most often): the error would come
-/// back at once, and retrying without a pause spins a core.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// How `--metrics-listen` accepts connections (`common::accept`).
+const LIMITS: accept::AcceptLimits = accept::AcceptLimits {
+    name: "--metrics-listen",
+    max_connections: MAX_CONNECTIONS,
+    head_timeout: Some(HEAD_TIMEOUT),
+};
 
-/// Serve `/metrics` from `state` on `listener` until `shutdown` turns true.
+/// Serve `/metrics` from `state` on `listener` until `shutdown` turns true (or its sender
+/// goes); open scrapes are then closed.
 ///
-/// Never fails and never stops the run: at most [`MAX_CONNECTIONS`] connections at once,
-/// each closed when its request head takes over [`HEAD_TIMEOUT`]; a failed accept is logged
+/// Never fails and never stops the run: connections are accepted by `common::accept`, at
+/// most [`MAX_CONNECTIONS`] at once, each closed when its request head takes over
+/// [`HEAD_TIMEOUT`] and in any case after [`CONNECTION_LIFETIME`]; a failed accept is logged
 /// once and retried after a pause.
 pub async fn serve(
     listener: TcpListener,
     state: watch::Receiver<RunSnapshot>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    let mut accept_failed = false;
-    loop {
-        // A slot first: past the cap, connections wait in the backlog, not in our table.
-        let slot = tokio::select! {
-            slot = Arc::clone(&slots).acquire_owned() => slot,
-            _ = shutdown.wait_for(|stop| *stop) => return,
-        };
-        let Ok(slot) = slot else {
-            return;
-        };
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = shutdown.wait_for(|stop| *stop) => return,
-        };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
-            Err(error) => {
-                if !accept_failed {
-                    accept_failed = true;
-                    tracing::warn!(%error, "--metrics-listen: accepting a connection failed; retrying (logged once)");
-                }
-                tokio::select! {
-                    () = tokio::time::sleep(ACCEPT_BACKOFF) => continue,
-                    _ = shutdown.wait_for(|stop| *stop) => return,
-                }
-            }
-        };
+    let builder = accept::http_builder(HEAD_TIMEOUT).http1_only();
+    let stopped = async move {
+        let _ = shutdown.wait_for(|stop| *stop).await;
+    };
+    let connections = accept::serve(listener, &LIMITS, stopped, move |stream, _peer| {
         let state = state.clone();
-        tokio::spawn(async move {
-            let _slot = slot;
+        let builder = builder.clone();
+        async move {
             let service = hyper::service::service_fn(move |request: Request<Incoming>| {
                 let state = state.clone();
                 async move { Ok::<_, Infallible>(respond(&request, &state.borrow())) }
             });
-            let connection = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEAD_TIMEOUT)
-                .serve_connection(TokioIo::new(stream), service);
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
             let _ = tokio::time::timeout(CONNECTION_LIFETIME, connection).await;
-        });
-    }
+        }
+    })
+    .await;
+    connections.abort().await;
 }
 
 fn respond(request: &Request<Incoming>, state: &RunSnapshot) -> Response<Full<Bytes>> {

@@ -34,6 +34,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use common::accept;
 use common::duration::{parse_duration, parse_rate};
 use common::formats::encode::{self, Finish, StreamParams, Wire};
 use common::formats::request;
@@ -46,7 +47,6 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
-use tokio::task::JoinSet;
 
 use body::{CancelWatch, Ending, TimedBody, TokenCounts};
 use metrics::Grouping;
@@ -64,6 +64,23 @@ pub const MAX_TOKENS_FLAG: u64 = 1_000_000;
 
 /// How long in-flight responses may continue after the shutdown signal.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
+
+/// The time a connection gets to send its first byte, its TLS handshake, and each request
+/// head (on a kept-alive connection, counted from the previous response's end: so it is also
+/// the idle limit, longer than the clients' pool idle times — the worker's 90 s, the
+/// recording proxy's `--upstream-idle-timeout` default of 300 s).
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The mock is a load target: its cap (connections served at once) is far above any
+/// benchmark's concurrency and only bounds a runaway client.
+pub const MAX_CONNECTIONS: usize = 65_536;
+
+/// How the mock accepts connections (`common::accept`).
+const ACCEPT_LIMITS: accept::AcceptLimits = accept::AcceptLimits {
+    name: "mock",
+    max_connections: MAX_CONNECTIONS,
+    head_timeout: Some(HEAD_TIMEOUT),
+};
 
 /// Why the mock could not start: its options, its files or its threads. Displays like
 /// `--tls-cert cert.pem`, with the cause as its [`std::error::Error::source`] (the CLI prints
@@ -466,6 +483,7 @@ pub fn tls_server_config(
 
 /// Serve mock responses on `listener` until `shutdown` resolves; then let in-flight responses
 /// finish for a short grace period, abort the rest, and return with nothing left running.
+/// Connections are accepted by `common::accept` under [`ACCEPT_LIMITS`].
 pub async fn serve(
     listener: TcpListener,
     config: MockConfig,
@@ -474,8 +492,7 @@ pub async fn serve(
     let mut pacer_thread = pacer::PacerThread::start().map_err(MockError::Pacer)?;
     let state = Arc::new(State::new(config, pacer_thread.pacer())?);
     let (stop_tx, stop_rx) = watch::channel(false);
-    let mut connections: JoinSet<()> = JoinSet::new();
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let mut builder = accept::http_builder(HEAD_TIMEOUT);
     if state.config.http1_only {
         builder = builder.http1_only();
     }
@@ -487,55 +504,32 @@ pub async fn serve(
         .tls
         .clone()
         .map(tokio_rustls::TlsAcceptor::from);
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            () = &mut shutdown => break,
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(pair) => pair,
-                    Err(error) => {
-                        // Typically EMFILE: back off instead of spinning.
-                        tracing::warn!(%error, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                // Each frame must leave at once, not wait for Nagle.
-                if let Err(error) = stream.set_nodelay(true) {
-                    tracing::debug!(%error, %peer, "set_nodelay failed");
-                }
-                let accepted = Accepted {
-                    state: Arc::clone(&state),
-                    builder: builder.clone(),
-                    stop: stop_rx.clone(),
-                    acceptor: acceptor.clone(),
-                    peer,
-                };
-                if state.truth.is_some() {
-                    let current = truth::CurrentResponse::default();
-                    let stamped = truth::StampedIo::new(stream, Arc::clone(&current));
-                    connections.spawn(accepted.serve(stamped, Some(current)));
-                } else {
-                    connections.spawn(accepted.serve(stream, None));
-                }
+    let shared = Arc::clone(&state);
+    let connections = accept::serve(listener, &ACCEPT_LIMITS, shutdown, move |stream, peer| {
+        let accepted = Accepted {
+            state: Arc::clone(&shared),
+            builder: builder.clone(),
+            stop: stop_rx.clone(),
+            acceptor: acceptor.clone(),
+            peer,
+        };
+        let truth = shared.truth.is_some();
+        async move {
+            if truth {
+                let current = truth::CurrentResponse::default();
+                let stamped = truth::StampedIo::new(stream, Arc::clone(&current));
+                accepted.serve(stamped, Some(current)).await;
+            } else {
+                accepted.serve(stream, None).await;
             }
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
         }
-    }
-    drop(listener);
-    state.stopping.store(true, Ordering::SeqCst);
-    let _ = stop_tx.send(true);
-    let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
-        while connections.join_next().await.is_some() {}
     })
     .await;
-    if drained.is_err() {
-        tracing::info!(
-            open = connections.len(),
-            "grace period over: aborting open streams"
-        );
-        connections.shutdown().await;
+    state.stopping.store(true, Ordering::SeqCst);
+    let _ = stop_tx.send(true);
+    let aborted = connections.drain(SHUTDOWN_GRACE).await;
+    if aborted > 0 {
+        tracing::info!(open = aborted, "grace period over: aborted open streams");
     }
     // Every body is gone with its connection; only now stop the thread that paces them.
     pacer_thread.stop();
@@ -585,10 +579,16 @@ impl Accepted {
         });
         match acceptor {
             None => serve_connection(&builder, TokioIo::new(stream), service, stop, peer).await,
-            Some(acceptor) => match acceptor.accept(stream).await {
-                Ok(tls) => serve_connection(&builder, TokioIo::new(tls), service, stop, peer).await,
-                Err(error) => tracing::debug!(%error, %peer, "TLS handshake failed"),
-            },
+            // The handshake is part of the head: it gets the same time.
+            Some(acceptor) => {
+                match tokio::time::timeout(HEAD_TIMEOUT, acceptor.accept(stream)).await {
+                    Ok(Ok(tls)) => {
+                        serve_connection(&builder, TokioIo::new(tls), service, stop, peer).await
+                    }
+                    Ok(Err(error)) => tracing::debug!(%error, %peer, "TLS handshake failed"),
+                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                }
+            }
         }
     }
 }

@@ -117,12 +117,14 @@ fn find_max_concurrency_answers_four_slots() {
     finds_the_slot_count(4, "1");
 }
 
-/// Sixteen slots, the probes run by two worker processes (each probe's load split between
-/// them and merged, as sweep levels are).
+/// Eight slots, the probes run by two worker processes (each probe's load split between
+/// them and merged, as sweep levels are). Eight, not sixteen: the split is the same, the
+/// search two probes shorter (1, 2, 4, 8, 16, 12, 10, 9), and one request in eight waiting
+/// (12.5 %) is further from the p95's 5 % than one in sixteen.
 #[test]
-fn find_max_concurrency_answers_sixteen_slots_across_two_workers() {
+fn find_max_concurrency_answers_eight_slots_across_two_workers() {
     let _timing = timing_lock();
-    finds_the_slot_count(16, "2");
+    finds_the_slot_count(8, "2");
 }
 
 /// `--find-max speed` on a recorded schedule (80 arrivals 40 ms apart against 4 slots of

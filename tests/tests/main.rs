@@ -1,6 +1,7 @@
 //! Integration tests: real `llm-replay` processes (coordinator, workers, mock) talking over
 //! real sockets on loopback. One binary, shared fixtures in `fixtures`.
 
+mod accept_limits;
 mod buffered_streams;
 mod capacity;
 mod capacity_answers;

@@ -10,6 +10,20 @@ use common::exit;
 
 use crate::link::{ClientTls, HealthState, LinkError, LinkOptions, run_once};
 
+/// The `llm-replay-worker` command line: its name, version, help and flags. The
+/// `llm-replay-worker` binary parses it, and so does `llm-replay` when it runs under that
+/// name (the container image carries one binary and links the worker's name to it).
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "llm-replay-worker",
+    version,
+    about = "llm-replay worker: dials the coordinator and replays its slice"
+)]
+pub struct WorkerCommand {
+    #[command(flatten)]
+    pub args: WorkerArgs,
+}
+
 /// `llm-replay-worker` options.
 #[derive(Debug, Clone, clap::Args)]
 pub struct WorkerArgs {

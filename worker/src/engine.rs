@@ -1140,7 +1140,12 @@ impl ExchangeTask {
             None => None,
         };
         let body = request.body.clone();
-        let (outcome, status, message, text) = send_one(
+        let Measured {
+            outcome,
+            status,
+            message,
+            text,
+        } = send_one(
             &config,
             &client,
             &item.path,
@@ -1255,10 +1260,11 @@ pub fn is_steady(target_reached_unix_us: u64, sent_unix_us: Option<u64>) -> bool
     target_reached_unix_us > 0 && sent_unix_us.is_some_and(|sent| sent >= target_reached_unix_us)
 }
 
-/// Send one request and measure its response. Returns the outcome, the response's HTTP
-/// status when one came, what a failed one was told (the error body's or error frame's
-/// message, cleaned), and, with a tokenizer, the streamed text of a stream that ended
-/// without a usage output count (counted after the request released its slot). A failed
+/// Send one request and measure its response ([`Measured`]): the outcome, the response's
+/// HTTP status when one came, what a failed one was told (the error body's or error frame's
+/// message, cleaned; `None` for a success), and, with a tokenizer, the streamed text of a
+/// stream that ended without a usage output count (counted after the request released its
+/// slot). A failed
 /// outcome's `latency_us` is its time to failure. With `cancel`, the request is cancelled at
 /// t0 + `cancel.after` whatever stage it is in (see [`measure_one`]).
 async fn send_one(
@@ -1269,24 +1275,22 @@ async fn send_one(
     intended: Option<Instant>,
     cancel: Option<Cancel>,
     pacer: Option<&Pacer>,
-) -> (RequestOutcome, Option<u16>, Option<String>, Option<String>) {
-    let measured = measure_one(config, client, path, prepared, intended, cancel, pacer).await;
-    let Measured {
-        outcome,
-        status,
-        message,
-        text,
-    } = measured;
-    let message = message.filter(|_| outcome_failed(&outcome));
-    let text = text.filter(|_| outcome.usage_output_tokens.is_none());
-    (outcome, status, message, text)
+) -> Measured {
+    let mut measured = measure_one(config, client, path, prepared, intended, cancel, pacer).await;
+    if !outcome_failed(&measured.outcome) {
+        measured.message = None;
+    }
+    if measured.outcome.usage_output_tokens.is_some() {
+        measured.text = None;
+    }
+    measured
 }
 
 fn outcome_failed(outcome: &RequestOutcome) -> bool {
     matches!(outcome.kind, OutcomeKind::Failed(_))
 }
 
-/// What [`measure_one`] found.
+/// What [`measure_one`] found, and [`send_one`] returns.
 struct Measured {
     outcome: RequestOutcome,
     status: Option<u16>,

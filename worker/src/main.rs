@@ -1,23 +1,16 @@
-//! `llm-replay-worker`: the worker binary for containers. It dials the coordinator.
+//! `llm-replay-worker`: the worker binary. It dials the coordinator. The container image
+//! carries `llm-replay` under this name instead (one binary: `cli/src/main.rs`), which
+//! parses the same `worker::cli::WorkerCommand`.
 
 use std::process::ExitCode;
 
 use clap::Parser;
 
-#[derive(Parser)]
-#[command(
-    name = "llm-replay-worker",
-    version,
-    about = "llm-replay worker: dials the coordinator and replays its slice"
-)]
-struct Cli {
-    #[command(flatten)]
-    args: worker::cli::WorkerArgs,
-}
-
 fn main() -> ExitCode {
+    // Parsed before the log is set up, as `llm-replay` does under this name.
+    let command = worker::cli::WorkerCommand::parse();
     init_tracing();
-    worker::cli::run(Cli::parse().args)
+    worker::cli::run(command.args)
 }
 
 /// The log on stderr: one line per event, every field's value with its control characters

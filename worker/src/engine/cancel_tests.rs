@@ -222,7 +222,7 @@ async fn send(
     let mut work = item(0);
     let request = prepare(&mut work, config);
     let body = request.body.clone();
-    let (outcome, _, _, text) = send_one(
+    let Measured { outcome, text, .. } = send_one(
         config,
         client,
         "/v1/chat/completions",
