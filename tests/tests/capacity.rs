@@ -2,11 +2,18 @@
 //! searching for the largest load that holds, each probe a real replay by real `llm-replay`
 //! processes against a real `llm-replay mock` with a fixed number of batch slots.
 //!
-//! The server of these tests: `--max-streams K` slots, TTFT 20 ms, then 19 more tokens 5 ms
-//! apart (115 ms a request). A closed loop of K streams never waits for a slot (TTFT ≈
-//! 20 ms). With K + 1 streams the slots stay in step (they start together and take the same
-//! time), so in every 115 ms round one request of the K served waited a whole round for its
-//! slot (TTFT ≈ 135 ms): 1 in K, which is over 5 % for K ≤ 19, so TTFT p95 exceeds 60 ms.
+//! The server of the goodput and exit-code tests: `--max-streams K` slots, TTFT 20 ms, then
+//! 19 more tokens 5 ms apart (115 ms a request). A closed loop of K streams never waits for a
+//! slot (TTFT ≈ 20 ms). With K + 1 streams the slots stay in step (they start together and
+//! take the same time), so in every 115 ms round one request of the K served waited a whole
+//! round for its slot (TTFT ≈ 135 ms): 1 in K, which is over 5 % for K ≤ 19, so TTFT p95
+//! exceeds 60 ms.
+//!
+//! The searches run against the same server at a little under half its time scale
+//! ([`quick_slots`]: TTFT 10 ms, 19 more tokens 2 ms apart, 48 ms a request), so that each
+//! probe of 1 s still holds 20 rounds: with K + 1 streams one request in K waits a round
+//! (TTFT ≈ 58 ms), K streams never wait (TTFT ≈ 10 ms), and the goal `llm.ttft-p95 > 30`
+//! lies 20 ms from either.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -35,6 +42,24 @@ fn slotted_mock(slots: usize) -> MockServer {
     ])
 }
 
+/// The searches' server: `slots` batch slots at TTFT 10 ms, then 19 more tokens `itl` apart.
+fn quick_slots(slots: usize, itl: &str) -> MockServer {
+    let slots = slots.to_string();
+    MockServer::start(&[
+        "--ttft",
+        "10ms",
+        "--itl",
+        itl,
+        "--tokens",
+        "20",
+        "--max-streams",
+        &slots,
+    ])
+}
+
+/// The searches' goal: TTFT 10 ms passes it, a whole 48 ms round of waiting fails it.
+const QUICK_GOAL: &str = "llm.ttft-p95 > 30";
+
 /// The capacity section's probes as (value, passed) in the order they ran.
 fn probes(report: &Value) -> Vec<(f64, bool)> {
     report["capacity"]["probes"]
@@ -50,9 +75,11 @@ fn probes(report: &Value) -> Vec<(f64, bool)> {
         .collect()
 }
 
-/// `--find-max concurrency` against K slots answers exactly K, in at most 12 probes.
+/// `--find-max concurrency` against K slots answers exactly K, in at most 12 probes of 1 s
+/// (the first, at 1 stream, gets about 20 of the 40 requests the p95 needs and runs again,
+/// longer: that rerun is in the count).
 fn finds_the_slot_count(slots: usize, workers: &str) {
-    let mock = slotted_mock(slots);
+    let mock = quick_slots(slots, "2ms");
     let dir = TempDir::new("find-max-concurrency");
     let rec = dir.join("rec.jsonl");
     write_chat_recording(&rec, 50, 20, None);
@@ -66,11 +93,11 @@ fn finds_the_slot_count(slots: usize, workers: &str) {
             "--find-max",
             "concurrency",
             "--duration",
-            "3s",
+            "1s",
             "--workers",
             workers,
             "--fail-if",
-            "llm.ttft-p95 > 60",
+            QUICK_GOAL,
             "--report-html",
             path_str(&html),
         ],
@@ -96,7 +123,7 @@ fn finds_the_slot_count(slots: usize, workers: &str) {
         let probe = &capacity["probes"][index];
         assert_eq!(probe["judged_on"], "steady window", "{probe:#}");
         if !passed {
-            assert_eq!(probe["failed_goals"][0], "llm.ttft-p95 > 60");
+            assert_eq!(probe["failed_goals"][0], QUICK_GOAL);
         }
         assert!(num(probe, &["requests", "succeeded"]) > 0.0);
     }
@@ -127,17 +154,19 @@ fn find_max_concurrency_answers_eight_slots_across_two_workers() {
     finds_the_slot_count(8, "2");
 }
 
-/// `--find-max speed` on a recorded schedule (80 arrivals 40 ms apart against 4 slots of
-/// 115 ms: the server keeps up to ×1.39) is self-consistent: a replay at the answer meets
-/// the goal, one at 1.25 × the answer does not.
+/// `--find-max speed` on a recorded schedule (80 arrivals 20 ms apart against 4 slots of
+/// 10 + 19 × 2.5 = 57.5 ms: the server keeps up with 69.6 requests/s, the recording's 50/s up
+/// to ×1.39) is self-consistent: a replay at the answer meets the goal, one at 1.25 × the
+/// answer does not (87 arrivals/s for 0.9 s: the queue grows by 17 a second, and the last
+/// tenth of the requests wait 0.2 s for a slot).
 #[test]
 fn find_max_speed_is_self_consistent() {
     let _timing = timing_lock();
-    let mock = slotted_mock(4);
+    let mock = quick_slots(4, "2.5ms");
     let dir = TempDir::new("find-max-speed");
     let rec = dir.join("rec.jsonl");
-    write_chat_recording(&rec, 80, 20, Some(40.0));
-    let goal = "llm.ttft-p95 > 60";
+    write_chat_recording(&rec, 80, 20, Some(20.0));
+    let goal = QUICK_GOAL;
     let out = llm_replay(
         &[
             "run",
@@ -166,7 +195,7 @@ fn find_max_speed_is_self_consistent() {
         probes(&report)
     );
     assert!((failing - answer) / answer <= 0.05, "{answer} .. {failing}");
-    // The server keeps up with 4 / 115 ms = 34.8 requests/s: the recording's 25/s × 1.39.
+    // The server keeps up with 4 / 57.5 ms = 69.6 requests/s: the recording's 50/s × 1.39.
     assert!(answer > 1.0 && answer < 1.6, "answer ×{answer}");
     let replay_at = |speed: f64, name: &str| {
         let speed = format!("{speed}");

@@ -71,9 +71,10 @@ fn signal(signal: &str, pid: u32) {
 /// The server of the rate search: 8 slots, each request 460 ms (TTFT 20 ms, then 22 more
 /// tokens 20 ms apart): it completes 8 / 0.46 s = 17.4 requests/s. Below that rate, with
 /// constant arrivals (`--arrival constant`: Poisson bursts queue well below the capacity,
-/// which is what users feel but not the server's capacity), no request waits for a slot (TTFT 20 ms); above it the queue grows by
-/// (rate − 17.4) requests each second, and a 2 s probe at 20/s ends with requests waiting
-/// ~0.3 s for a slot, so `llm.ttft-p95 > 150` fails a little above 17.4.
+/// which is what users feel but not the server's capacity), no request waits for a slot (TTFT
+/// 20 ms); above it the queue grows by (rate − 17.4) requests each second. The rate search's
+/// probes run 1.5 s: at 21/s the requests near the end (the p90's) wait ~0.28 s for a slot, at
+/// 18/s ~0.05 s, so `llm.ttft-p90 > 150` fails a little above 17.4.
 fn eight_slots_of_460ms() -> MockServer {
     MockServer::start(&[
         "--ttft",
@@ -92,7 +93,8 @@ fn eight_slots_of_460ms() -> MockServer {
 /// in a row. Before the fix, every rate probe inherited a closed loop of 1 (2.2
 /// requests/s whatever the rate: TTFT stayed 20 ms) and the search answered that the top of
 /// its range held. Each probe's requests are also checked against its rate (an open loop
-/// sends rate × 2 s).
+/// sends rate × 1.5 s). The goal is a p90 (25 requests a probe, item 3): a p95 would size
+/// each probe up to 50 requests, 3 s at these rates, for the same answer.
 #[test]
 fn rate_search_without_arrival_times_answers_the_servers_capacity() {
     let _timing = timing_lock();
@@ -123,10 +125,10 @@ fn rate_search_without_arrival_times_answers_the_servers_capacity() {
                     "--arrival",
                     "constant",
                     "--duration",
-                    "2s",
+                    "1.5s",
                     "--no-server-metrics",
                     "--fail-if",
-                    "llm.ttft-p95 > 150",
+                    "llm.ttft-p90 > 150",
                 ],
                 &requests_out[..],
             ]
@@ -153,8 +155,8 @@ fn rate_search_without_arrival_times_answers_the_servers_capacity() {
             let rate = num(probe, &["value"]);
             let sent = num(probe, &["requests", "total"]);
             assert!(
-                sent >= rate * 2.0 * 0.8,
-                "run {run}: the probe at {rate}/s sent {sent} requests in 2 s: {probe:#}"
+                sent >= rate * 1.5 * 0.8,
+                "run {run}: the probe at {rate}/s sent {sent} requests in 1.5 s: {probe:#}"
             );
         }
         if run == 1 {
@@ -242,9 +244,10 @@ fn a_rate_capped_by_concurrency_is_named_in_the_report() {
     );
 }
 
-/// The speed search of these tests: 80 arrivals 40 ms apart (25/s) against 4 slots of
-/// 115 ms (34.8/s: the server keeps up to ×1.39), one remote worker process. Returns the
-/// coordinator's exit code, its report and the worker (still to be waited for).
+/// The speed search of these tests: 80 arrivals 20 ms apart (50/s) against 4 slots of
+/// 10 + 19 × 2.5 = 57.5 ms (69.6/s: the server keeps up to ×1.39), one remote worker
+/// process; the goal `llm.ttft-p95 > 30` lies 20 ms above the TTFT of a request that never
+/// waits for a slot. Returns the coordinator's exit code, its report and its output.
 fn speed_search(
     mock: &MockServer,
     dir: &TempDir,
@@ -252,7 +255,7 @@ fn speed_search(
     during: impl FnOnce(&Spawned),
 ) -> (i32, Value, String) {
     let rec = dir.join("rec.jsonl");
-    write_chat_recording(&rec, 80, 20, Some(40.0));
+    write_chat_recording(&rec, 80, 20, Some(20.0));
     let report = dir.join(name);
     let (mut coordinator, addr) = coordinator(
         &[
@@ -267,7 +270,7 @@ fn speed_search(
             "10%",
             "--no-server-metrics",
             "--fail-if",
-            "llm.ttft-p95 > 60",
+            "llm.ttft-p95 > 30",
             "--report-json",
             path_str(&report),
         ],
@@ -299,9 +302,9 @@ fn a_client_stall_at_a_low_probe_does_not_decide_the_answer() {
     let _timing = timing_lock();
     let mock = MockServer::start(&[
         "--ttft",
-        "20ms",
+        "10ms",
         "--itl",
-        "5ms",
+        "2.5ms",
         "--tokens",
         "20",
         "--max-streams",
@@ -358,17 +361,18 @@ fn a_client_stall_at_a_low_probe_does_not_decide_the_answer() {
 /// Issue 32's acceptance: Ctrl-C (SIGINT to the coordinator) during the third probe of a
 /// concurrency search writes the report: the interrupted probe is `interrupted`, neither
 /// passed nor failed; the answer is the bracket the first two probes established (2 holds,
-/// nothing failed); and no text claims that an unprobed load held. The goal is a p90 (20
-/// requests needed: item 3), which each 3 s probe exceeds at once, so no probe runs again
-/// for too few requests and probe 3 is the load 4.
+/// nothing failed); and no text claims that an unprobed load held. The server: 16 slots of
+/// 10 + 19 × 2 = 48 ms. The goal is a p90 (20 requests needed: item 3), which each 1.5 s
+/// probe exceeds at once (31 requests at concurrency 1), so no probe runs again for too few
+/// requests and probe 3 is the load 4.
 #[test]
 fn ctrl_c_during_a_search_reports_the_established_bracket() {
     let _timing = timing_lock();
     let mock = MockServer::start(&[
         "--ttft",
-        "20ms",
+        "10ms",
         "--itl",
-        "5ms",
+        "2ms",
         "--tokens",
         "20",
         "--max-streams",
@@ -388,10 +392,10 @@ fn ctrl_c_during_a_search_reports_the_established_bracket() {
             "--find-max",
             "concurrency",
             "--duration",
-            "3s",
+            "1.5s",
             "--no-server-metrics",
             "--fail-if",
-            "llm.ttft-p90 > 60",
+            "llm.ttft-p90 > 30",
             "--report-json",
             path_str(&report),
         ],
@@ -405,7 +409,7 @@ fn ctrl_c_during_a_search_reports_the_established_bracket() {
         "no probe line: {}",
         run.stderr()
     );
-    std::thread::sleep(Duration::from_millis(1000));
+    std::thread::sleep(Duration::from_millis(500));
     signal("-INT", run.child.id());
     let code = run
         .wait_timeout(Duration::from_secs(60))

@@ -15,19 +15,20 @@ fn path_str(path: &Path) -> &str {
     path.to_str().expect("utf-8 path")
 }
 
-/// Each request takes 115 ms (TTFT 20 ms, 19 more tokens 5 ms apart) on a mock of 32 slots;
+/// Each request takes 48 ms (TTFT 10 ms, 19 more tokens 2 ms apart) on a mock of 32 slots;
 /// the gateway holds 6. At concurrency 7 one request in 7 waits a slot of the gateway
-/// (≈ 115 ms), so `llm.ttft-p95 > 60` fails above 6; the mock's queue
-/// (`vllm:num_requests_waiting`) stays 0 at every load probed. Probes of 2 s from
-/// concurrency 4 (`--concurrency 4`), the scrape every 250 ms.
+/// (≈ 48 ms, TTFT ≈ 58 ms), so `llm.ttft-p95 > 30` fails above 6; the mock's queue
+/// (`vllm:num_requests_waiting`) stays 0 at every load probed. Probes of 1 s (80 requests
+/// and more at concurrency 4) from concurrency 4 (`--concurrency 4`), the scrape every
+/// 100 ms (ten samples a probe).
 #[test]
 fn a_search_through_a_gateway_names_the_gateway_as_the_limit() {
     let _timing = timing_lock();
     let mock = MockServer::start(&[
         "--ttft",
-        "20ms",
+        "10ms",
         "--itl",
-        "5ms",
+        "2ms",
         "--tokens",
         "20",
         "--max-streams",
@@ -47,7 +48,7 @@ fn a_search_through_a_gateway_names_the_gateway_as_the_limit() {
             "--server-metrics",
             &mock_metrics,
             "--server-metrics-interval",
-            "250ms",
+            "100ms",
             "--find-max",
             "concurrency",
             "--concurrency",
@@ -55,9 +56,9 @@ fn a_search_through_a_gateway_names_the_gateway_as_the_limit() {
             "--find-max-range",
             "1:64",
             "--duration",
-            "2s",
+            "1s",
             "--fail-if",
-            "llm.ttft-p95 > 60",
+            "llm.ttft-p95 > 30",
         ],
         Some(&dir.join("gateway.json")),
     );

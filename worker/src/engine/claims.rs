@@ -41,6 +41,10 @@ const MIN_AHEAD: u64 = 4;
 /// The pace is measured over windows this long.
 const PACE_WINDOW: Duration = Duration::from_millis(250);
 
+/// A wait for a grant this long is worth a warning: the link, not loopback's round trip,
+/// held a send (the schedule lag still counts every wait, however short).
+const NOTABLE_GRANT_WAIT: Duration = Duration::from_millis(5);
+
 /// The state the slice reader, the engine and the session share.
 #[derive(Debug)]
 pub struct ClaimLink {
@@ -282,18 +286,34 @@ impl Gate {
             granted = self.granted.wait_for(|g| *g > ordinal) => granted.is_ok(),
         };
         self.link.blocked.store(false, Ordering::Relaxed);
-        self.waits += 1;
-        self.longest_wait = self.longest_wait.max(began.elapsed());
+        // A send the run's end released was never sent: it went out neither late nor at all,
+        // so it is no wait (an open loop always ends with one send waiting for its grant).
+        if admitted {
+            self.waits += 1;
+            self.longest_wait = self.longest_wait.max(began.elapsed());
+        }
         admitted
     }
 
-    /// Say in the worker's log how many sends waited for a grant.
+    /// Say in the worker's log how many sends waited for a grant: a warning when one waited
+    /// [`NOTABLE_GRANT_WAIT`] or more, a debug line for the sub-millisecond waits of a
+    /// grant that crossed loopback just after its exchange fell due.
     pub fn log_waits(&self) {
-        if self.waits > 0 {
+        if self.waits == 0 {
+            return;
+        }
+        let longest_ms = self.longest_wait.as_secs_f64() * 1000.0;
+        if self.longest_wait >= NOTABLE_GRANT_WAIT {
             tracing::warn!(
                 sends = self.waits,
-                longest_ms = self.longest_wait.as_secs_f64() * 1000.0,
+                longest_ms,
                 "sends waited for the coordinator's grant (a slow or stalled link to it): they went out late, and their lateness is in the schedule lag"
+            );
+        } else {
+            tracing::debug!(
+                sends = self.waits,
+                longest_ms,
+                "sends waited briefly for a grant"
             );
         }
     }
