@@ -39,8 +39,10 @@ pub struct Settings {
     pub local_workers: bool,
     pub max_skew: Duration,
     pub reorder_window: usize,
-    /// How far ahead of the start instant the start message goes out.
+    /// How far ahead of the start instant the start message goes out at most, and at least
+    /// (see [`start_lead_for`]).
     pub start_lead: Duration,
+    pub min_start_lead: Duration,
     /// Clock pings per worker (more on a long or jittery path: `sync_clocks`); the one with
     /// the shortest round trip gives the offset.
     pub clock_samples: u64,
@@ -123,6 +125,17 @@ fn load_warning(
     }
 }
 
+/// How far ahead of the start message the start instant is: `min_start_lead` (the first
+/// slice chunks buffered, the first wave's connections opened) plus twice the longest clock
+/// ping round trip (the message's way to the slowest worker, with room for one slower than
+/// any ping), at most `start_lead`. On loopback or a LAN that is the minimum (250 ms, where
+/// it was always 500 ms: each run and each search probe starts a quarter second sooner); a
+/// link of 125 ms or more gets the whole 500 ms, as before.
+pub fn start_lead_for(settings: &Settings, longest_round_trip: Duration) -> Duration {
+    let floor = settings.min_start_lead;
+    (floor + longest_round_trip * 2).clamp(floor, settings.start_lead.max(floor))
+}
+
 /// How long after the end of `--duration` the feed goes on: the workers' clocks and start
 /// instants differ by far less, and each worker holds thousands of exchanges anyway.
 pub const FEED_MARGIN: Duration = Duration::from_secs(1);
@@ -138,6 +151,7 @@ impl Settings {
             max_skew: config.max_skew,
             reorder_window: config.reorder_window,
             start_lead: Duration::from_millis(500),
+            min_start_lead: Duration::from_millis(250),
             clock_samples: 8,
             clock_patience: Duration::from_secs(2),
             setup_patience: if config.tokenizer.is_some() {
@@ -268,6 +282,8 @@ pub struct Supervisor {
     feed_until: Option<Instant>,
     /// When the workers were last told the coordinator is alive.
     last_heartbeat: Option<Instant>,
+    /// The longest round trip of the clock pings (what the start message may take).
+    longest_round_trip: Duration,
     /// `--requests-out`: each accepted report's request records are written here, so the
     /// file and the report count the same requests (a fenced worker's are never written).
     requests_out: Option<std::sync::Arc<crate::requests_out::RequestsOut>>,
@@ -592,6 +608,7 @@ impl Supervisor {
             feed: std::sync::Arc::new(FeedControl::new(0)),
             feed_until: None,
             last_heartbeat: None,
+            longest_round_trip: Duration::ZERO,
             requests_out: None,
             notices: None,
         }
@@ -882,6 +899,12 @@ impl Supervisor {
             }
             seq += 1;
         }
+        self.longest_round_trip = samples
+            .iter()
+            .filter_map(|s| s.delays.iter().max())
+            .map(|&delay| Duration::from_nanos(delay))
+            .max()
+            .unwrap_or_default();
         for (slot, samples) in self.slots.iter_mut().zip(samples) {
             if let Some((delay, offset)) = samples.best {
                 slot.clock = ClockEstimate {
@@ -925,7 +948,7 @@ impl Supervisor {
     /// One start instant for everyone, far enough ahead for the message to arrive and the
     /// first slice chunks to be buffered; each worker gets it in its own clock.
     fn start(&mut self) -> (SystemTime, Instant) {
-        let lead = self.settings.start_lead;
+        let lead = start_lead_for(&self.settings, self.longest_round_trip);
         let started_at = SystemTime::now() + lead;
         let started = Instant::now() + lead;
         let t0 = unix_ns(started_at) as i128;

@@ -53,6 +53,7 @@ fn settings(workers: usize, reassign_on_loss: bool) -> Settings {
         max_skew: Duration::from_millis(5),
         reorder_window: 4096,
         start_lead: Duration::from_millis(500),
+        min_start_lead: Duration::from_millis(500),
         clock_samples: 3,
         clock_patience: Duration::from_secs(2),
         setup_patience: Duration::ZERO,
@@ -1287,4 +1288,18 @@ fn the_start_skew_bound_is_the_worst_pair_of_start_windows() {
     unstarted[2].started_unix_ns = None;
     assert_eq!(start_skew_bound_ms(&unstarted), None);
     assert_eq!(start_skew_bound_ms(&[]), None);
+}
+
+/// The start lead: the floor on loopback, twice the longest round trip on top of it on a
+/// slower link, never more than the ceiling.
+#[test]
+fn the_start_lead_grows_with_the_longest_round_trip_up_to_its_ceiling() {
+    let mut settings = settings(1, false);
+    settings.min_start_lead = Duration::from_millis(250);
+    let lead = |rtt_us: u64| start_lead_for(&settings, Duration::from_micros(rtt_us));
+    assert_eq!(lead(0), Duration::from_millis(250));
+    assert_eq!(lead(100), Duration::from_micros(250_200));
+    assert_eq!(lead(50_000), Duration::from_millis(350));
+    assert_eq!(lead(125_000), Duration::from_millis(500));
+    assert_eq!(lead(300_000), Duration::from_millis(500));
 }
