@@ -148,7 +148,9 @@ fn streams_reuse_their_connections() {
 
 /// Acceptance: on a recorded schedule with 5 ms gaps, requests go out within 0.2 ms of their
 /// intended time at the median (tokio's timer alone rounds every wait up to the next
-/// millisecond: 0.99 ms at p50, 1.54 ms at p99 before the pacer).
+/// millisecond: 0.99 ms at p50, 1.54 ms at p99 before the pacer). 200 requests (a 1 s
+/// schedule; 400 took 2.6 s): the median of 200 lags is as sure a reading of 0.2 ms against
+/// 0.99 as of 400.
 #[test]
 fn recorded_schedule_with_5ms_gaps_keeps_sub_millisecond_lag() {
     let _timing = fixtures::timing_lock();
@@ -160,7 +162,7 @@ fn measure_schedule_lag() -> Result<(), String> {
     let mock = MockServer::start(&["--ttft", "5ms", "--itl", "1ms", "--tokens", "5"]);
     let dir = TempDir::new("lag-5ms");
     let recording = dir.join("rec.jsonl");
-    write_chat_recording(&recording, 400, 5, Some(5.0));
+    write_chat_recording(&recording, 200, 5, Some(5.0));
     let report_path = dir.join("report.json");
     let out = llm_replay(
         &["run", path_str(&recording), "--target", &mock.url],
@@ -174,10 +176,10 @@ fn measure_schedule_lag() -> Result<(), String> {
     let report = out.report.expect("report JSON");
     assert_eq!(
         num(&report, &["requests", "succeeded"]),
-        400.0,
+        200.0,
         "{report:#}"
     );
-    assert_eq!(num(&report, &["llm", "schedule_lag_ms", "count"]), 400.0);
+    assert_eq!(num(&report, &["llm", "schedule_lag_ms", "count"]), 200.0);
     let p50 = num(&report, &["llm", "schedule_lag_ms", "p50"]);
     let p99 = num(&report, &["llm", "schedule_lag_ms", "p99"]);
     eprintln!("recorded schedule, 5 ms gaps: schedule lag p50 {p50:.3} ms, p99 {p99:.3} ms");
