@@ -398,14 +398,17 @@ fn sampled_sessions_are_the_same_whole_sessions_on_any_worker_count() {
     assert_ne!(first, other_seed, "another seed picks other sessions");
 }
 
-/// A closed loop of 4 streams against a mock emitting one token per 10 ms per stream
-/// (`--ttft 10ms --itl 10ms`, so 400 tokens/s in all), ending with two 300-token answers that
-/// leave a 3 s drain-down tail at half the load. The steady window reports the server's
-/// 400 tokens/s within 5 %; the whole-run figure is lower; both are labelled.
+/// A closed loop of 4 streams against a mock emitting one token per 5 ms per stream
+/// (`--ttft 5ms --itl 5ms`, so 800 tokens/s in all): 120 answers of 15–25 tokens (a steady
+/// window of about 3 s), ending with two 300-token answers that leave a 1.5 s drain-down tail
+/// at half the load. The steady window reports the server's 800 tokens/s within 5 %; the
+/// whole-run figure is lower; both are labelled. (One token per 10 ms made the test 10 s for
+/// the same answers. What the window's edges leave out is a share of the answers in it, not
+/// of its seconds: 2 % here with 120 answers (785 tokens/s), 2.5 % with 60.)
 #[test]
 fn the_steady_window_leaves_out_the_drain_down_tail() {
     let _timing = timing_lock();
-    let mock = MockServer::start(&["--ttft", "10ms", "--itl", "10ms", "--max-streams", "4"]);
+    let mock = MockServer::start(&["--ttft", "5ms", "--itl", "5ms", "--max-streams", "4"]);
     let dir = TempDir::new("steady");
     let rec = dir.join("rec.jsonl");
     let mut lines: Vec<Value> = (0..120u64)
@@ -430,7 +433,7 @@ fn the_steady_window_leaves_out_the_drain_down_tail() {
             "--report-md",
             path_str(&report_md),
             "--fail-if",
-            "llm.output-throughput-steady < 300",
+            "llm.output-throughput-steady < 600",
         ],
         Some(&report),
     );
@@ -447,9 +450,9 @@ fn the_steady_window_leaves_out_the_drain_down_tail() {
     eprintln!(
         "steady {steady:.1} tokens/s ({requests_steady:.2} requests/s) over {window:.2} s; whole run {whole:.1} tokens/s"
     );
-    assert!((steady - 400.0).abs() <= 20.0, "steady {steady} tokens/s");
+    assert!((steady - 800.0).abs() <= 40.0, "steady {steady} tokens/s");
     assert!(whole < 0.9 * steady, "whole run {whole} vs steady {steady}");
-    assert!(window > 4.0 && window < 8.0, "steady window {window} s");
+    assert!(window > 2.0 && window < 4.0, "steady window {window} s");
     assert_eq!(report["goals"][0]["failed"], false, "{}", report["goals"]);
     assert!(out.stdout.contains("(whole run)"), "{}", out.stdout);
     assert!(

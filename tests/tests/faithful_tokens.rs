@@ -332,15 +332,19 @@ fn recorded_cancellations_replay_at_their_recorded_point() {
     let upstream = MockServer::start(&mock_args);
     let recorded = dir.join("recorded.jsonl");
     let recorder = Recorder::start(&upstream.url, &recorded, &[]);
-    // Users who press stop: before the first token, early, mid-stream, late.
+    // Users who press stop: before the first token, early, mid-stream, late. The ten users
+    // ask at once (0.7 s, where one after another took 5 s): each cancel point is recorded
+    // by the proxy, relative to its own request, and the replay sends all ten at once too.
     let cancels: BTreeMap<usize, u64> = [(1, 60), (3, 180), (6, 310), (8, 470)].into();
-    for i in 0..10 {
-        chat_client(
-            &recorder.url,
-            i,
-            cancels.get(&i).map(|ms| Duration::from_millis(*ms)),
-        );
-    }
+    std::thread::scope(|users| {
+        for i in 0..10 {
+            let (url, cancel_after) = (
+                &recorder.url,
+                cancels.get(&i).map(|ms| Duration::from_millis(*ms)),
+            );
+            users.spawn(move || chat_client(url, i, cancel_after));
+        }
+    });
     // The proxy finishes a cut exchange when it notices the client gone.
     assert!(fixtures::eventually(Duration::from_secs(5), || {
         std::fs::read_to_string(&recorded)

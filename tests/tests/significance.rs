@@ -2,7 +2,10 @@
 //! bootstrap interval of its percent change, and only significant changes are highlighted.
 //!
 //! Real processes: `llm-replay run` against its embedded mock (which serves the recording's
-//! own frames at their recorded offsets) and against `llm-replay mock --ttft 100ms`.
+//! own frames at their recorded offsets) and against `llm-replay mock --ttft 100ms`. Both
+//! replay the recording's schedule (40 exchanges 60 ms apart) at `--speed 2`: speed scales
+//! the arrivals, not the frames, so every compared distribution is the same, in half the
+//! time (1.2 s).
 
 use std::path::Path;
 
@@ -69,7 +72,10 @@ fn replay_of_the_same_distribution_marks_no_change_significant() {
     // TTFT 30–147 ms in 3 ms steps, ITL 4–23.5 ms in 0.5 ms steps.
     write_recording(&recording, |k| 30.0 + 3.0 * k, |k| 4.0 + 0.5 * k);
     let report_path = dir.join("report.json");
-    let out = llm_replay(&["run", path_str(&recording)], Some(&report_path));
+    let out = llm_replay(
+        &["run", path_str(&recording), "--speed", "2"],
+        Some(&report_path),
+    );
     assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
     let report = out.report.expect("report");
     assert_eq!(
@@ -114,7 +120,14 @@ fn doubled_ttft_is_significant_and_its_interval_contains_plus_100_percent() {
     let mock = MockServer::start(&["--ttft", "100ms", "--itl", "5ms", "--tokens", "8"]);
     let report_path = dir.join("report.json");
     let out = llm_replay(
-        &["run", path_str(&recording), "--target", &mock.url],
+        &[
+            "run",
+            path_str(&recording),
+            "--target",
+            &mock.url,
+            "--speed",
+            "2",
+        ],
         Some(&report_path),
     );
     assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
