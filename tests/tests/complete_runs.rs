@@ -53,14 +53,14 @@ fn all_exit_cleanly(workers: &mut [Spawned]) {
     }
 }
 
-/// A mock with `slots` batch slots at TTFT 20 ms and 115 ms a request (as in `capacity`).
+/// A mock with `slots` batch slots at TTFT 5 ms and 62 ms a request (5 ms + 19 × 3 ms).
 fn slotted_mock(slots: usize) -> MockServer {
     let slots = slots.to_string();
     MockServer::start(&[
         "--ttft",
-        "20ms",
-        "--itl",
         "5ms",
+        "--itl",
+        "3ms",
         "--tokens",
         "20",
         "--max-streams",
@@ -113,7 +113,12 @@ fn remote_once_workers_take_every_level_of_a_sweep() {
 
 /// Acceptance: `--find-max concurrency` over three remote `--once` workers behind the links
 /// answers the server's slot count, 4, as with local workers (4 rather than 8: the same
-/// exact answer, K and K + 1, in two probes fewer).
+/// exact answer, K and K + 1, in two probes fewer). The search starts at 2 (2, 4, 8, 6, 5 and
+/// 5 again to confirm the failure: a probe fewer than from 1); each probe runs 1.2 s, which
+/// even at 2 gets the 40 requests of 62 ms a p95 goal needs (no probe runs again for want of
+/// requests: the search would answer the same, a probe later). At 4 streams
+/// no request waits (TTFT p95 about 5 ms); at 5, one in five waits for a slot, up to a whole
+/// 62 ms request (TTFT p95 38-62 ms measured, against the goal's 27).
 #[test]
 fn a_capacity_search_over_remote_workers_finds_the_slot_count() {
     let _parallel = parallel_lock();
@@ -129,10 +134,12 @@ fn a_capacity_search_over_remote_workers_finds_the_slot_count() {
             &mock.url,
             "--find-max",
             "concurrency",
+            "--concurrency",
+            "2",
             "--duration",
-            "3s",
+            "1200ms",
             "--fail-if",
-            "llm.ttft-p95 > 60",
+            "llm.ttft-p95 > 27",
             "--report-json",
             path(&report_path),
         ],
@@ -163,23 +170,29 @@ fn quick_mock(log: &std::path::Path) -> MockServer {
     ])
 }
 
-/// Three workers replay 1,500 exchanges recorded 8 ms apart (12 s); once 150 requests went
-/// out, the coordinator → worker direction of `far-1`'s link stalls for 10 s. The worker
-/// hears nothing for the run's heartbeat timeout (the default 5 s), stops on its own and
-/// says so; its final report still arrives (the other direction works). Returns the
-/// coordinator's exit code, its stderr and the report.
+/// The exchanges of a one-way stall's recording.
+const EXCHANGES: f64 = 750.0;
+
+/// Three workers replay 750 exchanges recorded 8 ms apart (6 s); once 150 requests went out
+/// (1.2 s in), the coordinator → worker direction of `far-1`'s link stalls for 4 s. The
+/// worker hears nothing for the run's heartbeat timeout (2 s here, so that it quits with
+/// about 2.5 s of its slice unstarted), stops on its own and says so; its final report still
+/// arrives (the other direction works). Returns the coordinator's exit code, its stderr and
+/// the report.
 fn one_way_stall(policy: &str) -> (Option<i32>, String, serde_json::Value) {
     let dir = TempDir::new(&format!("one-way-stall-{policy}"));
     let log = dir.join("requests.jsonl");
     let mock = quick_mock(&log);
     let recording = dir.join("rec.jsonl");
-    write_chat_recording(&recording, 1500, 10, Some(8.0));
+    write_chat_recording(&recording, EXCHANGES as usize, 10, Some(8.0));
     let report_path = dir.join("report.json");
     let (mut coordinator, addr) = coordinator(
         &[
             path(&recording),
             "--target",
             &mock.url,
+            "--heartbeat-timeout",
+            "2s",
             "--on-worker-loss",
             policy,
             "--report-json",
@@ -198,7 +211,7 @@ fn one_way_stall(policy: &str) -> (Option<i32>, String, serde_json::Value) {
     );
     links[1].set_stalled_down(true);
     let stall = std::time::Instant::now();
-    let mut code = coordinator.wait_timeout(Duration::from_secs(10));
+    let mut code = coordinator.wait_timeout(Duration::from_secs(4));
     links[1].set_stalled_down(false);
     eprintln!("stalled for {:?}", stall.elapsed());
     if code.is_none() {
@@ -229,21 +242,21 @@ fn a_worker_that_stops_on_its_own_fails_the_run_under_fail() {
     );
     // Its final report counts what it did exactly: total is every exchange, once.
     let r = |k: &str| num(&report, &["requests", k]);
-    assert_eq!(r("total"), 1500.0, "{:#}", report["requests"]);
+    assert_eq!(r("total"), EXCHANGES, "{:#}", report["requests"]);
 }
 
 /// Acceptance, `reassign`: what the worker that quit had not started goes to the others, so
-/// every one of the 1,500 exchanges is sent; none is "not started".
+/// every one of the 750 exchanges is sent; none is "not started".
 #[test]
 fn a_worker_that_stops_on_its_own_is_handed_over_under_reassign() {
     let _parallel = parallel_lock();
     let (code, stderr, report) = one_way_stall("reassign");
     let r = |k: &str| num(&report, &["requests", k]);
     assert_eq!(r("not_started"), 0.0, "{:#}\n{stderr}", report["requests"]);
-    assert_eq!(r("total"), 1500.0, "{:#}", report["requests"]);
+    assert_eq!(r("total"), EXCHANGES, "{:#}", report["requests"]);
     assert_eq!(
         r("succeeded") + r("lost"),
-        1500.0,
+        EXCHANGES,
         "{:#}",
         report["requests"]
     );

@@ -129,6 +129,8 @@ fn compose_example_hands_back_reports_and_the_coordinators_exit_code() {
         assert_eq!(owner, IMAGE_UID, "report.json written by uid {owner}");
     }
 
+    drop(run);
+
     // The recording sidecar (issue 35): an application records through it, then what was
     // recorded is replayed.
     record_through_the_sidecar_then_replay(&compose, &image);
@@ -377,9 +379,12 @@ fn record_through_the_sidecar_then_replay(compose: &[String], image: &Image) {
         ),
         ("LLM_REPLAY_USER", ""),
     ];
+    let overlays = TempDir::new("compose-record-overlay");
+    let fast = fast_mock_overlay(&overlays, "deploy/compose.record.yaml", "upstream");
     let compose_step = |step: &[&str], patience: Duration| -> (i32, String) {
         let mut args: Vec<&str> = compose[1..].iter().map(String::as_str).collect();
         args.extend(["-p", &project, "-f", file.to_str().expect("utf-8 path")]);
+        args.extend(["-f", fast.to_str().expect("utf-8 path")]);
         args.extend_from_slice(step);
         let mut process = Spawned::start(Path::new(&compose[0]), &args, &env);
         let code = process.wait_timeout(patience).unwrap_or(-1);
@@ -685,6 +690,8 @@ struct ComposeRun {
     project: String,
     env: Vec<(String, String)>,
     process: Spawned,
+    /// Where the fast mock's overlay lives while the run reads it.
+    _overlays: TempDir,
 }
 
 impl ComposeRun {
@@ -731,6 +738,12 @@ impl ComposeRun {
                     .to_owned(),
             ]);
         }
+        let overlays = TempDir::new("compose-overlay");
+        let fast = fast_mock_overlay(&overlays, "deploy/compose.yaml", "mock");
+        args.extend([
+            "-f".to_owned(),
+            fast.to_str().expect("utf-8 path").to_owned(),
+        ]);
         args.extend(["up", "--exit-code-from", "coordinator"].map(String::from));
         let env_refs: Vec<(&str, &str)> =
             env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
@@ -741,6 +754,7 @@ impl ComposeRun {
             project,
             env,
             process,
+            _overlays: overlays,
         }
     }
 
@@ -780,6 +794,32 @@ impl Drop for ComposeRun {
             .stderr(Stdio::null())
             .status();
     }
+}
+
+/// The mock's timing in the test's Compose runs: the example's responses are 200 tokens,
+/// which the shipped mocks (100 ms + 200 × 10 ms in deploy/compose.yaml, 50 ms + 200 × 5 ms
+/// in deploy/compose.record.yaml) stream in 2.1 and 1.05 s; at 10 ms + 200 × 1 ms each
+/// takes 0.21 s, so the 25 requests of a level at 2 streams take under 3 s instead of 27 s.
+/// The tests are about the hand-back, not the timing.
+const FAST_MOCK: [(&str, &str); 2] = [("--ttft", "10ms"), ("--itl", "1ms")];
+
+/// A Compose overlay, written to `dir`, that gives `service` of the shipped `file` (relative
+/// to the workspace) the entrypoint it ships with but [`FAST_MOCK`]'s timing. JSON, which
+/// Compose reads as YAML.
+fn fast_mock_overlay(dir: &TempDir, file: &str, service: &str) -> PathBuf {
+    let shipped = &manifests(file)[0]["services"][service];
+    let mut entrypoint = strings(&shipped["entrypoint"]);
+    for (name, value) in FAST_MOCK {
+        let at = entrypoint
+            .iter()
+            .position(|arg| arg == name)
+            .unwrap_or_else(|| panic!("{file}: {service} has no {name}: {entrypoint:?}"));
+        entrypoint[at + 1] = value.to_owned();
+    }
+    let overlay = serde_json::json!({ "services": { service: { "entrypoint": entrypoint } } });
+    let path = dir.join(&format!("fast-{service}.json"));
+    std::fs::write(&path, overlay.to_string()).expect("write the overlay");
+    path
 }
 
 fn unique() -> u128 {
