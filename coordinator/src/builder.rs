@@ -128,6 +128,7 @@ impl RunConfig {
                 "--sweep-concurrency levels must be at least 1".into(),
             );
         }
+        self.validate_streams_per_worker()?;
         if self.reorder_window == 0 || self.reorder_window > u32::MAX as usize {
             return bad(
                 "--reorder-window",
@@ -139,6 +140,51 @@ impl RunConfig {
                 "--find-max",
                 "--find-max: needs at least one --fail-if goal".into(),
             );
+        }
+        Ok(())
+    }
+
+    /// Every worker runs at least one stream of a closed loop or of a concurrency cap: a
+    /// concurrency below the worker count would run at the worker count and be reported as
+    /// less. (A concurrency search starts at the worker count: `FindMax::fitted_to`.)
+    fn validate_streams_per_worker(&self) -> Result<(), RunError> {
+        let workers = self.workers;
+        let searched = self
+            .find_max
+            .as_ref()
+            .is_some_and(|f| f.dimension == crate::capacity::Dimension::Concurrency);
+        if let Some(level) = self.sweep.iter().find(|level| **level < workers) {
+            return Err(RunError::option(
+                "--sweep-concurrency",
+                format!(
+                    "--sweep-concurrency level {level} is below the {workers} workers: each worker runs at least one stream, so that level would hold {workers}; sweep from {workers}, or use fewer workers"
+                ),
+            ));
+        }
+        // A sweep's levels and a concurrency search's probes set their own concurrency.
+        if let Some(c) = self.load.concurrency
+            && c < workers
+            && !searched
+            && self.sweep.is_empty()
+        {
+            return Err(RunError::option(
+                "--concurrency",
+                format!(
+                    "--concurrency {c} is below the {workers} workers: each worker runs at least one stream, so the run would hold {workers}; give --concurrency {workers} or more, or fewer workers"
+                ),
+            ));
+        }
+        if let Some(find_max) = &self.find_max
+            && searched
+            && find_max.high < workers as f64
+        {
+            return Err(RunError::option(
+                "--find-max-range",
+                format!(
+                    "--find-max-range ends at {} below the {workers} workers: each worker runs at least one stream",
+                    find_max.high
+                ),
+            ));
         }
         Ok(())
     }

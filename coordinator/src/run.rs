@@ -462,7 +462,7 @@ struct LevelFailed {
 impl Levels {
     fn of(config: &RunConfig) -> Levels {
         if let Some(find_max) = config.find_max {
-            Levels::Search(find_max)
+            Levels::Search(find_max.fitted_to(config.workers))
         } else if config.sweep.is_empty() {
             Levels::Single
         } else {

@@ -116,6 +116,10 @@ fn finds_the_slot_count(slots: usize, workers: &str) {
     assert_eq!(num(capacity, &["max"]), slots as f64, "{capacity:#}");
     assert_eq!(num(capacity, &["min_failing"]), slots as f64 + 1.0);
     assert!(probes.len() <= 12, "{} probes: {probes:?}", probes.len());
+    // Each worker runs a stream at least: the search starts at the worker count.
+    let workers: f64 = workers.parse().expect("worker count");
+    assert_eq!(num(capacity, &["low"]), workers, "{capacity:#}");
+    assert_eq!(probes[0].0, workers, "{probes:?}");
     // Each probe is judged on its own replay: every load up to K passed, every one above
     // failed, and the failing ones name the goal.
     for (index, (value, passed)) in probes.iter().enumerate() {
@@ -146,8 +150,9 @@ fn find_max_concurrency_answers_four_slots() {
 
 /// Eight slots, the probes run by two worker processes (each probe's load split between
 /// them and merged, as sweep levels are). Eight, not sixteen: the split is the same, the
-/// search two probes shorter (1, 2, 4, 8, 16, 12, 10, 9), and one request in eight waiting
-/// (12.5 %) is further from the p95's 5 % than one in sixteen.
+/// search two probes shorter (2, 4, 8, 16, 12, 10, 9: no probe below one stream a worker),
+/// and one request in eight waiting (12.5 %) is further from the p95's 5 % than one in
+/// sixteen.
 #[test]
 fn find_max_concurrency_answers_eight_slots_across_two_workers() {
     let _timing = timing_lock();

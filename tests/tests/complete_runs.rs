@@ -113,10 +113,11 @@ fn remote_once_workers_take_every_level_of_a_sweep() {
 
 /// Acceptance: `--find-max concurrency` over three remote `--once` workers behind the links
 /// answers the server's slot count, 4, as with local workers (4 rather than 8: the same
-/// exact answer, K and K + 1, in two probes fewer). The search starts at 2 (2, 4, 8, 6, 5 and
-/// 5 again to confirm the failure: a probe fewer than from 1); each probe runs 1.2 s, which
-/// even at 2 gets the 40 requests of 62 ms a p95 goal needs (no probe runs again for want of
-/// requests: the search would answer the same, a probe later). At 4 streams
+/// exact answer, K and K + 1, in two probes fewer). The search starts at 3, one stream a
+/// worker (each runs one at least: a probe at 2 would hold 3), then 6, 4, 5 and 5 again to
+/// confirm the failure; each probe runs 1.2 s, which even at 3 gets the 40 requests of 62 ms
+/// a p95 goal needs (no probe runs again for want of requests: the search would answer the
+/// same, a probe later). At 4 streams
 /// no request waits (TTFT p95 about 5 ms); at 5, one in five waits for a slot, up to a whole
 /// 62 ms request (TTFT p95 38-62 ms measured, against the goal's 27).
 #[test]
@@ -134,8 +135,6 @@ fn a_capacity_search_over_remote_workers_finds_the_slot_count() {
             &mock.url,
             "--find-max",
             "concurrency",
-            "--concurrency",
-            "2",
             "--duration",
             "1200ms",
             "--fail-if",
@@ -153,6 +152,8 @@ fn a_capacity_search_over_remote_workers_finds_the_slot_count() {
     let capacity = &report["capacity"];
     assert_eq!(num(capacity, &["max"]), 4.0, "{capacity:#}");
     assert_eq!(num(capacity, &["min_failing"]), 5.0, "{capacity:#}");
+    assert_eq!(num(capacity, &["low"]), 3.0, "{capacity:#}");
+    assert_eq!(capacity["probes"][0]["value"], 3.0, "{capacity:#}");
     all_exit_cleanly(&mut workers);
 }
 

@@ -132,6 +132,18 @@ impl FindMax {
         Ok(self)
     }
 
+    /// A concurrency search over `workers` workers probes no load below one stream a
+    /// worker: each worker runs at least one, so a probe at fewer would run at `workers` and
+    /// be reported as less. LOW (and the start) rise to the worker count; the capacity
+    /// section shows the range searched.
+    pub fn fitted_to(mut self, workers: usize) -> FindMax {
+        if self.dimension == Dimension::Concurrency {
+            self.low = self.low.max(workers as f64).min(self.high);
+            self.start = self.start.max(self.low);
+        }
+        self
+    }
+
     /// Validate `--find-max`, `--find-max-range` and `--find-max-precision` (`None` when no
     /// search was asked for).
     pub fn from_options(
@@ -555,6 +567,19 @@ mod tests {
             precision_pct: 5.0,
             start: low,
         }
+    }
+
+    /// A concurrency search over 3 workers starts at 3: each worker runs a stream at least.
+    #[test]
+    fn a_concurrency_search_starts_at_one_stream_a_worker() {
+        let fitted = concurrency(1.0, 64.0).fitted_to(3);
+        assert_eq!((fitted.low, fitted.start, fitted.high), (3.0, 3.0, 64.0));
+        let above = concurrency(1.0, 64.0).starting_at(8.0).expect("in range");
+        assert_eq!(above.fitted_to(3).start, 8.0);
+        assert_eq!(concurrency(1.0, 64.0).fitted_to(1).low, 1.0);
+        let mut rate = concurrency(1.0, 64.0);
+        rate.dimension = Dimension::Rate;
+        assert_eq!(rate.fitted_to(3).low, 1.0);
     }
 
     fn run(passed: bool, near_limit: bool) -> RunResult {
