@@ -587,7 +587,12 @@ impl RunArgs {
         } = self.link_settings(&source)?;
         let requests = self.request_shape(&file)?;
         let options = self.run_options(&file, &load, has_arrival_times)?;
-        let global = global_load(&load, options.find_max.is_some(), &requests);
+        let mut global = global_load(&load, options.find_max.is_some(), &requests);
+        if load.concurrency.is_none() && global.concurrency == Some(1) {
+            // The implicit closed loop is one stream a worker: remote workers cannot be
+            // fewer than `--expect-workers`, and each runs a stream at least.
+            global.concurrency = Some(workers.max(1));
+        }
         let mut config = RunConfig {
             server_metrics,
             slos: options.slos,
