@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 ///   after t + 1 ms"), or that loads the machine hard enough to disturb such a measurement
 ///   (100,000 requests, hundreds of open streams). It runs alone.
 /// - `let _parallel = fixtures::parallel_lock();` in every other test. These run in parallel
-///   with each other (eight test threads, `.cargo/config.toml`), never beside a timing test.
+///   with each other (48 test threads, `.cargo/config.toml`), never beside a timing test.
 ///   A test that measures nothing but is heavy for a while (the container build) takes this
 ///   one too: it slows its parallel neighbours, which assert no time, and never overlaps a
 ///   timing test.
