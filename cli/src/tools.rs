@@ -233,15 +233,44 @@ pub fn recording_command(args: RecordingArgs) -> ExitCode {
 /// `llm-replay recording filter`.
 fn filter_command(args: &recordings::filter::FilterArgs) -> ExitCode {
     match recordings::filter::filter_by_upstream(args) {
-        Ok(summary) => stdout_written(print::stdout_text(&format!(
-            "kept {} of {} exchanges (upstream {:?}) in {}\n",
-            summary.kept,
-            summary.read,
-            args.upstream,
-            args.output.display()
-        ))),
+        Ok(summary) => {
+            filter_warnings(args, &summary);
+            stdout_written(print::stdout_text(&format!(
+                "kept {} of {} exchanges (upstream {:?}) in {}\n",
+                summary.kept,
+                summary.read,
+                args.upstream,
+                args.output.display()
+            )))
+        }
         Err(error) if error.is_write() => fail(exit::RUN_FAILED, error),
         Err(error) => fail(exit::USAGE, error),
+    }
+}
+
+/// What a filter could not judge or copied as a gap, on standard error.
+fn filter_warnings(
+    args: &recordings::filter::FilterArgs,
+    summary: &recordings::filter::FilterSummary,
+) {
+    let input = args.recording.display();
+    if let Some(line) = summary.torn_last_line {
+        print::stderr_line(&format!(
+            "llm-replay: {input}:{line}: torn last line (the recorder stopped mid-line); it was not filtered"
+        ));
+    }
+    if summary.skipped_long_lines > 0 {
+        print::stderr_line(&format!(
+            "llm-replay: {input}: {} line(s) over the reader's length cap skipped, not filtered",
+            summary.skipped_long_lines
+        ));
+    }
+    if summary.gaps > 0 {
+        print::stderr_line(&format!(
+            "llm-replay: {input}: {} gap markers (exchanges proxied and never recorded, of any upstream) were copied to {}",
+            summary.gaps,
+            args.output.display()
+        ));
     }
 }
 

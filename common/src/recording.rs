@@ -1568,6 +1568,44 @@ impl RecordingWriter {
         self.out.writer().write_all(&line)
     }
 
+    /// Append a file header saying the share of the traffic the recording holds (as
+    /// `record --sample` writes it), so a reader still knows the rate to replay at. A reader
+    /// takes the smallest share it meets, so a later, smaller one may follow.
+    pub fn write_sample_header(&mut self, writer: &str, share: f64) -> std::io::Result<()> {
+        let header = serde_json::json!({ HEADER_KEY: {
+            "format": 1,
+            "writer": writer,
+            "sample": share,
+        }});
+        self.write_metadata(&header)
+    }
+
+    /// Append a gap marker carrying `gap`'s reason, count and times, at this point of the
+    /// recording: exchanges that were proxied and never recorded stay counted in a copy.
+    pub fn write_gap(&mut self, gap: &GapNote) -> std::io::Result<()> {
+        let mut fields = serde_json::Map::new();
+        fields.insert("exchanges".into(), gap.exchanges.into());
+        fields.insert("reason".into(), gap.reason.as_str().into());
+        let times = [
+            ("from_ms", gap.from_ms.map(serde_json::Value::from)),
+            ("to_ms", gap.to_ms.map(serde_json::Value::from)),
+            ("from", gap.from.as_deref().map(serde_json::Value::from)),
+            ("to", gap.to.as_deref().map(serde_json::Value::from)),
+        ];
+        for (key, value) in times {
+            if let Some(value) = value {
+                fields.insert(key.into(), value);
+            }
+        }
+        self.write_metadata(&serde_json::json!({ GAP_KEY: fields }))
+    }
+
+    fn write_metadata(&mut self, value: &serde_json::Value) -> std::io::Result<()> {
+        let mut line = serde_json::to_vec(value).map_err(std::io::Error::other)?;
+        line.push(b'\n');
+        self.out.writer().write_all(&line)
+    }
+
     /// Flush buffered lines.
     pub fn flush(&mut self) -> std::io::Result<()> {
         self.out.writer().flush()

@@ -3,7 +3,10 @@
 //! (`record` with several `--upstream` routes notes each exchange's route name,
 //! `common::recording::UpstreamNote`). The exchanges are written as read (arrival offsets,
 //! sessions and frames kept), through `RecordingWriter`, which drops credentials as every
-//! writer does; the recorder's header and gap lines are not copied.
+//! writer does. What the recorder said of the whole recording stays true of the part and is
+//! kept: the share of the traffic it holds (a sampled recording's header) and its gap
+//! markers (exchanges proxied and never recorded, of any upstream: a count the part may
+//! have missed), each written where the reader met it.
 
 use std::path::PathBuf;
 
@@ -30,6 +33,10 @@ pub struct FilterSummary {
     pub read: u64,
     /// Exchanges the upstream served, written.
     pub kept: u64,
+    /// Gap markers copied (exchanges the recorder proxied and never recorded).
+    pub gaps: u64,
+    /// Lines skipped for their length (not exchanges the filter could judge).
+    pub skipped_long_lines: u64,
     pub torn_last_line: Option<u64>,
 }
 
@@ -55,6 +62,34 @@ impl FilterError {
     }
 }
 
+/// The reader's notes already copied to the output.
+#[derive(Default)]
+struct CopiedNotes {
+    sample_share: Option<f64>,
+    gaps: usize,
+}
+
+impl CopiedNotes {
+    /// Write what `reader` noted since the last call: a smaller sample share, new gaps.
+    fn copy_new(
+        &mut self,
+        reader: &RecordingReader,
+        writer: &mut RecordingWriter,
+    ) -> std::io::Result<()> {
+        if reader.sample_share() != self.sample_share
+            && let Some(share) = reader.sample_share()
+        {
+            writer.write_sample_header("llm-replay recording filter", share)?;
+            self.sample_share = Some(share);
+        }
+        for gap in &reader.gaps()[self.gaps..] {
+            writer.write_gap(gap)?;
+        }
+        self.gaps = reader.gaps().len();
+        Ok(())
+    }
+}
+
 /// Copy the exchanges of `args.recording` that `args.upstream` served to `args.output`.
 pub fn filter_by_upstream(args: &FilterArgs) -> Result<FilterSummary, FilterError> {
     if common::recording::is_same_file(&args.recording, &args.output) {
@@ -69,7 +104,11 @@ pub fn filter_by_upstream(args: &FilterArgs) -> Result<FilterSummary, FilterErro
     };
     let mut writer = RecordingWriter::create_replacing(&args.output).map_err(write_error)?;
     let mut summary = FilterSummary::default();
-    for item in reader.by_ref() {
+    let mut notes = CopiedNotes::default();
+    loop {
+        let item = reader.next();
+        notes.copy_new(&reader, &mut writer).map_err(write_error)?;
+        let Some(item) = item else { break };
         let (_, exchange) = item?;
         summary.read += 1;
         if exchange
@@ -80,8 +119,10 @@ pub fn filter_by_upstream(args: &FilterArgs) -> Result<FilterSummary, FilterErro
             summary.kept += 1;
         }
     }
+    summary.gaps = notes.gaps as u64;
     writer.finish().map_err(write_error)?;
     summary.torn_last_line = reader.torn_last_line();
+    summary.skipped_long_lines = reader.skipped_lines();
     Ok(summary)
 }
 
@@ -125,6 +166,48 @@ mod tests {
             filter_by_upstream(&same),
             Err(FilterError::SameFile { .. })
         ));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// A part of a sampled recording holds the same share of the traffic, and the gaps the
+    /// recorder marked stay marked, where they were.
+    #[test]
+    fn keeps_the_sample_share_and_the_gaps() {
+        let dir =
+            std::env::temp_dir().join(format!("llm-replay-filter-notes-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let input = dir.join("sampled.jsonl");
+        let lines = [
+            r#"{"recording":{"format":1,"writer":"llm-replay record","seq":0,"sample":0.5}}"#,
+            r#"{"at_ms":0.0,"upstream":{"name":"openai","url":"http://a:1"},"request":{"path":"/v1/chat/completions"}}"#,
+            r#"{"gap":{"exchanges":7,"reason":"disk_full","from_ms":1.0,"to_ms":3.5,"from":"2026-12-06T07:00:00.001Z","to":"2026-12-06T07:00:00.003Z"}}"#,
+            r#"{"at_ms":5.0,"upstream":{"name":"anthropic","url":"http://b:2"},"request":{"path":"/v1/messages"}}"#,
+            r#"{"at_ms":9.5,"upstream":{"name":"openai","url":"http://a:1"},"request":{"path":"/v1/models"}}"#,
+        ];
+        std::fs::write(&input, lines.join("\n") + "\n").expect("write");
+        let output = dir.join("openai.jsonl");
+        let args = FilterArgs {
+            recording: input,
+            upstream: "openai".into(),
+            output: output.clone(),
+        };
+        let summary = filter_by_upstream(&args).expect("filters");
+        assert_eq!((summary.read, summary.kept, summary.gaps), (3, 2, 1));
+        let mut reader = RecordingReader::open(&output).expect("opens");
+        let first = reader.next().expect("an exchange").expect("reads").1;
+        assert_eq!(first.at_ms, Some(0.0));
+        assert_eq!(reader.sample_share(), Some(0.5));
+        assert!(
+            reader.gaps().is_empty(),
+            "the gap comes after the first exchange"
+        );
+        let second = reader.next().expect("an exchange").expect("reads").1;
+        assert_eq!(second.at_ms, Some(9.5));
+        let gap = &reader.gaps()[0];
+        assert_eq!((gap.exchanges, gap.reason.as_str()), (7, "disk_full"));
+        assert_eq!((gap.from_ms, gap.to_ms), (Some(1.0), Some(3.5)));
+        assert_eq!(gap.to.as_deref(), Some("2026-12-06T07:00:00.003Z"));
+        assert!(reader.next().is_none());
         std::fs::remove_dir_all(&dir).ok();
     }
 }
