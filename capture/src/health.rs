@@ -12,7 +12,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
 use common::accept;
@@ -58,7 +57,7 @@ pub async fn start(
                 async move {
                     let service = service_fn(move |request| answer(state.clone(), request));
                     let _ = builder
-                        .serve_connection(TokioIo::new(stream), service)
+                        .serve_connection(accept::http_io(stream, HEAD_TIMEOUT), service)
                         .await;
                 }
             },

@@ -13,7 +13,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
 use common::accept;
@@ -459,7 +458,8 @@ async fn serve(
         let builder = builder.clone();
         async move {
             let service = service_fn(move |request| proxy::handle(state.clone(), request));
-            let connection = builder.serve_connection(TokioIo::new(stream), service);
+            let connection =
+                builder.serve_connection(accept::http_io(stream, CLIENT_HEAD_TIMEOUT), service);
             tokio::select! {
                 result = connection => {
                     if let Err(error) = result {

@@ -13,17 +13,24 @@
 //! - with [`AcceptLimits::head_timeout`], a connection that sends no byte within it is closed
 //!   before the caller sees it (whatever its protocol: a TLS handshake and HTTP/2's preface
 //!   start with the client's bytes too); [`http_builder`] gives hyper's builder the same
-//!   limit for the rest of each request head;
+//!   limit for the rest of each request head, and [`http_io`] bounds what comes between
+//!   the two: the bytes that tell HTTP/1 from HTTP/2's preface, which hyper reads without
+//!   a timer (a connection that sends `P` and stalls would otherwise hold its slot for
+//!   good);
 //! - shutdown stops accepting (the listener is closed) and hands back the open connections
 //!   ([`Connections`]) for the caller to drain with a grace of its choosing, abort, or leave
 //!   running.
 
 use std::future::Future;
+use std::io::IoSlice;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -62,6 +69,106 @@ pub fn http_builder(
         .timer(TokioTimer::new())
         .header_read_timeout(head_timeout);
     builder
+}
+
+/// HTTP/2's connection preface: hyper's auto-detection reads until the bytes leave it (HTTP/1)
+/// or all of it came (HTTP/2).
+const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// `io` for hyper, with [`HeadDeadline`]: what every server gives [`http_builder`]'s
+/// `serve_connection`.
+pub fn http_io<I>(io: I, patience: Duration) -> hyper_util::rt::TokioIo<HeadDeadline<I>> {
+    hyper_util::rt::TokioIo::new(HeadDeadline::new(io, patience))
+}
+
+/// A connection whose opening bytes have a deadline: while what it sent is still the start
+/// of HTTP/2's [`PREFACE`] (hyper cannot tell the protocol yet, and has no timer for it), a
+/// read still waiting `patience` after the connection was wrapped fails as timed out, which
+/// ends the connection. Once the bytes leave the preface (HTTP/1: hyper's head timeout takes
+/// over), all of it came (HTTP/2), or the server wrote, the deadline is gone.
+pub struct HeadDeadline<I> {
+    inner: I,
+    /// `None` once disarmed.
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    read: usize,
+}
+
+impl<I> HeadDeadline<I> {
+    pub fn new(inner: I, patience: Duration) -> HeadDeadline<I> {
+        HeadDeadline {
+            inner,
+            deadline: Some(Box::pin(tokio::time::sleep(patience))),
+            read: 0,
+        }
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for HeadDeadline<I> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        let Some(deadline) = this.deadline.as_mut() else {
+            return polled;
+        };
+        match polled {
+            Poll::Ready(result) => {
+                let fresh = &buf.filled()[before..];
+                let still_preface = fresh
+                    .iter()
+                    .zip(&PREFACE[this.read.min(PREFACE.len())..])
+                    .all(|(got, want)| got == want);
+                this.read += fresh.len();
+                if !still_preface || this.read >= PREFACE.len() {
+                    this.deadline = None;
+                }
+                Poll::Ready(result)
+            }
+            Poll::Pending => match deadline.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the connection's opening bytes did not arrive in time",
+                ))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for HeadDeadline<I> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.deadline = None;
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        self.deadline = None;
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 /// Accept connections on `listener` until `shutdown` resolves, each served by the future
@@ -310,21 +417,28 @@ mod tests {
         assert_eq!(seen.load(Ordering::SeqCst), 1);
     }
 
-    #[tokio::test]
-    async fn the_http_builder_closes_a_connection_whose_head_does_not_end_in_time() {
-        let builder = http_builder(Duration::from_millis(200));
-        let server = start(limits(8, None), move |stream, _peer| {
+    /// A server as the project's are: [`http_builder`] over [`http_io`], both with
+    /// `patience`, answering "ok" to every request `answer_after` it came.
+    async fn http_server(patience: Duration, answer_after: Duration) -> Server {
+        let builder = http_builder(patience);
+        start(limits(8, None), move |stream, _peer| {
             let builder = builder.clone();
             async move {
-                let service = hyper::service::service_fn(|_request| async {
+                let service = hyper::service::service_fn(move |_request| async move {
+                    tokio::time::sleep(answer_after).await;
                     Ok::<_, Infallible>(hyper::Response::new(String::from("ok")))
                 });
                 let _ = builder
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .serve_connection(http_io(stream, patience), service)
                     .await;
             }
         })
-        .await;
+        .await
+    }
+
+    #[tokio::test]
+    async fn the_http_builder_closes_a_connection_whose_head_does_not_end_in_time() {
+        let server = http_server(Duration::from_millis(200), Duration::ZERO).await;
         let mut whole = TcpStream::connect(server.addr).await.expect("connect");
         whole
             .write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
@@ -349,5 +463,42 @@ mod tests {
             !String::from_utf8_lossy(&answer).contains(" 200 "),
             "{answer:?}"
         );
+    }
+
+    /// hyper reads the opening bytes without a timer until they tell HTTP/1 from HTTP/2's
+    /// preface: a connection that stops inside the preface is closed by [`http_io`]'s
+    /// deadline (without it, it is held until the client leaves).
+    #[tokio::test]
+    async fn a_connection_that_stalls_inside_the_http2_preface_is_closed() {
+        let server = http_server(Duration::from_millis(200), Duration::ZERO).await;
+        for opening in [&b"P"[..], b"PRI * HTTP/2.0\r\n"] {
+            let mut stream = TcpStream::connect(server.addr).await.expect("connect");
+            stream.write_all(opening).await.expect("write");
+            assert!(
+                closed_by_server(&mut stream).await,
+                "{:?} was held open",
+                String::from_utf8_lossy(opening)
+            );
+        }
+    }
+
+    /// The deadline is for the opening bytes only: a head that left the preface at its first
+    /// or second byte (GET, PUT) is answered however long the answer takes.
+    #[tokio::test]
+    async fn a_short_head_outside_the_preface_waits_for_a_slow_answer() {
+        let server = http_server(Duration::from_millis(200), Duration::from_millis(600)).await;
+        for head in [&b"GET / HTTP/1.0\r\n\r\n"[..], b"PUT / HTTP/1.0\r\n\r\n"] {
+            let mut stream = TcpStream::connect(server.addr).await.expect("connect");
+            stream.write_all(head).await.expect("write");
+            let mut response = String::new();
+            tokio::time::timeout(PATIENCE, stream.read_to_string(&mut response))
+                .await
+                .expect("a response")
+                .expect("read");
+            assert!(
+                response.contains(" 200 ") && response.ends_with("ok"),
+                "{response:?}"
+            );
+        }
     }
 }

@@ -14,7 +14,6 @@ use common::metrics::{Metric, RunMetrics};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -123,7 +122,8 @@ pub async fn serve(
                 let state = state.clone();
                 async move { Ok::<_, Infallible>(respond(&request, &state.borrow())) }
             });
-            let connection = builder.serve_connection(TokioIo::new(stream), service);
+            let connection =
+                builder.serve_connection(accept::http_io(stream, HEAD_TIMEOUT), service);
             let _ = tokio::time::timeout(CONNECTION_LIFETIME, connection).await;
         }
     })

@@ -43,7 +43,7 @@ use common::replay::EXCHANGE_HEADER;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioExecutor;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
@@ -578,12 +578,28 @@ impl Accepted {
             }
         });
         match acceptor {
-            None => serve_connection(&builder, TokioIo::new(stream), service, stop, peer).await,
+            None => {
+                serve_connection(
+                    &builder,
+                    accept::http_io(stream, HEAD_TIMEOUT),
+                    service,
+                    stop,
+                    peer,
+                )
+                .await
+            }
             // The handshake is part of the head: it gets the same time.
             Some(acceptor) => {
                 match tokio::time::timeout(HEAD_TIMEOUT, acceptor.accept(stream)).await {
                     Ok(Ok(tls)) => {
-                        serve_connection(&builder, TokioIo::new(tls), service, stop, peer).await
+                        serve_connection(
+                            &builder,
+                            accept::http_io(tls, HEAD_TIMEOUT),
+                            service,
+                            stop,
+                            peer,
+                        )
+                        .await
                     }
                     Ok(Err(error)) => tracing::debug!(%error, %peer, "TLS handshake failed"),
                     Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
