@@ -501,10 +501,12 @@ async fn h2_scrape<I>(io: I) -> (u16, String, String)
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let (mut sender, connection) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(io))
-            .await
-            .expect("h2 handshake");
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(io),
+    )
+    .await
+    .expect("h2 handshake");
     let driver = tokio::spawn(connection);
     let request = Request::get("http://127.0.0.1/metrics")
         .body(http_body_util::Empty::<Bytes>::new())
