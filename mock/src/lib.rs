@@ -947,7 +947,52 @@ async fn serve_synthetic(
             return error_response(wire, 429, "Too many requests: the mock's queue is full.");
         }
     };
+    // With `--tokenizer`, the prompt's own count (else the estimate, as without it).
+    let input_tokens = config
+        .tokenizer
+        .as_ref()
+        .and_then(|tokenizer| tokenizer.count_prompt(path, body))
+        .unwrap_or(info.input_tokens);
+    let schedule = synth_schedule(config, &info, input_tokens, fault, stall);
+    let words = match &config.tokenizer {
+        Some(tokenizer) => OutputWords::Tokenizer(tokenizer),
+        None => OutputWords::Lorem,
+    };
+    let id = state.next_id.fetch_add(1, Ordering::Relaxed);
+    let params = StreamParams {
+        id: format!("mock{id:012}"),
+        model,
+        created_unix_ms: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
+        input_tokens,
+        usage: sends_usage(config.usage, wire, &info),
+        system_fingerprint: "fp_llm_replay_mock".to_owned(),
+        timings: synth::timings(&schedule),
+    };
+    let plan = synth::plan(wire, params, info.stream, &schedule, words);
+    let body = SynthBody {
+        state,
+        series,
+        arrival,
+        start,
+        permit,
+        input_tokens,
+    };
+    body.response(wire, &schedule, plan)
+}
 
+/// A synthetic answer's timing: the configured TTFT (plus the prefill of `input_tokens`)
+/// and ITL, the request's token budget (`--tokens`, else its `max_tokens`), and the faults
+/// drawn for it (mid-stream ones only on a stream).
+fn synth_schedule(
+    config: &MockConfig,
+    info: &synth::RequestInfo,
+    input_tokens: u64,
+    fault: MidStreamFault,
+    stall: bool,
+) -> SynthSchedule {
     let requested_max = info.max_tokens.map(|m| m.min(MAX_REQUESTED_TOKENS));
     let tokens = config.tokens.or(requested_max).unwrap_or(DEFAULT_TOKENS);
     let finish = if config.tokens.is_none() && requested_max == Some(tokens) {
@@ -955,16 +1000,10 @@ async fn serve_synthetic(
     } else {
         Finish::Stop
     };
-    // With `--tokenizer`, the prompt's own count (else the estimate, as without it).
-    let input_tokens = config
-        .tokenizer
-        .as_ref()
-        .and_then(|tokenizer| tokenizer.count_prompt(path, body))
-        .unwrap_or(info.input_tokens);
     let prefill = config
         .prefill_per_token
         .saturating_mul(input_tokens.min(u32::MAX as u64) as u32);
-    let schedule = SynthSchedule {
+    SynthSchedule {
         ttft: config.ttft + prefill,
         itl: config.itl,
         tokens,
@@ -981,98 +1020,107 @@ async fn serve_synthetic(
             Grouping::OnePerFrame
         },
         llama_timings: config.usage == UsageMode::Timings,
-    };
-    let words = match &config.tokenizer {
-        Some(tokenizer) => OutputWords::Tokenizer(tokenizer),
-        None => OutputWords::Lorem,
-    };
-    let usage = match config.usage {
+    }
+}
+
+/// Whether a synthetic answer carries usage: always or never by `--usage`, else as the
+/// request asked (OpenAI's `stream_options.include_usage`; the other families always do).
+fn sends_usage(mode: UsageMode, wire: Wire, info: &synth::RequestInfo) -> bool {
+    match mode {
         UsageMode::On => true,
         UsageMode::Off => false,
         UsageMode::Requested | UsageMode::Timings => match wire {
             Wire::OpenAiChat | Wire::OpenAiCompletions => info.include_usage,
             _ => true,
         },
-    };
-    let id = state.next_id.fetch_add(1, Ordering::Relaxed);
-    let params = StreamParams {
-        id: format!("mock{id:012}"),
-        model,
-        created_unix_ms: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0),
-        input_tokens,
-        usage,
-        system_fingerprint: "fp_llm_replay_mock".to_owned(),
-        timings: synth::timings(&schedule),
-    };
-    let finished = match finish {
-        Finish::Length => metrics::FinishedReason::Length,
-        _ => metrics::FinishedReason::Stop,
-    };
-    // Counted running from here (the slot is held) until the body ends or is dropped.
-    let stream_metrics = |tokens, success| {
-        metrics::StreamMetrics::start(series, arrival, input_tokens, tokens, finished, success)
-    };
-    match synth::plan(wire, params, info.stream, &schedule, words) {
-        SynthPlan::Stream {
-            frames,
-            ending,
-            first_token,
-            tokens_sent,
-        } => {
-            let tokens = match schedule.grouping {
-                Grouping::OnePerFrame => metrics::FrameTokens::OnePerFrame {
-                    start: first_token,
-                    count: usize::try_from(tokens_sent).unwrap_or(usize::MAX),
-                },
-                grouping => metrics::FrameTokens::Grouped {
-                    start: first_token,
-                    tokens: tokens_sent,
-                    grouping,
-                },
-            };
-            let success = schedule.fault == MidStreamFault::None;
-            let mut response = Response::new(
-                TimedBody::stream(frames, start, ending, state.pacer.clone(), permit)
-                    .with_first_token(first_token)
-                    .with_metrics(stream_metrics(tokens, success))
-                    .with_tokens(TokenCounts {
-                        input: input_tokens,
-                        output: tokens_sent,
-                    }),
-            );
-            let headers = response.headers_mut();
-            headers.insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static(wire.stream_content_type()),
-            );
-            headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-            for (name, value) in wire.stream_extra_headers() {
-                headers.insert(*name, HeaderValue::from_static(value));
+    }
+}
+
+/// What a synthetic answer's body holds on to: its slot, its start and its metrics' series.
+struct SynthBody<'a> {
+    state: &'a State,
+    series: Arc<metrics::ModelSeries>,
+    arrival: Instant,
+    start: Instant,
+    permit: Option<OwnedSemaphorePermit>,
+    input_tokens: u64,
+}
+
+impl SynthBody<'_> {
+    /// The response for `plan`: a timed stream with the family's headers, or a whole body at
+    /// its offset; counted running (the slot is held) until the body ends or is dropped.
+    fn response(self, wire: Wire, schedule: &SynthSchedule, plan: SynthPlan) -> MockResponse {
+        let finished = match schedule.finish {
+            Finish::Length => metrics::FinishedReason::Length,
+            _ => metrics::FinishedReason::Stop,
+        };
+        let (series, arrival, input_tokens) = (self.series, self.arrival, self.input_tokens);
+        let stream_metrics = |tokens, success| {
+            metrics::StreamMetrics::start(series, arrival, input_tokens, tokens, finished, success)
+        };
+        let pacer = self.state.pacer.clone();
+        match plan {
+            SynthPlan::Stream {
+                frames,
+                ending,
+                first_token,
+                tokens_sent,
+            } => {
+                let tokens = match schedule.grouping {
+                    Grouping::OnePerFrame => metrics::FrameTokens::OnePerFrame {
+                        start: first_token,
+                        count: usize::try_from(tokens_sent).unwrap_or(usize::MAX),
+                    },
+                    grouping => metrics::FrameTokens::Grouped {
+                        start: first_token,
+                        tokens: tokens_sent,
+                        grouping,
+                    },
+                };
+                let success = schedule.fault == MidStreamFault::None;
+                let mut response = Response::new(
+                    TimedBody::stream(frames, self.start, ending, pacer, self.permit)
+                        .with_first_token(first_token)
+                        .with_metrics(stream_metrics(tokens, success))
+                        .with_tokens(TokenCounts {
+                            input: input_tokens,
+                            output: tokens_sent,
+                        }),
+                );
+                let headers = response.headers_mut();
+                headers.insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static(wire.stream_content_type()),
+                );
+                headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+                for (name, value) in wire.stream_extra_headers() {
+                    headers.insert(*name, HeaderValue::from_static(value));
+                }
+                response
             }
-            response
-        }
-        SynthPlan::Whole {
-            body,
-            content_type,
-            offset,
-        } => {
-            let counts = TokenCounts {
-                input: input_tokens,
-                output: tokens,
-            };
-            let tokens = metrics::FrameTokens::One { index: 0, tokens };
-            let mut response = Response::new(
-                TimedBody::full_at(body, start, offset, state.pacer.clone(), permit)
-                    .with_metrics(stream_metrics(tokens, true))
-                    .with_tokens(counts),
-            );
-            response
-                .headers_mut()
-                .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-            response
+            SynthPlan::Whole {
+                body,
+                content_type,
+                offset,
+            } => {
+                let counts = TokenCounts {
+                    input: input_tokens,
+                    output: schedule.tokens,
+                };
+                let tokens = metrics::FrameTokens::One {
+                    index: 0,
+                    tokens: schedule.tokens,
+                };
+                let mut response = Response::new(
+                    TimedBody::full_at(body, self.start, offset, pacer, self.permit)
+                        .with_metrics(stream_metrics(tokens, true))
+                        .with_tokens(counts),
+                );
+                response
+                    .headers_mut()
+                    .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+                response
+            }
         }
     }
 }
