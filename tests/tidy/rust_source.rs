@@ -20,6 +20,16 @@ pub struct CodeFile {
 /// Every `.rs` file under a crate's `src/` (not `src/bin/`; `main.rs` only when there is no
 /// `lib.rs`, since a binary beside a library is a crate of its own).
 pub fn crate_files(src: &Path) -> Vec<CodeFile> {
+    source_files(src, false)
+}
+
+/// Every `.rs` file under a crate's `src/`, its binaries' (`src/bin/`, `main.rs`) too: what a
+/// check of each function, rather than of the module tree, reads.
+pub fn all_source_files(src: &Path) -> Vec<CodeFile> {
+    source_files(src, true)
+}
+
+fn source_files(src: &Path, with_binaries: bool) -> Vec<CodeFile> {
     let shown_root = src
         .parent()
         .and_then(Path::parent)
@@ -36,7 +46,8 @@ pub fn crate_files(src: &Path) -> Vec<CodeFile> {
             .iter()
             .map(|p| p.to_string_lossy().into_owned())
             .collect();
-        if parts.first().is_some_and(|p| p == "bin") || (has_lib && parts == ["main.rs"]) {
+        let binary = parts.first().is_some_and(|p| p == "bin") || (has_lib && parts == ["main.rs"]);
+        if binary && !with_binaries {
             continue;
         }
         let module = module_path(&parts);

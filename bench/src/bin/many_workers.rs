@@ -281,6 +281,35 @@ impl Load {
         answered
     }
 
+    /// A worker's load before the start: one connection per slot, as a real worker opens
+    /// them before the start.
+    fn new(args: &Args, id: &str, domain: &common::assignment::Assignment) -> Load {
+        let concurrency = domain.load.concurrency.unwrap_or(1).max(1);
+        let mut metrics = RunMetrics::new();
+        for _ in 0..concurrency {
+            metrics.record_connection(150, None);
+        }
+        Load {
+            queued: 0,
+            in_flight: VecDeque::new(),
+            concurrency,
+            latency: args.latency,
+            tokens: args.tokens,
+            issued: 0,
+            not_started: 0,
+            metrics,
+            timeline: CompletionTimeline::default(),
+            slice_closed: false,
+            deadline: None,
+            open_ended: domain.open_ended,
+            encoding: domain.histograms,
+            started: None,
+            jitter: 0x9e37_79b9_7f4a_7c15 ^ (id.len() as u64) ^ unix_ns(),
+            granted: if args.no_claims { u64::MAX } else { 0 },
+            claimed: if args.no_claims { u64::MAX } else { 0 },
+        }
+    }
+
     fn done(&self, now: Instant) -> bool {
         if !self.in_flight.is_empty() || self.started.is_none() {
             return false;
@@ -315,28 +344,74 @@ impl Load {
     }
 }
 
-/// One simulated worker's run.
+/// One simulated worker's run: join, take the slice, answer it at its share of the load,
+/// send the final report and wait for `Finish`, as a real worker does.
 async fn simulate(args: &Args, id: &str, tally: &Tally) -> anyhow::Result<()> {
-    let url = if args.coordinator.contains("://") {
-        args.coordinator.clone()
-    } else {
-        format!("http://{}", args.coordinator)
+    let channel = connect(&args.coordinator).await?;
+    let (mut link, assignment) = join(args, id, channel.clone()).await?;
+    tally.joined.fetch_add(1, Ordering::Relaxed);
+    let domain = proto::convert::assignment_from_proto(&assignment)?;
+    let slice = open_slice(channel, &link, &assignment, id).await?;
+    let mut load = Load::new(args, id, &domain);
+    let seq = replay_slice(args, tally, &mut link, slice, &mut load, &domain).await?;
+    link.out
+        .send(message(v1::worker_message::Msg::Report(
+            load.report(seq + 1, true),
+        )))
+        .await?;
+    // Wait for Finish (or the end of the stream), as a real worker does.
+    let wait = async {
+        while let Ok(Some(msg)) = link.inbound.message().await {
+            let Ok(msg) = proto::auth::open_coordinator_message(link.opener.as_mut(), msg) else {
+                return;
+            };
+            if matches!(msg.msg, Some(v1::coordinator_message::Msg::Finish(_))) {
+                return;
+            }
+        }
     };
-    // Like a real worker, keep dialling while the coordinator is not listening yet.
+    let _ = tokio::time::timeout(Duration::from_secs(60), wait).await;
+    Ok(())
+}
+
+/// A channel to the coordinator; like a real worker, it keeps dialling while the coordinator
+/// is not listening yet (up to a minute).
+async fn connect(coordinator: &str) -> anyhow::Result<tonic::transport::Channel> {
+    let url = if coordinator.contains("://") {
+        coordinator.to_owned()
+    } else {
+        format!("http://{coordinator}")
+    };
     let endpoint = tonic::transport::Endpoint::from_shared(url)?
         .tcp_nodelay(true)
         .connect_timeout(Duration::from_secs(10));
     let patience = Instant::now() + Duration::from_secs(60);
-    let channel = loop {
+    loop {
         match endpoint.connect().await {
-            Ok(channel) => break channel,
+            Ok(channel) => return Ok(channel),
             Err(error) if Instant::now() > patience => {
                 return Err(anyhow::Error::new(error).context("connect"));
             }
             Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
         }
-    };
-    let mut client = CoordinatorClient::new(channel.clone());
+    }
+}
+
+/// A joined worker's side of the join stream.
+struct Link {
+    /// Messages to the coordinator (sealed on the way once the handshake set the keys).
+    out: mpsc::Sender<v1::WorkerMessage>,
+    inbound: tonic::Streaming<v1::CoordinatorMessage>,
+    opener: Option<proto::auth::Opener>,
+    keys: Arc<OnceLock<Arc<SessionKeys>>>,
+}
+
+/// Hello, the token challenge, and the assignment.
+async fn join(
+    args: &Args,
+    id: &str,
+    channel: tonic::transport::Channel,
+) -> anyhow::Result<(Link, v1::Assignment)> {
     let (out, out_rx) = mpsc::channel::<v1::WorkerMessage>(64);
     // Like a real worker: sealed with the session's keys once the handshake set them.
     let keys: Arc<OnceLock<Arc<SessionKeys>>> = Arc::new(OnceLock::new());
@@ -363,13 +438,22 @@ async fn simulate(args: &Args, id: &str, tally: &Tally) -> anyhow::Result<()> {
     let mut handshake = Some(handshake);
     out.send(message(v1::worker_message::Msg::Hello(hello.clone())))
         .await?;
-    let mut inbound = client.join(outbound).await.context("join")?.into_inner();
-    let mut opener = None;
-    let assignment = loop {
-        let Some(received) = inbound.message().await? else {
+    let inbound = CoordinatorClient::new(channel)
+        .join(outbound)
+        .await
+        .context("join")?
+        .into_inner();
+    let mut link = Link {
+        out,
+        inbound,
+        opener: None,
+        keys,
+    };
+    loop {
+        let Some(received) = link.inbound.message().await? else {
             bail!("the coordinator closed the join stream");
         };
-        let Some(msg) = proto::auth::open_coordinator_message(opener.as_mut(), received)?.msg
+        let Some(msg) = proto::auth::open_coordinator_message(link.opener.as_mut(), received)?.msg
         else {
             continue;
         };
@@ -383,25 +467,38 @@ async fn simulate(args: &Args, id: &str, tally: &Tally) -> anyhow::Result<()> {
                     .finish(&HelloFields::of(&hello), &challenge)
                     .context("the coordinator does not know the token")?;
                 let session = Arc::new(session);
-                opener = Some(session.coordinator_opener());
-                let _ = keys.set(session);
-                out.send(message(v1::worker_message::Msg::Answer(
-                    v1::ChallengeAnswer { proof },
-                )))
-                .await?;
+                link.opener = Some(session.coordinator_opener());
+                let _ = link.keys.set(session);
+                link.out
+                    .send(message(v1::worker_message::Msg::Answer(
+                        v1::ChallengeAnswer { proof },
+                    )))
+                    .await?;
             }
-            Msg::Assignment(assignment) => break assignment,
+            Msg::Assignment(assignment) => return Ok((link, assignment)),
             Msg::Refused(refused) => bail!("refused: {}", refused.reason),
             _ => {}
         }
-    };
-    tally.joined.fetch_add(1, Ordering::Relaxed);
-    let domain = proto::convert::assignment_from_proto(&assignment)?;
-    let mut slice = CoordinatorClient::new(channel)
+    }
+}
+
+/// The worker's slice stream, and the opener of its sealed chunks.
+struct Slice {
+    chunks: tonic::Streaming<v1::ExchangeChunk>,
+    opener: Option<proto::auth::Opener>,
+}
+
+async fn open_slice(
+    channel: tonic::transport::Channel,
+    link: &Link,
+    assignment: &v1::Assignment,
+    id: &str,
+) -> anyhow::Result<Slice> {
+    let chunks = CoordinatorClient::new(channel)
         .exchanges(v1::SliceRequest {
             run_id: assignment.run_id.clone(),
             worker_id: id.to_owned(),
-            token: match keys.get() {
+            token: match link.keys.get() {
                 Some(keys) => keys.slice_request_proof(&assignment.run_id, id),
                 None => assignment.slice_key.clone(),
             },
@@ -409,32 +506,20 @@ async fn simulate(args: &Args, id: &str, tally: &Tally) -> anyhow::Result<()> {
         .await
         .context("slice stream")?
         .into_inner();
-    let mut slice_opener = keys.get().map(|k| k.slice_opener(&assignment.run_id));
-    let mut metrics = RunMetrics::new();
-    // One connection per slot, as a real worker opens them before the start.
-    for _ in 0..domain.load.concurrency.unwrap_or(1).max(1) {
-        metrics.record_connection(150, None);
-    }
-    let mut load = Load {
-        queued: 0,
-        in_flight: VecDeque::new(),
-        concurrency: domain.load.concurrency.unwrap_or(1).max(1),
-        latency: args.latency,
-        tokens: args.tokens,
-        issued: 0,
-        not_started: 0,
-        metrics,
-        timeline: CompletionTimeline::default(),
-        slice_closed: false,
-        deadline: None,
-        open_ended: domain.open_ended,
-        encoding: domain.histograms,
-        started: None,
-        jitter: 0x9e37_79b9_7f4a_7c15 ^ (id.len() as u64) ^ unix_ns(),
-        granted: if args.no_claims { u64::MAX } else { 0 },
-        claimed: if args.no_claims { u64::MAX } else { 0 },
-    };
-    let duration = domain.load.duration;
+    let opener = link.keys.get().map(|k| k.slice_opener(&assignment.run_id));
+    Ok(Slice { chunks, opener })
+}
+
+/// Answer the slice until the load is done: reports and claims every tick, chunks as they
+/// come, the coordinator's messages as they come. Returns the last report's sequence number.
+async fn replay_slice(
+    args: &Args,
+    tally: &Tally,
+    link: &mut Link,
+    mut slice: Slice,
+    load: &mut Load,
+    domain: &common::assignment::Assignment,
+) -> anyhow::Result<u64> {
     let mut seq = 0u64;
     // The coordinator may ask for a longer interval, as it asks a real worker.
     let mut ticker = tokio::time::interval(domain.report_interval.unwrap_or(args.report_interval));
@@ -447,13 +532,14 @@ async fn simulate(args: &Args, id: &str, tally: &Tally) -> anyhow::Result<()> {
         tally.answered.fetch_add(answered, Ordering::Relaxed);
         load.issue(now);
         if load.done(now) {
-            break;
+            return Ok(seq);
         }
         if let Some(own_prefix) = load.urgent_claim() {
-            out.send(message(v1::worker_message::Msg::Claim(v1::Claim {
-                own_prefix,
-            })))
-            .await?;
+            link.out
+                .send(message(v1::worker_message::Msg::Claim(v1::Claim {
+                    own_prefix,
+                })))
+                .await?;
         }
         let next_due = load.in_flight.front().map(|(due, _)| *due);
         let start_due = load.started.filter(|s| *s > now);
@@ -468,27 +554,16 @@ async fn simulate(args: &Args, id: &str, tally: &Tally) -> anyhow::Result<()> {
             _ = ticker.tick(), if load.started.is_some() => {
                 if !started_sent && load.started.is_some_and(|s| s <= now) {
                     started_sent = true;
-                    let _ = out.try_send(message(v1::worker_message::Msg::Started(v1::Started {
+                    let _ = link.out.try_send(message(v1::worker_message::Msg::Started(v1::Started {
                         unix_ns: unix_ns(),
                     })));
                 }
                 seq += 1;
-                out.send(message(v1::worker_message::Msg::Report(load.report(seq, false)))).await?;
-                // As a real worker: a claim takes the heartbeat's place.
-                match load.report_claim() {
-                    Some(own_prefix) => {
-                        out.send(message(v1::worker_message::Msg::Claim(v1::Claim { own_prefix }))).await?;
-                    }
-                    None => {
-                        let _ = out.try_send(message(v1::worker_message::Msg::Heartbeat(v1::Heartbeat {
-                            unix_ns: unix_ns(),
-                        })));
-                    }
-                }
+                report_tick(&link.out, load, seq).await?;
             }
-            chunk = slice.message(), if !load.slice_closed => match chunk {
+            chunk = slice.chunks.message(), if !load.slice_closed => match chunk {
                 Ok(Some(chunk)) => {
-                    let chunk = proto::auth::open_chunk(slice_opener.as_mut(), chunk)?;
+                    let chunk = proto::auth::open_chunk(slice.opener.as_mut(), chunk)?;
                     let n = chunk.exchanges.len() as u64;
                     tally.received.fetch_add(n, Ordering::Relaxed);
                     load.queued += n;
@@ -497,55 +572,75 @@ async fn simulate(args: &Args, id: &str, tally: &Tally) -> anyhow::Result<()> {
                 Ok(None) => load.slice_closed = true,
                 Err(status) => bail!("slice stream broke: {}", status.message()),
             },
-            msg = inbound.message() => {
+            msg = link.inbound.message() => {
                 let Some(msg) = msg? else {
                     bail!("the coordinator closed the join stream");
                 };
-                let Some(msg) = proto::auth::open_coordinator_message(opener.as_mut(), msg)?.msg else {
-                    continue;
-                };
-                use v1::coordinator_message::Msg;
-                match msg {
-                    Msg::ClockPing(ping) => {
-                        let t2 = unix_ns();
-                        let _ = out.try_send(message(v1::worker_message::Msg::ClockPong(v1::ClockPong {
-                            seq: ping.seq,
-                            coordinator_send_unix_ns: ping.coordinator_send_unix_ns,
-                            worker_receive_unix_ns: t2,
-                            worker_send_unix_ns: unix_ns(),
-                        })));
-                    }
-                    Msg::Start(start) => {
-                        let wait = Duration::from_nanos(start.start_unix_ns.saturating_sub(unix_ns()));
-                        let at = Instant::now() + wait;
-                        load.started = Some(at);
-                        load.deadline = duration.map(|d| at + d);
-                        ticker.reset();
-                    }
-                    Msg::Grant(grant) => load.granted = load.granted.max(grant.own_prefix),
-                    Msg::Abort(abort) => bail!("aborted: {}", abort.reason),
-                    Msg::Finish(_) => bail!("Finish before the final report"),
-                    _ => {}
+                let msg = proto::auth::open_coordinator_message(link.opener.as_mut(), msg)?;
+                if let Some(msg) = msg.msg {
+                    on_coordinator_message(msg, &link.out, load, &mut ticker, domain.load.duration)?;
                 }
             }
         }
     }
-    seq += 1;
+}
+
+/// A tick's report, and a claim in the heartbeat's place when one is due (as a real worker).
+async fn report_tick(
+    out: &mpsc::Sender<v1::WorkerMessage>,
+    load: &mut Load,
+    seq: u64,
+) -> anyhow::Result<()> {
     out.send(message(v1::worker_message::Msg::Report(
-        load.report(seq, true),
+        load.report(seq, false),
     )))
     .await?;
-    // Wait for Finish (or the end of the stream), as a real worker does.
-    let wait = async {
-        while let Ok(Some(msg)) = inbound.message().await {
-            let Ok(msg) = proto::auth::open_coordinator_message(opener.as_mut(), msg) else {
-                return;
-            };
-            if matches!(msg.msg, Some(v1::coordinator_message::Msg::Finish(_))) {
-                return;
-            }
+    match load.report_claim() {
+        Some(own_prefix) => {
+            out.send(message(v1::worker_message::Msg::Claim(v1::Claim {
+                own_prefix,
+            })))
+            .await?;
         }
-    };
-    let _ = tokio::time::timeout(Duration::from_secs(60), wait).await;
+        None => {
+            let _ = out.try_send(message(v1::worker_message::Msg::Heartbeat(v1::Heartbeat {
+                unix_ns: unix_ns(),
+            })));
+        }
+    }
+    Ok(())
+}
+
+/// A coordinator message during the load: clock pings, the start, grants, an abort.
+fn on_coordinator_message(
+    msg: v1::coordinator_message::Msg,
+    out: &mpsc::Sender<v1::WorkerMessage>,
+    load: &mut Load,
+    ticker: &mut tokio::time::Interval,
+    duration: Option<Duration>,
+) -> anyhow::Result<()> {
+    use v1::coordinator_message::Msg;
+    match msg {
+        Msg::ClockPing(ping) => {
+            let t2 = unix_ns();
+            let _ = out.try_send(message(v1::worker_message::Msg::ClockPong(v1::ClockPong {
+                seq: ping.seq,
+                coordinator_send_unix_ns: ping.coordinator_send_unix_ns,
+                worker_receive_unix_ns: t2,
+                worker_send_unix_ns: unix_ns(),
+            })));
+        }
+        Msg::Start(start) => {
+            let wait = Duration::from_nanos(start.start_unix_ns.saturating_sub(unix_ns()));
+            let at = Instant::now() + wait;
+            load.started = Some(at);
+            load.deadline = duration.map(|d| at + d);
+            ticker.reset();
+        }
+        Msg::Grant(grant) => load.granted = load.granted.max(grant.own_prefix),
+        Msg::Abort(abort) => bail!("aborted: {}", abort.reason),
+        Msg::Finish(_) => bail!("Finish before the final report"),
+        _ => {}
+    }
     Ok(())
 }
