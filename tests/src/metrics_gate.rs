@@ -90,7 +90,8 @@ impl MetricsGate {
     }
 }
 
-/// Read one request head, answer it, close.
+/// Read one request head, answer it, close. A connection closed before its first byte is
+/// not a request and is not recorded.
 fn answer(
     stream: TcpStream,
     config: &GateConfig,
@@ -99,7 +100,11 @@ fn answer(
 ) -> std::io::Result<()> {
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut request_line = String::new();
-    reader.read_line(&mut request_line)?;
+    if reader.read_line(&mut request_line)? == 0 {
+        // Closed before a byte: no request (a scrape dropped between its connect and its
+        // write, as the run's end drops the periodic one), nothing to record.
+        return Ok(());
+    }
     let path = request_line
         .split_whitespace()
         .nth(1)
