@@ -367,6 +367,41 @@ pub struct RunOutput {
     pub report: Option<serde_json::Value>,
 }
 
+/// A loopback address where a connection is refused for as long as this lives: a socket
+/// bound to it and never listening (the kernel answers a SYN with a reset). A port freed by
+/// dropping a listener is no such address in a suite that runs tests in parallel: another
+/// test's server may take it before the connection is tried (a run expecting "unreachable"
+/// once met an h2c-only server there).
+pub struct RefusedAddr {
+    _socket: tokio::net::TcpSocket,
+    pub addr: std::net::SocketAddr,
+}
+
+impl RefusedAddr {
+    pub fn new() -> RefusedAddr {
+        let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+        socket
+            .bind("127.0.0.1:0".parse().expect("an address"))
+            .expect("bind");
+        let addr = socket.local_addr().expect("its address");
+        RefusedAddr {
+            _socket: socket,
+            addr,
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Default for RefusedAddr {
+    fn default() -> RefusedAddr {
+        RefusedAddr::new()
+    }
+}
+
 /// Run `llm-replay ARGS...`; when `report_json` is given, `--report-json` is added and read.
 pub fn llm_replay(args: &[&str], report_json: Option<&Path>) -> RunOutput {
     let mut command = Command::new(bin("llm-replay"));

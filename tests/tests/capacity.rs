@@ -371,9 +371,8 @@ fn find_max_exit_codes() {
     assert_eq!(out.code, 2, "{}", out.stderr);
     assert!(out.stderr.contains("--slo"), "{}", out.stderr);
 
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let url = format!("http://{}", closed.local_addr().expect("addr"));
-    drop(closed);
+    let refused = fixtures::RefusedAddr::new();
+    let url = refused.url();
     let out = llm_replay(
         &[
             "run",

@@ -553,7 +553,8 @@ fn the_health_port_binds_the_address_it_is_given() {
             .port()
     };
     // No coordinator answers: the worker keeps trying, and its health check answers meanwhile.
-    let nobody = format!("127.0.0.1:{}", free_port());
+    let refused = fixtures::RefusedAddr::new();
+    let nobody = refused.addr.to_string();
     let health = |port: u16| {
         let mut answer = String::new();
         let answered = eventually(Duration::from_secs(20), || {

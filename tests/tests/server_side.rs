@@ -114,9 +114,8 @@ fn the_server_section_agrees_with_what_the_client_received() {
 fn odd_or_missing_metrics_endpoints_are_notes_not_failures() {
     let _parallel = parallel_lock();
     let mock = MockServer::start(&["--ttft", "5ms", "--itl", "1ms", "--tokens", "5"]);
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let unreachable = format!("http://{}/metrics", closed.local_addr().expect("addr"));
-    drop(closed);
+    let refused = fixtures::RefusedAddr::new();
+    let unreachable = format!("{}/metrics", refused.url());
     let dir = TempDir::new("server-notes");
     let rec = dir.join("rec.jsonl");
     write_chat_recording(&rec, 8, 5, None);

@@ -378,15 +378,12 @@ fn a_server_closing_keep_alive_connections_loses_no_request() {
 #[test]
 fn a_refused_connection_is_reported_as_refused() {
     let _parallel = fixtures::parallel_lock();
-    let port = {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-        listener.local_addr().expect("addr").port()
-    };
+    let refused = fixtures::RefusedAddr::new();
     let dir = TempDir::new("refused");
     let recording = dir.join("rec.jsonl");
     write_chat_recording(&recording, 5, 5, None);
     let report_path = dir.join("report.json");
-    let target = format!("http://127.0.0.1:{port}");
+    let target = refused.url();
     let out = llm_replay(
         &run_args(path_str(&recording), &target, &[]),
         Some(&report_path),
