@@ -187,7 +187,9 @@ fn warnings(report: &Value) -> String {
 /// unbuffered run is marked; the unbuffered run flags none.
 #[test]
 fn long_streams_through_a_block_buffering_ingress_are_flagged() {
-    let _parallel = fixtures::parallel_lock();
+    // Runs alone: the unbuffered run must flag no stream, and a client starved of a core
+    // for a stream's length (the parallel tests' start) reads it in one piece as well.
+    let _timing = fixtures::timing_lock();
     let dir = TempDir::new("block-buffering");
     let recording = mixed_recording(&dir);
     // A token every 5 ms after 20 ms: a 200-token stream lasts about a second.

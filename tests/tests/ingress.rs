@@ -133,7 +133,9 @@ fn warnings(report: &Value) -> Vec<String> {
 /// with a run straight to the server marks the ITL change as coming from the coalescing.
 #[test]
 fn a_buffering_proxy_is_detected_counted_and_named() {
-    let _parallel = fixtures::parallel_lock();
+    // Runs alone: the unbuffered run must flag no stream, and a client starved of a core
+    // for a stream's length (the parallel tests' start) reads it in one piece as well.
+    let _timing = fixtures::timing_lock();
     let dir = TempDir::new("ingress-buffering");
     let recording = dir.join("rec.jsonl");
     write_chat_recording(&recording, 8, 20, None);
