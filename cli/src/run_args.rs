@@ -587,12 +587,7 @@ impl RunArgs {
         } = self.link_settings(&source)?;
         let requests = self.request_shape(&file)?;
         let options = self.run_options(&file, &load, has_arrival_times)?;
-        let mut global = global_load(&load, options.find_max.is_some(), &requests);
-        if load.concurrency.is_none() && global.concurrency == Some(1) {
-            // The implicit closed loop is one stream a worker: remote workers cannot be
-            // fewer than `--expect-workers`, and each runs a stream at least.
-            global.concurrency = Some(workers.max(1));
-        }
+        let global = global_load(&load, options.find_max.is_some(), &requests, workers);
         let mut config = RunConfig {
             server_metrics,
             slos: options.slos,
@@ -802,11 +797,17 @@ impl RunArgs {
     }
 }
 
-/// The run's load across its workers from the checked choice: a closed loop of 1 by
-/// default, unless the arrivals are set (a schedule, a rate) or a search sets the load of
-/// each probe: then only a cap the user gave limits the requests in flight (issue 32: a rate
-/// probe is an open loop).
-fn global_load(load: &LoadChoice, searching: bool, requests: &RequestShape) -> GlobalLoad {
+/// The run's load across its workers from the checked choice: by default a closed loop of
+/// one stream a worker (remote workers cannot be fewer than `--expect-workers`, and each runs
+/// a stream at least), unless the arrivals are set (a schedule, a rate) or a search sets the
+/// load of each probe: then only a cap the user gave limits the requests in flight (issue
+/// 32: a rate probe is an open loop).
+fn global_load(
+    load: &LoadChoice,
+    searching: bool,
+    requests: &RequestShape,
+    workers: usize,
+) -> GlobalLoad {
     let paced = load.recorded_schedule || load.rate.is_some() || searching;
     GlobalLoad {
         schedule: if load.recorded_schedule {
@@ -817,7 +818,7 @@ fn global_load(load: &LoadChoice, searching: bool, requests: &RequestShape) -> G
         concurrency: if paced {
             load.concurrency
         } else {
-            Some(load.concurrency.unwrap_or(1))
+            Some(load.concurrency.unwrap_or(workers.max(1)))
         },
         rate: load.rate,
         arrival: load.arrival,
@@ -1178,6 +1179,20 @@ mod tests {
         assert!(
             message.contains("first load") && message.contains("1:64"),
             "{message}"
+        );
+    }
+
+    /// The implicit closed loop is one stream a worker: three local workers hold three
+    /// streams, and the report's concurrency says three (it said 1 while three ran).
+    #[test]
+    fn the_implicit_closed_loop_is_one_stream_a_worker() {
+        let three = config(&["--workers", "3"]).expect("valid");
+        assert_eq!(three.load.concurrency, Some(3));
+        let capped = config(&["--workers", "3", "--concurrency", "6"]).expect("valid");
+        assert_eq!(
+            capped.load.concurrency,
+            Some(6),
+            "a cap the user gave stays"
         );
     }
 
